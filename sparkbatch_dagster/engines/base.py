@@ -1,0 +1,62 @@
+"""The engine interface every backend implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from ..spec import OutputSpec, SamplingSpec
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One prompt to generate; ``id`` comes back on its result."""
+
+    id: str
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """One finished request. ``error`` is set (and ``text`` None) when the row failed alone."""
+
+    id: str
+    text: str | None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+class Engine(abc.ABC):
+    """Generates results for a stream of requests, yielding each as soon as it finishes.
+
+    Implementations keep the backend busy: they take new requests from the iterable while
+    earlier ones run, so no batch drains between chunks. A failure of the whole engine
+    raises :class:`~sparkbatch_dagster.errors.EngineError`; a failure of one request is an
+    :class:`EngineResult` with ``error`` set.
+    """
+
+    #: Identifies the model in fingerprints and output rows.
+    model_id: str = ""
+    #: Seconds spent starting the engine (kept out of throughput numbers).
+    start_seconds: float = 0.0
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        requests: Iterable[EngineRequest],
+        sampling: SamplingSpec,
+        output: OutputSpec,
+    ) -> Iterator[EngineResult]:
+        """Yield one result per request, in completion order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's memory and processes."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,63 @@
+"""A deterministic engine for fast unit tests. Never a stand-in for the real-engine tests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Iterator
+
+from ..errors import EngineError
+from ..spec import OutputSpec, SamplingSpec
+from .base import Engine, EngineRequest, EngineResult
+
+
+class FakeEngine(Engine):
+    """Answers from a hash of the prompt: same prompt, same answer.
+
+    Args:
+        delay_s: sleep per request, to give kill tests a window.
+        fail_after: raise :class:`EngineError` after this many results (an engine crash).
+        answer: a fixed answer for every request (to produce unparseable output on purpose).
+    """
+
+    def __init__(
+        self,
+        model_id: str = "fake-model",
+        delay_s: float = 0.0,
+        fail_after: int | None = None,
+        answer: str | None = None,
+    ) -> None:
+        self.model_id = model_id
+        self.delay_s = delay_s
+        self.fail_after = fail_after
+        self.answer = answer
+        self.requests_seen = 0
+
+    def generate(
+        self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec
+    ) -> Iterator[EngineResult]:
+        for req in requests:
+            if self.fail_after is not None and self.requests_seen >= self.fail_after:
+                raise EngineError(f"fake engine died after {self.requests_seen} requests")
+            self.requests_seen += 1
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            prompt = "\n".join(m["content"] for m in req.messages)
+            text = self.answer if self.answer is not None else _answer(prompt, output)
+            yield EngineResult(
+                id=req.id,
+                text=text,
+                prompt_tokens=len(prompt.split()) + 4,
+                output_tokens=max(1, len(text.split())),
+            )
+
+
+def _answer(prompt: str, output: OutputSpec) -> str:
+    h = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
+    if output.kind == "label":
+        return output.labels[h % len(output.labels)]
+    if output.kind == "json":
+        props = (output.json_schema or {}).get("properties", {})
+        return json.dumps({k: "x" for k in props})
+    return f"answer-{h % 1000}"

@@ -1,0 +1,153 @@
+"""Offline vLLM (``vllm.LLM`` in this process, its engine core in a child process).
+
+Requests stream through ``llm_engine.add_request`` / ``step``: a bounded window of queued
+requests is topped up as results finish, so the running batch never drains at a chunk
+boundary, and the caller writes finished rows while the engine core keeps generating.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..errors import EngineError
+from ..spec import OutputSpec, SamplingSpec
+from .base import Engine, EngineRequest, EngineResult
+
+
+def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
+    """vLLM ``SamplingParams`` for a job, structured outputs included."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    structured = None
+    if output.kind == "label":
+        structured = StructuredOutputsParams(choice=list(output.labels))
+    elif output.kind == "json":
+        structured = StructuredOutputsParams(json=output.json_schema)
+    elif output.regex:
+        structured = StructuredOutputsParams(regex=output.regex)
+    return SamplingParams(
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        structured_outputs=structured,
+    )
+
+
+class VLLMOfflineEngine(Engine):
+    """In-process ``vllm.LLM``. ``llm_kwargs`` go to ``vllm.LLM`` unchanged."""
+
+    def __init__(self, model: str, llm_kwargs: dict[str, Any], window: int = 2048) -> None:
+        from vllm import LLM
+
+        started = time.perf_counter()
+        try:
+            self._llm = LLM(model=model, **llm_kwargs)
+        except Exception as exc:  # vLLM raises many types; all mean "could not start"
+            raise EngineError(_explain_start_failure(model, llm_kwargs, exc)) from exc
+        self.start_seconds = time.perf_counter() - started
+        self.model_id = model
+        self.window = window
+        self._tokenizer = self._llm.get_tokenizer()
+        self._chat = bool(getattr(self._tokenizer, "chat_template", None))
+        self._max_len = int(self._llm.llm_engine.model_config.max_model_len)
+        self._ids = itertools.count()
+
+    def encode(self, batch: list[EngineRequest]) -> list[list[int]]:
+        """Token ids of each request's prompt (chat template applied when the model has one)."""
+        if self._chat:
+            texts = [
+                self._tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
+                for r in batch
+            ]
+            return list(self._tokenizer(texts, add_special_tokens=False)["input_ids"])
+        texts = ["\n\n".join(m["content"] for m in r.messages) for r in batch]
+        return list(self._tokenizer(texts)["input_ids"])
+
+    def generate(
+        self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec
+    ) -> Iterator[EngineResult]:
+        from vllm.inputs import TokensPrompt
+
+        params = sampling_params(sampling, output)
+        engine = self._llm.llm_engine
+        source = iter(requests)
+        in_flight: dict[str, str] = {}
+        prompt_lens: dict[str, int] = {}
+        exhausted = False
+        try:
+            while True:
+                # Top up in chunks (one tokenizer call per chunk) once a quarter has finished.
+                if not exhausted and len(in_flight) <= self.window * 3 // 4:
+                    batch = list(itertools.islice(source, self.window - len(in_flight)))
+                    exhausted = not batch
+                    for req, ids in zip(batch, self.encode(batch), strict=True):
+                        if len(ids) >= self._max_len:
+                            yield EngineResult(
+                                req.id, None, len(ids),
+                                error=f"prompt_too_long: {len(ids)} tokens, model context is {self._max_len}",
+                            )
+                            continue
+                        rid = f"sb-{next(self._ids)}"
+                        engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+                        in_flight[rid] = req.id
+                        prompt_lens[rid] = len(ids)
+                if not in_flight:
+                    if exhausted:
+                        return
+                    continue
+                try:
+                    outputs = engine.step()
+                except Exception as exc:
+                    raise EngineError(f"vLLM engine failed while generating: {exc!r}") from exc
+                for out in outputs:
+                    if not out.finished:
+                        continue
+                    row_id = in_flight.pop(out.request_id)
+                    n_prompt = prompt_lens.pop(out.request_id)
+                    comp = out.outputs[0]
+                    yield EngineResult(
+                        row_id,
+                        comp.text,
+                        prompt_tokens=n_prompt,
+                        output_tokens=len(comp.token_ids),
+                        cached_tokens=int(out.num_cached_tokens or 0),
+                    )
+        finally:
+            if in_flight:  # the caller stopped early: leave the engine clean for the next shard
+                try:
+                    engine.abort_request(list(in_flight))
+                except Exception:  # noqa: S110 - a dead engine has nothing to abort
+                    pass
+
+    def close(self) -> None:
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: S110 - already gone
+            pass
+        self._llm = None
+        import gc
+
+        gc.collect()
+
+
+def _explain_start_failure(model: str, kwargs: dict[str, Any], exc: Exception) -> str:
+    text = str(exc)
+    hint = "check the model and engine settings of VLLMResource"
+    low = text.lower()
+    if "memory" in low or "kv cache" in low or "cache blocks" in low:
+        hint = (
+            f"gpu_memory_utilization={kwargs.get('gpu_memory_utilization')} / "
+            f"kv_cache_memory_bytes={kwargs.get('kv_cache_memory_bytes')} cannot be met on this machine: "
+            "lower gpu_memory_utilization (or kv_cache_memory_gb), or lower max_model_len / max_num_seqs"
+        )
+    elif "does not exist" in low or "not found" in low or "no such file" in low or "repo" in low:
+        hint = f"model={model!r} cannot be loaded: give a local Hugging Face folder or leave model unset"
+    return f"vLLM could not start model {model!r}: {text.splitlines()[0] if text else type(exc).__name__}. Fix: {hint}"

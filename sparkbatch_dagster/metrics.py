@@ -1,0 +1,111 @@
+"""Run metrics and analytics in the job's DuckDB file.
+
+DuckDB allows one writing process per file, and several GPUs mean several processes: every
+connection here is short-lived and retried while another process holds the lock.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .errors import SparkbatchError
+from .spec import JobSpec
+from .store import JobHome
+
+
+METRIC_COLUMNS = [
+    ("partition", "VARCHAR"), ("version", "VARCHAR"), ("model", "VARCHAR"), ("rows", "BIGINT"),
+    ("labeled", "BIGINT"), ("errors", "BIGINT"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
+    ("wall_s", "DOUBLE"), ("engine_s", "DOUBLE"), ("tokens_per_hour", "DOUBLE"), ("cost_usd", "DOUBLE"),
+    ("prefix_cache_hit_rate", "DOUBLE"), ("resumed_rows", "BIGINT"), ("deduplicated_rows", "BIGINT"),
+    ("finished_at", "VARCHAR"),
+]
+
+
+@contextmanager
+def connect(path: Path, read_only: bool = False, timeout_s: float = 120.0) -> Iterator[Any]:
+    """Open the DuckDB file, waiting (with jitter) while another process holds its lock."""
+    import duckdb
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only and path.exists())
+            break
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                raise SparkbatchError(f"cannot open {path}: {exc}") from exc
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 1.0)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
+    """Upsert per-partition statistics into ``run_metrics``."""
+    names = [c for c, _ in METRIC_COLUMNS]
+    with connect(home.metrics_db) as con:
+        cols = ", ".join(f'"{c}" {t}' for c, t in METRIC_COLUMNS)
+        con.execute(f"CREATE TABLE IF NOT EXISTS run_metrics ({cols}, PRIMARY KEY (partition, version))")
+        placeholders = ", ".join("?" for _ in names)
+        con.executemany(
+            f"INSERT OR REPLACE INTO run_metrics VALUES ({placeholders})",
+            [[s.get(c) for c in names] for s in stats],
+        )
+
+
+def _sql_path(p: Path) -> str:
+    return str(p).replace("'", "''")
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
+    """Refresh the DuckDB views over the labeled output and return the headline numbers.
+
+    Views: ``labeled`` (output rows joined with their input), ``label_distribution``.
+    """
+    labeled_glob = home.version_dir(version) / "labeled" / "*.parquet"
+    if not any(labeled_glob.parent.glob("*.parquet")):
+        return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}}
+    gold = f", s.{_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
+    with connect(home.metrics_db) as con:
+        con.execute(
+            f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
+            f"FROM read_parquet('{_sql_path(labeled_glob)}') o "
+            f"JOIN read_parquet('{_sql_path(home.shards_dir / 'shard-*.parquet')}') s USING (row_id)"
+        )
+        con.execute(
+            "CREATE OR REPLACE VIEW label_distribution AS SELECT output AS label, count(*) AS rows "
+            "FROM labeled WHERE error IS NULL GROUP BY ALL ORDER BY rows DESC, label"
+        )
+        rows, errors, correct = con.execute(
+            "SELECT count(*), count(error), count(*) FILTER (WHERE error IS NULL AND output = gold) FROM labeled"
+        ).fetchone()
+        dist = dict(con.execute("SELECT label, rows FROM label_distribution").fetchall())
+        cost = con.execute(
+            "SELECT sum(cost_usd), sum(rows) FROM run_metrics WHERE version = ?", [version]
+        ).fetchone() if _has_table(con, "run_metrics") else (None, None)
+    return {
+        "rows": rows, "labeled": rows - errors, "errors": errors,
+        "accuracy": round(correct / rows, 4) if spec.gold_column and rows else None,
+        "label_distribution": dist,
+        "cost_per_1k_rows_usd": round(cost[0] / cost[1] * 1000, 6) if cost[0] and cost[1] else None,
+    }
+
+
+def _has_table(con: Any, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0])
+
+

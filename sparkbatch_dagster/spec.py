@@ -1,0 +1,172 @@
+"""The job spec: what to read, how to prompt, what to produce, and what it costs.
+
+A spec is plain, validated data. Everything downstream (sharding, rendering, the engine,
+checkpoints, metrics) reads it and nothing else, so a spec fully describes a job.
+
+Example::
+
+    spec = JobSpec(
+        name="tickets",
+        input="data/tickets/*.parquet",
+        id_column="ticket_id",
+        text_columns=["subject", "body"],
+        user_template="Subject: {{ subject }}\\n{{ body }}\\nWhich team should handle it?",
+        output=OutputSpec(kind="label", labels=["billing", "tech", "sales"]),
+        gold_column="team",
+    )
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class OutputSpec(BaseModel):
+    """What the model must produce for each row.
+
+    - ``label``: exactly one of ``labels``, enforced by vLLM structured outputs.
+    - ``json``: an object matching ``json_schema``, enforced the same way.
+    - ``text``: free text, optionally constrained by ``regex``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["label", "json", "text"] = "text"
+    labels: list[str] = Field(default_factory=list, description="Allowed labels (kind='label').")
+    json_schema: dict[str, Any] | None = Field(default=None, description="JSON schema (kind='json').")
+    regex: str | None = Field(default=None, description="Optional regex for kind='text'.")
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> OutputSpec:
+        if self.kind == "label":
+            if len(self.labels) < 2:
+                raise ValueError("output.kind='label' needs at least two labels: set output.labels")
+            if len(set(self.labels)) != len(self.labels):
+                raise ValueError("output.labels has duplicates: list each label once")
+        if self.kind == "json" and not self.json_schema:
+            raise ValueError("output.kind='json' needs output.json_schema (a JSON schema dict)")
+        if self.regex is not None:
+            re.compile(self.regex)
+        return self
+
+
+class SamplingSpec(BaseModel):
+    """Sampling settings; part of the fingerprint, so changing them starts a new output version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(default=64, ge=1, le=32768)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int = 0
+
+
+class JobSpec(BaseModel):
+    """A batch job: one fixed prompt over every row of an input.
+
+    Attributes are validated on construction; a bad value raises :class:`ConfigError`
+    naming the field and the fix.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Job name: lowercase letters, digits, '_'. Used in asset keys.")
+    input: str = Field(description="Path, glob or fsspec URL of Parquet, CSV or JSONL files.")
+    input_format: Literal["auto", "parquet", "csv", "json"] = "auto"
+    id_column: str | None = Field(
+        default=None, description="Column with a unique row id; None generates ids by input order."
+    )
+    text_columns: list[str] = Field(description="Columns the template may use.")
+    system_prompt: str = ""
+    user_template: str = Field(description="Jinja template rendered in a sandbox, one per row.")
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    shard_count: int | None = Field(default=None, ge=1, le=100_000)
+    shard_size: int | None = Field(default=None, ge=1, description="Rows per shard (approximate).")
+    gold_column: str | None = Field(default=None, description="Column holding the right answer.")
+    hourly_rate_usd: float = Field(default=0.79, ge=0.0, description="Price of the box per hour.")
+    home: str = Field(default=".sparkbatch", description="Folder for shards, outputs, metrics.")
+    max_input_chars: int = Field(default=20_000, ge=1, description="Longer texts become error rows.")
+    checkpoint_rows: int = Field(default=256, ge=1, description="Flush finished rows every N rows...")
+    checkpoint_seconds: float = Field(default=5.0, gt=0.0, description="...or every T seconds.")
+    max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Asset check bar.")
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc)) from None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"name={v!r} must match [a-z][a-z0-9_]*, e.g. 'debian_sections'")
+        return v
+
+    @field_validator("text_columns")
+    @classmethod
+    def _check_text_columns(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("text_columns is empty: name at least one input column")
+        return v
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> JobSpec:
+        if self.shard_count is not None and self.shard_size is not None:
+            raise ValueError("set shard_count or shard_size, not both")
+        from .prompts import check_template  # local: prompts imports jinja2 only when needed
+
+        check_template(self.user_template, self.text_columns, "user_template")
+        check_template(self.system_prompt, self.text_columns, "system_prompt")
+        return self
+
+    @property
+    def home_path(self) -> Path:
+        return Path(self.home).expanduser().resolve()
+
+    def shards_for(self, rows: int) -> int:
+        """Number of shards for an input of ``rows`` rows."""
+        if self.shard_count is not None:
+            return self.shard_count
+        size = self.shard_size or 10_000
+        return max(1, -(-rows // size))
+
+    def prompt_fingerprint(self) -> str:
+        """Hash of everything that shapes an output row except the model and the input."""
+        payload = {
+            "system": self.system_prompt,
+            "user": self.user_template,
+            "text_columns": self.text_columns,
+            "output": self.output.model_dump(),
+            "sampling": self.sampling.model_dump(),
+            "max_input_chars": self.max_input_chars,
+        }
+        return fingerprint(payload)
+
+
+def fingerprint(payload: Any) -> str:
+    """A short stable hash of JSON-serializable data."""
+    raw = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "spec"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"JobSpec.{where}: {msg}{shown}")
+    return "invalid job spec:\n  " + "\n  ".join(lines)

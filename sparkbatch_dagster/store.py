@@ -1,0 +1,98 @@
+"""Where a job's files live, and the small atomic-write helpers everything uses.
+
+    <home>/shards/manifest.json            what was sharded, and how
+    <home>/shards/shard-00003.parquet      input rows of one shard
+    <home>/out/<version>/parts/shard-00003/part-000001.parquet   checkpoints
+    <home>/out/<version>/labeled/shard-00003.parquet             the finalized shard
+    <home>/out/<version>/stats/shard-00003.json                  its run statistics
+    <home>/metrics.duckdb                  run metrics and analytics tables
+
+``version`` is the output fingerprint (prompt, sampling, model, input shards): rows made under
+other settings live in another folder and are never mixed with these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+_KEY_RE = re.compile(r"^shard-\d{5}$")
+
+
+def shard_key(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def check_key(key: str) -> str:
+    """Partition keys become file names: refuse anything but ``shard-NNNNN``."""
+    if not _KEY_RE.match(key):
+        raise ConfigError(f"partition key {key!r} is not a shard key like 'shard-00000'")
+    return key
+
+
+class JobHome:
+    """Paths of one job's files. Every path built from a key goes through :func:`check_key`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def shards_dir(self) -> Path:
+        return self.root / "shards"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.shards_dir / "manifest.json"
+
+    @property
+    def metrics_db(self) -> Path:
+        return self.root / "metrics.duckdb"
+
+    def shard_path(self, key: str) -> Path:
+        return self.shards_dir / f"{check_key(key)}.parquet"
+
+    def version_dir(self, version: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{16}", version):
+            raise ConfigError(f"output version {version!r} is not a fingerprint")
+        return self.root / "out" / version
+
+    def parts_dir(self, version: str, key: str) -> Path:
+        return self.version_dir(version) / "parts" / check_key(key)
+
+    def labeled_path(self, version: str, key: str) -> Path:
+        return self.version_dir(version) / "labeled" / f"{check_key(key)}.parquet"
+
+    def stats_path(self, version: str, key: str) -> Path:
+        return self.version_dir(version) / "stats" / f"{check_key(key)}.json"
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        if not self.manifest_path.exists():
+            return None
+        return dict(json.loads(self.manifest_path.read_text()))
+
+    def is_done(self, version: str, key: str) -> bool:
+        return self.labeled_path(version, key).exists()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def atomic_write_parquet(path: Path, table: Any) -> None:
+    """Write a pyarrow table under a temporary name, fsync, then rename into place."""
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
