@@ -49,7 +49,7 @@ class BatchJob:
         manifest = self.home.read_manifest()
         if manifest is None:
             raise SparkbatchError(f"{self.home.root} has no shards yet: materialize {self.keys['input_shards'].to_user_string()} first")
-        model = "fake-model" if resource.engine == "fake" else model_identity(resource.model_name())
+        model = model_identity(resource.model_name())
         return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model, "input": manifest["signature"]})
 
     def done_partitions(self, resource: VLLMResource) -> list[str]:

@@ -81,6 +81,8 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
 
     def model_name(self) -> str:
         """What the engine will load, resolved (the embedded default is converted if needed)."""
+        if self.engine == "fake":
+            return self.model or "fake-model"
         from .model import resolve_model
 
         return resolve_model(self.model)
@@ -95,7 +97,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         if self.engine == "fake":
             from .engines.fake import FakeEngine
 
-            return FakeEngine(model_id=self.model or "fake-model")
+            return FakeEngine(model_id=self.model_name())
         model = self.model_name()
         kwargs = self.llm_kwargs()
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")

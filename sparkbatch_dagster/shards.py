@@ -71,8 +71,9 @@ def _signature(spec: JobSpec, files: list[str]) -> str:
 def _reader(fmt: str) -> str:
     return {
         "parquet": "read_parquet(getvariable('sb_files'), union_by_name = true, filename = true, file_row_number = true)",
-        "csv": "read_csv(getvariable('sb_files'), union_by_name = true, filename = true)",
-        "json": "read_json(getvariable('sb_files'), format = 'newline_delimited', union_by_name = true, filename = true)",
+        "csv": "read_csv(getvariable('sb_files'), union_by_name = true, filename = true) WITH ORDINALITY",
+        "json": "read_json(getvariable('sb_files'), format = 'newline_delimited', union_by_name = true, "
+        "filename = true) WITH ORDINALITY",
     }[fmt]
 
 
@@ -111,12 +112,13 @@ def build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     wanted = [c for c in [spec.id_column, *spec.text_columns, spec.gold_column] if c]
     missing = [c for c in wanted if c not in types]
     if missing:
-        shown = sorted(c for c in types if c not in ("filename", "file_row_number"))
+        shown = sorted(c for c in types if c not in ("filename", "file_row_number", "ordinality"))
         raise InputError(f"input has no column(s) {missing}; it has {shown}: fix id_column/text_columns/gold_column")
 
     rows = int(con.execute("SELECT count(*) FROM src").fetchone()[0])
     k = spec.shards_for(rows)
-    order = "filename, file_row_number" if fmt == "parquet" else "filename"
+    # Parquet gives exact (file, row) positions; for CSV/JSON the reader's ordinality is the row order.
+    order = "filename, file_row_number" if fmt == "parquet" else "ordinality"
     selects, errors = [], []
     for col in spec.text_columns:
         value, err = _text_expr(col, types[col])

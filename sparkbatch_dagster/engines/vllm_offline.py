@@ -59,6 +59,8 @@ class VLLMOfflineEngine(Engine):
 
     def encode(self, batch: list[EngineRequest]) -> list[list[int]]:
         """Token ids of each request's prompt (chat template applied when the model has one)."""
+        if not batch:
+            return []
         if self._chat:
             texts = [
                 self._tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)

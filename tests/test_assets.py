@@ -1,0 +1,101 @@
+"""The Dagster assets end to end with a fake engine: partitions, gap filling, metrics, checks."""
+
+import duckdb
+from dagster import DagsterInstance, Definitions, materialize
+
+from conftest import ENGINES, RegisteredEngineResource, make_spec
+from sparkbatch_dagster import build_batch_assets
+from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+from sparkbatch_dagster.engines import FakeEngine
+
+
+def _setup(tmp_path, **kw):
+    spec = make_spec(tmp_path, n=200, shards=4, **kw)
+    job = build_batch_assets(spec=spec)
+    ENGINES["fake"] = FakeEngine()
+    res = {"vllm": RegisteredEngineResource(registered="fake")}
+    inst = DagsterInstance.get()
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    return spec, job, res, inst
+
+
+def _label(job, res, inst, start, end):
+    return materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
+                       resources=res, instance=inst, tags={RANGE_START: start, RANGE_END: end})
+
+
+def test_partitions_are_registered_and_one_run_labels_them_all(tmp_path):
+    spec, job, res, inst = _setup(tmp_path)
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    assert keys == ["shard-00000", "shard-00001", "shard-00002", "shard-00003"]
+    assert _label(job, res, inst, keys[0], keys[-1]).success
+    resource = res["vllm"]
+    assert job.done_partitions(resource) == keys
+    materialized = inst.get_materialized_partitions(job.keys["labeled_outputs"])
+    assert materialized == set(keys)
+    with duckdb.connect(str(job.home.metrics_db)) as con:
+        assert con.execute("SELECT count(*), sum(rows) FROM run_metrics").fetchone() == (4, 200)
+
+
+def test_done_partitions_are_never_recomputed_and_gaps_are_filled(tmp_path):
+    spec, job, res, inst = _setup(tmp_path)
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    assert _label(job, res, inst, keys[0], keys[1]).success
+    first = ENGINES["fake"].requests_seen
+    assert first > 0
+    # A run over all partitions computes only the two that are missing.
+    ENGINES["fake"] = FakeEngine()
+    result = _label(job, res, inst, keys[0], keys[-1])
+    assert result.success
+    mats = result.asset_materializations_for_node("things__labeled_outputs")
+    assert mats[0].metadata["partitions_computed"].value == 2
+    done_before = {k: job.home.labeled_path(job.output_version(res["vllm"]), k).stat().st_mtime_ns for k in keys[:2]}
+    # Everything again: nothing is sent to the engine, no file is rewritten.
+    ENGINES["fake"] = FakeEngine()
+    assert _label(job, res, inst, keys[0], keys[-1]).success
+    assert ENGINES["fake"].requests_seen == 0
+    version = job.output_version(res["vllm"])
+    assert {k: job.home.labeled_path(version, k).stat().st_mtime_ns for k in keys[:2]} == done_before
+
+
+def test_changed_prompt_is_a_new_version_and_never_mixes(tmp_path):
+    spec, job, res, inst = _setup(tmp_path)
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    assert _label(job, res, inst, keys[0], keys[-1]).success
+    old_version = job.output_version(res["vllm"])
+    job2 = build_batch_assets(spec=make_spec(tmp_path, n=200, shards=4, user_template="Kind? {{ text }}"))
+    new_version = job2.output_version(res["vllm"])
+    assert new_version != old_version and job2.done_partitions(res["vllm"]) == []
+    assert _label(job2, res, inst, keys[0], keys[-1]).success
+    assert len(job.done_partitions(res["vllm"])) == 4  # the old version is still whole, separately
+
+
+def test_error_rate_check_fails_the_partition_run(tmp_path):
+    spec, job, res, inst = _setup(tmp_path, max_error_rate=0.1)
+    ENGINES["fake"] = FakeEngine(answer="not a label")
+    result = _label(job, res, inst, "shard-00000", "shard-00000")
+    evals = result.get_asset_check_evaluations()
+    assert len(evals) == 1 and evals[0].passed is False
+    assert evals[0].metadata["error_rate"].value == 1.0
+
+
+def test_analytics_reports_accuracy_and_distribution(tmp_path):
+    spec, job, res, inst = _setup(tmp_path)
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    assert _label(job, res, inst, keys[0], keys[-1]).success
+    result = materialize(job.assets, selection=[job.keys["analytics"]], resources=res, instance=inst)
+    md = result.asset_materializations_for_node("things__analytics")[0].metadata
+    assert md["rows"].value == 200 and md["errors"].value == 0
+    assert 0.0 <= md["accuracy"].value <= 1.0
+    with duckdb.connect(str(job.home.metrics_db)) as con:
+        gold_acc = con.execute("SELECT avg((output = gold)::INT) FROM labeled").fetchone()[0]
+        assert round(gold_acc, 4) == md["accuracy"].value
+        assert con.execute("SELECT sum(rows) FROM label_distribution").fetchone()[0] == 200
+
+
+def test_definitions_load_with_the_fake_engine(tmp_path):
+    spec = make_spec(tmp_path)
+    job = build_batch_assets(spec=spec)
+    defs = Definitions(assets=job.assets, resources={"vllm": RegisteredEngineResource(registered="fake")})
+    repo = defs.get_repository_def()
+    assert len(repo.assets_defs_by_key) == 4

