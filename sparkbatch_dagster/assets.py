@@ -27,7 +27,7 @@ from . import metrics
 from .errors import SparkbatchError
 from .model import model_identity
 from .resources import VLLMResource
-from .runner import label_shard
+from .runner import ShardRun
 from .shards import build_shards
 from .spec import JobSpec, fingerprint
 from .store import JobHome
@@ -48,7 +48,8 @@ class BatchJob:
         """Fingerprint of prompt + sampling + model + input shards: the output folder's name."""
         manifest = self.home.read_manifest()
         if manifest is None:
-            raise SparkbatchError(f"{self.home.root} has no shards yet: materialize {self.keys['input_shards'].to_user_string()} first")
+            shards = self.keys["input_shards"].to_user_string()
+            raise SparkbatchError(f"{self.home.root} has no shards yet: materialize {shards} first")
         model = model_identity(resource.model_name())
         return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model, "input": manifest["signature"]})
 
@@ -121,21 +122,22 @@ def build_batch_assets(
     def labeled_outputs(context: AssetExecutionContext) -> MaterializeResult:
         resource: VLLMResource = getattr(context.resources, resource_key)
         version = job.output_version(resource)
-        stats, computed = [], []
-        for key in context.partition_keys:
-            if home.is_done(version, key):
-                context.log.info(f"{key}: already done under version {version}, not recomputed")
-                stats.append(json.loads(home.stats_path(version, key).read_text()))
-                continue
+        todo = [k for k in context.partition_keys if not home.is_done(version, k)]
+        stats = [json.loads(home.stats_path(version, k).read_text()) for k in context.partition_keys if k not in todo]
+        if stats:
+            context.log.info(f"{len(stats)} partition(s) already done under version {version}: not recomputed")
+        engine_start_s = 0.0
+        if todo:
             engine = resource.get_engine()
-            context.log.info(f"{key}: labeling (engine started in {engine.start_seconds:.1f}s)")
-            stats.append(label_shard(spec, home, version, key, engine,
-                                     progress=lambda p: context.log.info(json.dumps(p))))
-            computed.append(key)
+            engine_start_s = engine.start_seconds
+            context.log.info(f"labeling {len(todo)} partition(s); engine started in {engine_start_s:.1f}s")
+            runner = ShardRun(spec, home, version, engine, progress=lambda p: context.log.info(json.dumps(p)))
+            stats += runner.run(todo, on_done=lambda s: context.log.info(f"{s['partition']} done: {json.dumps(s)}"))
         worst = max(stats, key=lambda s: s["errors"] / max(s["rows"], 1))
         rate = worst["errors"] / max(worst["rows"], 1)
         return MaterializeResult(
-            metadata={**_totals(stats), "partitions_computed": len(computed), "version": version,
+            metadata={**_totals(stats), "partitions_computed": len(todo), "version": version,
+                      "engine_start_s": round(engine_start_s, 2),
                       "path": MetadataValue.path(str(home.version_dir(version) / "labeled"))},
             check_results=[AssetCheckResult(
                 passed=rate <= spec.max_error_rate, severity=AssetCheckSeverity.ERROR,

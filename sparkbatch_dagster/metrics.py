@@ -17,7 +17,6 @@ from .errors import SparkbatchError
 from .spec import JobSpec
 from .store import JobHome
 
-
 METRIC_COLUMNS = [
     ("partition", "VARCHAR"), ("version", "VARCHAR"), ("model", "VARCHAR"), ("rows", "BIGINT"),
     ("labeled", "BIGINT"), ("errors", "BIGINT"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),

@@ -77,10 +77,14 @@ def resolve_model(model: str | None) -> str:
     local = Path(model).expanduser()
     if local.exists():
         if not (local / "config.json").exists():
-            raise ConfigError(f"model={model!r} is a folder without config.json: point it at a Hugging Face model folder")
+            raise ConfigError(
+                f"model={model!r} is a folder without config.json: point it at a Hugging Face model folder"
+            )
         return str(local.resolve())
     if model.startswith((".", "/", "~")) or model.count("/") > 1:
-        raise ConfigError(f"model={model!r} does not exist: fix the path, or leave model unset for the embedded default")
+        raise ConfigError(
+            f"model={model!r} does not exist: fix the path, or leave model unset for the embedded default"
+        )
     return model  # a hub name; vLLM resolves it (needs network or a filled HF cache)
 
 

@@ -38,19 +38,23 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     unit tests only.
     """
 
-    model: str | None = Field(default=None, description="Local HF folder or hub name; None = embedded SmolLM2.")
+    model: str | None = Field(
+        default=None, description="Local HF folder or hub name; None = the embedded SmolLM2."
+    )
     engine: Literal["offline", "fake"] = Field(default="offline", description="Backend.")
     gpu_memory_utilization: float | None = Field(
         default=None, gt=0.0, le=0.98,
         description="Fraction of GPU memory (of RAM on the CPU backend). None: 0.9 on a GPU, 0.5 on the CPU.",
     )
-    kv_cache_memory_gb: float | None = Field(default=None, gt=0.0, description="Exact KV cache size; wins over the fraction.")
+    kv_cache_memory_gb: float | None = Field(
+        default=None, gt=0.0, description="Exact KV cache size in GiB; wins over the fraction."
+    )
     max_num_seqs: int = Field(default=512, ge=1, le=16384, description="Concurrent sequences (vLLM's default is 256).")
     max_model_len: int | None = Field(default=None, ge=16, description="Context length; None = the model's.")
     enable_prefix_caching: bool = Field(default=True, description="Reuse the KV cache of the shared template.")
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     dtype: str = Field(default="auto")
-    window: int | None = Field(default=None, ge=1, description="Requests queued in the engine; None = 4 x max_num_seqs.")
+    window: int | None = Field(default=None, ge=1, description="Requests queued; None = 4 x max_num_seqs.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to vllm.LLM as is.")
 
     _engine: Engine | None = PrivateAttr(default=None)
@@ -102,8 +106,11 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         kwargs = self.llm_kwargs()
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
         from .engines.vllm_offline import VLLMOfflineEngine
+        from .model import model_identity
 
-        return VLLMOfflineEngine(model, kwargs, window=self.window or 4 * self.max_num_seqs)
+        engine = VLLMOfflineEngine(model, kwargs, window=self.window or 4 * self.max_num_seqs)
+        engine.model_id = model_identity(model)  # rows name the model the same way on every machine
+        return engine
 
     def close(self) -> None:
         if self._engine is not None:

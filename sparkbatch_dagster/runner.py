@@ -78,44 +78,101 @@ def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
     return errors, groups
 
 
-def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
-                progress: ProgressFn | None = None, progress_every_s: float = 10.0) -> dict[str, Any]:
-    """Label every row of one shard and finalize it; return the shard's statistics."""
-    started = time.perf_counter()
-    rows = pq.read_table(home.shard_path(key)).to_pylist()
-    writer = CheckpointWriter(home.parts_dir(version, key), spec.checkpoint_rows, spec.checkpoint_seconds)
-    done = set(writer.existing().column("row_id").to_pylist())
-    errors, groups = plan_rows(spec, rows, done)
-    for rid, reason in errors.items():
-        writer.add(_row(rid, version, engine.model_id, error=reason))
+class _Shard:
+    """One shard in flight: its writer, its unique prompts, and how many are still out."""
 
-    # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
-    order = sorted(groups)
-    requests: Iterator[EngineRequest] = (EngineRequest(str(i), groups[k][0].messages()) for i, k in enumerate(order))
-    gen_started = time.perf_counter()
-    finished = 0
-    fresh_tokens = 0
-    last_report = gen_started
-    for res in engine.generate(requests, spec.sampling, spec.output):
-        ids = groups[order[int(res.id)]][1]
-        output, error = parse_output(res.text, spec) if res.error is None and res.text is not None else (None, res.error)
-        for n, rid in enumerate(ids):
-            writer.add(_row(rid, version, engine.model_id, output, error, res, dedup=n > 0))
-        finished += len(ids)
-        fresh_tokens += res.prompt_tokens + res.output_tokens
-        if writer.due():
-            writer.flush()
+    def __init__(self, spec: JobSpec, home: JobHome, version: str, key: str, model: str) -> None:
+        self.key, self.version, self.model = key, version, model
+        self.started = time.perf_counter()
+        self.rows = pq.read_table(home.shard_path(key)).to_pylist()
+        self.writer = CheckpointWriter(home.parts_dir(version, key), spec.checkpoint_rows, spec.checkpoint_seconds)
+        self.resumed = self.writer.existing().num_rows
+        done = set(self.writer.existing().column("row_id").to_pylist())
+        errors, self.groups = plan_rows(spec, self.rows, done)
+        for rid, reason in errors.items():
+            self.writer.add(_row(rid, version, model, error=reason))
+        # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
+        self.order = sorted(self.groups)
+        self.outstanding = len(self.order)
+        self.fresh_tokens = 0
+        self.first_sent: float | None = None
+
+
+class ShardRun:
+    """Label several shards through one engine without draining it between shards.
+
+    Requests of shard k+1 are queued behind those of shard k, so the engine keeps a full
+    batch while shard k's last rows finish; each shard is finalized as soon as its own last
+    row is in. ``on_done`` receives each shard's statistics as it finalizes.
+    """
+
+    def __init__(self, spec: JobSpec, home: JobHome, version: str, engine: Engine,
+                 progress: ProgressFn | None = None, progress_every_s: float = 10.0) -> None:
+        self.spec, self.home, self.version, self.engine = spec, home, version, engine
+        self.progress, self.progress_every_s = progress, progress_every_s
+        self.shards: list[_Shard] = []
+        self.stats: list[dict[str, Any]] = []
+        self._last_end = time.perf_counter()
+
+    def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        total = sum(pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys)
+        started = last_report = time.perf_counter()
+        rows_done = 0
+        for res in self.engine.generate(self._requests(keys, on_done), self.spec.sampling, self.spec.output):
+            idx, _, n = res.id.partition(":")
+            shard = self.shards[int(idx)]
+            ids = shard.groups[shard.order[int(n)]][1]
+            ok = res.error is None and res.text is not None
+            output, error = parse_output(res.text or "", self.spec) if ok else (None, res.error)
+            for i, rid in enumerate(ids):
+                shard.writer.add(_row(rid, self.version, self.engine.model_id, output, error, res, dedup=i > 0))
+            rows_done += len(ids)
+            shard.fresh_tokens += res.prompt_tokens + res.output_tokens
+            shard.outstanding -= 1
+            if shard.writer.due():
+                shard.writer.flush()
+            if shard.outstanding == 0:
+                self._finish(shard, on_done)
+            now = time.perf_counter()
+            if self.progress and now - last_report >= self.progress_every_s:
+                last_report = now
+                tokens = sum(s.fresh_tokens for s in self.shards)
+                self.progress(_progress(shard.key, rows_done, total, tokens, now - started))
+        return self.stats
+
+    def _requests(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None) -> Iterator[EngineRequest]:
+        for key in keys:
+            shard = _Shard(self.spec, self.home, self.version, key, self.engine.model_id)
+            idx = len(self.shards)
+            self.shards.append(shard)
+            if shard.outstanding == 0:  # nothing to generate (all resumed or error rows)
+                self._finish(shard, on_done)
+            for n, prompt_key in enumerate(shard.order):
+                shard.first_sent = shard.first_sent or time.perf_counter()
+                yield EngineRequest(f"{idx}:{n}", shard.groups[prompt_key][0].messages())
+
+    def _finish(self, shard: _Shard, on_done: Callable[[dict[str, Any]], None] | None) -> None:
+        shard.writer.flush()
+        table = finalize(shard.writer.parts_dir, [r["row_id"] for r in shard.rows],
+                         self.home.labeled_path(self.version, shard.key))
         now = time.perf_counter()
-        if progress and now - last_report >= progress_every_s:
-            last_report = now
-            progress(_progress(key, finished, sum(len(g[1]) for g in groups.values()), fresh_tokens, now - gen_started))
-    engine_s = time.perf_counter() - gen_started
-    writer.flush()
-    table = finalize(writer.parts_dir, [r["row_id"] for r in rows], home.labeled_path(version, key))
-    stats = _stats(spec, key, version, engine.model_id, table, time.perf_counter() - started, engine_s,
-                   resumed=len(done), generated=len(groups), fresh_tokens=fresh_tokens)
-    atomic_write_text(home.stats_path(version, key), json.dumps(stats, indent=2))
-    return stats
+        # Shards overlap in the engine; each is charged the time since the previous one
+        # finished, so per-shard wall times add up to the run's wall time.
+        wall = now - max(self._last_end, shard.started) if self.stats else now - shard.started
+        self._last_end = now
+        engine_s = now - shard.first_sent if shard.first_sent else 0.0
+        stats = _stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
+                       resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens)
+        atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
+        self.stats.append(stats)
+        if on_done:
+            on_done(stats)
+
+
+def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
+                progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Label every row of one shard and finalize it; return the shard's statistics."""
+    return ShardRun(spec, home, version, engine, progress).run([key])[0]
 
 
 def _progress(key: str, done: int, total: int, tokens: int, seconds: float) -> dict[str, Any]:

@@ -70,7 +70,8 @@ def _signature(spec: JobSpec, files: list[str]) -> str:
 
 def _reader(fmt: str) -> str:
     return {
-        "parquet": "read_parquet(getvariable('sb_files'), union_by_name = true, filename = true, file_row_number = true)",
+        "parquet": "read_parquet(getvariable('sb_files'), union_by_name = true, filename = true, "
+        "file_row_number = true)",
         "csv": "read_csv(getvariable('sb_files'), union_by_name = true, filename = true) WITH ORDINALITY",
         "json": "read_json(getvariable('sb_files'), format = 'newline_delimited', union_by_name = true, "
         "filename = true) WITH ORDINALITY",

@@ -7,6 +7,7 @@ boundary, and the caller writes finished rows while the engine core keeps genera
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Iterable, Iterator
@@ -121,19 +122,15 @@ class VLLMOfflineEngine(Engine):
                     )
         finally:
             if in_flight:  # the caller stopped early: leave the engine clean for the next shard
-                try:
+                with contextlib.suppress(Exception):  # a dead engine has nothing to abort
                     engine.abort_request(list(in_flight))
-                except Exception:  # noqa: S110 - a dead engine has nothing to abort
-                    pass
 
     def close(self) -> None:
         llm = getattr(self, "_llm", None)
         if llm is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # already gone
             llm.llm_engine.engine_core.shutdown()
-        except Exception:  # noqa: S110 - already gone
-            pass
         self._llm = None
         import gc
 

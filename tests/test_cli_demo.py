@@ -1,0 +1,41 @@
+"""The demo as a user runs it: `sparkbatch run -f definitions.py` in a fresh process, twice,
+on the real engine. The second run must compute nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+
+def _run(tmp_path: Path, *args: str) -> dict:
+    env = {**os.environ, "SPARKBATCH_HOME": str(tmp_path / "demo"), "DAGSTER_HOME": str(tmp_path / "dagster_home"),
+           "SPARKBATCH_DEMO_ROWS": "120", "SPARKBATCH_DEMO_SHARDS": "3", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "sparkbatch_dagster.cli", *args, "-f", "definitions.py"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_demo_runs_then_fills_only_gaps(tmp_path):
+    if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
+        pytest.skip("SPARKBATCH_SKIP_REAL=1")
+    first = _run(tmp_path, "run")
+    assert first["partitions_total"] == first["partitions_done"] == first["partitions_run"] == 3
+    assert first["rows"] == 120 and first["labeled"] + first["errors"] == 120
+    assert first["input_tokens"] > 0 and first["output_tokens"] > 0 and first["tokens_per_hour"] > 0
+    assert 0.0 <= first["accuracy"] <= 1.0 and first["cost_usd"] > 0
+    assert Path(first["home"]) == tmp_path / "demo"
+    # Lose one finished partition: the next run recomputes it and only it.
+    labeled = Path(first["home"]) / "out" / first["version"] / "labeled"
+    (labeled / "shard-00001.parquet").unlink()
+    assert _run(tmp_path, "status")["missing"] == ["shard-00001"]
+    second = _run(tmp_path, "run")
+    assert second["partitions_run"] == 1 and second["partitions_done"] == 3
+    third = _run(tmp_path, "run")
+    assert third["partitions_run"] == 0 and third["rows"] == 120
