@@ -126,6 +126,7 @@ def build_batch_assets(
         stats = [json.loads(home.stats_path(version, k).read_text()) for k in context.partition_keys if k not in todo]
         if stats:
             context.log.info(f"{len(stats)} partition(s) already done under version {version}: not recomputed")
+        home.remove_stale_parts(version)
         engine_start_s = 0.0
         if todo:
             engine = resource.get_engine()
@@ -156,7 +157,7 @@ def build_batch_assets(
         if missing:
             raise SparkbatchError(f"no finished output for {missing}: materialize labeled_outputs for them first")
         stats = [json.loads(home.stats_path(version, k).read_text()) for k in context.partition_keys]
-        metrics.record(home, stats)
+        metrics.sync(home, version)
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
         return MaterializeResult(metadata={
             **_totals(stats), "table": MetadataValue.md(_md_table(stats, cols)),

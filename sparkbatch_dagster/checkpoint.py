@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import IncompleteShardError
-from .store import atomic_write_parquet
+from .store import atomic_write_parquet, failpoint
 
 #: The columns of every output row.
 OUTPUT_SCHEMA = pa.schema(
@@ -49,9 +49,11 @@ class CheckpointWriter:
 
     def existing(self) -> pa.Table:
         """Rows already checkpointed by earlier attempts (temporary files of a crash ignored)."""
-        files = sorted(self.parts_dir.glob("part-*.parquet")) if self.parts_dir.exists() else []
-        for stale in self.parts_dir.glob(".part-*") if self.parts_dir.exists() else []:
+        if not self.parts_dir.exists():
+            return OUTPUT_SCHEMA.empty_table()
+        for stale in self.parts_dir.glob(".part-*"):
             stale.unlink(missing_ok=True)
+        files = sorted(self.parts_dir.glob("part-*.parquet"))
         if files:
             self._seq = max(int(f.stem.split("-")[1]) for f in files)
             return pa.concat_tables([pq.read_table(f, schema=OUTPUT_SCHEMA) for f in files])
@@ -82,14 +84,13 @@ class CheckpointWriter:
         self._buffer.clear()
 
 
-def finalize(parts_dir: Path, expected_ids: Iterable[str], final_path: Path) -> pa.Table:
-    """Join the part files into the shard's output, checking every input row is there once.
+def assemble(parts_dir: Path, expected_ids: Iterable[str], name: str) -> pa.Table:
+    """Join the part files into the shard's output, in input order, every input row once.
 
     Raises :class:`IncompleteShardError` naming missing or unexpected ids; the parts stay on
     disk so a rerun can complete them.
     """
-    writer = CheckpointWriter(parts_dir, 1, 1.0)
-    table = writer.existing()
+    table = CheckpointWriter(parts_dir, 1, 1.0).existing()
     ids = table.column("row_id").to_pylist()
     expected = list(expected_ids)
     first: dict[str, int] = {}
@@ -99,10 +100,21 @@ def finalize(parts_dir: Path, expected_ids: Iterable[str], final_path: Path) -> 
     extra = sorted(set(first) - set(expected))
     if missing or extra:
         raise IncompleteShardError(
-            f"{final_path.stem}: {len(missing)} rows missing (e.g. {missing[:5]}), "
+            f"{name}: {len(missing)} rows missing (e.g. {missing[:5]}), "
             f"{len(extra)} not in the shard (e.g. {extra[:5]}); rerun the partition to fill the gap"
         )
-    table = table.take([first[row_id] for row_id in expected])
+    return table.take([first[row_id] for row_id in expected])
+
+
+def commit(parts_dir: Path, table: pa.Table, final_path: Path) -> None:
+    """The shard's commit point: the final file appears atomically, then the parts go."""
     atomic_write_parquet(final_path, table)
+    failpoint("finalize:committed")
     shutil.rmtree(parts_dir, ignore_errors=True)
+
+
+def finalize(parts_dir: Path, expected_ids: Iterable[str], final_path: Path) -> pa.Table:
+    """:func:`assemble` then :func:`commit`."""
+    table = assemble(parts_dir, expected_ids, final_path.stem)
+    commit(parts_dir, table, final_path)
     return table

@@ -1,6 +1,7 @@
 """``sparkbatch``: drive a job's assets from a shell, filling only the gaps.
 
     sparkbatch run -f definitions.py       shard if needed, label missing partitions, analytics
+    sparkbatch run --range A:B             only partitions A..B (one process per GPU)
     sparkbatch status -f definitions.py    which partitions are done
     sparkbatch prepare-model               convert the embedded default model once
 
@@ -21,6 +22,7 @@ from typing import Any
 from .assets import BatchJob
 from .errors import SparkbatchError
 from .resources import VLLMResource
+from .store import check_key
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
@@ -65,8 +67,11 @@ def status(job: BatchJob, resource: VLLMResource) -> dict[str, Any]:
             "missing": [k for k in manifest["keys"] if k not in done]}
 
 
-def run(job: BatchJob, defs: Any) -> dict[str, Any]:
-    """Shard (if needed), label the missing partitions in one run, refresh analytics."""
+def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Shard (if needed), label the missing partitions in one run, refresh analytics.
+
+    ``only=(first, last)`` restricts the run to that range of partition keys (one GPU each).
+    """
     from dagster import AssetSelection, materialize
 
     inst = instance()
@@ -76,6 +81,8 @@ def run(job: BatchJob, defs: Any) -> dict[str, Any]:
     shards = AssetSelection.assets(job.keys["input_shards"]).upstream()
     materialize(assets, selection=shards, resources=resources, instance=inst)
     missing = status(job, resource)["missing"]
+    if only:
+        missing = [k for k in missing if only[0] <= k <= only[1]]
     if missing:
         # One run over the range from the first to the last gap: one engine start. Partitions
         # in between that are already done are skipped inside the asset, not recomputed.
@@ -84,7 +91,7 @@ def run(job: BatchJob, defs: Any) -> dict[str, Any]:
                     tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
     after = status(job, resource)
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst)
-    return summary(job, resource, after, len(missing) - len(after["missing"]), result)
+    return summary(job, resource, after, len(set(missing) - set(after["missing"])), result)
 
 
 def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: int, result: Any) -> dict[str, Any]:
@@ -113,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
         p.add_argument("--job", help="job name, when the file defines several")
+        if name == "run":
+            p.add_argument("--range", help="only partitions FIRST:LAST, e.g. shard-00000:shard-00003")
     sub.add_parser("prepare-model", help="convert the embedded SmolLM2 model once")
     args = parser.parse_args(argv)
     try:
@@ -125,7 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             print(json.dumps(status(job, defs.resources[job.resource_key])))
             return 0
-        print(json.dumps(run(job, defs)))
+        only = None
+        if args.range:
+            first, sep, last = args.range.partition(":")
+            if not sep:
+                raise SparkbatchError(f"--range {args.range!r} must look like shard-00000:shard-00003")
+            only = (check_key(first), check_key(last))
+        print(json.dumps(run(job, defs, only)))
         return 0
     except SparkbatchError as exc:
         print(f"sparkbatch: {exc}", file=sys.stderr)

@@ -62,6 +62,21 @@ def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
         )
 
 
+def sync(home: JobHome, version: str) -> int:
+    """Mirror every committed shard's stats file into ``run_metrics``; return how many.
+
+    The stats files are the source of truth; this makes the table whole again after a crash
+    between a shard's commit and its metrics step.
+    """
+    import json
+
+    stats_dir = home.version_dir(version) / "stats"
+    done = [p for p in sorted(stats_dir.glob("shard-*.json")) if home.is_done(version, p.stem)]
+    if done:
+        record(home, [json.loads(p.read_text()) for p in done])
+    return len(done)
+
+
 def _sql_path(p: Path) -> str:
     return str(p).replace("'", "''")
 
@@ -76,6 +91,7 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     Views: ``labeled`` (output rows joined with their input), ``label_distribution``.
     """
     labeled_glob = home.version_dir(version) / "labeled" / "*.parquet"
+    sync(home, version)
     if not any(labeled_glob.parent.glob("*.parquet")):
         return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}}
     gold = f", s.{_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"

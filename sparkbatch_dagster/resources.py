@@ -27,6 +27,29 @@ def on_cpu() -> bool:
         return True
 
 
+def check_memory(kwargs: dict[str, Any]) -> None:
+    """On the CPU backend, refuse a KV-cache size this machine cannot give, before vLLM
+    spends a minute loading the model only to fail. (On a GPU, vLLM checks this itself.)"""
+    if not on_cpu():
+        return
+    import psutil
+
+    mem = psutil.virtual_memory()
+    want = kwargs.get("kv_cache_memory_bytes")
+    if want is not None and want > mem.available:
+        raise ConfigError(
+            f"kv_cache_memory_gb={want / 2**30:.1f} is more than this machine has free "
+            f"({mem.available / 2**30:.1f} GiB): lower VLLMResource.kv_cache_memory_gb"
+        )
+    frac = kwargs.get("gpu_memory_utilization")
+    if want is None and frac is not None and frac * mem.total > mem.available:
+        raise ConfigError(
+            f"gpu_memory_utilization={frac} asks for {frac * mem.total / 2**30:.1f} GiB of RAM on the CPU backend "
+            f"but {mem.available / 2**30:.1f} GiB are free: lower VLLMResource.gpu_memory_utilization "
+            f"(e.g. {max(0.05, round(mem.available / mem.total * 0.8, 2))}) or set kv_cache_memory_gb"
+        )
+
+
 class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     """vLLM tuned for a dedicated box.
 
@@ -101,9 +124,10 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         if self.engine == "fake":
             from .engines.fake import FakeEngine
 
-            return FakeEngine(model_id=self.model_name())
+            return FakeEngine(model_id=self.model_name(), **self.engine_kwargs)
         model = self.model_name()
         kwargs = self.llm_kwargs()
+        check_memory(kwargs)
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
         from .engines.vllm_offline import VLLMOfflineEngine
         from .model import model_identity

@@ -13,12 +13,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from .checkpoint import CheckpointWriter, finalize
+from .checkpoint import CheckpointWriter, assemble, commit
 from .engines.base import Engine, EngineRequest, EngineResult
-from .errors import ConfigError
+from .errors import ConfigError, SparkbatchError
 from .prompts import RenderedPrompt, check_text, render
 from .spec import JobSpec
-from .store import JobHome, atomic_write_text
+from .store import JobHome, atomic_write_text, failpoint
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -86,8 +86,8 @@ class _Shard:
         self.started = time.perf_counter()
         self.rows = pq.read_table(home.shard_path(key)).to_pylist()
         self.writer = CheckpointWriter(home.parts_dir(version, key), spec.checkpoint_rows, spec.checkpoint_seconds)
-        self.resumed = self.writer.existing().num_rows
         done = set(self.writer.existing().column("row_id").to_pylist())
+        self.resumed = len(done)
         errors, self.groups = plan_rows(spec, self.rows, done)
         for rid, reason in errors.items():
             self.writer.add(_row(rid, version, model, error=reason))
@@ -115,6 +115,25 @@ class ShardRun:
         self._last_end = time.perf_counter()
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
+        locks = [self.home.partition_lock(self.version, k) for k in keys]
+        try:
+            for key, lock in zip(keys, locks, strict=True):
+                if not lock.acquire(wait=False):
+                    raise SparkbatchError(
+                        f"partition {key} is being written by another run (pid {lock.holder()}): "
+                        "wait for that run to finish, or run the other partitions"
+                    )
+            self._generate(keys, on_done)
+        finally:
+            # Whatever stopped us, finished rows still in memory go to disk first.
+            for shard in self.shards:
+                shard.writer.flush()
+            for lock in locks:
+                lock.release()
+        return self.stats
+
+    def _generate(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None) -> None:
         total = sum(pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys)
         started = last_report = time.perf_counter()
         rows_done = 0
@@ -138,7 +157,6 @@ class ShardRun:
                 last_report = now
                 tokens = sum(s.fresh_tokens for s in self.shards)
                 self.progress(_progress(shard.key, rows_done, total, tokens, now - started))
-        return self.stats
 
     def _requests(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None) -> Iterator[EngineRequest]:
         for key in keys:
@@ -153,8 +171,7 @@ class ShardRun:
 
     def _finish(self, shard: _Shard, on_done: Callable[[dict[str, Any]], None] | None) -> None:
         shard.writer.flush()
-        table = finalize(shard.writer.parts_dir, [r["row_id"] for r in shard.rows],
-                         self.home.labeled_path(self.version, shard.key))
+        table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key)
         now = time.perf_counter()
         # Shards overlap in the engine; each is charged the time since the previous one
         # finished, so per-shard wall times add up to the run's wall time.
@@ -163,7 +180,10 @@ class ShardRun:
         engine_s = now - shard.first_sent if shard.first_sent else 0.0
         stats = _stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
                        resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens)
+        # Stats first, then the labeled file (the commit point): a done shard always has stats.
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
+        failpoint("finalize:stats")
+        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
         self.stats.append(stats)
         if on_done:
             on_done(stats)

@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import InputError
 from .spec import JobSpec, fingerprint
-from .store import JobHome, atomic_write_text, shard_key
+from .store import JobHome, atomic_write_text, failpoint, shard_key
 
 _NESTED = ("STRUCT", "MAP", "UNION")
 
@@ -96,8 +96,18 @@ def _text_expr(col: str, dtype: str) -> tuple[str, str]:
 def build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     """Shard the input unless the same input was already sharded the same way.
 
-    Returns the manifest: ``keys`` (partition keys), ``rows``, ``signature``, ``reused``.
+    Concurrent callers (two runs started at once) take turns: the second waits, then finds
+    the shards done. Returns the manifest: ``keys``, ``rows``, ``signature``, ``reused``.
     """
+    lock = home.shards_lock()
+    lock.acquire(wait=True)
+    try:
+        return _build_shards(spec, home)
+    finally:
+        lock.release()
+
+
+def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     con = connect()
     files = source_files(con, spec)
     signature = _signature(spec, files)
@@ -164,11 +174,14 @@ def build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
 
 def _move_shards(con: Any, tmp: Path, home: JobHome, keys: list[str], sql: str) -> None:
     home.shards_dir.mkdir(parents=True, exist_ok=True)
+    home.manifest_path.unlink(missing_ok=True)  # no manifest until every shard is in place
     for old in home.shards_dir.glob("shard-*.parquet"):
         old.unlink()
     for i, key in enumerate(keys):
         parts = sorted((tmp / f"_shard={i}").glob("*.parquet"))
         dest = home.shard_path(key)
+        if i == 1:
+            failpoint("shards:moving")  # crash tests: half the shards moved, no manifest yet
         if len(parts) == 1:
             os.replace(parts[0], dest)
         elif parts:

@@ -69,6 +69,7 @@ class SamplingSpec(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int = 0
+    ignore_eos: bool = Field(default=False, description="Always generate max_tokens (benchmarks).")
 
 
 class JobSpec(BaseModel):

@@ -13,9 +13,12 @@ other settings live in another folder and are never mixed with these.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,19 @@ class JobHome:
     def stats_path(self, version: str, key: str) -> Path:
         return self.version_dir(version) / "stats" / f"{check_key(key)}.json"
 
+    def remove_stale_parts(self, version: str) -> None:
+        """Drop part files of shards already committed (a crash right after a commit leaves them)."""
+        parts = self.version_dir(version) / "parts"
+        for folder in parts.glob("shard-*") if parts.exists() else []:
+            if self.is_done(version, folder.name):
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def partition_lock(self, version: str, key: str) -> FileLock:
+        return FileLock(self.version_dir(version) / "locks" / f"{check_key(key)}.lock")
+
+    def shards_lock(self) -> FileLock:
+        return FileLock(self.root / ".shards.lock")
+
     def read_manifest(self) -> dict[str, Any] | None:
         if not self.manifest_path.exists():
             return None
@@ -77,6 +93,51 @@ class JobHome:
 
     def is_done(self, version: str, key: str) -> bool:
         return self.labeled_path(version, key).exists()
+
+
+def failpoint(name: str) -> None:
+    """Crash tests: SIGKILL this process at the named point when SPARKBATCH_FAILPOINT says so.
+
+    The kill tests use it to stop a run at exact moments (mid-sharding, mid-finalize); the
+    check is one environment lookup, at a handful of places that run once per shard.
+    """
+    if os.environ.get("SPARKBATCH_FAILPOINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FileLock:
+    """An exclusive ``flock`` on a file; the OS drops it when the holder dies (SIGKILL too)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh: Any = None
+
+    def acquire(self, wait: bool) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")  # noqa: SIM115 - held until release()
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            fh.close()
+            return False
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._fh = fh
+        return True
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._fh is not None:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
 
 
 def atomic_write_text(path: Path, text: str) -> None:

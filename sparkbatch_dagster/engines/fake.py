@@ -19,6 +19,7 @@ class FakeEngine(Engine):
         delay_s: sleep per request, to give kill tests a window.
         fail_after: raise :class:`EngineError` after this many results (an engine crash).
         answer: a fixed answer for every request (to produce unparseable output on purpose).
+        trace_path: append each finished request id to this file (line-buffered).
     """
 
     def __init__(
@@ -27,12 +28,15 @@ class FakeEngine(Engine):
         delay_s: float = 0.0,
         fail_after: int | None = None,
         answer: str | None = None,
+        trace_path: str | None = None,
     ) -> None:
         self.model_id = model_id
         self.delay_s = delay_s
         self.fail_after = fail_after
         self.answer = answer
         self.requests_seen = 0
+        # Kill tests read this file to learn how many rows were generated before the kill.
+        self._trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115
 
     def generate(
         self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec
@@ -45,6 +49,8 @@ class FakeEngine(Engine):
                 time.sleep(self.delay_s)
             prompt = "\n".join(m["content"] for m in req.messages)
             text = self.answer if self.answer is not None else _answer(prompt, output)
+            if self._trace:
+                self._trace.write(req.id + "\n")
             yield EngineResult(
                 id=req.id,
                 text=text,

@@ -35,6 +35,7 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         seed=sampling.seed,
+        ignore_eos=sampling.ignore_eos,
         structured_outputs=structured,
     )
 

@@ -1,0 +1,185 @@
+"""Raw vLLM vs the full pipeline, same engine, same prompts, one invocation.
+
+    python benchmarks/throughput.py --mode synthetic --rows 2000            # CPU, embedded SmolLM2
+    python benchmarks/throughput.py --mode debian --rows 8000               # ../shared/data Debian set
+    python benchmarks/throughput.py --mode synthetic --model .bench/llama-1b --load-format dummy \
+        --rows 40000 --max-tokens 64 --gpu                                  # an H200
+
+(a) raw: one ``LLM.chat`` call over every row's messages, as a plain vLLM user would write it;
+(b) pipeline: a Dagster materialization of every partition of ``labeled_outputs`` and
+``run_metrics`` (checkpoints, finalize, metrics included) on the same engine, prefix cache reset
+in between. Both rates count the same delivered work (the tokens raw vLLM processed for all
+rows), so ``ratio`` is raw time / pipeline time. Engine start and sharding are reported apart.
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
+from sparkbatch_dagster.engines.base import Engine  # noqa: E402
+
+DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
+_ENGINE: dict[str, Engine] = {}
+
+
+class RunningEngine(VLLMResource):
+    """VLLMResource handed the engine this script already started (start time kept out)."""
+
+    def get_engine(self) -> Engine:
+        return _ENGINE["e"]
+
+    def model_name(self) -> str:
+        return _ENGINE["e"].model_id
+
+    def close(self) -> None:
+        pass
+
+
+def synthetic_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta river stone cloud metal paper glass tiger maple orbit pixel".split()
+    return [{"id": f"s{i:07d}", "text": " ".join(rng.choice(words) for _ in range(rng.randint(150, 250)))}
+            for i in range(n)]
+
+
+def debian_rows(n: int) -> tuple[list[dict[str, Any]], list[str]]:
+    import pyarrow.parquet as pq
+
+    if not DEBIAN.exists():
+        raise SystemExit(f"{DEBIAN} not found: the debian mode needs the shared data set")
+    rows = pq.read_table(DEBIAN, columns=["package", "section", "description"]).to_pylist()
+    rows = rows[:n] if n else rows
+    labels = sorted({r["section"] for r in rows})
+    return rows, labels
+
+
+def build_spec(args: argparse.Namespace, home: Path) -> JobSpec:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = home / "input.parquet"
+    if args.mode == "synthetic":
+        pq.write_table(pa.Table.from_pylist(synthetic_rows(args.rows)), src)
+        return JobSpec(
+            name="bench", input=str(src), id_column="id", text_columns=["text"], home=str(home),
+            system_prompt="You are a careful summarizer. " * 25,
+            user_template="Summarize the following notes in one paragraph:\n{{ text }}",
+            sampling=SamplingSpec(max_tokens=args.max_tokens, ignore_eos=True), shard_count=args.shards,
+        )
+    rows, labels = debian_rows(args.rows)
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    return JobSpec(
+        name="bench", input=str(src), id_column="package", text_columns=["package", "description"],
+        home=str(home), gold_column="section",
+        system_prompt="You sort Debian packages into archive sections. Allowed: " + ", ".join(labels) + ".",
+        user_template="Package: {{ package }}\nDescription: {{ description }}\n\nWhich section?",
+        output=OutputSpec(kind="label", labels=labels), sampling=SamplingSpec(max_tokens=8),
+        shard_count=args.shards,
+    )
+
+
+def machine() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    except Exception:  # noqa: S110 - CPU machine
+        pass
+    return f"{platform.machine()} CPU, {os.cpu_count()} cores"
+
+
+def raw_generate(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
+    """What a plain vLLM user writes: render every row, one LLM.chat call."""
+    from sparkbatch_dagster.engines.vllm_offline import sampling_params
+    from sparkbatch_dagster.prompts import render
+
+    convs = [render(spec.system_prompt, spec.user_template, {c: r[c] for c in spec.text_columns}).messages()
+             for r in rows]
+    params = sampling_params(spec.sampling, spec.output)
+    started = time.perf_counter()
+    outs = engine._llm.chat(convs, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    return seconds, sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--mode", choices=["synthetic", "debian"], default="synthetic")
+    p.add_argument("--rows", type=int, default=2000)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--model", default=None, help="HF folder; default: the embedded SmolLM2")
+    p.add_argument("--load-format", default=None, help="'dummy': random weights of the model's shape")
+    p.add_argument("--gpu", action="store_true", help="GPU settings (0.9 memory, 1024 seqs)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--home", default=None)
+    args = p.parse_args()
+
+    import pyarrow.parquet as pq
+    from dagster import DagsterInstance, materialize
+
+    home = Path(args.home or tempfile.mkdtemp(prefix="sparkbatch-bench-"))
+    os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home"))
+    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    spec = build_spec(args, home)
+    kw: dict[str, Any] = {"model": args.model, "max_model_len": 2048}
+    kw["max_num_seqs"] = args.max_num_seqs or (1024 if args.gpu else 256)
+    kw["gpu_memory_utilization"] = 0.9 if args.gpu else 0.3
+    if args.load_format:
+        kw["engine_kwargs"] = {"load_format": args.load_format}
+    resource = VLLMResource(**kw)
+    started = time.perf_counter()
+    engine = _ENGINE["e"] = resource.get_engine()
+    engine_start_s = time.perf_counter() - started
+
+    job = build_batch_assets(spec=spec)
+    res = {"vllm": RunningEngine(**kw)}
+    inst = DagsterInstance.get()
+    t = time.perf_counter()
+    materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst)
+    shard_s = time.perf_counter() - t
+    rows = pq.read_table(spec.input).to_pylist()
+
+    raw_generate(engine, spec, rows[:64])  # warm-up: compile paths, allocator
+    engine._llm.reset_prefix_cache()
+    raw_s, raw_tokens = raw_generate(engine, spec, rows)
+    engine._llm.reset_prefix_cache()
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    t = time.perf_counter()
+    result = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
+                         resources=res, instance=inst, tags={"dagster/asset_partition_range_start": keys[0],
+                                                             "dagster/asset_partition_range_end": keys[-1]})
+    pipe_s = time.perf_counter() - t
+    md = result.asset_materializations_for_node("bench__labeled_outputs")[0].metadata
+    assert md["rows"].value == len(rows), "pipeline lost rows"
+    out = {
+        "mode": args.mode, "model": engine.model_id, "load_format": args.load_format or "auto",
+        "rows": len(rows), "shards": len(keys), "max_tokens": spec.sampling.max_tokens, "machine": machine(),
+        "engine_start_s": round(engine_start_s, 1), "sharding_s": round(shard_s, 2),
+        "raw_s": round(raw_s, 2), "pipeline_s": round(pipe_s, 2), "raw_tokens": raw_tokens,
+        "pipeline_engine_tokens": md["input_tokens"].value + md["output_tokens"].value,
+        "errors": md["errors"].value,
+        "raw_tokens_per_s": round(raw_tokens / raw_s, 1), "pipeline_tokens_per_s": round(raw_tokens / pipe_s, 1),
+        "ratio": round(raw_s / pipe_s, 4),
+    }
+    engine.close()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
