@@ -56,12 +56,12 @@ def synthetic_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
-def debian_rows(n: int) -> tuple[list[dict[str, Any]], list[str]]:
+def debian_rows(n: int, path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     import pyarrow.parquet as pq
 
-    if not DEBIAN.exists():
-        raise SystemExit(f"{DEBIAN} not found: the debian mode needs the shared data set")
-    rows = pq.read_table(DEBIAN, columns=["package", "section", "description"]).to_pylist()
+    if not path.exists():
+        raise SystemExit(f"{path} not found: the debian mode needs the shared data set (--data)")
+    rows = pq.read_table(path, columns=["package", "section", "description"]).to_pylist()
     rows = rows[:n] if n else rows
     labels = sorted({r["section"] for r in rows})
     return rows, labels
@@ -80,7 +80,7 @@ def build_spec(args: argparse.Namespace, home: Path) -> JobSpec:
             user_template="Summarize the following notes in one paragraph:\n{{ text }}",
             sampling=SamplingSpec(max_tokens=args.max_tokens, ignore_eos=True), shard_count=args.shards,
         )
-    rows, labels = debian_rows(args.rows)
+    rows, labels = debian_rows(args.rows, Path(args.data))
     pq.write_table(pa.Table.from_pylist(rows), src)
     return JobSpec(
         name="bench", input=str(src), id_column="package", text_columns=["package", "description"],
@@ -128,6 +128,7 @@ def main() -> None:
     p.add_argument("--gpu", action="store_true", help="GPU settings (0.9 memory, 1024 seqs)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--home", default=None)
+    p.add_argument("--data", default=str(DEBIAN), help="the Debian parquet (debian mode)")
     args = p.parse_args()
 
     import pyarrow.parquet as pq

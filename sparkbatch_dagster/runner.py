@@ -97,6 +97,10 @@ class _Shard:
         self.fresh_tokens = 0
         self.first_sent: float | None = None
 
+    def release(self) -> None:
+        """Drop the rows once committed, so a run's memory does not grow with its shard count."""
+        self.rows, self.groups, self.order = [], {}, []
+
 
 class ShardRun:
     """Label several shards through one engine without draining it between shards.
@@ -184,6 +188,7 @@ class ShardRun:
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
         failpoint("finalize:stats")
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
+        shard.release()
         self.stats.append(stats)
         if on_done:
             on_done(stats)

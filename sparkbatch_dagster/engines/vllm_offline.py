@@ -21,7 +21,7 @@ from .base import Engine, EngineRequest, EngineResult
 def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
     """vLLM ``SamplingParams`` for a job, structured outputs included."""
     from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     structured = None
     if output.kind == "label":
@@ -37,6 +37,9 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
         seed=sampling.seed,
         ignore_eos=sampling.ignore_eos,
         structured_outputs=structured,
+        # Only finished requests come back from step(): no per-step partial outputs to build,
+        # detokenize and ship between processes (what LLM.generate does too).
+        output_kind=RequestOutputKind.FINAL_ONLY,
     )
 
 

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# On the H200 device (see ../shared/gpu/README.md): after the three staging calls, run
+#   bash benchmarks/h200.sh 1b 20000 64      # shape, rows, output tokens
+# with .gpu/common and .bench (the SmolLM2 tokenizer in .bench/tok) carried.
+set -euo pipefail
+shape=${1:-1b}; rows=${2:-20000}; max_tokens=${3:-64}; mode=${4:-synthetic}
+bash .gpu/common/device-install.sh
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+python3 benchmarks/make_dummy_model.py --shape "$shape" --tokenizer .bench/tok --out "/tmp/llama-$shape"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+python3 benchmarks/throughput.py --mode "$mode" --model "/tmp/llama-$shape" --load-format dummy --gpu \
+    --rows "$rows" --max-tokens "$max_tokens" --shards 8 --data .bench/debian_packages.parquet 2>"$out/stderr-$shape-$mode.log" | tail -1 | tee "$out/result-$shape-$mode.json"
