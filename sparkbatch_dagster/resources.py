@@ -77,7 +77,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     enable_prefix_caching: bool = Field(default=True, description="Reuse the KV cache of the shared template.")
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     dtype: str = Field(default="auto")
-    window: int | None = Field(default=None, ge=1, description="Requests queued; None = 4 x max_num_seqs.")
+    window: int | None = Field(default=None, ge=1, description="Requests queued; None = 16 x max_num_seqs.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to vllm.LLM as is.")
 
     _engine: Engine | None = PrivateAttr(default=None)
@@ -132,7 +132,9 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         from .engines.vllm_offline import VLLMOfflineEngine
         from .model import model_identity
 
-        engine = VLLMOfflineEngine(model, kwargs, window=self.window or 4 * self.max_num_seqs)
+        # A deep queue: the engine never waits for this process to hand it the next requests.
+        window = self.window or 16 * self.max_num_seqs
+        engine = VLLMOfflineEngine(model, kwargs, window=window, chunk=max(1, self.max_num_seqs // 2))
         engine.model_id = model_identity(model)  # rows name the model the same way on every machine
         return engine
 

@@ -37,16 +37,18 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
         seed=sampling.seed,
         ignore_eos=sampling.ignore_eos,
         structured_outputs=structured,
-        # Only finished requests come back from step(): no per-step partial outputs to build,
-        # detokenize and ship between processes (what LLM.generate does too).
+        # Only finished requests come back from step(), as token ids: the engine skips
+        # per-step incremental detokenization, and each result is decoded once here, in
+        # batches. That keeps this process ahead of the GPU, so the queue never runs dry.
         output_kind=RequestOutputKind.FINAL_ONLY,
+        detokenize=False,
     )
 
 
 class VLLMOfflineEngine(Engine):
     """In-process ``vllm.LLM``. ``llm_kwargs`` go to ``vllm.LLM`` unchanged."""
 
-    def __init__(self, model: str, llm_kwargs: dict[str, Any], window: int = 2048) -> None:
+    def __init__(self, model: str, llm_kwargs: dict[str, Any], window: int = 8192, chunk: int = 512) -> None:
         from vllm import LLM
 
         started = time.perf_counter()
@@ -57,6 +59,7 @@ class VLLMOfflineEngine(Engine):
         self.start_seconds = time.perf_counter() - started
         self.model_id = model
         self.window = window
+        self.chunk = min(chunk, window)
         self._tokenizer = self._llm.get_tokenizer()
         self._chat = bool(getattr(self._tokenizer, "chat_template", None))
         self._max_len = int(self._llm.llm_engine.model_config.max_model_len)
@@ -88,8 +91,8 @@ class VLLMOfflineEngine(Engine):
         exhausted = False
         try:
             while True:
-                # Top up in chunks (one tokenizer call per chunk) once a quarter has finished.
-                if not exhausted and len(in_flight) <= self.window * 3 // 4:
+                # Top up in chunks (one tokenizer call per chunk) as soon as a chunk has finished.
+                if not exhausted and len(in_flight) <= self.window - self.chunk:
                     batch = list(itertools.islice(source, self.window - len(in_flight)))
                     exhausted = not batch
                     for req, ids in zip(batch, self.encode(batch), strict=True):
@@ -111,17 +114,18 @@ class VLLMOfflineEngine(Engine):
                     outputs = engine.step()
                 except Exception as exc:
                     raise EngineError(f"vLLM engine failed while generating: {exc!r}") from exc
-                for out in outputs:
-                    if not out.finished:
-                        continue
+                done = [out for out in outputs if out.finished]
+                texts = self._tokenizer.batch_decode(
+                    [list(out.outputs[0].token_ids) for out in done], skip_special_tokens=True
+                ) if done else []
+                for out, text in zip(done, texts, strict=True):
                     row_id = in_flight.pop(out.request_id)
                     n_prompt = prompt_lens.pop(out.request_id)
-                    comp = out.outputs[0]
                     yield EngineResult(
                         row_id,
-                        comp.text,
+                        text,
                         prompt_tokens=n_prompt,
-                        output_tokens=len(comp.token_ids),
+                        output_tokens=len(out.outputs[0].token_ids),
                         cached_tokens=int(out.num_cached_tokens or 0),
                     )
         finally:
