@@ -10,4 +10,4 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 benchmarks/make_dummy_model.py --shape "$shape" --tokenizer .bench/tok --out "/tmp/llama-$shape"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 benchmarks/throughput.py --mode "$mode" --model "/tmp/llama-$shape" --load-format dummy --gpu \
-    --rows "$rows" --max-tokens "$max_tokens" --shards 8 --data .bench/debian_packages.parquet 2>"$out/stderr-$shape-$mode.log" | tail -1 | tee "$out/result-$shape-$mode.json"
+    --rows "$rows" --max-tokens "$max_tokens" --shards 8 --repeat "${REPEAT:-2}" --data .bench/debian_packages.parquet 2>"$out/stderr-$shape-$mode.log" | tail -1 | tee "$out/result-$shape-$mode.json"

@@ -129,6 +129,7 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--home", default=None)
     p.add_argument("--data", default=str(DEBIAN), help="the Debian parquet (debian mode)")
+    p.add_argument("--repeat", type=int, default=2, help="rounds of raw + pipeline (ABBA order)")
     args = p.parse_args()
 
     import pyarrow.parquet as pq
@@ -148,33 +149,56 @@ def main() -> None:
     engine = _ENGINE["e"] = resource.get_engine()
     engine_start_s = time.perf_counter() - started
 
-    job = build_batch_assets(spec=spec)
     res = {"vllm": RunningEngine(**kw)}
     inst = DagsterInstance.get()
-    t = time.perf_counter()
-    materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst)
-    shard_s = time.perf_counter() - t
     rows = pq.read_table(spec.input).to_pylist()
-
     raw_generate(engine, spec, rows[:64])  # warm-up: compile paths, allocator
-    engine._llm.reset_prefix_cache()
-    raw_s, raw_tokens = raw_generate(engine, spec, rows)
-    engine._llm.reset_prefix_cache()
-    keys = inst.get_dynamic_partitions(job.partitions_def.name)
-    t = time.perf_counter()
-    result = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
-                         resources=res, instance=inst, tags={"dagster/asset_partition_range_start": keys[0],
-                                                             "dagster/asset_partition_range_end": keys[-1]})
-    pipe_s = time.perf_counter() - t
-    md = result.asset_materializations_for_node("bench__labeled_outputs")[0].metadata
-    assert md["rows"].value == len(rows), "pipeline lost rows"
+
+    def raw() -> float:
+        engine._llm.reset_prefix_cache()
+        seconds, tokens = raw_generate(engine, spec, rows)
+        totals["raw_tokens"] = tokens
+        return seconds
+
+    def pipeline(n: int) -> float:
+        # A fresh job home per round, so nothing is already done; sharding is timed apart.
+        round_spec = spec.model_copy(update={"home": str(home / f"round-{n}")})
+        job = build_batch_assets(spec=round_spec)
+        t = time.perf_counter()
+        materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst)
+        totals["sharding_s"] = time.perf_counter() - t
+        keys = inst.get_dynamic_partitions(job.partitions_def.name)
+        engine._llm.reset_prefix_cache()
+        t = time.perf_counter()
+        result = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
+                             resources=res, instance=inst, tags={"dagster/asset_partition_range_start": keys[0],
+                                                                 "dagster/asset_partition_range_end": keys[-1]})
+        seconds = time.perf_counter() - t
+        md = result.asset_materializations_for_node("bench__labeled_outputs")[0].metadata
+        assert md["rows"].value == len(rows), "pipeline lost rows"
+        totals.update(shards=len(keys), errors=md["errors"].value,
+                      engine_tokens=md["input_tokens"].value + md["output_tokens"].value)
+        return seconds
+
+    # Rounds in A-B, B-A order, so a drift of the machine's speed hits both sides alike.
+    totals: dict[str, Any] = {}
+    raw_times, pipe_times = [], []
+    for n in range(args.repeat):
+        if n % 2 == 0:
+            raw_times.append(raw())
+            pipe_times.append(pipeline(n))
+        else:
+            pipe_times.append(pipeline(n))
+            raw_times.append(raw())
+    raw_s, pipe_s, raw_tokens = sum(raw_times), sum(pipe_times), totals["raw_tokens"] * args.repeat
     out = {
         "mode": args.mode, "model": engine.model_id, "load_format": args.load_format or "auto",
-        "rows": len(rows), "shards": len(keys), "max_tokens": spec.sampling.max_tokens, "machine": machine(),
-        "engine_start_s": round(engine_start_s, 1), "sharding_s": round(shard_s, 2),
-        "raw_s": round(raw_s, 2), "pipeline_s": round(pipe_s, 2), "raw_tokens": raw_tokens,
-        "pipeline_engine_tokens": md["input_tokens"].value + md["output_tokens"].value,
-        "errors": md["errors"].value,
+        "rows": len(rows), "shards": totals["shards"], "max_tokens": spec.sampling.max_tokens,
+        "machine": machine(), "rounds": args.repeat,
+        "engine_start_s": round(engine_start_s, 1), "sharding_s": round(totals["sharding_s"], 2),
+        "raw_s": [round(x, 2) for x in raw_times], "pipeline_s": [round(x, 2) for x in pipe_times],
+        "raw_tokens": totals["raw_tokens"], "pipeline_engine_tokens": totals["engine_tokens"],
+        "errors": totals["errors"],
         "raw_tokens_per_s": round(raw_tokens / raw_s, 1), "pipeline_tokens_per_s": round(raw_tokens / pipe_s, 1),
         "ratio": round(raw_s / pipe_s, 4),
     }
