@@ -50,6 +50,24 @@ def check_memory(kwargs: dict[str, Any]) -> None:
         )
 
 
+def serve_args(kwargs: dict[str, Any]) -> list[str]:
+    """``vllm serve`` flags for the same settings ``vllm.LLM`` gets in offline mode."""
+    args: list[str] = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False:
+            args.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict | list):
+            import json
+
+            args += [flag, json.dumps(value)]
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
+
+
 class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     """vLLM tuned for a dedicated box.
 
@@ -64,7 +82,9 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     model: str | None = Field(
         default=None, description="Local HF folder or hub name; None = the embedded SmolLM2."
     )
-    engine: Literal["offline", "fake"] = Field(default="offline", description="Backend.")
+    engine: Literal["offline", "server", "fake"] = Field(
+        default="offline", description="offline: vllm.LLM in process; server: an OpenAI-compatible endpoint."
+    )
     gpu_memory_utilization: float | None = Field(
         default=None, gt=0.0, le=0.98,
         description="Fraction of GPU memory (of RAM on the CPU backend). None: 0.9 on a GPU, 0.5 on the CPU.",
@@ -79,6 +99,18 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     dtype: str = Field(default="auto")
     window: int | None = Field(default=None, ge=1, description="Requests queued; None = 16 x max_num_seqs.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to vllm.LLM as is.")
+    server_url: str | None = Field(
+        default=None, description="engine='server': a running server's base URL; None starts `vllm serve` here."
+    )
+    api_key_env: str | None = Field(
+        default=None, description="Name of the environment variable holding the server's API key (never the key)."
+    )
+    max_in_flight: int | None = Field(
+        default=None, ge=1, description="Server requests in flight; None = 4 x max_num_seqs."
+    )
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=5, ge=0, le=20, description="Retries on 429/5xx/connection errors.")
+    server_start_timeout_s: float = Field(default=900.0, gt=0)
 
     _engine: Engine | None = PrivateAttr(default=None)
 
@@ -110,6 +142,10 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         """What the engine will load, resolved (the embedded default is converted if needed)."""
         if self.engine == "fake":
             return self.model or "fake-model"
+        if self.engine == "server" and self.server_url:
+            if not self.model:
+                raise ConfigError("engine='server' with server_url needs model= (the served model name)")
+            return self.model
         from .model import resolve_model
 
         return resolve_model(self.model)
@@ -125,6 +161,8 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             from .engines.fake import FakeEngine
 
             return FakeEngine(model_id=self.model_name(), **self.engine_kwargs)
+        if self.engine == "server":
+            return self._start_server()
         model = self.model_name()
         kwargs = self.llm_kwargs()
         check_memory(kwargs)
@@ -137,6 +175,28 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         engine = VLLMOfflineEngine(model, kwargs, window=window, chunk=max(1, self.max_num_seqs // 2))
         engine.model_id = model_identity(model)  # rows name the model the same way on every machine
         return engine
+
+    def _start_server(self) -> Engine:
+        from .engines.vllm_server import ServerProcess, VLLMServerEngine
+        from .model import model_identity
+
+        api_key = None
+        if self.api_key_env:
+            api_key = os.environ.get(self.api_key_env)
+            if not api_key:
+                raise ConfigError(
+                    f"api_key_env={self.api_key_env!r} names an unset variable: export it, or unset api_key_env"
+                )
+        client = dict(api_key=api_key, max_in_flight=self.max_in_flight or 4 * self.max_num_seqs,
+                      timeout_s=self.request_timeout_s, max_retries=self.max_retries)
+        if self.server_url:
+            return VLLMServerEngine(self.server_url, self.model_name(), **client)  # type: ignore[arg-type]
+        model = self.model_name()
+        kwargs = self.llm_kwargs()
+        check_memory(kwargs)
+        name = model_identity(model)
+        server = ServerProcess(model, name, serve_args(kwargs), self.server_start_timeout_s)
+        return VLLMServerEngine(server.url, name, server=server, **client)  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self._engine is not None:

@@ -1,0 +1,104 @@
+"""Server mode against a real `vllm serve` on loopback (CPU, embedded SmolLM2)."""
+
+import threading
+import time
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+from dagster import DagsterInstance, materialize
+
+from conftest import ENGINES, REAL_SETTINGS, RegisteredEngineResource, make_rows, make_spec, write_parquet
+from sparkbatch_dagster import EngineError, VLLMResource, build_batch_assets
+from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+from sparkbatch_dagster.runner import label_shard
+from sparkbatch_dagster.shards import build_shards
+from sparkbatch_dagster.store import JobHome
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+
+def _vllm_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if "vllm" in " ".join(p.cmdline()).lower()
+            and "serve" in " ".join(p.cmdline())]
+
+
+def _label_all(job, res, inst):
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    return materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
+                       resources=res, instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+
+
+def test_dagster_run_starts_and_stops_its_own_server(tmp_path):
+    before = {p.pid for p in _vllm_children()}
+    spec = make_spec(tmp_path, n=40, shards=2)
+    job = build_batch_assets(spec=spec)
+    res = {"vllm": VLLMResource(engine="server", **REAL_SETTINGS)}  # type: ignore[arg-type]
+    result = _label_all(job, res, DagsterInstance.get())
+    assert result.success
+    assert len(job.done_partitions(res["vllm"])) == 2
+    time.sleep(1)
+    assert {p.pid for p in _vllm_children()} == before  # never left running
+
+
+@pytest.fixture(scope="module")
+def server_engine():
+    engine = VLLMResource(engine="server", **REAL_SETTINGS).get_engine()  # type: ignore[arg-type]
+    ENGINES["server"] = engine
+    yield engine
+    engine.close()
+    assert not engine.server.alive()
+
+
+def test_partition_completes_with_labels_and_error_rows(tmp_path, server_engine):
+    rows = make_rows(60)
+    rows[4]["text"] = "word " * 3000  # longer than max_model_len: the server refuses this row alone
+    rows[5]["text"] = None
+    src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
+    spec = make_spec(tmp_path, input=str(src), shards=2)
+    job = build_batch_assets(spec=spec)
+    res = {"vllm": RegisteredEngineResource(registered="server")}
+    assert _label_all(job, res, DagsterInstance.get()).success
+    version = job.output_version(res["vllm"])
+    out = {r["row_id"]: r for k in ("shard-00000", "shard-00001")
+           for r in pq.read_table(job.home.labeled_path(version, k)).to_pylist()}
+    assert len(out) == 60
+    assert out["id-00004"]["error"].startswith("prompt_too_long")
+    assert out["id-00005"]["error"].startswith("null_text")
+    good = [r for k, r in out.items() if k not in ("id-00004", "id-00005")]
+    assert all(r["output"] in spec.output.labels and r["prompt_tokens"] > 0 for r in good if not r["deduplicated"])
+
+
+def test_killed_server_fails_promptly_and_a_rerun_resumes(tmp_path, server_engine, real_engine):
+    """Runs last in this module: it kills the module's server."""
+    spec = make_spec(tmp_path, n=300, shards=1, checkpoint_rows=5, checkpoint_seconds=0.2)
+    home = JobHome(spec.home_path)
+    build_shards(spec, home)
+    version = "00000000000000dd"
+    outcome: dict = {}
+
+    def work():
+        try:
+            label_shard(spec, home, version, "shard-00000", server_engine)
+        except Exception as exc:  # what we are testing for
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    parts = home.parts_dir(version, "shard-00000")
+    deadline = time.monotonic() + 120
+    while not list(parts.glob("part-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server = psutil.Process(server_engine.server.proc.pid)
+    for p in [server, *server.children(recursive=True)]:
+        p.kill()
+    killed = time.monotonic()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the run hung after the server died"
+    assert isinstance(outcome.get("error"), EngineError) and time.monotonic() - killed < 60
+    kept = sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*"))
+    assert kept >= 5
+    # The rerun (here on the offline engine, same model) sends only the rows not yet written.
+    stats = label_shard(spec, home, version, "shard-00000", real_engine)
+    assert stats["rows"] == 300 and stats["resumed_rows"] == kept
