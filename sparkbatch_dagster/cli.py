@@ -145,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     except SparkbatchError as exc:
         print(f"sparkbatch: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        # A run failed inside Dagster: show our own error's message, not the framework's stack.
+        cause = getattr(exc, "user_exception", None)
+        if isinstance(cause, SparkbatchError):
+            print(f"sparkbatch: {cause}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

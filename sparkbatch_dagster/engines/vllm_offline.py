@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -64,6 +65,27 @@ class VLLMOfflineEngine(Engine):
         self._chat = bool(getattr(self._tokenizer, "chat_template", None))
         self._max_len = int(self._llm.llm_engine.model_config.max_model_len)
         self._ids = itertools.count()
+        self._closed = False
+        threading.Thread(target=self._watch_engine_core, name="sparkbatch-watchdog", daemon=True).start()
+
+    def _watch_engine_core(self) -> None:
+        """Unblock ``step()`` if the engine core process dies.
+
+        vLLM's own monitor marks the engine dead, but the synchronous client keeps waiting on
+        its output queue; a run would hang forever. Putting an error into that queue makes
+        the waiting ``step()`` raise, so the run fails in about a second instead.
+        """
+        core = self._llm.llm_engine.engine_core
+        resources = getattr(core, "resources", None)
+        procs = list(getattr(getattr(resources, "engine_manager", None), "processes", []) or [])
+        outputs = getattr(core, "outputs_queue", None)
+        if outputs is None or not procs:
+            return  # an in-process engine core, or internals this version does not have
+        while not self._closed:
+            time.sleep(1.0)
+            if not self._closed and any(not p.is_alive() for p in procs):
+                outputs.put_nowait(EngineError("the vLLM engine core process died"))
+                return
 
     def encode(self, batch: list[EngineRequest]) -> list[list[int]]:
         """Token ids of each request's prompt (chat template applied when the model has one)."""
@@ -134,6 +156,7 @@ class VLLMOfflineEngine(Engine):
                     engine.abort_request(list(in_flight))
 
     def close(self) -> None:
+        self._closed = True
         llm = getattr(self, "_llm", None)
         if llm is None:
             return

