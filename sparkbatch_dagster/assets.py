@@ -153,11 +153,11 @@ def build_batch_assets(
            description="Rows, errors, tokens, time, tokens/hour and cost per partition, in metrics.duckdb.")
     def run_metrics(context: AssetExecutionContext) -> MaterializeResult:
         version = job.output_version(getattr(context.resources, resource_key))
-        missing = [k for k in context.partition_keys if not home.stats_path(version, k).exists()]
+        committed = metrics.sync(home, version)
+        missing = [k for k in context.partition_keys if k not in committed]
         if missing:
             raise SparkbatchError(f"no finished output for {missing}: materialize labeled_outputs for them first")
-        stats = [json.loads(home.stats_path(version, k).read_text()) for k in context.partition_keys]
-        metrics.sync(home, version)
+        stats = [committed[k] for k in context.partition_keys]
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
         return MaterializeResult(metadata={
             **_totals(stats), "table": MetadataValue.md(_md_table(stats, cols)),

@@ -112,8 +112,7 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: int,
     from . import metrics
 
     version = job.output_version(resource)
-    stats = [json.loads(job.home.stats_path(version, k).read_text())
-             for k in (job.home.read_manifest() or {"keys": []})["keys"] if job.home.stats_path(version, k).exists()]
+    stats = list(metrics.committed_stats(job.home, version).values())
     tokens = sum(s["input_tokens"] + s["output_tokens"] for s in stats)
     wall = sum(s["wall_s"] for s in stats)
     facts = metrics.analytics(job.spec, job.home, version)

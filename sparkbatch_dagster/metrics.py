@@ -27,7 +27,7 @@ METRIC_COLUMNS = [
 
 
 @contextmanager
-def connect(path: Path, read_only: bool = False, timeout_s: float = 120.0) -> Iterator[Any]:
+def connect(path: Path, timeout_s: float = 120.0) -> Iterator[Any]:
     """Open the DuckDB file, waiting (with jitter) while another process holds its lock."""
     import duckdb
 
@@ -36,7 +36,7 @@ def connect(path: Path, read_only: bool = False, timeout_s: float = 120.0) -> It
     delay = 0.05
     while True:
         try:
-            con = duckdb.connect(str(path), read_only=read_only and path.exists())
+            con = duckdb.connect(str(path))
             break
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower() or time.monotonic() > deadline:
@@ -62,19 +62,25 @@ def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
         )
 
 
-def sync(home: JobHome, version: str) -> int:
-    """Mirror every committed shard's stats file into ``run_metrics``; return how many.
+def committed_stats(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
+    """Statistics of every committed shard of ``version``, by partition key."""
+    import json
+
+    stats_dir = home.version_dir(version) / "stats"
+    return {p.stem: json.loads(p.read_text()) for p in sorted(stats_dir.glob("shard-*.json"))
+            if home.is_done(version, p.stem)}
+
+
+def sync(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
+    """Mirror every committed shard's stats file into ``run_metrics``; return those stats.
 
     The stats files are the source of truth; this makes the table whole again after a crash
     between a shard's commit and its metrics step.
     """
-    import json
-
-    stats_dir = home.version_dir(version) / "stats"
-    done = [p for p in sorted(stats_dir.glob("shard-*.json")) if home.is_done(version, p.stem)]
-    if done:
-        record(home, [json.loads(p.read_text()) for p in done])
-    return len(done)
+    stats = committed_stats(home, version)
+    if stats:
+        record(home, list(stats.values()))
+    return stats
 
 
 def _sql_path(p: Path) -> str:

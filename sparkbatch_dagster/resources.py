@@ -161,42 +161,43 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             from .engines.fake import FakeEngine
 
             return FakeEngine(model_id=self.model_name(), **self.engine_kwargs)
-        if self.engine == "server":
-            return self._start_server()
+        api_key = self._api_key()  # before any process starts: a missing key must not leak a server
+        if self.engine == "server" and self.server_url:
+            return self._client(self.server_url, self.model_name(), api_key)
+        from .model import model_identity
+
         model = self.model_name()
         kwargs = self.llm_kwargs()
         check_memory(kwargs)
-        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+        name = model_identity(model)  # rows name the model the same way on every machine
+        if self.engine == "server":
+            from .engines.vllm_server import ServerProcess
+
+            server = ServerProcess(model, name, serve_args(kwargs), self.server_start_timeout_s)
+            return self._client(server.url, name, api_key, server)
         from .engines.vllm_offline import VLLMOfflineEngine
-        from .model import model_identity
 
         # A deep queue: the engine never waits for this process to hand it the next requests.
         window = self.window or 16 * self.max_num_seqs
         engine = VLLMOfflineEngine(model, kwargs, window=window, chunk=max(1, self.max_num_seqs // 2))
-        engine.model_id = model_identity(model)  # rows name the model the same way on every machine
+        engine.model_id = name
         return engine
 
-    def _start_server(self) -> Engine:
-        from .engines.vllm_server import ServerProcess, VLLMServerEngine
-        from .model import model_identity
+    def _api_key(self) -> str | None:
+        if self.engine != "server" or not self.api_key_env:
+            return None
+        api_key = os.environ.get(self.api_key_env)
+        if not api_key:
+            raise ConfigError(
+                f"api_key_env={self.api_key_env!r} names an unset variable: export it, or unset api_key_env"
+            )
+        return api_key
 
-        api_key = None
-        if self.api_key_env:
-            api_key = os.environ.get(self.api_key_env)
-            if not api_key:
-                raise ConfigError(
-                    f"api_key_env={self.api_key_env!r} names an unset variable: export it, or unset api_key_env"
-                )
-        client = dict(api_key=api_key, max_in_flight=self.max_in_flight or 4 * self.max_num_seqs,
-                      timeout_s=self.request_timeout_s, max_retries=self.max_retries)
-        if self.server_url:
-            return VLLMServerEngine(self.server_url, self.model_name(), **client)  # type: ignore[arg-type]
-        model = self.model_name()
-        kwargs = self.llm_kwargs()
-        check_memory(kwargs)
-        name = model_identity(model)
-        server = ServerProcess(model, name, serve_args(kwargs), self.server_start_timeout_s)
-        return VLLMServerEngine(server.url, name, server=server, **client)  # type: ignore[arg-type]
+    def _client(self, url: str, name: str, api_key: str | None, server: Any = None) -> Engine:
+        from .engines.vllm_server import VLLMServerEngine
+
+        return VLLMServerEngine(url, name, api_key=api_key, max_in_flight=self.max_in_flight or 4 * self.max_num_seqs,
+                                timeout_s=self.request_timeout_s, max_retries=self.max_retries, server=server)
 
     def close(self) -> None:
         if self._engine is not None:

@@ -118,9 +118,11 @@ class ShardRun:
         self.shards: list[_Shard] = []
         self.stats: list[dict[str, Any]] = []
         self._last_end = time.perf_counter()
+        self._on_done: Callable[[dict[str, Any]], None] | None = None
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
+        self._on_done = on_done
         locks = [self.home.partition_lock(self.version, k) for k in keys]
         try:
             for key, lock in zip(keys, locks, strict=True):
@@ -129,7 +131,7 @@ class ShardRun:
                         f"partition {key} is being written by another run (pid {lock.holder()}): "
                         "wait for that run to finish, or run the other partitions"
                     )
-            self._generate(keys, on_done)
+            self._generate(keys)
         finally:
             # Whatever stopped us, finished rows still in memory go to disk first.
             for shard in self.shards:
@@ -138,11 +140,11 @@ class ShardRun:
                 lock.release()
         return self.stats
 
-    def _generate(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None) -> None:
+    def _generate(self, keys: list[str]) -> None:
         total = sum(pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys)
         started = last_report = time.perf_counter()
         rows_done = 0
-        for res in self.engine.generate(self._requests(keys, on_done), self.spec.sampling, self.spec.output):
+        for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
             idx, _, n = res.id.partition(":")
             shard = self.shards[int(idx)]
             ids = shard.groups[shard.order[int(n)]][1]
@@ -156,31 +158,31 @@ class ShardRun:
             if shard.writer.due():
                 shard.writer.flush()
             if shard.outstanding == 0:
-                self._finish(shard, on_done)
+                self._finish(shard)
             now = time.perf_counter()
             if self.progress and now - last_report >= self.progress_every_s:
                 last_report = now
                 tokens = sum(s.fresh_tokens for s in self.shards)
                 self.progress(_progress(shard.key, rows_done, total, tokens, now - started))
 
-    def _requests(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None) -> Iterator[EngineRequest]:
+    def _requests(self, keys: list[str]) -> Iterator[EngineRequest]:
         for key in keys:
             shard = _Shard(self.spec, self.home, self.version, key, self.engine.model_id)
             idx = len(self.shards)
             self.shards.append(shard)
             if shard.outstanding == 0:  # nothing to generate (all resumed or error rows)
-                self._finish(shard, on_done)
+                self._finish(shard)
             for n, prompt_key in enumerate(shard.order):
                 shard.first_sent = shard.first_sent or time.perf_counter()
                 yield EngineRequest(f"{idx}:{n}", shard.groups[prompt_key][0].messages())
 
-    def _finish(self, shard: _Shard, on_done: Callable[[dict[str, Any]], None] | None) -> None:
+    def _finish(self, shard: _Shard) -> None:
         shard.writer.flush()
         table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key)
         now = time.perf_counter()
         # Shards overlap in the engine; each is charged the time since the previous one
-        # finished, so per-shard wall times add up to the run's wall time.
-        wall = now - max(self._last_end, shard.started) if self.stats else now - shard.started
+        # finished (or since it was prepared), so per-shard wall times add up to the run's.
+        wall = now - max(self._last_end, shard.started)
         self._last_end = now
         engine_s = now - shard.first_sent if shard.first_sent else 0.0
         stats = _stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
@@ -191,8 +193,8 @@ class ShardRun:
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
         shard.release()
         self.stats.append(stats)
-        if on_done:
-            on_done(stats)
+        if self._on_done:
+            self._on_done(stats)
 
 
 def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..spec import OutputSpec, SamplingSpec
 
@@ -27,6 +28,17 @@ class EngineResult:
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+
+
+def structured_outputs(output: OutputSpec) -> dict[str, Any] | None:
+    """vLLM's structured-outputs fields for an output kind (offline params and server body alike)."""
+    if output.kind == "label":
+        return {"choice": list(output.labels)}
+    if output.kind == "json":
+        return {"json": output.json_schema}
+    if output.regex:
+        return {"regex": output.regex}
+    return None
 
 
 class Engine(abc.ABC):

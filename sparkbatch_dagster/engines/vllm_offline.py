@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
-from .base import Engine, EngineRequest, EngineResult
+from .base import Engine, EngineRequest, EngineResult, structured_outputs
 
 
 def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
@@ -24,13 +24,8 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-    structured = None
-    if output.kind == "label":
-        structured = StructuredOutputsParams(choice=list(output.labels))
-    elif output.kind == "json":
-        structured = StructuredOutputsParams(json=output.json_schema)
-    elif output.regex:
-        structured = StructuredOutputsParams(regex=output.regex)
+    fields = structured_outputs(output)
+    structured = StructuredOutputsParams(**fields) if fields else None
     return SamplingParams(
         max_tokens=sampling.max_tokens,
         temperature=sampling.temperature,

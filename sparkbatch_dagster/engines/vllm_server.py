@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
-from .base import Engine, EngineRequest, EngineResult
+from .base import Engine, EngineRequest, EngineResult, structured_outputs
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -113,12 +113,9 @@ def request_body(model: str, messages: list[dict[str, str]], sampling: SamplingS
         "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
         "ignore_eos": sampling.ignore_eos,
     }
-    if output.kind == "label":
-        body["structured_outputs"] = {"choice": list(output.labels)}
-    elif output.kind == "json":
-        body["structured_outputs"] = {"json": output.json_schema}
-    elif output.regex:
-        body["structured_outputs"] = {"regex": output.regex}
+    fields = structured_outputs(output)
+    if fields:
+        body["structured_outputs"] = fields
     return body
 
 
