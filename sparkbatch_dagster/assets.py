@@ -1,13 +1,15 @@
 """The asset factory: one call turns a :class:`JobSpec` into partitioned Dagster assets.
 
     input_shards  -> labeled_outputs (one partition per shard) -> run_metrics -> analytics
+                  -> estimate (a timed sample: duration, cost per node option, model choice)
 """
 
 
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, Optional
 
 from dagster import (
     AssetCheckResult,
@@ -17,6 +19,7 @@ from dagster import (
     AssetKey,
     AssetsDefinition,
     BackfillPolicy,
+    Config,
     DynamicPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
@@ -26,11 +29,12 @@ from dagster import (
 from . import metrics
 from .errors import SparkbatchError
 from .model import model_identity
-from .resources import VLLMResource
+from .progress import Relay
+from .resources import VLLMResource, on_cpu
 from .runner import ShardRun
 from .shards import build_shards
-from .spec import JobSpec, fingerprint
-from .store import JobHome
+from .spec import EstimateSpec, JobSpec, fingerprint
+from .store import JobHome, atomic_write_text
 
 
 @dataclass
@@ -53,6 +57,46 @@ class BatchJob:
         model = model_identity(resource.model_name())
         return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model, "input": manifest["signature"]})
 
+    def estimate(self, resource: VLLMResource, est: EstimateSpec | None = None) -> dict[str, Any]:
+        """Time a sample on the configured model and on each candidate in ``est.models``;
+        predict duration and cost per node option; write JSON + chart; return the report.
+
+        Example::
+
+            report = job.estimate(VLLMResource(), EstimateSpec(models=["gemma-3-270m"], accuracy_bar=0.2))
+            report["predicted_wall_s"], report["chosen_model"], report["chart"]
+        """
+        from . import estimate as E
+        from .model import weights_gb
+
+        est = est or self.spec.estimate
+        sample = E.draw_sample(self.spec, self.home, est)
+        models: list[dict[str, Any]] = []
+        for candidate in [None, *[m for m in est.models if m != resource.model]]:
+            res = resource if candidate is None else resource.with_model(candidate)
+            try:  # one engine at a time: a small box holds one model's KV cache, not several
+                name = res.model_name()
+                timing = E.time_sample(self.spec, sample, res.get_engine())
+            finally:
+                res.close()
+            models.append(E.predict(sample, timing, est.options, weights_gb(name)))
+            atomic_write_text(self.home.prediction_path(self.output_version(res)), json.dumps({
+                "model": timing.model, "predicted_wall_s": models[-1]["predicted_wall_s"],
+                "total_rows": sample.total_rows, "sample_rows": len(sample.rows),
+                "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }))
+        chosen = E.choose(models, est.accuracy_bar)
+        primary = models[0]
+        report = {
+            "job": self.spec.name, "sample_rows": len(sample.rows), "total_rows": sample.total_rows,
+            "distinct_prompts": sample.distinct_prompts, **{k: v for k, v in primary.items() if k != "options"},
+            "options": primary["options"], "accuracy_bar": est.accuracy_bar,
+            "chosen_model": chosen["model"] if chosen else None, "models": models,
+            "advice": E.advise(primary, chosen, est, len(sample.rows), resource.max_num_seqs,
+                               on_gpu=not on_cpu(), has_gold=self.spec.gold_column is not None),
+        }
+        return E.write_report(report, self.home.estimate_dir)
+
     def done_partitions(self, resource: VLLMResource) -> list[str]:
         manifest = self.home.read_manifest() or {"keys": []}
         if not manifest["keys"]:
@@ -64,6 +108,14 @@ class BatchJob:
 def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     return head + "\n".join("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
+
+
+class EstimateConfig(Config):
+    """Launchpad overrides of the job's ``estimate`` settings (unset: the spec's)."""
+
+    sample_rows: Optional[int] = None  # noqa: UP045 - Dagster reads these annotations at runtime
+    models: Optional[list[str]] = None  # noqa: UP045
+    accuracy_bar: Optional[float] = None  # noqa: UP045
 
 
 def _totals(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -94,7 +146,8 @@ def build_batch_assets(
     home = JobHome(spec.home_path)
     parts = DynamicPartitionsDefinition(name=f"{spec.name}_shards")
     job = BatchJob(spec, home, parts, resource_key=resource_key)
-    job.keys = {n: AssetKey([*prefix, n]) for n in ("input_shards", "labeled_outputs", "run_metrics", "analytics")}
+    names = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
+    job.keys = {n: AssetKey([*prefix, n]) for n in names}
     policy = BackfillPolicy.single_run()  # one run, one engine start, for a whole backfill
 
     @asset(key=job.keys["input_shards"], deps=list(upstream), group_name=group, kinds={"duckdb", "parquet"},
@@ -132,7 +185,7 @@ def build_batch_assets(
             engine = resource.get_engine()
             engine_start_s = engine.start_seconds
             context.log.info(f"labeling {len(todo)} partition(s); engine started in {engine_start_s:.1f}s")
-            runner = ShardRun(spec, home, version, engine, progress=lambda p: context.log.info(json.dumps(p)))
+            runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info))
             stats += runner.run(todo, on_done=lambda s: context.log.info(f"{s['partition']} done: {json.dumps(s)}"))
         worst = max(stats, key=lambda s: s["errors"] / max(s["rows"], 1))
         rate = worst["errors"] / max(worst["rows"], 1)
@@ -159,8 +212,12 @@ def build_batch_assets(
             raise SparkbatchError(f"no finished output for {missing}: materialize labeled_outputs for them first")
         stats = [committed[k] for k in context.partition_keys]
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
+        check = metrics.prediction_check(home, version, list(committed.values()))
+        if check:
+            context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
         return MaterializeResult(metadata={
-            **_totals(stats), "table": MetadataValue.md(_md_table(stats, cols)),
+            **_totals(stats), **{k: v for k, v in check.items() if v is not None},
+            "table": MetadataValue.md(_md_table(stats, cols)),
             "database": MetadataValue.path(str(home.metrics_db)),
         })
 
@@ -177,5 +234,28 @@ def build_batch_assets(
             "database": MetadataValue.path(str(home.metrics_db)),
         })
 
-    job.assets = [input_shards, labeled_outputs, run_metrics, analytics]
+    @asset(key=job.keys["estimate"], deps=[input_shards], group_name=group, kinds={"vllm"},
+           required_resource_keys={resource_key},
+           description="Timed sample on the real engine: predicted duration, tokens/hour and cost per node "
+                       "option, and the smallest model that clears the accuracy bar. Writes JSON + a chart.")
+    def estimate(context: AssetExecutionContext, config: EstimateConfig) -> MaterializeResult:
+        overrides = {k: v for k, v in config.model_dump().items() if v is not None}
+        est = spec.estimate.model_copy(update=overrides) if overrides else spec.estimate
+        est = EstimateSpec(**est.model_dump())  # validate the overrides like the spec
+        report = job.estimate(getattr(context.resources, resource_key), est)
+        for line in report["advice"]:
+            context.log.info(line)
+        table = [{"model": m["model"], "accuracy": m["accuracy"], "tokens/hour": m["predicted_tokens_per_hour"],
+                  **{f"{o['name']} $": o["cost_usd"] for o in m["options"]}} for m in report["models"]]
+        return MaterializeResult(metadata={
+            **{k: report[k] for k in ("sample_rows", "total_rows", "predicted_wall_s", "predicted_tokens_per_hour",
+                                      "engine_start_s", "model")},
+            **{f"cost_usd {o['name']}": o["cost_usd"] for o in report["options"] if o["cost_usd"] is not None},
+            "chosen_model": str(report["chosen_model"]),
+            "models": MetadataValue.md(_md_table(table, list(table[0]))),
+            "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
+            "chart": MetadataValue.path(report["chart"]), "report": MetadataValue.path(report["json"]),
+        })
+
+    job.assets = [input_shards, labeled_outputs, run_metrics, analytics, estimate]
     return job

@@ -1,9 +1,12 @@
 """``sparkbatch``: drive a job's assets from a shell, filling only the gaps.
 
+    sparkbatch estimate -f definitions.py  time a sample: duration, cost per node option, model choice
     sparkbatch run -f definitions.py       shard if needed, label missing partitions, analytics
     sparkbatch run --range A:B             only partitions A..B (one process per GPU)
     sparkbatch status -f definitions.py    which partitions are done
-    sparkbatch prepare-model               convert the embedded default model once
+    sparkbatch prepare-model [NAME ...]    convert embedded models once (default: SmolLM2)
+
+The last line on stdout is one JSON object; a progress bar and advice go to stderr.
 
 Runs go through the Dagster instance in ``$DAGSTER_HOME`` (``./.dagster_home`` when unset), so
 what the CLI does shows in ``dagster dev`` and the other way round.
@@ -21,6 +24,7 @@ from typing import Any
 
 from .assets import BatchJob
 from .errors import SparkbatchError
+from .progress import Bar, listening
 from .resources import VLLMResource
 from .store import FileLock, check_key
 
@@ -100,12 +104,42 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
     if missing:
         # One run over the range from the first to the last gap: one engine start. Partitions
         # in between that are already done are skipped inside the asset, not recomputed.
-        materialize(assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
-                    resources=resources, instance=inst,
-                    tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+        bar = Bar()
+        with listening(bar):
+            try:
+                materialize(assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
+                            resources=resources, instance=inst,
+                            tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+            finally:
+                bar.close()
     after = status(job, resource)
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst)
     return summary(job, resource, after, len(set(missing) - set(after["missing"])), result)
+
+
+def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Materialize the job's ``estimate`` asset (shards first if needed); return its report."""
+    from dagster import AssetSelection, materialize
+
+    inst = instance()
+    assets = list(defs.assets or job.assets)
+    shards = AssetSelection.assets(job.keys["input_shards"]).upstream()
+    materialize(assets, selection=shards, resources=defs.resources, instance=inst)
+    op = "__".join(job.keys["estimate"].path)
+    materialize(assets, selection=[job.keys["estimate"]], resources=defs.resources, instance=inst,
+                run_config={"ops": {op: {"config": overrides}}})
+    report: dict[str, Any] = json.loads((job.home.estimate_dir / "estimate.json").read_text())
+    for line in report["advice"]:
+        print(f"sparkbatch: {line}", file=sys.stderr)
+    keep = ("sample_rows", "total_rows", "model", "engine_start_s", "predicted_wall_s", "predicted_tokens_per_hour",
+            "accuracy", "chosen_model", "chart", "json")
+    return {**{k: report[k] for k in keep},
+            "options": [{k: o[k] for k in ("name", "nodes", "wall_s", "cost_usd")} for o in report["options"]],
+            "models": [{k: m[k] for k in ("model", "weights_gb", "accuracy", "predicted_tokens_per_hour",
+                                          "predicted_wall_s")} | {"cost_usd": {o["name"]: o["cost_usd"]
+                                                                                for o in m["options"]}}
+                       for m in report["models"]],
+            "advice": report["advice"]}
 
 
 def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: int, result: Any) -> dict[str, Any]:
@@ -113,6 +147,7 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: int,
 
     version = job.output_version(resource)
     stats = list(metrics.committed_stats(job.home, version).values())
+    check = metrics.prediction_check(job.home, version, stats)
     tokens = sum(s["input_tokens"] + s["output_tokens"] for s in stats)
     wall = sum(s["wall_s"] for s in stats)
     facts = metrics.analytics(job.spec, job.home, version)
@@ -122,6 +157,7 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: int,
         "input_tokens": sum(s["input_tokens"] for s in stats), "output_tokens": sum(s["output_tokens"] for s in stats),
         "wall_s": round(wall, 2), "tokens_per_hour": round(tokens / wall * 3600) if wall else 0,
         "cost_usd": round(sum(s["cost_usd"] for s in stats), 6), "accuracy": facts["accuracy"],
+        **{k: v for k, v in check.items() if k != "actual_wall_s"},
         "version": version, "home": str(job.home.root), "success": bool(result.success),
     }
 
@@ -129,23 +165,37 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkbatch", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("run", "label every partition not yet done"), ("status", "show done/missing partitions")):
+    for name, text in (("run", "label every partition not yet done"), ("status", "show done/missing partitions"),
+                       ("estimate", "time a sample; predict duration and cost; compare models")):
         p = sub.add_parser(name, help=text)
         p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
         p.add_argument("--job", help="job name, when the file defines several")
         if name == "run":
             p.add_argument("--range", help="only partitions FIRST:LAST, e.g. shard-00000:shard-00003")
-    sub.add_parser("prepare-model", help="convert the embedded SmolLM2 model once")
+        if name == "estimate":
+            p.add_argument("--sample-rows", type=int, help="rows to time (default: the spec's, 80)")
+            p.add_argument("--models", help="candidate models to compare, comma-separated (e.g. gemma-3-270m)")
+            p.add_argument("--accuracy-bar", type=float, help="least sample accuracy a model needs")
+    p = sub.add_parser("prepare-model", help="convert embedded models once")
+    p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
     args = parser.parse_args(argv)
     try:
         if args.command == "prepare-model":
-            from .model import ensure_default_model
+            from .model import DEFAULT_MODEL_NAME, EMBEDDED, ensure_embedded
 
-            print(json.dumps({"model": str(ensure_default_model())}))
+            unknown = sorted(set(args.names) - set(EMBEDDED))
+            if unknown:
+                raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
+            print(json.dumps({n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}))
             return 0
         job, defs = load(args.file, args.job)
         if args.command == "status":
             print(json.dumps(status(job, defs.resources[job.resource_key])))
+            return 0
+        if args.command == "estimate":
+            overrides = {"sample_rows": args.sample_rows, "accuracy_bar": args.accuracy_bar,
+                         "models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None}
+            print(json.dumps(estimate(job, defs, {k: v for k, v in overrides.items() if v is not None})))
             return 0
         only = None
         if args.range:

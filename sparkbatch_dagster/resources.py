@@ -150,6 +150,11 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
 
         return resolve_model(self.model)
 
+    def with_model(self, model: str) -> VLLMResource:
+        """The same settings with another model: a candidate in a model comparison."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self)(**{**fields, "model": model})
+
     def get_engine(self) -> Engine:
         """The run's engine, started on first use."""
         if self._engine is None:

@@ -112,12 +112,13 @@ class ShardRun:
     """
 
     def __init__(self, spec: JobSpec, home: JobHome, version: str, engine: Engine,
-                 progress: ProgressFn | None = None, progress_every_s: float = 10.0) -> None:
+                 progress: ProgressFn | None = None, progress_every_s: float = 1.0) -> None:
         self.spec, self.home, self.version, self.engine = spec, home, version, engine
         self.progress, self.progress_every_s = progress, progress_every_s
         self.shards: list[_Shard] = []
         self.stats: list[dict[str, Any]] = []
         self._last_end = time.perf_counter()
+        self._rows_done = 0  # rows with a result: generated, fanned out, error rows, resumed
         self._on_done: Callable[[dict[str, Any]], None] | None = None
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
@@ -143,7 +144,6 @@ class ShardRun:
     def _generate(self, keys: list[str]) -> None:
         total = sum(pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys)
         started = last_report = time.perf_counter()
-        rows_done = 0
         for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
             idx, _, n = res.id.partition(":")
             shard = self.shards[int(idx)]
@@ -152,7 +152,7 @@ class ShardRun:
             output, error = parse_output(res.text or "", self.spec) if ok else (None, res.error)
             for i, rid in enumerate(ids):
                 shard.writer.add(_row(rid, self.version, self.engine.model_id, output, error, res, dedup=i > 0))
-            rows_done += len(ids)
+            self._rows_done += len(ids)
             shard.fresh_tokens += res.prompt_tokens + res.output_tokens
             shard.outstanding -= 1
             if shard.writer.due():
@@ -162,14 +162,21 @@ class ShardRun:
             now = time.perf_counter()
             if self.progress and now - last_report >= self.progress_every_s:
                 last_report = now
-                tokens = sum(s.fresh_tokens for s in self.shards)
-                self.progress(_progress(shard.key, rows_done, total, tokens, now - started))
+                self._report(shard.key, total, now - started)
+        if self.progress and self.shards:
+            self._report(self.shards[-1].key, total, time.perf_counter() - started)
+
+    def _report(self, key: str, total: int, seconds: float) -> None:
+        assert self.progress is not None
+        tokens = sum(s.fresh_tokens for s in self.shards)
+        self.progress(_progress(key, self._rows_done, total, tokens, seconds))
 
     def _requests(self, keys: list[str]) -> Iterator[EngineRequest]:
         for key in keys:
             shard = _Shard(self.spec, self.home, self.version, key, self.engine.model_id)
             idx = len(self.shards)
             self.shards.append(shard)
+            self._rows_done += len(shard.rows) - sum(len(ids) for _, ids in shard.groups.values())
             if shard.outstanding == 0:  # nothing to generate (all resumed or error rows)
                 self._finish(shard)
             for n, prompt_key in enumerate(shard.order):

@@ -72,6 +72,52 @@ class SamplingSpec(BaseModel):
     ignore_eos: bool = Field(default=False, description="Always generate max_tokens (benchmarks).")
 
 
+class NodeOption(BaseModel):
+    """One way to rent the box. ``hourly_usd`` is the price of all ``nodes`` together."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    hourly_usd: float = Field(ge=0.0)
+    nodes: int = Field(default=1, ge=1, le=64)
+    memory_gb: float = Field(default=128.0, gt=0.0, description="Memory per node (a DGX Spark: 128 GB unified).")
+
+
+class EstimateSpec(BaseModel):
+    """How ``sparkbatch estimate`` samples, prices and compares models for a job.
+
+    Example::
+
+        JobSpec(..., estimate=EstimateSpec(sample_rows=100, models=["gemma-3-270m"], accuracy_bar=0.3))
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc, "estimate")) from None
+
+    sample_rows: int = Field(default=80, ge=10, le=100_000, description="Rows timed on the real engine.")
+    strata: int = Field(default=5, ge=1, le=100, description="Input-length bands the sample is spread over.")
+    warmup_rows: int = Field(default=8, ge=0, le=10_000, description="Untimed rows run first (other rows).")
+    seed: int = 0
+    options: list[NodeOption] = Field(default_factory=lambda: [
+        NodeOption(name="1 node", hourly_usd=0.79, nodes=1),
+        NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2),
+    ])
+    models: list[str] = Field(default_factory=list, description="Candidates compared with the configured model.")
+    accuracy_bar: float = Field(default=0.0, ge=0.0, le=1.0, description="Least sample accuracy a model needs.")
+
+    @field_validator("options")
+    @classmethod
+    def _check_options(cls, v: list[NodeOption]) -> list[NodeOption]:
+        if not v:
+            raise ValueError("estimate.options is empty: list at least one NodeOption")
+        return v
+
+
 class JobSpec(BaseModel):
     """A batch job: one fixed prompt over every row of an input.
 
@@ -101,12 +147,13 @@ class JobSpec(BaseModel):
     checkpoint_rows: int = Field(default=256, ge=1, description="Flush finished rows every N rows...")
     checkpoint_seconds: float = Field(default=5.0, gt=0.0, description="...or every T seconds.")
     max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Asset check bar.")
+    estimate: EstimateSpec = Field(default_factory=EstimateSpec, description="`sparkbatch estimate` settings.")
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise ConfigError(_explain(exc)) from None
+            raise ConfigError(_explain(exc, "JobSpec")) from None
 
     @field_validator("name")
     @classmethod
@@ -162,12 +209,12 @@ def fingerprint(payload: Any) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def _explain(exc: ValidationError) -> str:
+def _explain(exc: ValidationError, owner: str) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "spec"
         msg = str(err["msg"]).removeprefix("Value error, ")
         value = err.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"JobSpec.{where}: {msg}{shown}")
-    return "invalid job spec:\n  " + "\n  ".join(lines)
+        lines.append(f"{owner}.{where}: {msg}{shown}")
+    return f"invalid {owner} settings:\n  " + "\n  ".join(lines)

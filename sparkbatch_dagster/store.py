@@ -5,6 +5,8 @@
     <home>/out/<version>/parts/shard-00003/part-000001.parquet   checkpoints
     <home>/out/<version>/labeled/shard-00003.parquet             the finalized shard
     <home>/out/<version>/stats/shard-00003.json                  its run statistics
+    <home>/out/<version>/prediction.json   the estimate's prediction for this version
+    <home>/estimate/estimate.json|png      the latest estimate (all models compared)
     <home>/metrics.duckdb                  run metrics and analytics tables
 
 ``version`` is the output fingerprint (prompt, sampling, model, input shards): rows made under
@@ -72,6 +74,15 @@ class JobHome:
 
     def stats_path(self, version: str, key: str) -> Path:
         return self.version_dir(version) / "stats" / f"{check_key(key)}.json"
+
+    @property
+    def estimate_dir(self) -> Path:
+        """The latest estimate report (JSON + chart), all models compared."""
+        return self.root / "estimate"
+
+    def prediction_path(self, version: str) -> Path:
+        """What the estimate predicted for the run that produces ``version``."""
+        return self.version_dir(version) / "prediction.json"
 
     def remove_stale_parts(self, version: str) -> None:
         """Drop part files of shards already committed (a crash right after a commit leaves them)."""

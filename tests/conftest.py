@@ -70,18 +70,20 @@ ENGINES: dict[str, Engine] = {}
 
 class RegisteredEngineResource(VLLMResource):
     """The real VLLMResource code path, handed an engine the test already holds (the
-    session's real engine, or a fake whose request count the test inspects)."""
+    session's real engine, or a fake whose request count the test inspects). With ``model``
+    set (a candidate in a model comparison) it is a plain VLLMResource that starts its own."""
 
     registered: str = "real"
 
     def get_engine(self) -> Engine:
-        return ENGINES[self.registered]
+        return ENGINES[self.registered] if self.model is None else super().get_engine()
 
     def model_name(self) -> str:
-        return ENGINES[self.registered].model_id
+        return ENGINES[self.registered].model_id if self.model is None else super().model_name()
 
-    def close(self) -> None:  # the test owns the engine
-        pass
+    def close(self) -> None:  # the test owns the registered engine
+        if self.model is not None:
+            super().close()
 
 REAL_SETTINGS = dict(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024)
 

@@ -1,0 +1,47 @@
+"""The estimate as a picture: predicted cost and duration per node option and per model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def write_chart(report: dict[str, Any], path: Path) -> Path:
+    """Two bar panels (cost in USD, duration in minutes), one bar group per model, one bar per
+    node option; options a model does not fit are left out. Returns ``path`` (a PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a rented box or in CI
+    import matplotlib.pyplot as plt
+
+    models = report["models"]
+    names = [o["name"] for o in report["options"]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        xs, costs, mins = [], [], []
+        for j, m in enumerate(models):
+            opt = next(o for o in m["options"] if o["name"] == name)
+            if opt["fits"]:
+                xs.append(j + (i - (len(names) - 1) / 2) * width)
+                costs.append(opt["cost_usd"])
+                mins.append((opt["wall_s"] + m["engine_start_s"]) / 60)
+        for ax, values, fmt in ((axes[0], costs, "${:.4g}"), (axes[1], mins, "{:.1f} min")):
+            bars = ax.bar(xs, values, width, label=name)
+            ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7)
+    labels = [f"{m['model'].split('@')[0]}\nacc {m['accuracy']}" if m["accuracy"] is not None
+              else m["model"].split("@")[0] for m in models]
+    for ax, title in ((axes[0], "predicted cost (USD)"), (axes[1], "predicted duration incl. engine start (min)")):
+        ax.set_xticks(range(len(models)), labels, fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    chosen = report.get("chosen_model")
+    fig.suptitle(f"{report['job']}: {report['total_rows']:,} rows, sample of {report['sample_rows']}"
+                 + (f"; chosen: {chosen.split('@')[0]}" if chosen else ""), fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
