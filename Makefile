@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install model demo test lint ui status clean
+.PHONY: install model demo estimate test lint ui status clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,10 @@ $(DAGSTER_HOME):
 
 demo: model $(DAGSTER_HOME)
 	$(BIN)/sparkbatch run -f definitions.py
+
+# Before the long run: time a sample, predict duration and cost per node option, compare models.
+estimate: model $(DAGSTER_HOME)
+	$(BIN)/sparkbatch estimate -f definitions.py
 
 status: $(STAMP)
 	$(BIN)/sparkbatch status -f definitions.py

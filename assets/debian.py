@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, build_batch_assets
+from sparkbatch_dagster import EstimateSpec, JobSpec, OutputSpec, SamplingSpec, build_batch_assets
 from sparkbatch_dagster.errors import InputError
 
 ROWS = int(os.environ.get("SPARKBATCH_DEMO_ROWS", "2000"))
@@ -94,6 +94,8 @@ spec = JobSpec(
     shard_count=SHARDS,
     gold_column="section",
     home=str(HOME),
+    # `sparkbatch estimate` compares the default model with Gemma 3 270M (both embedded).
+    estimate=EstimateSpec(models=["gemma-3-270m"], accuracy_bar=0.2),
 )
 
 debian_job = build_batch_assets(spec=spec, upstream=[debian_packages])

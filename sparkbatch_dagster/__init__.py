@@ -17,14 +17,16 @@ Importing this package loads neither vllm nor torch.
 from .assets import BatchJob, build_batch_assets
 from .errors import ConfigError, EngineError, InputError, SparkbatchError
 from .resources import VLLMResource
-from .spec import JobSpec, OutputSpec, SamplingSpec
+from .spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec
 
 __all__ = [
     "BatchJob",
     "ConfigError",
     "EngineError",
+    "EstimateSpec",
     "InputError",
     "JobSpec",
+    "NodeOption",
     "OutputSpec",
     "SamplingSpec",
     "SparkbatchError",

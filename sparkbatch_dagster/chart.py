@@ -29,16 +29,18 @@ def write_chart(report: dict[str, Any], path: Path) -> Path:
         for ax, values, fmt in ((axes[0], costs, "${:.4g}"), (axes[1], mins, "{:.1f} min")):
             bars = ax.bar(xs, values, width, label=name)
             ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7)
-    labels = [f"{m['model'].split('@')[0]}\nacc {m['accuracy']}" if m["accuracy"] is not None
-              else m["model"].split("@")[0] for m in models]
+    labels = [f"{m['model'].split('@')[0]}\naccuracy {m['accuracy']:.2f} +/- {m['accuracy_ci95']:.2f}"
+              if m["accuracy"] is not None else m["model"].split("@")[0] for m in models]
     for ax, title in ((axes[0], "predicted cost (USD)"), (axes[1], "predicted duration incl. engine start (min)")):
         ax.set_xticks(range(len(models)), labels, fontsize=8)
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        ax.margins(y=0.12)
+    handles, names_shown = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names_shown, loc="lower center", ncol=max(len(names), 1), fontsize=8)
     chosen = report.get("chosen_model")
     fig.suptitle(f"{report['job']}: {report['total_rows']:,} rows, sample of {report['sample_rows']}"
                  + (f"; chosen: {chosen.split('@')[0]}" if chosen else ""), fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend under the panels
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)

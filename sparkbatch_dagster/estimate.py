@@ -186,10 +186,11 @@ def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: Estimate
     """Plain-language advice: which node option, which model, how much to trust the numbers."""
     out = []
     opts = primary["options"]
+    size = f"{primary['weights_gb']} GB of weights" if primary["weights_gb"] is not None else "weight size unknown"
     one = next((o for o in opts if o["fits"] and o["tensor_parallel_size"] == 1 and o["nodes"] == 1), None)
     cheapest = min((o for o in opts if o["fits"]), key=lambda o: o["cost_usd"], default=None)
     if one is not None:
-        out.append(f"{primary['model']} ({primary['weights_gb']} GB of weights) fits one node: run it on "
+        out.append(f"{primary['model']} ({size}) fits one node: run it on "
                    f"'{one['name']}' ({_hm(one['wall_s'])}, ${one['cost_usd']}).")
         for o in opts:
             if o is not one and o["fits"] and o["cost_usd"] > one["cost_usd"]:
@@ -200,7 +201,7 @@ def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: Estimate
     else:
         tp = max(o["tensor_parallel_size"] for o in opts)
         where = f"'{cheapest['name']}'" if cheapest else "no listed option"
-        out.append(f"{primary['model']} ({primary['weights_gb']} GB of weights) does not fit one node's memory: "
+        out.append(f"{primary['model']} ({size}) does not fit one node's memory: "
                    f"it needs tensor parallelism over {tp} nodes (VLLMResource(tensor_parallel_size={tp})); "
                    f"{where} can hold it. A smaller model avoids that.")
     if on_gpu and sample_rows < batch:

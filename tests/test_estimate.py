@@ -171,7 +171,8 @@ spec = JobSpec(name="things", input={src!r}, id_column="id", text_columns=["text
                output=OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"]), shard_count=3,
                gold_column="gold", home={home!r})
 job = build_batch_assets(spec=spec)
-defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(engine="fake", engine_kwargs={{"delay_s": 0.01}})}})
+fake = VLLMResource(engine="fake", engine_kwargs={{"delay_s": 0.01}})
+defs = Definitions(assets=job.assets, resources={{"vllm": fake}})
 """
 
 

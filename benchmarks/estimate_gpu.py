@@ -1,0 +1,87 @@
+"""Estimate vs reality in one process on one engine (for a GPU box, where starting vLLM twice
+costs minutes of rented time): estimates with a small and a batch-sized sample, then the full
+Dagster run, each compared with the measured generation time.
+
+    python benchmarks/estimate_gpu.py --mode debian --rows 40000 --model /tmp/llama-1b \
+        --load-format dummy --gpu --samples 80,1024          # an H200 (see benchmarks/h200.sh)
+    python benchmarks/estimate_gpu.py --mode debian --rows 1500 --samples 80   # this CPU
+
+Prints one JSON line: per sample size the predicted time and its error against the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import _ENGINE, DEBIAN, RunningEngine, build_spec, machine  # noqa: E402
+
+from sparkbatch_dagster import VLLMResource, build_batch_assets  # noqa: E402
+from sparkbatch_dagster.spec import EstimateSpec  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--mode", choices=["synthetic", "debian"], default="debian")
+    p.add_argument("--rows", type=int, default=1500)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--model", default=None)
+    p.add_argument("--load-format", default=None)
+    p.add_argument("--gpu", action="store_true")
+    p.add_argument("--data", default=str(DEBIAN))
+    p.add_argument("--samples", default="80", help="sample sizes to try, comma-separated")
+    args = p.parse_args()
+
+    from dagster import DagsterInstance, materialize
+
+    home = Path(tempfile.mkdtemp(prefix="sparkbatch-estgpu-"))
+    os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home"))
+    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    spec = build_spec(args, home)
+    kw: dict[str, Any] = {"model": args.model, "max_model_len": 2048,
+                          "max_num_seqs": 1024 if args.gpu else 256,
+                          "gpu_memory_utilization": 0.9 if args.gpu else 0.3}
+    if args.load_format:
+        kw["engine_kwargs"] = {"load_format": args.load_format}
+    t = time.perf_counter()
+    engine = _ENGINE["e"] = VLLMResource(**kw).get_engine()
+    engine_start_s = time.perf_counter() - t
+    resource = RunningEngine(**kw)
+    res = {"vllm": resource}
+    inst = DagsterInstance.get()
+    job = build_batch_assets(spec=spec)
+    materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst)
+
+    predictions = {}
+    for n in (int(x) for x in args.samples.split(",")):
+        t = time.perf_counter()
+        report = job.estimate(resource, EstimateSpec(sample_rows=n, warmup_rows=min(64, n)))
+        predictions[n] = {"predicted_wall_s": report["predicted_wall_s"],
+                          "sample_s": report["sample_s"], "estimate_s": round(time.perf_counter() - t, 1),
+                          "advice": report["advice"]}
+    if getattr(engine, "_llm", None) is not None:
+        engine._llm.reset_prefix_cache()  # type: ignore[attr-defined]  # the run starts cold, as a real one
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    result = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
+                         resources=res, instance=inst, tags={"dagster/asset_partition_range_start": keys[0],
+                                                             "dagster/asset_partition_range_end": keys[-1]})
+    md = result.asset_materializations_for_node("bench__run_metrics")[0].metadata
+    actual = md["wall_s"].value
+    for pred in predictions.values():
+        pred["error_pct"] = round((pred["predicted_wall_s"] - actual) / actual * 100, 1)
+    print(json.dumps({"mode": args.mode, "rows": args.rows, "model": engine.model_id, "machine": machine(),
+                      "engine_start_s": round(engine_start_s, 1), "actual_wall_s": actual,
+                      "samples": predictions}))
+
+
+if __name__ == "__main__":
+    main()

