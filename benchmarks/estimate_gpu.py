@@ -64,7 +64,8 @@ def main() -> None:
     predictions = {}
     for n in (int(x) for x in args.samples.split(",")):
         t = time.perf_counter()
-        report = job.estimate(resource, EstimateSpec(sample_rows=n, warmup_rows=min(64, n)))
+        # fill_batch off: this measures what each sample size gives, small ones included.
+        report = job.estimate(resource, EstimateSpec(sample_rows=n, warmup_rows=min(64, n), fill_batch=False))
         predictions[n] = {"predicted_wall_s": report["predicted_wall_s"],
                           "sample_s": report["sample_s"], "estimate_s": round(time.perf_counter() - t, 1),
                           "advice": report["advice"]}
@@ -78,6 +79,7 @@ def main() -> None:
     actual = md["wall_s"].value
     for pred in predictions.values():
         pred["error_pct"] = round((pred["predicted_wall_s"] - actual) / actual * 100, 1)
+    engine.close()  # else the interpreter's exit waits on vLLM's engine-core process
     print(json.dumps({"mode": args.mode, "rows": args.rows, "model": engine.model_id, "machine": machine(),
                       "engine_start_s": round(engine_start_s, 1), "actual_wall_s": actual,
                       "samples": predictions}))

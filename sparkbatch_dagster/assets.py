@@ -70,6 +70,9 @@ class BatchJob:
         from .model import weights_gb
 
         est = est or self.spec.estimate
+        on_gpu = not on_cpu()
+        if on_gpu and est.fill_batch and est.sample_rows < resource.max_num_seqs:
+            est = est.model_copy(update={"sample_rows": resource.max_num_seqs})
         sample = E.draw_sample(self.spec, self.home, est)
         models: list[dict[str, Any]] = []
         for candidate in [None, *[m for m in est.models if m != resource.model]]:
@@ -92,8 +95,9 @@ class BatchJob:
             "distinct_prompts": sample.distinct_prompts, **{k: v for k, v in primary.items() if k != "options"},
             "options": primary["options"], "accuracy_bar": est.accuracy_bar,
             "chosen_model": chosen["model"] if chosen else None, "models": models,
-            "advice": E.advise(primary, chosen, est, len(sample.rows), resource.max_num_seqs,
-                               on_gpu=not on_cpu(), has_gold=self.spec.gold_column is not None),
+            # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
+            "advice": E.advise(primary, chosen, est, len(sample.rows), min(resource.max_num_seqs, sample.total_rows),
+                               on_gpu=on_gpu, has_gold=self.spec.gold_column is not None),
         }
         return E.write_report(report, self.home.estimate_dir)
 

@@ -119,6 +119,7 @@ class ShardRun:
         self.stats: list[dict[str, Any]] = []
         self._last_end = time.perf_counter()
         self._rows_done = 0  # rows with a result: generated, fanned out, error rows, resumed
+        self._rows_free = 0  # of those, resumed and error rows: done at once, so not in the ETA's rate
         self._on_done: Callable[[dict[str, Any]], None] | None = None
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
@@ -169,14 +170,16 @@ class ShardRun:
     def _report(self, key: str, total: int, seconds: float) -> None:
         assert self.progress is not None
         tokens = sum(s.fresh_tokens for s in self.shards)
-        self.progress(_progress(key, self._rows_done, total, tokens, seconds))
+        self.progress(_progress(key, self._rows_done, self._rows_free, total, tokens, seconds))
 
     def _requests(self, keys: list[str]) -> Iterator[EngineRequest]:
         for key in keys:
             shard = _Shard(self.spec, self.home, self.version, key, self.engine.model_id)
             idx = len(self.shards)
             self.shards.append(shard)
-            self._rows_done += len(shard.rows) - sum(len(ids) for _, ids in shard.groups.values())
+            free = len(shard.rows) - sum(len(ids) for _, ids in shard.groups.values())
+            self._rows_done += free
+            self._rows_free += free
             if shard.outstanding == 0:  # nothing to generate (all resumed or error rows)
                 self._finish(shard)
             for n, prompt_key in enumerate(shard.order):
@@ -210,8 +213,8 @@ def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: En
     return ShardRun(spec, home, version, engine, progress).run([key])[0]
 
 
-def _progress(key: str, done: int, total: int, tokens: int, seconds: float) -> dict[str, Any]:
-    rate = done / seconds if seconds > 0 else 0.0
+def _progress(key: str, done: int, free: int, total: int, tokens: int, seconds: float) -> dict[str, Any]:
+    rate = (done - free) / seconds if seconds > 0 else 0.0
     return {"partition": key, "rows_done": done, "rows_total": total,
             "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0,
             "eta_s": round((total - done) / rate, 1) if rate > 0 else None}

@@ -199,3 +199,21 @@ def test_cli_estimate_prints_the_bill_then_run_shows_progress_and_the_check(tmp_
     assert bars and "300/300 rows" in bars[-1] and "tok/s" in bars[-1] and "ETA" in bars[-1]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert summary["predicted_wall_s"] > 0 and summary["prediction_error_pct"] is not None
+
+
+def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
+    import sparkbatch_dagster.assets as assets_module
+
+    monkeypatch.setattr(assets_module, "on_cpu", lambda: False)  # what vLLM reports on a GPU box
+    job = build_batch_assets(spec=make_spec(tmp_path, n=300, shards=3))
+    home = JobHome(job.spec.home_path)
+    build_shards(job.spec, home)
+    ENGINES["fake"] = FakeEngine()
+    resource = RegisteredEngineResource(registered="fake", max_num_seqs=200)
+    report = job.estimate(resource, EstimateSpec(sample_rows=40))
+    assert report["sample_rows"] == 200 and not any("smaller than one batch" in a for a in report["advice"])
+    small = job.estimate(resource, EstimateSpec(sample_rows=40, fill_batch=False))
+    assert small["sample_rows"] == 40 and any("smaller than one batch (200 rows)" in a for a in small["advice"])
+    tiny_job = job.estimate(RegisteredEngineResource(registered="fake", max_num_seqs=1024),
+                            EstimateSpec(sample_rows=40, fill_batch=False))
+    assert any("smaller than one batch (300 rows)" in a for a in tiny_job["advice"])  # the input is the limit

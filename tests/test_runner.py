@@ -1,5 +1,7 @@
 """label_shard with the fake engine: the row contract, dedup, resume after a crash."""
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -83,3 +85,53 @@ def test_engine_crash_keeps_finished_rows_and_resume_sends_only_the_rest(tmp_pat
     assert stats["resumed_rows"] == kept and stats["rows"] == 100
     out = pq.read_table(home.labeled_path(V, "shard-00000")).column("row_id").to_pylist()
     assert sorted(out) == sorted(r["id"] for r in rows)
+
+
+def test_progress_reports_rows_tokens_and_eta(tmp_path):
+    from sparkbatch_dagster.runner import ShardRun
+
+    spec, home = _one_shard(tmp_path, make_rows(60))
+    reports: list[dict] = []
+    ShardRun(spec, home, V, FakeEngine(delay_s=0.02), progress=reports.append, progress_every_s=0.1).run(
+        ["shard-00000"])
+    done = [r["rows_done"] for r in reports]
+    assert len(reports) >= 3 and done == sorted(done)
+    assert reports[-1]["rows_done"] == reports[-1]["rows_total"] == 60 and reports[-1]["eta_s"] == 0
+    first = reports[0]
+    assert 0 < first["rows_done"] < 60 and first["tokens_per_s"] > 0 and first["eta_s"] > 0
+    assert first["partition"] == "shard-00000"
+
+
+def test_relay_logs_at_a_steady_interval_and_feeds_listeners(monkeypatch):
+    from sparkbatch_dagster import progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    logged: list[str] = []
+    heard: list[dict] = []
+    relay = progress.Relay(logged.append, log_every_s=10.0)
+    with progress.listening(heard.append):
+        for i in range(1, 31):  # a report a second for 30 s
+            clock[0] = float(i)
+            relay({"partition": "shard-00000", "rows_done": i, "rows_total": 40, "tokens_per_s": 5.0, "eta_s": 1.0})
+    relay({"partition": "shard-00000", "rows_done": 40, "rows_total": 40, "tokens_per_s": 5.0, "eta_s": 0.0})
+    assert len(heard) == 30  # every report while listening, none after
+    assert [json.loads(x)["rows_done"] for x in logged] == [10, 20, 30, 40]  # every 10 s, and the last
+
+
+def test_bar_redraws_in_place_on_a_terminal():
+    import io
+
+    from sparkbatch_dagster.progress import Bar
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    bar = Bar(out)
+    bar({"partition": "shard-00001", "rows_done": 50, "rows_total": 200, "tokens_per_s": 1234.0, "eta_s": 75.0})
+    bar({"partition": "shard-00001", "rows_done": 200, "rows_total": 200, "tokens_per_s": 1300.0, "eta_s": 0.0})
+    frames = out.getvalue().split("\r")[1:]
+    assert frames[0].startswith("[#######.") and "50/200 rows" in frames[0] and "1,234 tok/s" in frames[0]
+    assert "ETA 1:15" in frames[0] and frames[1].endswith("200/200 rows  1,300 tok/s  ETA 0:00  shard-00001\n")
