@@ -75,11 +75,17 @@ class BatchJob:
             est = est.model_copy(update={"sample_rows": resource.max_num_seqs})
         sample = E.draw_sample(self.spec, self.home, est)
         models: list[dict[str, Any]] = []
+        failed: list[dict[str, str]] = []
         for candidate in [None, *[m for m in est.models if m != resource.model]]:
             res = resource if candidate is None else resource.with_model(candidate)
             try:  # one engine at a time: a small box holds one model's KV cache, not several
                 name = res.model_name()
                 timing = E.time_sample(self.spec, sample, res.get_engine())
+            except SparkbatchError as exc:
+                if candidate is None:  # the job's own model must run; a candidate may fail alone
+                    raise
+                failed.append({"model": candidate, "error": str(exc)})
+                continue
             finally:
                 res.close()
             models.append(E.predict(sample, timing, est.options, weights_gb(name)))
@@ -94,10 +100,11 @@ class BatchJob:
             "job": self.spec.name, "sample_rows": len(sample.rows), "total_rows": sample.total_rows,
             "distinct_prompts": sample.distinct_prompts, **{k: v for k, v in primary.items() if k != "options"},
             "options": primary["options"], "accuracy_bar": est.accuracy_bar,
-            "chosen_model": chosen["model"] if chosen else None, "models": models,
+            "chosen_model": chosen["model"] if chosen else None, "models": models, "failed_models": failed,
             # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
             "advice": E.advise(primary, chosen, est, len(sample.rows), min(resource.max_num_seqs, sample.total_rows),
-                               on_gpu=on_gpu, has_gold=self.spec.gold_column is not None),
+                               on_gpu=on_gpu, has_gold=self.spec.gold_column is not None)
+            + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed],
         }
         return E.write_report(report, self.home.estimate_dir)
 

@@ -98,4 +98,4 @@ def test_definitions_load_with_the_fake_engine(tmp_path):
     job = build_batch_assets(spec=spec)
     defs = Definitions(assets=job.assets, resources={"vllm": RegisteredEngineResource(registered="fake")})
     repo = defs.get_repository_def()
-    assert len(repo.assets_defs_by_key) == 4
+    assert len(repo.assets_defs_by_key) == 5

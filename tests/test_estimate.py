@@ -217,3 +217,15 @@ def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
     tiny_job = job.estimate(RegisteredEngineResource(registered="fake", max_num_seqs=1024),
                             EstimateSpec(sample_rows=40, fill_batch=False))
     assert any("smaller than one batch (300 rows)" in a for a in tiny_job["advice"])  # the input is the limit
+
+
+def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path):
+    job = build_batch_assets(spec=make_spec(tmp_path, n=120, shards=2))
+    build_shards(job.spec, JobHome(job.spec.home_path))
+    ENGINES["fake"] = FakeEngine()
+    est = EstimateSpec(sample_rows=20, models=[str(tmp_path / "no-such-model")])
+    report = job.estimate(RegisteredEngineResource(registered="fake"), est)
+    assert [m["model"] for m in report["models"]] == ["fake-model"] and report["chosen_model"] == "fake-model"
+    [failed] = report["failed_models"]
+    assert failed["model"].endswith("no-such-model") and "does not exist" in failed["error"]
+    assert any("could not run, left out" in a for a in report["advice"])
