@@ -22,13 +22,25 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class _Checked(BaseModel):
+    """Settings whose validation errors become a :class:`ConfigError` naming field and fix."""
+
+    _owner: ClassVar[str] = "settings"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc, self._owner)) from None
 
 
 class OutputSpec(BaseModel):
@@ -83,7 +95,7 @@ class NodeOption(BaseModel):
     memory_gb: float = Field(default=128.0, gt=0.0, description="Memory per node (a DGX Spark: 128 GB unified).")
 
 
-class EstimateSpec(BaseModel):
+class EstimateSpec(_Checked):
     """How ``sparkbatch estimate`` samples, prices and compares models for a job.
 
     Example::
@@ -92,12 +104,7 @@ class EstimateSpec(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise ConfigError(_explain(exc, "estimate")) from None
+    _owner: ClassVar[str] = "estimate"
 
     sample_rows: int = Field(default=80, ge=10, le=100_000, description="Rows timed on the real engine.")
     fill_batch: bool = Field(
@@ -107,22 +114,15 @@ class EstimateSpec(BaseModel):
     strata: int = Field(default=5, ge=1, le=100, description="Input-length bands the sample is spread over.")
     warmup_rows: int = Field(default=8, ge=0, le=10_000, description="Untimed rows run first (other rows).")
     seed: int = 0
-    options: list[NodeOption] = Field(default_factory=lambda: [
+    options: list[NodeOption] = Field(min_length=1, default_factory=lambda: [
         NodeOption(name="1 node", hourly_usd=0.79, nodes=1),
         NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2),
     ])
     models: list[str] = Field(default_factory=list, description="Candidates compared with the configured model.")
     accuracy_bar: float = Field(default=0.0, ge=0.0, le=1.0, description="Least sample accuracy a model needs.")
 
-    @field_validator("options")
-    @classmethod
-    def _check_options(cls, v: list[NodeOption]) -> list[NodeOption]:
-        if not v:
-            raise ValueError("estimate.options is empty: list at least one NodeOption")
-        return v
 
-
-class JobSpec(BaseModel):
+class JobSpec(_Checked):
     """A batch job: one fixed prompt over every row of an input.
 
     Attributes are validated on construction; a bad value raises :class:`ConfigError`
@@ -130,6 +130,7 @@ class JobSpec(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _owner: ClassVar[str] = "JobSpec"
 
     name: str = Field(description="Job name: lowercase letters, digits, '_'. Used in asset keys.")
     input: str = Field(description="Path, glob or fsspec URL of Parquet, CSV or JSONL files.")
@@ -152,12 +153,6 @@ class JobSpec(BaseModel):
     checkpoint_seconds: float = Field(default=5.0, gt=0.0, description="...or every T seconds.")
     max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Asset check bar.")
     estimate: EstimateSpec = Field(default_factory=EstimateSpec, description="`sparkbatch estimate` settings.")
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise ConfigError(_explain(exc, "JobSpec")) from None
 
     @field_validator("name")
     @classmethod
