@@ -79,7 +79,10 @@ class RegisteredEngineResource(VLLMResource):
         return ENGINES[self.registered] if self.model is None else super().get_engine()
 
     def model_name(self) -> str:
-        return ENGINES[self.registered].model_id if self.model is None else super().model_name()
+        if self.model is not None:
+            return super().model_name()
+        engine = ENGINES[self.registered]
+        return getattr(engine, "model_path", engine.model_id)  # a real engine: the folder it loaded
 
     def close(self) -> None:  # the test owns the registered engine
         if self.model is not None:

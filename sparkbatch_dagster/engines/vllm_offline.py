@@ -54,6 +54,7 @@ class VLLMOfflineEngine(Engine):
             raise EngineError(_explain_start_failure(model, llm_kwargs, exc)) from exc
         self.start_seconds = time.perf_counter() - started
         self.model_id = model
+        self.model_path = model  # what was loaded; model_id may be renamed to a portable identity
         self.window = window
         self.chunk = min(chunk, window)
         self._tokenizer = self._llm.get_tokenizer()
