@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -66,6 +67,19 @@ def _dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 ENGINES: dict[str, Engine] = {}
+
+
+def live_children(*words: str) -> list[psutil.Process]:
+    """Live descendants of this process whose command line holds every word (a zombie is gone)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+            if p.status() != psutil.STATUS_ZOMBIE and all(w in cmd for w in words):
+                found.append(p)
+        except psutil.Error:  # it exited while we looked
+            pass
+    return found
 
 
 class RegisteredEngineResource(VLLMResource):

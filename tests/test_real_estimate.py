@@ -9,7 +9,7 @@ import psutil
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, RegisteredEngineResource, make_spec
+from conftest import REAL_SETTINGS, RegisteredEngineResource, live_children, make_spec
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.spec import EstimateSpec
@@ -18,15 +18,7 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
 def _engine_children() -> int:
-    """Live vLLM engine-core processes under this one (an exited, unreaped one is gone)."""
-    n = 0
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "EngineCore" in " ".join(p.cmdline()):
-                n += 1
-        except psutil.Error:  # it exited while we looked
-            pass
-    return n
+    return len(live_children("EngineCore"))
 
 
 def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_path, real_engine):
@@ -43,6 +35,8 @@ def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_pa
     while _engine_children() > engines_before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _engine_children() == engines_before  # the candidate's engine was shut down
+    zombies = [p.pid for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE]
+    assert not zombies  # ... and reaped
     md = result.asset_materializations_for_node("things__estimate")[0].metadata
     report = json.loads(Path(md["report"].value).read_text())
     smol, gemma = report["models"]

@@ -8,7 +8,15 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import ENGINES, REAL_SETTINGS, RegisteredEngineResource, make_rows, make_spec, write_parquet
+from conftest import (
+    ENGINES,
+    REAL_SETTINGS,
+    RegisteredEngineResource,
+    live_children,
+    make_rows,
+    make_spec,
+    write_parquet,
+)
 from sparkbatch_dagster import EngineError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.runner import label_shard
@@ -19,8 +27,7 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
 def _vllm_children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "vllm" in " ".join(p.cmdline()).lower()
-            and "serve" in " ".join(p.cmdline())]
+    return live_children("vllm", "serve")
 
 
 def _label_all(job, res, inst):

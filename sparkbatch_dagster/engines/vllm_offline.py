@@ -160,8 +160,12 @@ class VLLMOfflineEngine(Engine):
             llm.llm_engine.engine_core.shutdown()
         self._llm = None
         import gc
+        import multiprocessing
 
         gc.collect()
+        # Reap the exited engine-core process: a long-lived Dagster process that starts several
+        # engines (an estimate comparing models) would otherwise keep one zombie per engine.
+        multiprocessing.active_children()
 
 
 def _explain_start_failure(model: str, kwargs: dict[str, Any], exc: Exception) -> str:
