@@ -88,7 +88,7 @@ class BatchJob:
                 continue
             finally:
                 res.close()
-            models.append(E.predict(sample, timing, est.options, weights_gb(name)))
+            models.append({**E.predict(sample, timing, est.options, weights_gb(name)), "configured_as": res.model})
             atomic_write_text(self.home.prediction_path(self.output_version(res)), json.dumps({
                 "model": timing.model, "predicted_wall_s": models[-1]["predicted_wall_s"],
                 "total_rows": sample.total_rows, "sample_rows": len(sample.rows),

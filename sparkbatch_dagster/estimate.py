@@ -211,8 +211,11 @@ def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: Estimate
     if not has_gold:
         out.append("No gold_column: accuracy cannot be measured, so no model is chosen by quality.")
     elif chosen is not None:
+        switch = "" if chosen is primary else (
+            f"; the job runs {primary['model']} now: set VLLMResource(model={chosen.get('configured_as')!r}) "
+            "to switch")
         out.append(f"Smallest model that clears accuracy {est.accuracy_bar}: {chosen['model']} "
-                   f"({chosen['accuracy']} +/- {chosen['accuracy_ci95']} on {sample_rows} rows).")
+                   f"({chosen['accuracy']} +/- {chosen['accuracy_ci95']} on {sample_rows} rows){switch}.")
     else:
         out.append(f"No candidate reaches accuracy {est.accuracy_bar} on the sample: try larger models, "
                    "or a better prompt.")

@@ -229,3 +229,12 @@ def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path
     [failed] = report["failed_models"]
     assert failed["model"].endswith("no-such-model") and "does not exist" in failed["error"]
     assert any("could not run, left out" in a for a in report["advice"])
+
+
+def test_advice_tells_how_to_switch_to_the_chosen_model():
+    sample = Sample(rows=[{}] * 50, warmup=[], total_rows=1000, distinct_prompts=1000)
+    primary = predict(sample, _timing(model="big@1", correct=10), OPTIONS, weights_gb=16.0)
+    small = {**predict(sample, _timing(model="small@2", correct=30), OPTIONS, weights_gb=0.5), "configured_as": "small"}
+    assert choose([primary, small], 0.5) is small
+    text = " ".join(advise(primary, small, EstimateSpec(accuracy_bar=0.5), 50, batch=64, on_gpu=False, has_gold=True))
+    assert "clears accuracy 0.5: small@2 (0.6" in text and "set VLLMResource(model='small') to switch" in text
