@@ -3,7 +3,8 @@
     python benchmarks/memory.py                 # 10M rows; prints one JSON line
     python benchmarks/memory.py --rows 1000000  # quicker
 
-(1) sharding runs in a fresh child process, so its peak RSS (ru_maxrss) is sharding alone;
+(1) sharding runs in a fresh child process, so its peak RSS (ru_maxrss) is sharding alone; then
+the estimate's stratified sample is drawn from those shards in another fresh child;
 (2) the writer labels the same 20k rows split into 4 and then 64 shards with the fake engine,
 each in a fresh child process, and compares peak RSS: it must not grow with the shard count.
 """
@@ -52,6 +53,18 @@ def _shard_child(input_path: str, home: str, shards: int, q: Any) -> None:
     q.put({"rows": manifest["rows"], "seconds": round(time.perf_counter() - t, 1), "peak_rss_mb": round(_peak_mb())})
 
 
+def _sample_child(home: str, q: Any) -> None:
+    from sparkbatch_dagster import EstimateSpec, JobSpec
+    from sparkbatch_dagster.estimate import draw_sample
+    from sparkbatch_dagster.store import JobHome
+
+    spec = JobSpec(name="mem", input="unused", id_column="id", text_columns=["text"],
+                   user_template="{{ text }}", home=home, gold_column="gold")
+    t = time.perf_counter()
+    sample = draw_sample(spec, JobHome(spec.home_path), EstimateSpec(sample_rows=100, warmup_rows=8))
+    q.put({"rows": len(sample.rows), "seconds": round(time.perf_counter() - t, 1), "peak_rss_mb": round(_peak_mb())})
+
+
 def _label_child(input_path: str, home: str, shards: int, q: Any) -> None:
     from sparkbatch_dagster import JobSpec
     from sparkbatch_dagster.engines import FakeEngine
@@ -87,6 +100,7 @@ def main() -> None:
     big = tmp / "big.parquet"
     make_input(big, args.rows)
     sharding = in_child(_shard_child, str(big), str(tmp / "shard-home"), args.shards)
+    sampling = in_child(_sample_child, str(tmp / "shard-home"))
     small = tmp / "small.parquet"
     make_input(small, 20_000)
     few = in_child(_label_child, str(small), str(tmp / "few"), 4)
@@ -94,6 +108,7 @@ def main() -> None:
     print(json.dumps({
         "rows": sharding["rows"], "shards": args.shards, "sharding_s": sharding["seconds"],
         "sharding_peak_rss_mb": sharding["peak_rss_mb"], "sharding_target_mb": 1536,
+        "estimate_sample_s": sampling["seconds"], "estimate_sample_peak_rss_mb": sampling["peak_rss_mb"],
         "writer_peak_rss_mb_4_shards": few["peak_rss_mb"], "writer_peak_rss_mb_64_shards": many["peak_rss_mb"],
         "writer_growth_ratio_64_vs_4": round(many["peak_rss_mb"] / few["peak_rss_mb"], 3),
     }))

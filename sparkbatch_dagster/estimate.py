@@ -58,12 +58,12 @@ def _ident(name: str) -> str:
 
 def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
     """Pick ``est.sample_rows`` rows spread over ``est.strata`` input-length bands, plus warm-up rows."""
-    import duckdb
+    from .shards import connect
 
     files = sorted(str(p) for p in home.shards_dir.glob("shard-*.parquet"))
     if not files:
         raise SparkbatchError(f"{home.shards_dir} has no shards: materialize input_shards first")
-    con = duckdb.connect()
+    con = connect()
     con.execute("SET VARIABLE sb_files = ?", [files])
     cols = [_ident(c) for c in spec.text_columns]
     length = " + ".join(f"coalesce(length(CAST({c} AS VARCHAR)), 0)" for c in cols)
@@ -76,14 +76,22 @@ def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
     total = int(total or 0)
     k = max(1, min(est.strata, total))
     base, extra = divmod(min(est.sample_rows, total), k)
+    warm_per_band = -(-est.warmup_rows // k)
     # ntile() makes equal-sized bands, so equal quotas are a proportional (self-weighting) sample.
+    # The sorts see only ids and lengths, and only the chosen rows leave DuckDB: a 10M-row input
+    # is never loaded into Python.
     cur = con.execute(
-        f"""SELECT * EXCLUDE (_sb_file, _sb_len, _sb_h),
-                   row_number() OVER (PARTITION BY _sb_band ORDER BY _sb_h) AS _sb_rank
-            FROM (SELECT *, ntile({k}) OVER (ORDER BY _sb_len, row_id) AS _sb_band,
-                         md5(row_id || ?) AS _sb_h FROM src)
-            ORDER BY _sb_band, _sb_rank""",
-        [str(est.seed)],
+        f"""WITH banded AS (
+                SELECT row_id, ntile({k}) OVER (ORDER BY _sb_len, row_id) AS _sb_band, md5(row_id || ?) AS _sb_h
+                FROM src),
+            chosen AS (
+                SELECT * FROM (SELECT row_id, _sb_band,
+                                      row_number() OVER (PARTITION BY _sb_band ORDER BY _sb_h) AS _sb_rank
+                               FROM banded)
+                WHERE _sb_rank <= ? + (CASE WHEN _sb_band <= ? THEN 1 ELSE 0 END) + ?)
+            SELECT s.* EXCLUDE (_sb_file, _sb_len), c._sb_band, c._sb_rank
+            FROM chosen c JOIN src s USING (row_id) ORDER BY c._sb_band, c._sb_rank""",
+        [str(est.seed), base, extra, warm_per_band],
     )
     names = [d[0] for d in cur.description or []]
     ranked = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
