@@ -109,9 +109,11 @@ class VLLMOfflineEngine(Engine):
         exhausted = False
         try:
             while True:
-                # Top up in chunks (one tokenizer call per chunk) as soon as a chunk has finished.
+                # Top up one chunk per step (one tokenizer call each), also at the start: the
+                # engine begins on the first chunk while the rest are still being rendered and
+                # tokenized here, instead of idling until the whole window is ready.
                 if not exhausted and len(in_flight) <= self.window - self.chunk:
-                    batch = list(itertools.islice(source, self.window - len(in_flight)))
+                    batch = list(itertools.islice(source, self.chunk))
                     exhausted = not batch
                     for req, ids in zip(batch, self.encode(batch), strict=True):
                         if len(ids) >= self._max_len:
