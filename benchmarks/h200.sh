@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# On the H200 device (see ../shared/gpu/README.md): after the three staging calls, run
-#   bash benchmarks/h200.sh 1b 20000 64      # shape, rows, output tokens
-# with .gpu/common and .bench (the SmolLM2 tokenizer in .bench/tok) carried.
+# On the H200 device (see ../shared/gpu/README.md): after the staging calls, run
+#   REPEAT=4 bash benchmarks/h200.sh 1b 16000 64      # shape, rows, output tokens (4 A-B/B-A rounds)
+# with .gpu/common and .bench (the SmolLM2 tokenizer in .bench/tok) carried. The estimate
+# (matplotlib for its chart) needs the bundle built with
+#   EXTRA="matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1
+#          pyparsing==3.3.3 pillow==13.0.0" ../shared/gpu/pack       # 4 chunks: 4 staging calls
 set -euo pipefail
 shape=${1:-1b}; rows=${2:-20000}; max_tokens=${3:-64}; mode=${4:-synthetic}
 bash .gpu/common/device-install.sh
