@@ -11,50 +11,27 @@ Prints one JSON line: per sample size the predicted time and its error against t
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import _ENGINE, DEBIAN, RunningEngine, build_spec, machine  # noqa: E402
+from throughput import RunningEngine, arg_parser, machine, set_up  # noqa: E402
 
-from sparkbatch_dagster import VLLMResource, build_batch_assets  # noqa: E402
+from sparkbatch_dagster import build_batch_assets  # noqa: E402
 from sparkbatch_dagster.spec import EstimateSpec  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--mode", choices=["synthetic", "debian"], default="debian")
-    p.add_argument("--rows", type=int, default=1500)
-    p.add_argument("--shards", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--model", default=None)
-    p.add_argument("--load-format", default=None)
-    p.add_argument("--gpu", action="store_true")
-    p.add_argument("--data", default=str(DEBIAN))
+    p = arg_parser(__doc__, mode="debian", rows=1500)
     p.add_argument("--samples", default="80", help="sample sizes to try, comma-separated")
     args = p.parse_args()
 
     from dagster import DagsterInstance, materialize
 
-    home = Path(tempfile.mkdtemp(prefix="sparkbatch-estgpu-"))
-    os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home"))
-    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-    spec = build_spec(args, home)
-    kw: dict[str, Any] = {"model": args.model, "max_model_len": 2048,
-                          "max_num_seqs": 1024 if args.gpu else 256,
-                          "gpu_memory_utilization": 0.9 if args.gpu else 0.3}
-    if args.load_format:
-        kw["engine_kwargs"] = {"load_format": args.load_format}
-    t = time.perf_counter()
-    engine = _ENGINE["e"] = VLLMResource(**kw).get_engine()
-    engine_start_s = time.perf_counter() - t
+    spec, kw, engine, engine_start_s = set_up(args)
     resource = RunningEngine(**kw)
     res = {"vllm": resource}
     inst = DagsterInstance.get()

@@ -118,10 +118,11 @@ def raw_generate(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tupl
     return seconds, sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--mode", choices=["synthetic", "debian"], default="synthetic")
-    p.add_argument("--rows", type=int, default=2000)
+def arg_parser(doc: str | None, mode: str, rows: int) -> argparse.ArgumentParser:
+    """The job and engine options every benchmark here shares."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    p.add_argument("--mode", choices=["synthetic", "debian"], default=mode)
+    p.add_argument("--rows", type=int, default=rows)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--model", default=None, help="HF folder; default: the embedded SmolLM2")
@@ -130,14 +131,12 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--home", default=None)
     p.add_argument("--data", default=str(DEBIAN), help="the Debian parquet (debian mode)")
-    p.add_argument("--repeat", type=int, default=2, help="rounds of raw + pipeline (ABBA order)")
-    p.add_argument("--server", action="store_true",
-                   help="then run the pipeline again through `vllm serve` (same settings) and report server/offline")
-    args = p.parse_args()
+    return p
 
-    import pyarrow.parquet as pq
-    from dagster import DagsterInstance, materialize
 
+def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, float]:
+    """A fresh job home and Dagster instance, the job's spec, the engine settings, and the
+    engine started once (timed) for :class:`RunningEngine` to hand out."""
     home = Path(args.home or tempfile.mkdtemp(prefix="sparkbatch-bench-"))
     os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home"))
     Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -147,11 +146,23 @@ def main() -> None:
     kw["gpu_memory_utilization"] = 0.9 if args.gpu else 0.3
     if args.load_format:
         kw["engine_kwargs"] = {"load_format": args.load_format}
-    resource = VLLMResource(**kw)
     started = time.perf_counter()
-    engine = _ENGINE["e"] = resource.get_engine()
-    engine_start_s = time.perf_counter() - started
+    engine = _ENGINE["e"] = VLLMResource(**kw).get_engine()
+    return spec, kw, engine, time.perf_counter() - started
 
+
+def main() -> None:
+    p = arg_parser(__doc__, mode="synthetic", rows=2000)
+    p.add_argument("--repeat", type=int, default=2, help="rounds of raw + pipeline (ABBA order)")
+    p.add_argument("--server", action="store_true",
+                   help="then run the pipeline again through `vllm serve` (same settings) and report server/offline")
+    args = p.parse_args()
+
+    import pyarrow.parquet as pq
+    from dagster import DagsterInstance, materialize
+
+    spec, kw, engine, engine_start_s = set_up(args)
+    home = spec.home_path
     res = {"vllm": RunningEngine(**kw)}
     inst = DagsterInstance.get()
     rows = pq.read_table(spec.input).to_pylist()

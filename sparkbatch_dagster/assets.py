@@ -251,8 +251,7 @@ def build_batch_assets(
                        "option, and the smallest model that clears the accuracy bar. Writes JSON + a chart.")
     def estimate(context: AssetExecutionContext, config: EstimateConfig) -> MaterializeResult:
         overrides = {k: v for k, v in config.model_dump().items() if v is not None}
-        est = spec.estimate.model_copy(update=overrides) if overrides else spec.estimate
-        est = EstimateSpec(**est.model_dump())  # validate the overrides like the spec
+        est = EstimateSpec(**{**spec.estimate.model_dump(), **overrides})  # overrides validated like the spec
         report = job.estimate(getattr(context.resources, resource_key), est)
         for line in report["advice"]:
             context.log.info(line)

@@ -85,19 +85,28 @@ def status(job: BatchJob, resource: VLLMResource) -> dict[str, Any]:
             "missing": [k for k in manifest["keys"] if k not in done]}
 
 
+def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
+    """Materialize ``input_shards`` and what it depends on (reused when the input is unchanged);
+    return the instance and the assets to materialize the rest with."""
+    from dagster import AssetSelection, materialize
+
+    inst = instance()
+    assets = list(defs.assets or job.assets)
+    materialize(assets, selection=AssetSelection.assets(job.keys["input_shards"]).upstream(),
+                resources=defs.resources, instance=inst)
+    return inst, assets
+
+
 def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[str, Any]:
     """Shard (if needed), label the missing partitions in one run, refresh analytics.
 
     ``only=(first, last)`` restricts the run to that range of partition keys (one GPU each).
     """
-    from dagster import AssetSelection, materialize
+    from dagster import materialize
 
-    inst = instance()
+    inst, assets = shard(job, defs)
     resources = defs.resources
     resource: VLLMResource = resources[job.resource_key]
-    assets = list(defs.assets or job.assets)
-    shards = AssetSelection.assets(job.keys["input_shards"]).upstream()
-    materialize(assets, selection=shards, resources=resources, instance=inst)
     missing = status(job, resource)["missing"]
     if only:
         missing = [k for k in missing if only[0] <= k <= only[1]]
@@ -119,12 +128,9 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
 
 def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     """Materialize the job's ``estimate`` asset (shards first if needed); return its report."""
-    from dagster import AssetSelection, materialize
+    from dagster import materialize
 
-    inst = instance()
-    assets = list(defs.assets or job.assets)
-    shards = AssetSelection.assets(job.keys["input_shards"]).upstream()
-    materialize(assets, selection=shards, resources=defs.resources, instance=inst)
+    inst, assets = shard(job, defs)
     op = "__".join(job.keys["estimate"].path)
     materialize(assets, selection=[job.keys["estimate"]], resources=defs.resources, instance=inst,
                 run_config={"ops": {op: {"config": overrides}}})

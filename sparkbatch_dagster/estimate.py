@@ -52,20 +52,16 @@ class Timing:
     correct: int | None  # None without a gold column
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
     """Pick ``est.sample_rows`` rows spread over ``est.strata`` input-length bands, plus warm-up rows."""
-    from .shards import connect
+    from .shards import connect, quote_ident
 
     files = sorted(str(p) for p in home.shards_dir.glob("shard-*.parquet"))
     if not files:
         raise SparkbatchError(f"{home.shards_dir} has no shards: materialize input_shards first")
     con = connect()
     con.execute("SET VARIABLE sb_files = ?", [files])
-    cols = [_ident(c) for c in spec.text_columns]
+    cols = [quote_ident(c) for c in spec.text_columns]
     length = " + ".join(f"coalesce(length(CAST({c} AS VARCHAR)), 0)" for c in cols)
     con.execute(f"CREATE TEMP VIEW src AS SELECT *, {length} AS _sb_len "
                 "FROM read_parquet(getvariable('sb_files'), filename='_sb_file')")

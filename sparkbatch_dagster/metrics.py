@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SparkbatchError
+from .shards import quote_ident
 from .spec import JobSpec
 from .store import JobHome
 
@@ -105,10 +106,6 @@ def _sql_path(p: Path) -> str:
     return str(p).replace("'", "''")
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     """Refresh the DuckDB views over the labeled output and return the headline numbers.
 
@@ -118,7 +115,7 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     sync(home, version)
     if not any(labeled_glob.parent.glob("*.parquet")):
         return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}}
-    gold = f", s.{_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
+    gold = f", s.{quote_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
     with connect(home.metrics_db) as con:
         con.execute(
             f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "

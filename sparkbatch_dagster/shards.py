@@ -78,9 +78,14 @@ def _reader(fmt: str) -> str:
     }[fmt]
 
 
+def quote_ident(name: str) -> str:
+    """A column name as a DuckDB identifier (quotes doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _text_expr(col: str, dtype: str) -> tuple[str, str]:
     """(value expression, error expression) for one text column of DuckDB type ``dtype``."""
-    q = '"' + col.replace('"', '""') + '"'
+    q = quote_ident(col)
     lit = col.replace("'", "''")
     if dtype in ("VARCHAR", "BLOB"):
         return q, "NULL"
