@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 device (see ../shared/gpu/README.md): after the staging calls, run
 #   REPEAT=4 bash benchmarks/h200.sh 1b 16000 64      # shape, rows, output tokens (4 A-B/B-A rounds)
+#   REPEAT=2 bash benchmarks/h200.sh 1b 8000 64 synthetic --server   # more arguments go to throughput.py
 # with .gpu/common and .bench (the SmolLM2 tokenizer in .bench/tok) carried. The estimate
 # (matplotlib for its chart) needs the bundle built with
 #   EXTRA="matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1
@@ -13,4 +14,4 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 benchmarks/make_dummy_model.py --shape "$shape" --tokenizer .bench/tok --out "/tmp/llama-$shape"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 benchmarks/throughput.py --mode "$mode" --model "/tmp/llama-$shape" --load-format dummy --gpu \
-    --rows "$rows" --max-tokens "$max_tokens" --shards 8 --repeat "${REPEAT:-2}" --data .bench/debian_packages.parquet 2>"$out/stderr-$shape-$mode.log" | tail -1 | tee "$out/result-$shape-$mode.json"
+    --rows "$rows" --max-tokens "$max_tokens" --shards 8 --repeat "${REPEAT:-2}" --data .bench/debian_packages.parquet "${@:5}" 2>"$out/stderr-$shape-$mode.log" | tail -1 | tee "$out/result-$shape-$mode.json"
