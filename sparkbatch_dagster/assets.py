@@ -98,8 +98,7 @@ class BatchJob:
         primary = models[0]
         report = {
             "job": self.spec.name, "sample_rows": len(sample.rows), "total_rows": sample.total_rows,
-            "distinct_prompts": sample.distinct_prompts, **{k: v for k, v in primary.items() if k != "options"},
-            "options": primary["options"], "accuracy_bar": est.accuracy_bar,
+            "distinct_prompts": sample.distinct_prompts, **primary, "accuracy_bar": est.accuracy_bar,
             "chosen_model": chosen["model"] if chosen else None, "models": models, "failed_models": failed,
             # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
             "advice": E.advise(primary, chosen, est, len(sample.rows), min(resource.max_num_seqs, sample.total_rows),

@@ -80,22 +80,22 @@ def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
         f"""WITH banded AS (
                 SELECT row_id, ntile({k}) OVER (ORDER BY _sb_len, row_id) AS _sb_band, md5(row_id || ?) AS _sb_h
                 FROM src),
-            chosen AS (
-                SELECT * FROM (SELECT row_id, _sb_band,
-                                      row_number() OVER (PARTITION BY _sb_band ORDER BY _sb_h) AS _sb_rank
-                               FROM banded)
-                WHERE _sb_rank <= ? + (CASE WHEN _sb_band <= ? THEN 1 ELSE 0 END) + ?)
-            SELECT s.* EXCLUDE (_sb_file, _sb_len), c._sb_band, c._sb_rank
-            FROM chosen c JOIN src s USING (row_id) ORDER BY c._sb_band, c._sb_rank""",
+            ranked AS (
+                SELECT row_id, _sb_band, row_number() OVER (PARTITION BY _sb_band ORDER BY _sb_h) AS _sb_rank,
+                       ? + (CASE WHEN _sb_band <= ? THEN 1 ELSE 0 END) AS _sb_quota
+                FROM banded)
+            SELECT s.* EXCLUDE (_sb_file, _sb_len), c._sb_rank <= c._sb_quota AS _sb_timed
+            FROM ranked c JOIN src s USING (row_id)
+            WHERE c._sb_rank <= c._sb_quota + ?
+            ORDER BY c._sb_band, c._sb_rank""",
         [str(est.seed), base, extra, warm_per_band],
     )
     names = [d[0] for d in cur.description or []]
-    ranked = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
     rows: list[dict[str, Any]] = []
     rest: list[dict[str, Any]] = []
-    for r in ranked:
-        band, rank = r.pop("_sb_band"), r.pop("_sb_rank")
-        (rows if rank <= base + (1 if band <= extra else 0) else rest).append(r)
+    for values in cur.fetchall():
+        r = dict(zip(names, values, strict=True))
+        (rows if r.pop("_sb_timed") else rest).append(r)
     rest.sort(key=lambda r: r["row_id"])
     return Sample(rows, rest[: est.warmup_rows], total, int(distinct or 0))
 

@@ -29,11 +29,6 @@ def model_cache_dir() -> Path:
     return Path(os.environ.get("SPARKBATCH_MODEL_CACHE", "~/.cache/sparkbatch/models")).expanduser()
 
 
-def default_model_path() -> Path:
-    """Folder of the converted default model (may not exist yet)."""
-    return model_cache_dir() / DEFAULT_MODEL_NAME
-
-
 def _gguf_path(name: str) -> Path:
     import importlib
     import importlib.util
@@ -48,11 +43,6 @@ def _gguf_path(name: str) -> Path:
     if not path.exists():
         raise ConfigError(f"{path} is missing: reinstall with `{install} --force-reinstall`")
     return path
-
-
-def ensure_default_model() -> Path:
-    """Convert the default model once; return its folder."""
-    return ensure_embedded(DEFAULT_MODEL_NAME)
 
 
 def ensure_embedded(name: str) -> Path:
@@ -87,9 +77,8 @@ def ensure_embedded(name: str) -> Path:
 
 
 def resolve_model(model: str | None) -> str:
-    """Turn a configured model (None, a local folder, or a hub name) into what vLLM loads."""
-    if not model:
-        return str(ensure_default_model())
+    """Turn a configured model (None, an embedded name, a local folder, or a hub name) into what vLLM loads."""
+    model = model or DEFAULT_MODEL_NAME
     if model in EMBEDDED:
         return str(ensure_embedded(model))
     local = Path(model).expanduser()
