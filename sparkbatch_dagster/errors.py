@@ -21,3 +21,8 @@ class EngineError(SparkbatchError):
 
 class IncompleteShardError(SparkbatchError):
     """A shard cannot be finalized because some input rows have no output row."""
+
+
+class PendingRowsError(EngineError):
+    """Some rows got only transient failures (5xx, timeouts): nothing was committed for them,
+    and the next run retries exactly those rows."""

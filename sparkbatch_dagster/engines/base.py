@@ -20,7 +20,12 @@ class EngineRequest:
 
 @dataclass(frozen=True)
 class EngineResult:
-    """One finished request. ``error`` is set (and ``text`` None) when the row failed alone."""
+    """One finished request. ``error`` is set (and ``text`` None) when the row failed alone.
+
+    ``retryable`` marks a transient failure (5xx, timeout, reset after every retry): it is not
+    the row's fault, so nothing is written for it; the row stays pending and the next run
+    retries it.
+    """
 
     id: str
     text: str | None
@@ -28,6 +33,7 @@ class EngineResult:
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    retryable: bool = False
 
 
 def structured_outputs(output: OutputSpec) -> dict[str, Any] | None:
