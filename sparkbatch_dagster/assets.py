@@ -27,8 +27,8 @@ from dagster import (
 )
 
 from . import metrics
+from .engines.base import LazyEngine
 from .errors import SparkbatchError
-from .model import model_identity
 from .progress import Relay
 from .resources import VLLMResource, on_cpu
 from .runner import ShardRun
@@ -54,7 +54,7 @@ class BatchJob:
         if manifest is None:
             shards = self.keys["input_shards"].to_user_string()
             raise SparkbatchError(f"{self.home.root} has no shards yet: materialize {shards} first")
-        model = model_identity(resource.model_name())
+        model = resource.model_identity()
         return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model, "input": manifest["signature"]})
 
     def estimate(self, resource: VLLMResource, est: EstimateSpec | None = None) -> dict[str, Any]:
@@ -86,8 +86,8 @@ class BatchJob:
                     raise
                 failed.append({"model": candidate, "error": str(exc)})
                 continue
-            finally:
-                res.close()
+            finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
+                res.close() if candidate is None else res.shutdown()
             models.append({**E.predict(sample, timing, est.options, weights_gb(name)), "configured_as": res.model})
             atomic_write_text(self.home.prediction_path(self.output_version(res)), json.dumps({
                 "model": timing.model, "predicted_wall_s": models[-1]["predicted_wall_s"],
@@ -129,8 +129,9 @@ class EstimateConfig(Config):
 
 
 def _totals(stats: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("rows", "labeled", "errors", "input_tokens", "output_tokens", "wall_s", "cost_usd")
-    return {k: round(sum(s[k] for s in stats), 6) for k in keys}
+    keys = ("rows", "labeled", "errors", "input_tokens", "output_tokens", "wall_s", "cost_usd",
+            "generated_requests", "reused_rows")
+    return {k: round(sum(s.get(k, 0) for s in stats), 6) for k in keys}
 
 
 def build_batch_assets(
@@ -190,13 +191,13 @@ def build_batch_assets(
         if stats:
             context.log.info(f"{len(stats)} partition(s) already done under version {version}: not recomputed")
         home.remove_stale_parts(version)
-        engine_start_s = 0.0
+        engine = LazyEngine(resource.model_identity(), resource.get_engine)
         if todo:
-            engine = resource.get_engine()
-            engine_start_s = engine.start_seconds
-            context.log.info(f"labeling {len(todo)} partition(s); engine started in {engine_start_s:.1f}s")
+            context.log.info(f"labeling {len(todo)} partition(s) with {engine.model_id}; the engine starts "
+                             "when the first prompt that is not in the result store needs it")
             runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info))
             stats += runner.run(todo, on_done=lambda s: context.log.info(f"{s['partition']} done: {json.dumps(s)}"))
+        engine_start_s = engine.start_seconds
         worst = max(stats, key=lambda s: s["errors"] / max(s["rows"], 1))
         rate = worst["errors"] / max(worst["rows"], 1)
         return MaterializeResult(

@@ -4,6 +4,7 @@ is finalized only when every input row is present exactly once.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Iterable
@@ -16,7 +17,11 @@ import pyarrow.parquet as pq
 from .errors import IncompleteShardError
 from .store import atomic_write_parquet, failpoint
 
-#: The columns of every output row.
+log = logging.getLogger("sparkbatch")
+
+#: The columns of every output row. ``prompt_key`` names the rendered prompt in the result
+#: store (null for rows that never had one: input errors); ``reused`` marks answers taken from
+#: the store instead of the engine; ``fingerprint`` is the output version.
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
@@ -26,6 +31,8 @@ OUTPUT_SCHEMA = pa.schema(
         ("output_tokens", pa.int64()),
         ("cached_tokens", pa.int64()),
         ("deduplicated", pa.bool_()),
+        ("reused", pa.bool_()),
+        ("prompt_key", pa.string()),
         ("fingerprint", pa.string()),
         ("model", pa.string()),
     ]
@@ -54,10 +61,17 @@ class CheckpointWriter:
         for stale in self.parts_dir.glob(".part-*"):
             stale.unlink(missing_ok=True)
         files = sorted(self.parts_dir.glob("part-*.parquet"))
-        if files:
-            self._seq = max(int(f.stem.split("-")[1]) for f in files)
-            return pa.concat_tables([pq.read_table(f, schema=OUTPUT_SCHEMA) for f in files])
-        return OUTPUT_SCHEMA.empty_table()
+        if not files:
+            return OUTPUT_SCHEMA.empty_table()
+        self._seq = max(int(f.stem.split("-")[1]) for f in files)
+        tables = []
+        for f in files:
+            try:
+                tables.append(pq.read_table(f, schema=OUTPUT_SCHEMA))
+            except Exception as exc:  # truncated by a disk crash: its rows are simply not done yet
+                log.warning("checkpoint %s is unreadable (%s): its rows will be recomputed", f, exc)
+                f.unlink(missing_ok=True)
+        return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
 
     def add(self, row: dict[str, Any]) -> None:
         self._buffer.append(row)

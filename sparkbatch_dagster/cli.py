@@ -123,7 +123,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
                 bar.close()
     after = status(job, resource)
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst)
-    return summary(job, resource, after, len(set(missing) - set(after["missing"])), result)
+    return summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result)
 
 
 def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -148,21 +148,28 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
             "advice": report["advice"]}
 
 
-def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: int, result: Any) -> dict[str, Any]:
+def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list[str], result: Any) -> dict[str, Any]:
+    """The run's last stdout line: totals of the whole version, plus what this run did
+    (``partitions_run``; ``generated``: prompts sent to the engine; ``reused``: rows answered
+    from the result store)."""
     from . import metrics
 
     version = job.output_version(resource)
-    stats = list(metrics.committed_stats(job.home, version).values())
+    committed = metrics.committed_stats(job.home, version)
+    stats = list(committed.values())
+    this_run = [committed[k] for k in ran if k in committed]
     check = metrics.prediction_check(job.home, version, stats)
     tokens = sum(s["input_tokens"] + s["output_tokens"] for s in stats)
     wall = sum(s["wall_s"] for s in stats)
     facts = metrics.analytics(job.spec, job.home, version)
     return {
         "job": job.spec.name, "partitions_total": st["partitions_total"], "partitions_done": st["partitions_done"],
-        "partitions_run": ran, "rows": facts["rows"], "labeled": facts["labeled"], "errors": facts["errors"],
+        "partitions_run": len(ran), "rows": facts["rows"], "labeled": facts["labeled"], "errors": facts["errors"],
         "input_tokens": sum(s["input_tokens"] for s in stats), "output_tokens": sum(s["output_tokens"] for s in stats),
         "wall_s": round(wall, 2), "tokens_per_hour": round(tokens / wall * 3600) if wall else 0,
         "cost_usd": round(sum(s["cost_usd"] for s in stats), 6), "accuracy": facts["accuracy"],
+        "generated": sum(s.get("generated_requests", 0) for s in this_run),
+        "reused": sum(s.get("reused_rows", 0) for s in this_run),
         **{k: v for k, v in check.items() if k != "actual_wall_s"},
         "version": version, "home": str(job.home.root), "success": bool(result.success),
     }

@@ -23,7 +23,7 @@ METRIC_COLUMNS = [
     ("labeled", "BIGINT"), ("errors", "BIGINT"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
     ("wall_s", "DOUBLE"), ("engine_s", "DOUBLE"), ("tokens_per_hour", "DOUBLE"), ("cost_usd", "DOUBLE"),
     ("prefix_cache_hit_rate", "DOUBLE"), ("resumed_rows", "BIGINT"), ("deduplicated_rows", "BIGINT"),
-    ("finished_at", "VARCHAR"),
+    ("finished_at", "VARCHAR"), ("generated_requests", "BIGINT"), ("reused_rows", "BIGINT"),
 ]
 
 
@@ -56,9 +56,11 @@ def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
     with connect(home.metrics_db) as con:
         cols = ", ".join(f'"{c}" {t}' for c, t in METRIC_COLUMNS)
         con.execute(f"CREATE TABLE IF NOT EXISTS run_metrics ({cols}, PRIMARY KEY (partition, version))")
+        for c, t in METRIC_COLUMNS:  # a table made by an older release gains the newer columns
+            con.execute(f'ALTER TABLE run_metrics ADD COLUMN IF NOT EXISTS "{c}" {t}')
         placeholders = ", ".join("?" for _ in names)
         con.executemany(
-            f"INSERT OR REPLACE INTO run_metrics VALUES ({placeholders})",
+            f"INSERT OR REPLACE INTO run_metrics ({', '.join(quote_ident(n) for n in names)}) VALUES ({placeholders})",
             [[s.get(c) for c in names] for s in stats],
         )
 

@@ -1,12 +1,15 @@
 """``VLLMResource``: owns the engine's lifecycle for one Dagster run, nothing else.
 
-The engine starts lazily on the first partition that needs it (a run whose partitions are all
-done never pays the minute of engine start), is reused by every partition of the run, and is
-shut down in ``teardown_after_execution``.
+The engine starts lazily on the first prompt that needs generating (a run whose partitions are
+all done, or whose answers are all in the result store, never pays the minute of engine
+start), is reused by every partition of the run, and is shut down in
+``teardown_after_execution`` (or kept warm for the next run in this process: ``keep_warm``).
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 from typing import Any, Literal
 
@@ -15,6 +18,25 @@ from pydantic import Field, PrivateAttr
 
 from .engines.base import Engine
 from .errors import ConfigError
+
+#: ``engine_kwargs`` that change speed or memory but not what the model answers; every other
+#: key is part of the model identity, so changing it starts a new output version.
+THROUGHPUT_ONLY = frozenset({
+    "max_num_batched_tokens", "enforce_eager", "swap_space", "cpu_offload_gb", "block_size",
+    "disable_log_stats", "compilation_config", "distributed_executor_backend", "pipeline_parallel_size",
+    "data_parallel_size", "enable_chunked_prefill", "max_num_partial_prefills", "scheduling_policy",
+    "disable_custom_all_reduce", "async_scheduling", "enable_expert_parallel", "max_seq_len_to_capture",
+    "api_server_count", "uvicorn_log_level", "disable_uvicorn_access_log", "trust_remote_code",
+})
+#: Engines kept warm between runs of this process (``keep_warm``), by settings.
+_WARM: dict[str, Engine] = {}
+
+
+@atexit.register
+def close_warm_engines() -> None:
+    """Shut down every engine kept warm by ``keep_warm=True`` resources (also run at exit)."""
+    while _WARM:
+        _WARM.popitem()[1].close()
 
 
 def on_cpu() -> bool:
@@ -111,8 +133,13 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=5, ge=0, le=20, description="Retries on 429/5xx/connection errors.")
     server_start_timeout_s: float = Field(default=900.0, gt=0)
+    keep_warm: bool = Field(
+        default=False, description="Keep the engine running after a run, for the next run in this process "
+        "with the same settings (notebooks, test sessions): one engine start instead of one per run.",
+    )
 
     _engine: Engine | None = PrivateAttr(default=None)
+    _identity: str | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._engine = None
@@ -150,16 +177,51 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
 
         return resolve_model(self.model)
 
+    def identity_settings(self) -> dict[str, Any]:
+        """The engine settings that change what the model answers (part of its identity)."""
+        extra = {k: v for k, v in sorted(self.engine_kwargs.items()) if k not in THROUGHPUT_ONLY}
+        return {"dtype": self.dtype, "max_model_len": self.max_model_len, **extra}
+
+    def model_identity(self) -> str:
+        """Who answers: ``<name>@<hash>`` over the weights, tokenizer, chat template and
+        output-affecting settings; for a server someone else runs, what its ``/v1/models``
+        says it serves. Computed without starting an engine, once per resource."""
+        if self._identity is None:
+            self._identity = self._compute_identity()
+        return self._identity
+
+    def _compute_identity(self) -> str:
+        from .spec import fingerprint
+
+        if self.engine == "fake":  # a fixed answer is a different "model": it answers differently
+            answer = self.engine_kwargs.get("answer")
+            return self.model_name() if answer is None else f"{self.model_name()}@{fingerprint(answer)[:12]}"
+        if self.engine == "server" and self.server_url:
+            from .engines.vllm_server import check_served
+
+            served = check_served(self.server_url, self.model_name(), self._api_key())
+            return f"{served['id']}@{fingerprint([served.get('root'), served.get('max_model_len')])[:12]}"
+        from .model import model_identity
+
+        return model_identity(self.model_name(), self.identity_settings())
+
     def with_model(self, model: str) -> VLLMResource:
         """The same settings with another model: a candidate in a model comparison."""
         fields = {name: getattr(self, name) for name in type(self).model_fields}
         return type(self)(**{**fields, "model": model})
 
     def get_engine(self) -> Engine:
-        """The run's engine, started on first use."""
+        """The run's engine, started on first use (or the warm one, with ``keep_warm``)."""
         if self._engine is None:
-            self._engine = self._start()
+            warm = _WARM.get(self._warm_key()) if self.keep_warm else None
+            self._engine = warm or self._start()
+            if self.keep_warm:
+                _WARM[self._warm_key()] = self._engine
         return self._engine
+
+    def _warm_key(self) -> str:
+        fields = {name: getattr(self, name) for name in type(self).model_fields if name != "keep_warm"}
+        return json.dumps(fields, sort_keys=True, default=str)
 
     def _start(self) -> Engine:
         if self.engine == "fake":
@@ -168,13 +230,13 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             return FakeEngine(model_id=self.model_name(), **self.engine_kwargs)
         api_key = self._api_key()  # before any process starts: a missing key must not leak a server
         if self.engine == "server" and self.server_url:
-            return self._client(self.server_url, self.model_name(), api_key)
-        from .model import model_identity
-
+            engine = self._client(self.server_url, self.model_name(), api_key)
+            engine.model_id = self.model_identity()
+            return engine
         model = self.model_name()
         kwargs = self.llm_kwargs()
         check_memory(kwargs)
-        name = model_identity(model)  # rows name the model the same way on every machine
+        name = self.model_identity()  # rows name the model the same way on every machine
         if self.engine == "server":
             from .engines.vllm_server import ServerProcess
 
@@ -205,6 +267,14 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
                                 timeout_s=self.request_timeout_s, max_retries=self.max_retries, server=server)
 
     def close(self) -> None:
-        if self._engine is not None:
+        """End of a run: stop the engine, unless ``keep_warm`` keeps it for the next run."""
+        if self._engine is not None and not self.keep_warm:
             self._engine.close()
-            self._engine = None
+        self._engine = None
+
+    def shutdown(self) -> None:
+        """Stop the engine even when it is kept warm."""
+        engine = _WARM.pop(self._warm_key(), None) or self._engine
+        self._engine = None
+        if engine is not None:
+            engine.close()

@@ -1,5 +1,6 @@
-"""Label shards: check rows, render prompts, dedupe and order them, stream them through one
-engine, checkpoint finished rows, finalize each shard. Knows nothing of Dagster.
+"""Label shards: check rows, render prompts, dedupe them, answer what the result store already
+holds, order the rest and stream them through one engine, checkpoint finished rows, store the
+new answers, finalize each shard. Knows nothing of Dagster.
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ import pyarrow.parquet as pq
 
 from .checkpoint import CheckpointWriter, assemble, commit
 from .engines.base import Engine, EngineRequest, EngineResult
-from .errors import ConfigError, SparkbatchError
+from .errors import ConfigError, PendingRowsError, SparkbatchError
 from .prompts import RenderedPrompt, check_text, render
+from .results import ResultStore, prompt_key
 from .spec import JobSpec
 from .store import JobHome, atomic_write_text, failpoint
+
+#: Row errors that the same prompt under the same settings would get again: stored for reuse.
+#: Anything else (a sporadic HTTP 400) is retried by a later version instead of remembered.
+_STORED_ERRORS = ("prompt_too_long", "bad_output")
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -43,15 +49,16 @@ def parse_output(text: str, spec: JobSpec) -> tuple[str | None, str | None]:
 
 
 def _row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
-         res: EngineResult | None = None, dedup: bool = False) -> dict[str, Any]:
-    # Tokens are counted once per generation: fanned-out duplicates carry zeros.
+         res: EngineResult | None = None, dedup: bool = False, key: str | None = None,
+         reused: bool = False) -> dict[str, Any]:
+    # Tokens are counted once per generation: fanned-out duplicates and reused answers carry zeros.
     fresh = None if dedup else res
     return {
         "row_id": row_id, "output": output, "error": error,
         "prompt_tokens": fresh.prompt_tokens if fresh else 0,
         "output_tokens": fresh.output_tokens if fresh else 0,
         "cached_tokens": fresh.cached_tokens if fresh else 0,
-        "deduplicated": dedup, "fingerprint": fp, "model": model,
+        "deduplicated": dedup, "reused": reused, "prompt_key": key, "fingerprint": fp, "model": model,
     }
 
 
@@ -79,28 +86,61 @@ def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
     return errors, groups
 
 
+def read_shard(home: JobHome, key: str, signature: str | None) -> list[dict[str, Any]]:
+    """A shard's input rows, read from the manifest the run planned with.
+
+    Re-sharding takes the shards lock exclusively; reading under the shared lock, after
+    checking the manifest is the one this run's output version was computed from, means rows
+    of a new input can never land in the old version's folder.
+    """
+    with home.shards_lock().held(shared=True):
+        current = (home.read_manifest() or {}).get("signature")
+        if signature is not None and current != signature:
+            raise SparkbatchError(
+                f"the input was sharded again while this run was labeling (manifest {current}, run planned on "
+                f"{signature}): run again; rows already finished are kept"
+            )
+        return list(pq.read_table(home.shard_path(key)).to_pylist())
+
+
 class _Shard:
     """One shard in flight: its writer, its unique prompts, and how many are still out."""
 
-    def __init__(self, spec: JobSpec, home: JobHome, version: str, key: str, model: str) -> None:
+    def __init__(self, run: ShardRun, key: str) -> None:
+        spec, version, model = run.spec, run.version, run.engine.model_id
         self.key, self.version, self.model = key, version, model
         self.started = time.perf_counter()
-        self.rows = pq.read_table(home.shard_path(key)).to_pylist()
-        self.writer = CheckpointWriter(home.parts_dir(version, key), spec.checkpoint_rows, spec.checkpoint_seconds)
+        self.rows = read_shard(run.home, key, run.signature)
+        self.writer = CheckpointWriter(run.home.parts_dir(version, key), spec.checkpoint_rows, spec.checkpoint_seconds)
         done = set(self.writer.existing().column("row_id").to_pylist())
         self.resumed = len(done)
         errors, self.groups = plan_rows(spec, self.rows, done)
         for rid, reason in errors.items():
             self.writer.add(_row(rid, version, model, error=reason))
+        self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
+        self.reused = self._reuse(spec, run.store)
         # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
         self.order = sorted(self.groups)
         self.outstanding = len(self.order)
+        self.pending = 0  # rows whose prompt got only transient failures: nothing written for them
         self.fresh_tokens = 0
         self.first_sent: float | None = None
 
+    def _reuse(self, spec: JobSpec, store: ResultStore) -> int:
+        """Write the rows whose answer is already stored; return how many."""
+        found = store.lookup(list(self.keys.values()))
+        rows = 0
+        for group in [g for g in self.groups if self.keys[g] in found]:
+            stored_output, stored_error = found[self.keys[group]]
+            for i, rid in enumerate(self.groups.pop(group)[1]):
+                self.writer.add(_row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
+                                     key=self.keys[group], reused=True))
+                rows += 1
+        return rows
+
     def release(self) -> None:
         """Drop the rows once committed, so a run's memory does not grow with its shard count."""
-        self.rows, self.groups, self.order = [], {}, []
+        self.rows, self.groups, self.order, self.keys = [], {}, [], {}
 
 
 class ShardRun:
@@ -115,6 +155,9 @@ class ShardRun:
                  progress: ProgressFn | None = None, progress_every_s: float = 1.0) -> None:
         self.spec, self.home, self.version, self.engine = spec, home, version, engine
         self.progress, self.progress_every_s = progress, progress_every_s
+        self.signature = (home.read_manifest() or {}).get("signature")
+        self.store = ResultStore(spec.result_store_path, spec.answer_context(engine.model_id))
+        self._pending_reason = ""
         self.shards: list[_Shard] = []
         self.stats: list[dict[str, Any]] = []
         self._last_end = time.perf_counter()
@@ -148,17 +191,23 @@ class ShardRun:
         for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
             idx, _, n = res.id.partition(":")
             shard = self.shards[int(idx)]
-            ids = shard.groups[shard.order[int(n)]][1]
-            ok = res.error is None and res.text is not None
-            output, error = parse_output(res.text or "", self.spec) if ok else (None, res.error)
-            for i, rid in enumerate(ids):
-                shard.writer.add(_row(rid, self.version, self.engine.model_id, output, error, res, dedup=i > 0))
-            self._rows_done += len(ids)
-            shard.fresh_tokens += res.prompt_tokens + res.output_tokens
+            group = shard.order[int(n)]
+            ids = shard.groups[group][1]
             shard.outstanding -= 1
+            if res.retryable:  # not the row's fault: write nothing, so the next run retries it
+                shard.pending += len(ids)
+                self._pending_reason = res.error or "transient failure"
+            else:
+                ok = res.error is None and res.text is not None
+                output, error = parse_output(res.text or "", self.spec) if ok else (None, res.error)
+                for i, rid in enumerate(ids):
+                    shard.writer.add(_row(rid, self.version, self.engine.model_id, output, error, res,
+                                          dedup=i > 0, key=shard.keys[group]))
+                self._rows_done += len(ids)
+                shard.fresh_tokens += res.prompt_tokens + res.output_tokens
             if shard.writer.due():
                 shard.writer.flush()
-            if shard.outstanding == 0:
+            if shard.outstanding == 0 and shard.pending == 0:
                 self._finish(shard)
             now = time.perf_counter()
             if self.progress and now - last_report >= self.progress_every_s:
@@ -166,6 +215,12 @@ class ShardRun:
                 self._report(shard.key, total, now - started)
         if self.progress and self.shards:
             self._report(self.shards[-1].key, total, time.perf_counter() - started)
+        pending = {s.key: s.pending for s in self.shards if s.pending}
+        if pending:
+            raise PendingRowsError(
+                f"{sum(pending.values())} rows in {sorted(pending)} got only transient failures "
+                f"({self._pending_reason[:200]}); nothing was committed for them: run again to retry exactly those rows"
+            )
 
     def _report(self, key: str, total: int, seconds: float) -> None:
         assert self.progress is not None
@@ -174,7 +229,7 @@ class ShardRun:
 
     def _requests(self, keys: list[str]) -> Iterator[EngineRequest]:
         for key in keys:
-            shard = _Shard(self.spec, self.home, self.version, key, self.engine.model_id)
+            shard = _Shard(self, key)
             idx = len(self.shards)
             self.shards.append(shard)
             free = len(shard.rows) - sum(len(ids) for _, ids in shard.groups.values())
@@ -182,9 +237,9 @@ class ShardRun:
             self._rows_free += free
             if shard.outstanding == 0:  # nothing to generate (all resumed or error rows)
                 self._finish(shard)
-            for n, prompt_key in enumerate(shard.order):
+            for n, group in enumerate(shard.order):
                 shard.first_sent = shard.first_sent or time.perf_counter()
-                yield EngineRequest(f"{idx}:{n}", shard.groups[prompt_key][0].messages())
+                yield EngineRequest(f"{idx}:{n}", shard.groups[group][0].messages())
 
     def _finish(self, shard: _Shard) -> None:
         shard.writer.flush()
@@ -197,9 +252,11 @@ class ShardRun:
         engine_s = now - shard.first_sent if shard.first_sent else 0.0
         stats = _stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
                        resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens)
-        # Stats first, then the labeled file (the commit point): a done shard always has stats.
+        # Stats and new answers first, then the labeled file (the commit point): a done shard
+        # always has stats, and its answers are in the store for any later layout or version.
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
         failpoint("finalize:stats")
+        self.store.add(_new_answers(table))
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
         shard.release()
         self.stats.append(stats)
@@ -211,6 +268,15 @@ def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: En
                 progress: ProgressFn | None = None) -> dict[str, Any]:
     """Label every row of one shard and finalize it; return the shard's statistics."""
     return ShardRun(spec, home, version, engine, progress).run([key])[0]
+
+
+def _new_answers(table: Any) -> list[dict[str, Any]]:
+    """The shard's rows that the engine answered in this version (one per prompt) and that the
+    same prompt would get again: what the result store keeps."""
+    cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated"]
+    return [r for r in table.select(cols).to_pylist()
+            if r["prompt_key"] and not r["reused"] and not r["deduplicated"]
+            and (r["error"] is None or r["error"].startswith(_STORED_ERRORS))]
 
 
 def _progress(key: str, done: int, free: int, total: int, tokens: int, seconds: float) -> dict[str, Any]:
@@ -236,6 +302,7 @@ def _stats(spec: JobSpec, key: str, version: str, model: str, table: Any, wall_s
         "cost_usd": round(wall_s / 3600 * spec.hourly_rate_usd, 6),
         "prefix_cache_hit_rate": round(cached_t / prompt_t, 4) if prompt_t else None,
         "resumed_rows": resumed, "generated_requests": generated,
+        "reused_rows": sum(1 for r in table.column("reused").to_pylist() if r),
         "deduplicated_rows": sum(1 for d in cols["deduplicated"] if d),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -147,7 +147,13 @@ class JobSpec(_Checked):
     shard_size: int | None = Field(default=None, ge=1, description="Rows per shard (approximate).")
     gold_column: str | None = Field(default=None, description="Column holding the right answer.")
     hourly_rate_usd: float = Field(default=0.79, ge=0.0, description="Price of the box per hour.")
-    home: str = Field(default=".sparkbatch", description="Folder for shards, outputs, metrics.")
+    home: str | None = Field(
+        default=None, description="Folder for shards, outputs, metrics; None = .sparkbatch/<name>, one per job."
+    )
+    result_store: str | None = Field(
+        default=None, description="Folder of stored answers, reused by every run; None = <home>/results. "
+        "Point several jobs at one folder to share answers between them.",
+    )
     max_input_chars: int = Field(default=20_000, ge=1, description="Longer texts become error rows.")
     checkpoint_rows: int = Field(default=256, ge=1, description="Flush finished rows every N rows...")
     checkpoint_seconds: float = Field(default=5.0, gt=0.0, description="...or every T seconds.")
@@ -180,7 +186,17 @@ class JobSpec(_Checked):
 
     @property
     def home_path(self) -> Path:
-        return Path(self.home).expanduser().resolve()
+        """The job's folder. The default is per job name, so two jobs never share files."""
+        return Path(self.home or Path(".sparkbatch") / self.name).expanduser().resolve()
+
+    @property
+    def result_store_path(self) -> Path:
+        return Path(self.result_store).expanduser().resolve() if self.result_store else self.home_path / "results"
+
+    def answer_context(self, model: str) -> str:
+        """Everything besides the rendered prompt that determines a generated answer: the
+        model identity, sampling and the output spec. Names the result store's folder."""
+        return fingerprint({"model": model, "output": self.output.model_dump(), "sampling": self.sampling.model_dump()})
 
     def shards_for(self, rows: int) -> int:
         """Number of shards for an input of ``rows`` rows."""

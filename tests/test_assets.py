@@ -3,17 +3,15 @@
 import duckdb
 from dagster import DagsterInstance, Definitions, materialize
 
-from conftest import ENGINES, RegisteredEngineResource, make_spec
+from conftest import fake_resource, make_spec
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START
-from sparkbatch_dagster.engines import FakeEngine
 
 
 def _setup(tmp_path, **kw):
     spec = make_spec(tmp_path, n=200, shards=4, **kw)
     job = build_batch_assets(spec=spec)
-    ENGINES["fake"] = FakeEngine()
-    res = {"vllm": RegisteredEngineResource(registered="fake")}
+    res = {"vllm": fake_resource()[0]}
     inst = DagsterInstance.get()
     assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
     return spec, job, res, inst
@@ -41,19 +39,20 @@ def test_done_partitions_are_never_recomputed_and_gaps_are_filled(tmp_path):
     spec, job, res, inst = _setup(tmp_path)
     keys = inst.get_dynamic_partitions(job.partitions_def.name)
     assert _label(job, res, inst, keys[0], keys[1]).success
-    first = ENGINES["fake"].requests_seen
+    first = res["vllm"].get_engine().requests_seen
     assert first > 0
     # A run over all partitions computes only the two that are missing.
-    ENGINES["fake"] = FakeEngine()
+    res["vllm"], engine = fake_resource()
     result = _label(job, res, inst, keys[0], keys[-1])
     assert result.success
     mats = result.asset_materializations_for_node("things__labeled_outputs")
     assert mats[0].metadata["partitions_computed"].value == 2
     done_before = {k: job.home.labeled_path(job.output_version(res["vllm"]), k).stat().st_mtime_ns for k in keys[:2]}
+    assert engine.requests_seen > 0
     # Everything again: nothing is sent to the engine, no file is rewritten.
-    ENGINES["fake"] = FakeEngine()
+    res["vllm"], engine = fake_resource()
     assert _label(job, res, inst, keys[0], keys[-1]).success
-    assert ENGINES["fake"].requests_seen == 0
+    assert engine.requests_seen == 0
     version = job.output_version(res["vllm"])
     assert {k: job.home.labeled_path(version, k).stat().st_mtime_ns for k in keys[:2]} == done_before
 
@@ -72,7 +71,7 @@ def test_changed_prompt_is_a_new_version_and_never_mixes(tmp_path):
 
 def test_error_rate_check_fails_the_partition_run(tmp_path):
     spec, job, res, inst = _setup(tmp_path, max_error_rate=0.1)
-    ENGINES["fake"] = FakeEngine(answer="not a label")
+    res["vllm"] = fake_resource(answer="not a label")[0]
     result = _label(job, res, inst, "shard-00000", "shard-00000")
     evals = result.get_asset_check_evaluations()
     assert len(evals) == 1 and evals[0].passed is False
@@ -96,6 +95,6 @@ def test_analytics_reports_accuracy_and_distribution(tmp_path):
 def test_definitions_load_with_the_fake_engine(tmp_path):
     spec = make_spec(tmp_path)
     job = build_batch_assets(spec=spec)
-    defs = Definitions(assets=job.assets, resources={"vllm": RegisteredEngineResource(registered="fake")})
+    defs = Definitions(assets=job.assets, resources={"vllm": fake_resource()[0]})
     repo = defs.get_repository_def()
     assert len(repo.assets_defs_by_key) == 5

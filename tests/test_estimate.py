@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import ENGINES, RegisteredEngineResource, make_rows, make_spec, write_parquet
-from sparkbatch_dagster import ConfigError, build_batch_assets
+from conftest import fake_resource, make_rows, make_spec, write_parquet
+from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START
-from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.estimate import Sample, Timing, advise, choose, draw_sample, nodes_needed, predict
 from sparkbatch_dagster.model import weights_gb
 from sparkbatch_dagster.shards import build_shards
@@ -128,8 +127,7 @@ def test_bad_estimate_settings_name_the_value(tmp_path):
 def test_estimate_asset_then_run_metrics_show_predicted_vs_actual(tmp_path):
     spec = make_spec(tmp_path, n=300, shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4))
     job = build_batch_assets(spec=spec)
-    ENGINES["fake"] = FakeEngine(delay_s=0.005)
-    res = {"vllm": RegisteredEngineResource(registered="fake")}
+    res = {"vllm": fake_resource(delay_s=0.005)[0]}
     inst = DagsterInstance.get()
     result = materialize(job.assets, selection=[job.keys["input_shards"], job.keys["estimate"]],
                          resources=res, instance=inst)
@@ -154,8 +152,7 @@ def test_estimate_asset_then_run_metrics_show_predicted_vs_actual(tmp_path):
 
 def test_estimate_config_from_the_launchpad_is_validated(tmp_path):
     job = build_batch_assets(spec=make_spec(tmp_path, n=60, shards=2))
-    ENGINES["fake"] = FakeEngine()
-    res = {"vllm": RegisteredEngineResource(registered="fake")}
+    res = {"vllm": fake_resource()[0]}
     result = materialize(job.assets, selection=[job.keys["input_shards"], job.keys["estimate"]], resources=res,
                          run_config={"ops": {"things__estimate": {"config": {"sample_rows": 3}}}},
                          raise_on_error=False)
@@ -208,13 +205,12 @@ def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
     job = build_batch_assets(spec=make_spec(tmp_path, n=300, shards=3))
     home = JobHome(job.spec.home_path)
     build_shards(job.spec, home)
-    ENGINES["fake"] = FakeEngine()
-    resource = RegisteredEngineResource(registered="fake", max_num_seqs=200)
+    resource = VLLMResource(engine="fake", max_num_seqs=200)
     report = job.estimate(resource, EstimateSpec(sample_rows=40))
     assert report["sample_rows"] == 200 and not any("smaller than one batch" in a for a in report["advice"])
     small = job.estimate(resource, EstimateSpec(sample_rows=40, fill_batch=False))
     assert small["sample_rows"] == 40 and any("smaller than one batch (200 rows)" in a for a in small["advice"])
-    tiny_job = job.estimate(RegisteredEngineResource(registered="fake", max_num_seqs=1024),
+    tiny_job = job.estimate(VLLMResource(engine="fake", max_num_seqs=1024),
                             EstimateSpec(sample_rows=40, fill_batch=False))
     assert any("smaller than one batch (300 rows)" in a for a in tiny_job["advice"])  # the input is the limit
 
@@ -222,9 +218,8 @@ def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
 def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path):
     job = build_batch_assets(spec=make_spec(tmp_path, n=120, shards=2))
     build_shards(job.spec, JobHome(job.spec.home_path))
-    ENGINES["fake"] = FakeEngine()
     est = EstimateSpec(sample_rows=20, models=[str(tmp_path / "no-such-model")])
-    report = job.estimate(RegisteredEngineResource(registered="fake"), est)
+    report = job.estimate(VLLMResource(engine="fake"), est)
     assert [m["model"] for m in report["models"]] == ["fake-model"] and report["chosen_model"] == "fake-model"
     [failed] = report["failed_models"]
     assert failed["model"].endswith("no-such-model") and "does not exist" in failed["error"]

@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import RegisteredEngineResource, make_rows, make_spec, write_parquet
-from sparkbatch_dagster import OutputSpec, build_batch_assets
+from conftest import REAL_SETTINGS, make_rows, make_spec, write_parquet
+from sparkbatch_dagster import OutputSpec, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.runner import label_shard
@@ -59,7 +59,7 @@ def test_prompt_longer_than_context_is_an_error_row(tmp_path, real_engine):
 def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engine):
     spec = make_spec(tmp_path, n=90, shards=3)
     job = build_batch_assets(spec=spec)
-    res = {"vllm": RegisteredEngineResource(registered="real")}
+    res = {"vllm": VLLMResource(**REAL_SETTINGS)}
     inst = DagsterInstance.get()
     assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
     keys = inst.get_dynamic_partitions(job.partitions_def.name)

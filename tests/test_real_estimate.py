@@ -9,8 +9,8 @@ import psutil
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, RegisteredEngineResource, live_children, make_spec
-from sparkbatch_dagster import build_batch_assets
+from conftest import REAL_SETTINGS, live_children, make_spec
+from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.spec import EstimateSpec
 
@@ -25,7 +25,7 @@ def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_pa
     est = EstimateSpec(sample_rows=30, warmup_rows=4, models=["gemma-3-270m"], accuracy_bar=0.0)
     spec = make_spec(tmp_path, n=200, shards=2, estimate=est)
     job = build_batch_assets(spec=spec)
-    res = {"vllm": RegisteredEngineResource(registered="real", **REAL_SETTINGS)}  # type: ignore[arg-type]
+    res = {"vllm": VLLMResource(**REAL_SETTINGS)}
     inst = DagsterInstance.get()
     engines_before = _engine_children()
     result = materialize(job.assets, selection=[job.keys["input_shards"], job.keys["estimate"]],

@@ -8,15 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import (
-    ENGINES,
-    REAL_SETTINGS,
-    RegisteredEngineResource,
-    live_children,
-    make_rows,
-    make_spec,
-    write_parquet,
-)
+from conftest import REAL_SETTINGS, live_children, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import EngineError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.runner import label_shard
@@ -41,7 +33,7 @@ def test_dagster_run_starts_and_stops_its_own_server(tmp_path):
     before = {p.pid for p in _vllm_children()}
     spec = make_spec(tmp_path, n=40, shards=2)
     job = build_batch_assets(spec=spec)
-    res = {"vllm": VLLMResource(engine="server", **REAL_SETTINGS)}  # type: ignore[arg-type]
+    res = {"vllm": VLLMResource(engine="server", **{**REAL_SETTINGS, "keep_warm": False})}
     result = _label_all(job, res, DagsterInstance.get())
     assert result.success
     assert len(job.done_partitions(res["vllm"])) == 2
@@ -49,12 +41,16 @@ def test_dagster_run_starts_and_stops_its_own_server(tmp_path):
     assert {p.pid for p in _vllm_children()} == before  # never left running
 
 
+SERVER = {**REAL_SETTINGS, "engine": "server"}
+
+
 @pytest.fixture(scope="module")
 def server_engine():
-    engine = VLLMResource(engine="server", **REAL_SETTINGS).get_engine()  # type: ignore[arg-type]
-    ENGINES["server"] = engine
+    """One `vllm serve` for this module, kept warm: tests reach it through VLLMResource(**SERVER)."""
+    resource = VLLMResource(**SERVER)
+    engine = resource.get_engine()
     yield engine
-    engine.close()
+    resource.shutdown()
     assert not engine.server.alive()
 
 
@@ -65,7 +61,7 @@ def test_partition_completes_with_labels_and_error_rows(tmp_path, server_engine)
     src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
     spec = make_spec(tmp_path, input=str(src), shards=2)
     job = build_batch_assets(spec=spec)
-    res = {"vllm": RegisteredEngineResource(registered="server")}
+    res = {"vllm": VLLMResource(**SERVER)}
     assert _label_all(job, res, DagsterInstance.get()).success
     version = job.output_version(res["vllm"])
     out = {r["row_id"]: r for k in ("shard-00000", "shard-00001")

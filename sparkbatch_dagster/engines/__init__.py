@@ -4,7 +4,7 @@ Backends are imported lazily by :func:`sparkbatch_dagster.resources.VLLMResource
 importing this package never loads vllm or torch.
 """
 
-from .base import Engine, EngineRequest, EngineResult
+from .base import Engine, EngineRequest, EngineResult, LazyEngine
 from .fake import FakeEngine
 
-__all__ = ["Engine", "EngineRequest", "EngineResult", "FakeEngine"]
+__all__ = ["Engine", "EngineRequest", "EngineResult", "FakeEngine", "LazyEngine"]

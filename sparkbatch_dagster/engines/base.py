@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,3 +79,28 @@ class Engine(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LazyEngine(Engine):
+    """Starts the real engine only when the first request actually needs generating.
+
+    A rerun whose answers all come from the result store (appended rows aside, a touched
+    input, a new gold column) then costs no engine start, which is a minute or more.
+    """
+
+    def __init__(self, model_id: str, start: Callable[[], Engine]) -> None:
+        self.model_id = model_id
+        self._start = start
+        self.started: Engine | None = None
+
+    def generate(
+        self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec
+    ) -> Iterator[EngineResult]:
+        source = iter(requests)
+        first = next(source, None)
+        if first is None:
+            return
+        if self.started is None:
+            self.started = self._start()
+            self.start_seconds = self.started.start_seconds
+        yield from self.started.generate(itertools.chain([first], source), sampling, output)
