@@ -11,9 +11,13 @@ Set ``VLLMResource.model`` to one of these names to use it. The cache folder is
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 
@@ -95,15 +99,49 @@ def resolve_model(model: str | None) -> str:
     return model  # a hub name; vLLM resolves it (needs network or a filled HF cache)
 
 
-def model_identity(resolved: str) -> str:
-    """A machine-independent name for a resolved model: folder name plus a hash of its config."""
-    path = Path(resolved)
-    config = path / "config.json"
-    if config.exists():
-        import hashlib
+#: Top-level files whose bytes decide a model's answers: weights, configs, tokenizer and chat template.
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+_MODEL_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+    "chat_template.json", "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model",
+    "added_tokens.json",
+)
 
-        return f"{path.name}@{hashlib.sha256(config.read_bytes()).hexdigest()[:8]}"
-    return resolved
+
+def model_identity(resolved: str, settings: dict[str, Any] | None = None) -> str:
+    """A machine-independent name for a resolved model: ``<folder name>@<12 hex>``.
+
+    The hash covers the bytes of every weight, config and tokenizer file (the chat template
+    lives there) plus ``settings``, the engine settings that change answers (dtype,
+    max_model_len, quantization...). So new weights or a new template start a new output
+    version, while a touched or copied folder keeps it. A folder without weights
+    (``load_format="dummy"``) hashes the rest; a hub name hashes the name and the settings.
+    """
+    settings_json = json.dumps(settings or {}, sort_keys=True, default=str)
+    path = Path(resolved)
+    if path.is_dir():
+        files = sorted({f for pat in _WEIGHT_PATTERNS for f in path.glob(pat) if f.is_file()}
+                       | {path / n for n in _MODEL_FILES if (path / n).is_file()})
+    elif path.is_file():  # a single weights file (a GGUF) is its own identity
+        files = [path]
+    else:  # a hub name: no bytes here to hash; vLLM resolves it
+        return f"{resolved}@{_short_hash(json.dumps([resolved, settings_json]))}"
+    # (size, mtime_ns) in the cache key: a rewritten file misses the in-process cache.
+    stamps = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _identity(path.name, settings_json, stamps)
+
+
+@functools.lru_cache(maxsize=64)
+def _identity(name: str, settings_json: str, stamps: tuple[tuple[str, int, int], ...]) -> str:
+    from .digest import file_digest
+
+    # Names relative to the folder: the same model copied elsewhere gets the same identity.
+    digests = {Path(f).name: file_digest(Path(f)) for f, _size, _mtime in stamps}
+    return f"{name}@{_short_hash(json.dumps({'files': digests, 'settings': settings_json}, sort_keys=True))}"
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def weights_gb(resolved: str) -> float | None:

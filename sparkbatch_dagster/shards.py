@@ -7,6 +7,7 @@ that cannot be read at all, stops the job here.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -17,6 +18,7 @@ from .errors import InputError
 from .spec import JobSpec, fingerprint
 from .store import JobHome, atomic_write_text, failpoint, shard_key
 
+log = logging.getLogger("sparkbatch")
 _NESTED = ("STRUCT", "MAP", "UNION")
 
 
@@ -58,14 +60,49 @@ def source_files(con: Any, spec: JobSpec) -> list[str]:
 
 
 def _signature(spec: JobSpec, files: list[str]) -> str:
-    stats = []
-    for f in files:
-        st = os.stat(f) if os.path.exists(f) else None
-        stats.append([f, st.st_size if st else None, st.st_mtime_ns if st else None])
+    """Fingerprint of the input's CONTENT and how it is sharded. A touched file keeps it (no
+    re-run, no paying twice for the same answers); changed bytes change it. File names stay in,
+    in order: generated row ids follow the file order."""
+    parquet = _format(spec) == "parquet"
+    digests = [[f, _remote_digest(f) if _is_remote(f) else _local_digest(f, parquet)] for f in files]
     return fingerprint(
-        {"files": stats, "id": spec.id_column, "text": spec.text_columns, "gold": spec.gold_column,
+        {"files": digests, "id": spec.id_column, "text": spec.text_columns, "gold": spec.gold_column,
          "shards": (spec.shard_count, spec.shard_size)}
     )
+
+
+def _is_remote(f: str) -> bool:
+    return "://" in f and not f.startswith("file://")
+
+
+def _local_digest(f: str, parquet: bool) -> str | None:
+    from .digest import file_digest, parquet_footer_digest
+
+    path = Path(f.removeprefix("file://"))
+    if not path.exists():  # gone since the glob: DuckDB's read reports it properly
+        return None
+    # Parquet: the footer is enough and costs one seek on a huge file; CSV/JSONL: every byte (cached).
+    return parquet_footer_digest(path) if parquet else file_digest(path)
+
+
+def _remote_digest(url: str) -> str | None:
+    from .digest import info_checksum, object_info
+
+    try:
+        info = object_info(url)
+    except (ImportError, OSError, ValueError) as exc:
+        # DuckDB can read it but fsspec cannot stat it (e.g. s3fs not installed): only the name
+        # is left, so a changed object goes unnoticed. Say so rather than fail a readable input.
+        log.warning("cannot stat %s (%s): changes to it will not start a new output version", url, exc)
+        return None
+    checksum = info_checksum(info)
+    if checksum is not None:
+        return checksum
+    # FALLBACK, NOT CONTENT: this store gives no checksum, so size + modification time stand in.
+    # A touched object starts a new version here; a same-size rewrite with the same time is missed.
+    stamps = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
+    mtime = next((info[k] for k in stamps if info.get(k)), None)
+    return f"size:{info.get('size')}:mtime:{mtime}"
 
 
 def _reader(fmt: str) -> str:

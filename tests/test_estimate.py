@@ -215,7 +215,9 @@ def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
     assert any("smaller than one batch (300 rows)" in a for a in tiny_job["advice"])  # the input is the limit
 
 
-def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path):
+def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path, monkeypatch):
+    # The job runs on the fake engine; the candidate is a real offline resource whose model is missing.
+    monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: VLLMResource(model=model))
     job = build_batch_assets(spec=make_spec(tmp_path, n=120, shards=2))
     build_shards(job.spec, JobHome(job.spec.home_path))
     est = EstimateSpec(sample_rows=20, models=[str(tmp_path / "no-such-model")])

@@ -20,6 +20,7 @@ class FakeEngine(Engine):
         fail_after: raise :class:`EngineError` after this many results (an engine crash).
         answer: a fixed answer for every request (to produce unparseable output on purpose).
         trace_path: append each finished request id to this file (line-buffered).
+        transient_first: the first N requests fail as a flaky server's would (``retryable``).
     """
 
     def __init__(
@@ -29,12 +30,14 @@ class FakeEngine(Engine):
         fail_after: int | None = None,
         answer: str | None = None,
         trace_path: str | None = None,
+        transient_first: int = 0,
     ) -> None:
         self.model_id = model_id
         self.delay_s = delay_s
         self.fail_after = fail_after
         self.answer = answer
         self.requests_seen = 0
+        self.transient_first = transient_first
         # Kill tests read this file to learn how many rows were generated before the kill.
         self._trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115
 
@@ -47,6 +50,9 @@ class FakeEngine(Engine):
             self.requests_seen += 1
             if self.delay_s:
                 time.sleep(self.delay_s)
+            if self.requests_seen <= self.transient_first:
+                yield EngineResult(id=req.id, text=None, error="server_error: HTTP 503 after 5 retries", retryable=True)
+                continue
             prompt = "\n".join(m["content"] for m in req.messages)
             text = self.answer if self.answer is not None else _answer(prompt, output)
             if self._trace:
