@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import RunningEngine, arg_parser, machine, set_up  # noqa: E402
+from throughput import arg_parser, machine, set_up  # noqa: E402
 
-from sparkbatch_dagster import build_batch_assets  # noqa: E402
+from sparkbatch_dagster import VLLMResource, build_batch_assets  # noqa: E402
 from sparkbatch_dagster.spec import EstimateSpec  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     from dagster import DagsterInstance, materialize
 
     spec, kw, engine, engine_start_s = set_up(args)
-    resource = RunningEngine(**kw)
+    resource = VLLMResource(**kw)
     res = {"vllm": resource}
     inst = DagsterInstance.get()
     job = build_batch_assets(spec=spec)
@@ -56,7 +56,7 @@ def main() -> None:
     actual = md["wall_s"].value
     for pred in predictions.values():
         pred["error_pct"] = round((pred["predicted_wall_s"] - actual) / actual * 100, 1)
-    engine.close()  # else the interpreter's exit waits on vLLM's engine-core process
+    resource.shutdown()  # else the interpreter's exit waits on vLLM's engine-core process
     print(json.dumps({"mode": args.mode, "rows": args.rows, "model": engine.model_id, "machine": machine(),
                       "engine_start_s": round(engine_start_s, 1), "actual_wall_s": actual,
                       "samples": predictions}))

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, make_rows, make_spec, write_parquet
+from conftest import LABELS, REAL_SETTINGS, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import OutputSpec, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import EngineRequest
@@ -75,6 +75,35 @@ def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engin
     assert real_engine.model_id.startswith("SmolLM2-135M-Instruct@")  # machine-independent name
     md = run.asset_materializations_for_node("things__run_metrics")[0].metadata
     assert md["rows"].value == 90 and md["output_tokens"].value > 0
+
+
+def test_appended_rows_are_all_the_real_engine_generates(tmp_path, real_engine):
+    rows = make_rows(66)
+    for r in rows:  # distinct prompts: one request per row
+        r["text"] = f"{r['text']} ({r['id']})"
+    src = write_parquet(tmp_path / "in" / "rows.parquet", rows[:60])
+    res = {"vllm": VLLMResource(**REAL_SETTINGS)}
+    inst = DagsterInstance.get()
+
+    def run(shards: int):
+        job = build_batch_assets(spec=make_spec(tmp_path, input=str(src), shards=shards))
+        assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+        keys = inst.get_dynamic_partitions(job.partitions_def.name)
+        result = materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources=res, instance=inst,
+                             tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+        version = job.output_version(res["vllm"])
+        out = {r["row_id"]: r for k in keys for r in pq.read_table(job.home.labeled_path(version, k)).to_pylist()}
+        return result.asset_materializations_for_node("things__labeled_outputs")[0].metadata, out
+
+    md, first = run(shards=2)
+    assert md["generated_requests"].value == 60 and md["reused_rows"].value == 0
+    write_parquet(src, rows)  # 10% more rows, and the job now cut into 3 shards
+    md, second = run(shards=3)
+    assert md["generated_requests"].value == 6 and md["reused_rows"].value == 60
+    assert {k: r["output"] for k, r in second.items() if k in first} == {k: r["output"] for k, r in first.items()}
+    new = [r for k, r in second.items() if k not in first]
+    assert len(new) == 6 and all(r["output"] in LABELS and not r["reused"] and r["output_tokens"] > 0 for r in new)
+    assert all(r["reused"] and r["output_tokens"] == 0 for k, r in second.items() if k in first)
 
 
 @pytest.mark.kills_real_engine

@@ -73,6 +73,26 @@ def test_partition_completes_with_labels_and_error_rows(tmp_path, server_engine)
     assert all(r["output"] in spec.output.labels and r["prompt_tokens"] > 0 for r in good if not r["deduplicated"])
 
 
+def test_a_server_that_does_not_serve_the_configured_model_stops_the_run(tmp_path, server_engine):
+    spec = make_spec(tmp_path, n=20, shards=1)
+    job = build_batch_assets(spec=spec)
+    wrong = VLLMResource(engine="server", server_url=server_engine.base_url, model="some-other-model")
+    inst = DagsterInstance.get()
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources={"vllm": wrong},
+                       instance=inst).success
+    result = materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources={"vllm": wrong},
+                         instance=inst, partition_key="shard-00000", raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    message = str(failure.step_failure_data.error)
+    assert f"serves ['{server_engine.served_name}'], not model='some-other-model'" in message
+    assert "set VLLMResource.model" in message
+    assert not list((job.home.root).rglob("part-*"))  # nothing written
+    # The right name through the same URL: the identity is the server's own model, never the name alone.
+    right = VLLMResource(engine="server", server_url=server_engine.base_url, model=server_engine.served_name)
+    assert right.model_identity().startswith(server_engine.served_name + "@")
+
+
 def test_killed_server_fails_promptly_and_a_rerun_resumes(tmp_path, server_engine, real_engine):
     """Runs last in this module: it kills the module's server."""
     spec = make_spec(tmp_path, n=300, shards=1, checkpoint_rows=5, checkpoint_seconds=0.2)
