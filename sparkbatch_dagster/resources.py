@@ -139,7 +139,6 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     )
 
     _engine: Engine | None = PrivateAttr(default=None)
-    _identity: str | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._engine = None
@@ -185,12 +184,8 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     def model_identity(self) -> str:
         """Who answers: ``<name>@<hash>`` over the weights, tokenizer, chat template and
         output-affecting settings; for a server someone else runs, what its ``/v1/models``
-        says it serves. Computed without starting an engine, once per resource."""
-        if self._identity is None:
-            self._identity = self._compute_identity()
-        return self._identity
-
-    def _compute_identity(self) -> str:
+        says it serves. Computed without starting an engine, and again on every call: weights
+        copied over the same folder change it at once (file digests are cached, so it is cheap)."""
         from .spec import fingerprint
 
         if self.engine == "fake":  # a fixed answer is a different "model": it answers differently

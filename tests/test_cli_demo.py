@@ -29,13 +29,23 @@ def test_demo_runs_then_fills_only_gaps(tmp_path):
     assert first["partitions_total"] == first["partitions_done"] == first["partitions_run"] == 3
     assert first["rows"] == 120 and first["labeled"] + first["errors"] == 120
     assert first["input_tokens"] > 0 and first["output_tokens"] > 0 and first["tokens_per_hour"] > 0
-    assert 0.0 <= first["accuracy"] <= 1.0 and first["cost_usd"] > 0
+    assert first["cost_usd"] > 0 and first["generated"] + first["reused"] <= 120 and first["generated"] > 0
     assert Path(first["home"]) == tmp_path / "demo"
+    # The reported accuracy is the labeled files' own, against the input's gold section.
+    import pyarrow.parquet as pq
+
+    home = Path(first["home"])
+    out = {r["row_id"]: r["output"] for f in (home / "out" / first["version"] / "labeled").glob("*.parquet")
+           for r in pq.read_table(f).to_pylist()}
+    gold = {r["package"]: r["section"] for r in pq.read_table(home / "input" / "packages-120.parquet").to_pylist()}
+    assert first["accuracy"] == round(sum(out[p] == s for p, s in gold.items()) / 120, 4)
     # Lose one finished partition: the next run recomputes it and only it.
     labeled = Path(first["home"]) / "out" / first["version"] / "labeled"
     (labeled / "shard-00001.parquet").unlink()
     assert _run(tmp_path, "status")["missing"] == ["shard-00001"]
     second = _run(tmp_path, "run")
     assert second["partitions_run"] == 1 and second["partitions_done"] == 3
+    # The lost partition's answers are still in the result store: nothing goes back to the engine.
+    assert second["generated"] == 0 and second["reused"] > 0 and second["accuracy"] == first["accuracy"]
     third = _run(tmp_path, "run")
     assert third["partitions_run"] == 0 and third["rows"] == 120

@@ -238,3 +238,20 @@ def test_remote_signature_without_checksum_falls_back_to_size_and_time(tmp_path:
     with fsspec.open(url, "wb") as fh:
         fh.write(b"id,text,gold\n1,a bicycle,vehicle\n")
     assert _signature(spec, [url]) != first
+
+
+def test_new_weights_or_another_max_model_len_is_a_new_output_version(tmp_path: Path) -> None:
+    """Through the resource and the job, as a run computes it: no mixing of two models' rows."""
+    from sparkbatch_dagster import VLLMResource, build_batch_assets
+
+    folder = fake_model(tmp_path)
+    job = build_batch_assets(spec=make_spec(tmp_path, n=30))
+    build_shards(job.spec, job.home)
+    res = VLLMResource(model=str(folder), max_model_len=1024)
+    first = job.output_version(res)
+    assert job.output_version(VLLMResource(model=str(folder), max_model_len=1024, max_num_seqs=8)) == first
+    assert job.output_version(VLLMResource(model=str(folder), max_model_len=2048)) != first
+    assert job.output_version(VLLMResource(model=str(folder), max_model_len=1024,
+                                           engine_kwargs={"quantization": "fp8"})) != first
+    (folder / "model.safetensors").write_bytes(os.urandom(64 * 1024))  # new weights, same folder
+    assert job.output_version(res) != first
