@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
 from sparkbatch_dagster.engines.base import Engine  # noqa: E402
+from sparkbatch_dagster.results import ResultStore  # noqa: E402
 
 DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
 _ENGINE: dict[str, Engine] = {}
@@ -142,6 +143,9 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
 def main() -> None:
     p = arg_parser(__doc__, mode="synthetic", rows=2000)
     p.add_argument("--repeat", type=int, default=2, help="rounds of raw + pipeline (ABBA order)")
+    p.add_argument("--prefill-store", type=int, default=0,
+                   help="answers (none matching) put in each pipeline round's result store first: every shard "
+                        "then pays a real lookup against a store that size (10000000: a 10M-answer job)")
     p.add_argument("--server", action="store_true",
                    help="then run the pipeline again through `vllm serve` (same settings) and report server/offline")
     args = p.parse_args()
@@ -166,6 +170,11 @@ def main() -> None:
         # A fresh job home per round, so nothing is already done; sharding is timed apart.
         round_spec = spec.model_copy(update={"home": str(home / f"round{tag}-{n}")})
         job = build_batch_assets(spec=round_spec)
+        if args.prefill_store:  # untimed: a store as big as a long job leaves it
+            from store_lookup import build
+
+            context = round_spec.answer_context(res["vllm"].model_identity())
+            build(ResultStore(round_spec.result_store_path, context), args.prefill_store, 10_000, [])
         t = time.perf_counter()
         materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst)
         totals["sharding_s"] = time.perf_counter() - t
@@ -213,6 +222,7 @@ def main() -> None:
         "ratio": round(raw_s / pipe_s, 4),
         "labeling_s": [round(x, 2) for x in labeling_s[:args.repeat]],
         "labeling_ratio": round(raw_s / sum(labeling_s[:args.repeat]), 4),
+        "prefilled_store_answers": args.prefill_store,
     }
     if args.server:
         # The offline engine goes first: on a GPU both cannot hold 90% of the memory at once.

@@ -118,7 +118,7 @@ class _Shard:
         for rid, reason in errors.items():
             self.writer.add(_row(rid, version, model, error=reason))
         self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
-        self.reused = self._reuse(spec, run.store)
+        self._reuse(run.store)
         # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
         self.order = sorted(self.groups)
         self.outstanding = len(self.order)
@@ -126,17 +126,14 @@ class _Shard:
         self.fresh_tokens = 0
         self.first_sent: float | None = None
 
-    def _reuse(self, spec: JobSpec, store: ResultStore) -> int:
-        """Write the rows whose answer is already stored; return how many."""
+    def _reuse(self, store: ResultStore) -> None:
+        """Write the rows whose answer is already stored; they leave the prompts to generate."""
         found = store.lookup(list(self.keys.values()))
-        rows = 0
         for group in [g for g in self.groups if self.keys[g] in found]:
             stored_output, stored_error = found[self.keys[group]]
             for i, rid in enumerate(self.groups.pop(group)[1]):
                 self.writer.add(_row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
                                      key=self.keys[group], reused=True))
-                rows += 1
-        return rows
 
     def release(self) -> None:
         """Drop the rows once committed, so a run's memory does not grow with its shard count."""

