@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -90,7 +92,8 @@ def main() -> None:
     gpu_shard_s = gpu["pipeline_s"][0] / gpu["rows"] * args.shard_rows  # seconds to label one shard there
     lookup_s = statistics.median(times)
     result = {
-        "benchmark": "store_lookup", "machine": "2-core CPU (this repo's dev box)", "stored_answers": args.stored,
+        "benchmark": "store_lookup", "machine": f"{os.cpu_count()}-core {platform.machine()} CPU",
+        "stored_answers": args.stored,
         "segments": segments, "store_mb": round(mb, 1), "bytes_per_answer": round(mb * 1e6 / args.stored, 1),
         "build_s": round(build_s, 1), "shard_rows": args.shard_rows, "hits": found, "repeat": args.repeat,
         "lookup_s": [round(x, 3) for x in times], "lookup_s_median": round(lookup_s, 3),

@@ -43,7 +43,7 @@ def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_pa
     assert smol["model"].startswith("SmolLM2-135M-Instruct@") and gemma["model"].startswith("gemma-3-270m@")
     for m in (smol, gemma):
         correct = m["accuracy"] * report["sample_rows"]  # a share of the 30 sampled rows, not any float
-        assert correct == pytest.approx(round(correct), abs=1e-3) and m["sample_tokens"] > 30 * 10
+        assert correct == pytest.approx(round(correct), abs=0.005) and m["sample_tokens"] > 30 * 10
         assert m["predicted_wall_s"] > 0 and m["predicted_tokens_per_hour"] > 0
         assert all(o["cost_usd"] > 0 for o in m["options"])
     assert gemma["engine_start_s"] > 1.0  # really started, not the session's engine
