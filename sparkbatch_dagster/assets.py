@@ -6,6 +6,7 @@
 
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -35,6 +36,11 @@ from .runner import ShardRun
 from .shards import build_shards
 from .spec import EstimateSpec, JobSpec, fingerprint
 from .store import JobHome, atomic_write_text
+
+
+# One run per backfill is the point of this plugin (one engine start); Dagster marks the
+# parameter beta, a notice no user of these assets can act on.
+warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta")
 
 
 @dataclass

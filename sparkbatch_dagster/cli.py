@@ -3,10 +3,13 @@
     sparkbatch estimate -f definitions.py  time a sample: duration, cost per node option, model choice
     sparkbatch run -f definitions.py       shard if needed, label missing partitions, analytics
     sparkbatch run --range A:B             only partitions A..B (one process per GPU)
-    sparkbatch status -f definitions.py    which partitions are done
+    sparkbatch status -f definitions.py    which partitions are done, and what to run next
+    sparkbatch preview -f definitions.py   rendered prompts, token counts, what a run would generate
+    sparkbatch sql -f definitions.py "FROM label_distribution"   query the results with DuckDB
     sparkbatch prepare-model [NAME ...]    convert embedded models once (default: SmolLM2)
 
-The last line on stdout is one JSON object; a progress bar and advice go to stderr.
+Stdout carries one JSON line, the result; logs, the progress bar and advice go to stderr, and
+an error is one ``sparkbatch:`` line with its fix (``--debug``: logs, warnings, tracebacks).
 
 Runs go through the Dagster instance in ``$DAGSTER_HOME`` (``./.dagster_home`` when unset), so
 what the CLI does shows in ``dagster dev`` and the other way round.
@@ -22,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import console
 from .assets import BatchJob
 from .errors import SparkbatchError
 from .progress import Bar, listening
@@ -78,11 +82,21 @@ def instance() -> Any:
         lock.release()
 
 
-def status(job: BatchJob, resource: VLLMResource) -> dict[str, Any]:
-    manifest = job.home.read_manifest() or {"keys": []}
-    done = job.done_partitions(resource) if manifest["keys"] else []
-    return {"partitions_total": len(manifest["keys"]), "partitions_done": len(done),
-            "missing": [k for k in manifest["keys"] if k not in done]}
+def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py") -> dict[str, Any]:
+    """Partitions done and missing, and the command to run next."""
+    manifest = job.home.read_manifest()
+    keys = (manifest or {"keys": []})["keys"]
+    done = job.done_partitions(resource) if keys else []
+    missing = [k for k in keys if k not in done]
+    if manifest is None:
+        step = (f"nothing is sharded yet: `sparkbatch preview -f {file}` shows the prompts and counts, "
+                f"`sparkbatch estimate -f {file}` the bill, `sparkbatch run -f {file}` labels everything")
+    elif missing:
+        step = f"`sparkbatch run -f {file}` labels the {len(missing)} missing partition(s)"
+    else:
+        step = f"all done: `sparkbatch sql -f {file} \"FROM label_distribution\"` queries the results"
+    return {"sharded": manifest is not None, "partitions_total": len(keys), "partitions_done": len(done),
+            "missing": missing, "next": step}
 
 
 def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
@@ -93,7 +107,7 @@ def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
     inst = instance()
     assets = list(defs.assets or job.assets)
     materialize(assets, selection=AssetSelection.assets(job.keys["input_shards"]).upstream(),
-                resources=defs.resources, instance=inst)
+                resources=defs.resources, instance=inst, run_config=console.run_config())
     return inst, assets
 
 
@@ -113,16 +127,18 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
     if missing:
         # One run over the range from the first to the last gap: one engine start. Partitions
         # in between that are already done are skipped inside the asset, not recomputed.
+        print(f"sparkbatch: labeling {len(missing)} partition(s) of {job.spec.name}", file=sys.stderr)
         bar = Bar()
         with listening(bar):
             try:
                 materialize(assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
-                            resources=resources, instance=inst,
+                            resources=resources, instance=inst, run_config=console.run_config(),
                             tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
             finally:
                 bar.close()
     after = status(job, resource)
-    result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst)
+    result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
+                         run_config=console.run_config())
     return summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result)
 
 
@@ -175,12 +191,35 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def sql(job: BatchJob, resource: VLLMResource, query: str) -> dict[str, Any]:
+    """Run ``query`` on the job's DuckDB file after refreshing its views (``labeled``,
+    ``label_distribution``, ``run_metrics``); prints a table on stderr, returns the rows."""
+    from . import metrics
+
+    metrics.analytics(job.spec, job.home, job.output_version(resource))
+    with metrics.connect(job.home.metrics_db) as con:
+        try:
+            cur = con.execute(query)
+        except Exception as exc:  # a typo in the query: DuckDB's own message says where
+            raise SparkbatchError(f"query failed: {str(exc).splitlines()[0]}") from None
+        columns = [d[0] for d in cur.description or []]
+        rows = [list(r) for r in cur.fetchall()]
+    print("\t".join(columns), file=sys.stderr)
+    for r in rows[:200]:
+        print("\t".join("" if v is None else str(v) for v in r), file=sys.stderr)
+    return {"columns": columns, "rows": rows}
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkbatch", description=__doc__.splitlines()[0] if __doc__ else None)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show framework logs, warnings and tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("run", "label every partition not yet done"), ("status", "show done/missing partitions"),
-                       ("estimate", "time a sample; predict duration and cost; compare models")):
-        p = sub.add_parser(name, help=text)
+                       ("estimate", "time a sample; predict duration and cost; compare models"),
+                       ("preview", "show rendered prompts and per-shard counts, without an engine"),
+                       ("sql", "query the job's DuckDB views (labeled, label_distribution, run_metrics)")):
+        p = sub.add_parser(name, help=text, parents=[common])
         p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
         p.add_argument("--job", help="job name, when the file defines several")
         if name == "run":
@@ -189,45 +228,62 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--sample-rows", type=int, help="rows to time (default: the spec's, 80)")
             p.add_argument("--models", help="candidate models to compare, comma-separated (e.g. gemma-3-270m)")
             p.add_argument("--accuracy-bar", type=float, help="least sample accuracy a model needs")
-    p = sub.add_parser("prepare-model", help="convert embedded models once")
+        if name == "preview":
+            p.add_argument("-n", type=int, default=5, help="prompts to show (default 5)")
+        if name == "sql":
+            p.add_argument("query", help='e.g. "FROM label_distribution"')
+    p = sub.add_parser("prepare-model", help="convert embedded models once", parents=[common])
     p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "prepare-model":
-            from .model import DEFAULT_MODEL_NAME, EMBEDDED, ensure_embedded
+    return parser
 
-            unknown = sorted(set(args.names) - set(EMBEDDED))
-            if unknown:
-                raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
-            print(json.dumps({n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}))
-            return 0
-        job, defs = load(args.file, args.job)
-        if args.command == "status":
-            print(json.dumps(status(job, defs.resources[job.resource_key])))
-            return 0
-        if args.command == "estimate":
-            overrides = {"sample_rows": args.sample_rows, "accuracy_bar": args.accuracy_bar,
-                         "models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None}
-            print(json.dumps(estimate(job, defs, {k: v for k, v in overrides.items() if v is not None})))
-            return 0
-        only = None
-        if args.range:
-            first, sep, last = args.range.partition(":")
-            if not sep:
-                raise SparkbatchError(f"--range {args.range!r} must look like shard-00000:shard-00003")
-            only = (check_key(first), check_key(last))
-        print(json.dumps(run(job, defs, only)))
+
+def _command(args: argparse.Namespace) -> dict[str, Any]:
+    if args.command == "prepare-model":
+        from .model import DEFAULT_MODEL_NAME, EMBEDDED, ensure_embedded
+
+        unknown = sorted(set(args.names) - set(EMBEDDED))
+        if unknown:
+            raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
+        return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
+    job, defs = load(args.file, args.job)
+    resource = defs.resources[job.resource_key]
+    if args.command == "status":
+        return status(job, resource, args.file)
+    if args.command == "sql":
+        return sql(job, resource, args.query)
+    if args.command == "preview":
+        from .preview import describe, preview
+
+        shard(job, defs)
+        report = preview(job, resource, args.n)
+        print("\n".join(describe(report)), file=sys.stderr)
+        return report
+    if args.command == "estimate":
+        overrides = {"sample_rows": args.sample_rows, "accuracy_bar": args.accuracy_bar,
+                     "models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None}
+        return estimate(job, defs, {k: v for k, v in overrides.items() if v is not None})
+    only = None
+    if args.range:
+        first, sep, last = args.range.partition(":")
+        if not sep:
+            raise SparkbatchError(f"--range {args.range!r} must look like shard-00000:shard-00003")
+        only = (check_key(first), check_key(last))
+    return run(job, defs, only)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console.configure(args.debug)
+    try:
+        with console.json_stdout() as emit:
+            emit(_command(args))
         return 0
-    except SparkbatchError as exc:
-        print(f"sparkbatch: {exc}", file=sys.stderr)
-        return 2
     except Exception as exc:
-        # A run failed inside Dagster: show our own error's message, not the framework's stack.
-        cause = getattr(exc, "user_exception", None)
-        if isinstance(cause, SparkbatchError):
-            print(f"sparkbatch: {cause}", file=sys.stderr)
-            return 1
-        raise
+        line = console.error_line(exc)
+        if line is None or console.debugging():
+            raise
+        print(line, file=sys.stderr)
+        return 2 if isinstance(exc, SparkbatchError) else 1
 
 
 if __name__ == "__main__":

@@ -92,3 +92,12 @@ def render(system: str, user: str, row: dict[str, Any]) -> RenderedPrompt:
         return RenderedPrompt(sys_text, _compiled(user).render(values))
     except Exception as exc:  # a sandbox violation or a template error is the row's problem
         raise ConfigError(f"template failed to render: {exc}") from exc
+
+
+def chat_text(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, bool]:
+    """The exact text a model is given for ``messages``, and whether the tokenizer should still
+    add its special tokens (the chat template already holds them). A model without a chat
+    template (a base model) gets the plain contents, as the offline engine gives them."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
+    return "\n\n".join(m["content"] for m in messages), True

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import EngineError
+from ..prompts import chat_text
 from ..spec import OutputSpec, SamplingSpec
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
 
@@ -58,7 +59,6 @@ class VLLMOfflineEngine(Engine):
         self.window = window
         self.chunk = min(chunk, window)
         self._tokenizer = self._llm.get_tokenizer()
-        self._chat = bool(getattr(self._tokenizer, "chat_template", None))
         self._max_len = int(self._llm.llm_engine.model_config.max_model_len)
         self._ids = itertools.count()
         self._closed = False
@@ -87,14 +87,9 @@ class VLLMOfflineEngine(Engine):
         """Token ids of each request's prompt (chat template applied when the model has one)."""
         if not batch:
             return []
-        if self._chat:
-            texts = [
-                self._tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
-                for r in batch
-            ]
-            return list(self._tokenizer(texts, add_special_tokens=False)["input_ids"])
-        texts = ["\n\n".join(m["content"] for m in r.messages) for r in batch]
-        return list(self._tokenizer(texts)["input_ids"])
+        rendered = [chat_text(self._tokenizer, r.messages) for r in batch]  # what `sparkbatch preview` shows
+        special = rendered[0][1]  # one tokenizer: the same answer for every request
+        return list(self._tokenizer([text for text, _ in rendered], add_special_tokens=special)["input_ids"])
 
     def generate(
         self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec
