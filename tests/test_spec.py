@@ -39,3 +39,17 @@ def test_fingerprint_changes_with_prompt_and_sampling():
     assert a.prompt_fingerprint() != JobSpec(
         **BASE, output=OutputSpec(kind="label", labels=["x", "y"])
     ).prompt_fingerprint()
+
+
+def test_readme_lists_every_jobspec_field_with_its_default():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", readme, flags=re.M))
+    assert set(JobSpec.model_fields) <= set(rows), set(JobSpec.model_fields) - set(rows)
+    for name, field in JobSpec.model_fields.items():
+        if field.is_required():
+            assert rows[name].strip() == "required", name
+        elif field.default_factory is None:
+            assert rows[name].strip() == f"`{field.default!r}`".replace("'", '"'), name
