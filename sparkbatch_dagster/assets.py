@@ -37,7 +37,6 @@ from .shards import build_shards
 from .spec import EstimateSpec, JobSpec, fingerprint
 from .store import JobHome, atomic_write_text
 
-
 # One run per backfill is the point of this plugin (one engine start); Dagster marks the
 # parameter beta, a notice no user of these assets can act on.
 warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta")
@@ -198,16 +197,20 @@ def build_batch_assets(
             context.log.info(f"{len(stats)} partition(s) already done under version {version}: not recomputed")
         home.remove_stale_parts(version)
         engine = LazyEngine(resource.model_identity(), resource.get_engine)
+        computed: list[dict[str, Any]] = []
         if todo:
             context.log.info(f"labeling {len(todo)} partition(s) with {engine.model_id}; the engine starts "
                              "when the first prompt that is not in the result store needs it")
             runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info))
-            stats += runner.run(todo, on_done=lambda s: context.log.info(f"{s['partition']} done: {json.dumps(s)}"))
+            computed = runner.run(todo, on_done=lambda s: context.log.info(f"{s['partition']} done: {json.dumps(s)}"))
+        stats += computed
         engine_start_s = engine.start_seconds
         worst = max(stats, key=lambda s: s["errors"] / max(s["rows"], 1))
         rate = worst["errors"] / max(worst["rows"], 1)
+        # Rows and tokens: every partition of the run; what was generated or reused: this run's own.
+        this_run = {k: sum(s.get(k, 0) for s in computed) for k in ("generated_requests", "reused_rows")}
         return MaterializeResult(
-            metadata={**_totals(stats), "partitions_computed": len(todo), "version": version,
+            metadata={**_totals(stats), **this_run, "partitions_computed": len(todo), "version": version,
                       "engine_start_s": round(engine_start_s, 2),
                       "path": MetadataValue.path(str(home.version_dir(version) / "labeled"))},
             check_results=[AssetCheckResult(

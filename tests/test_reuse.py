@@ -60,8 +60,10 @@ def test_appended_rows_are_the_only_prompts_generated_and_a_touch_generates_noth
     os.utime(src)  # touched: same bytes, so the same shards and version; nothing to do at all
     version = job.output_version(res)
     res, engine = fake_resource()
-    _run_all(job, {"vllm": res})
+    md = _run_all(job, {"vllm": res}).asset_materializations_for_node("things__labeled_outputs")[0].metadata
     assert engine.requests_seen == 0 and job.output_version(res) == version
+    assert md["partitions_computed"].value == md["generated_requests"].value == md["reused_rows"].value == 0
+    assert md["rows"].value == 200  # the run's partitions, done before
 
     # 10% more rows (a new version: the shards changed), re-sharded into 5: only new prompts are sent.
     write_parquet(src, [*_unique_rows(200), *_unique_rows(20, start=200)])
