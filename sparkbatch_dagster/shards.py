@@ -2,7 +2,11 @@
 shard by a hash of that id, and writes one Parquet file per shard.
 
 Bad values stay in the shard and become error rows later; only a missing column, or input
-that cannot be read at all, stops the job here.
+that cannot be read at all, stops the job here. Bad bytes are a row's problem: when DuckDB
+cannot read a CSV/JSONL/Parquet input in one go (bytes that are not UTF-8, a broken line, a
+ragged row, a stray quote), ``inputs`` re-reads it line by line and every line it cannot use
+becomes an error row (``invalid_text: line N``, ``unparsable_row: line N``); a clean input
+never pays for that.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import inputs
 from .errors import InputError
 from .spec import JobSpec, fingerprint
 from .store import JobHome, atomic_write_text, failpoint, shard_key
@@ -65,10 +70,11 @@ def _signature(spec: JobSpec, files: list[str]) -> str:
     in order: generated row ids follow the file order."""
     parquet = _format(spec) == "parquet"
     digests = [[f, _remote_digest(f) if _is_remote(f) else _local_digest(f, parquet)] for f in files]
-    return fingerprint(
-        {"files": digests, "id": spec.id_column, "text": spec.text_columns, "gold": spec.gold_column,
-         "shards": (spec.shard_count, spec.shard_size)}
-    )
+    payload = {"files": digests, "id": spec.id_column, "text": spec.text_columns, "gold": spec.gold_column,
+               "shards": (spec.shard_count, spec.shard_size)}
+    if spec.csv_delimiter:  # only when set, so the signatures of existing jobs stay as they are
+        payload["csv_delimiter"] = spec.csv_delimiter
+    return fingerprint(payload)
 
 
 def _is_remote(f: str) -> bool:
@@ -105,11 +111,12 @@ def _remote_digest(url: str) -> str | None:
     return f"size:{info.get('size')}:mtime:{mtime}"
 
 
-def _reader(fmt: str) -> str:
+def _reader(fmt: str, csv_options: str = "") -> str:
     return {
         "parquet": "read_parquet(getvariable('sb_files'), union_by_name = true, filename = true, "
         "file_row_number = true)",
-        "csv": "read_csv(getvariable('sb_files'), union_by_name = true, filename = true) WITH ORDINALITY",
+        "csv": f"read_csv(getvariable('sb_files'), union_by_name = true, filename = true{csv_options}) "
+        "WITH ORDINALITY",
         "json": "read_json(getvariable('sb_files'), format = 'newline_delimited', union_by_name = true, "
         "filename = true) WITH ORDINALITY",
     }[fmt]
@@ -160,18 +167,92 @@ def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     started = time.perf_counter()
     fmt = _format(spec)
     con.execute("SET VARIABLE sb_files = ?", [files])  # file names stay parameters, never SQL text
-    con.execute(f"CREATE TEMP VIEW src AS SELECT * FROM {_reader(fmt)}")
+    tmp = home.shards_dir.with_name(f".shards-tmp-{os.getpid()}")
+    scratch = home.shards_dir.with_name(f".input-tmp-{os.getpid()}")
+    try:
+        try:
+            rows, k, sql = _read_in_one_go(con, spec, fmt, files, tmp)
+        except Exception as exc:
+            if not _input_problem(exc):
+                raise
+            # Bad bytes, a broken line, a ragged row, a stray quote: re-read line by line.
+            log.warning("DuckDB cannot read %s in one go (%s): reading it line by line", spec.input,
+                        str(exc).splitlines()[0][:300])
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir(parents=True)
+            staged = _stage(con, spec, fmt, files, scratch)
+            rows, k, sql = _write_tmp(con, spec, fmt, files, tmp, staged.order, staged, staged.delimiter)
+        keys = [shard_key(i) for i in range(k)]
+        _move_shards(con, tmp, home, keys, sql)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    manifest = {
+        "signature": signature, "input": spec.input, "files": files, "format": fmt, "rows": rows,
+        "shard_count": k, "keys": keys, "seconds": round(time.perf_counter() - started, 3),
+    }
+    atomic_write_text(home.manifest_path, _json(manifest))
+    return {**manifest, "reused": False}
+
+
+def _input_problem(exc: Exception) -> bool:
+    """A DuckDB error about the data: not memory, not a network failure, not a bug."""
+    import duckdb
+
+    about_data = (duckdb.InvalidInputException, duckdb.ConversionException, duckdb.IOException)
+    return isinstance(exc, about_data) and not isinstance(exc, duckdb.HTTPException)
+
+
+def _read_in_one_go(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Path) -> tuple[int, int, str]:
+    """The fast path: DuckDB reads the input once, as it is."""
+    options, delimiter = "", spec.csv_delimiter
+    if fmt == "csv":
+        dialect = inputs.sniff(con, files[0], delimiter)
+        if dialect is None:
+            import duckdb
+
+            raise duckdb.InvalidInputException("the CSV sniffer cannot read the first file")
+        options = inputs.csv_options(dialect, delimiter)
+        delimiter = delimiter or dialect.delimiter
+    con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM {_reader(fmt, options)}")
+    # Parquet gives exact (file, row) positions; for CSV/JSON the reader's ordinality is the row order.
+    order = "filename, file_row_number" if fmt == "parquet" else "ordinality"
+    return _write_tmp(con, spec, fmt, files, tmp, order, None, delimiter)
+
+
+def _stage(con: Any, spec: JobSpec, fmt: str, files: list[str], scratch: Path) -> inputs.Staged:
+    if fmt == "csv":
+        return inputs.stage_csv(con, spec, files, scratch, spec.csv_delimiter)
+    if fmt == "json":
+        return inputs.stage_json(con, spec, files, scratch)
+    return inputs.stage_parquet(con, spec, files, scratch)
+
+
+def _write_tmp(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Path, order: str,
+               staged: inputs.Staged | None, delimiter: str | None) -> tuple[int, int, str]:
+    """Shard the view ``src`` into ``tmp``; return (rows, shard count, the query)."""
     types = {r[0]: r[1] for r in con.execute("DESCRIBE src").fetchall()}
     wanted = [c for c in [spec.id_column, *spec.text_columns, spec.gold_column] if c]
-    missing = [c for c in wanted if c not in types]
+    missing = [c for c in wanted if c not in (staged.columns if staged else types)]
     if missing:
-        shown = sorted(c for c in types if c not in ("filename", "file_row_number", "ordinality"))
-        raise InputError(f"input has no column(s) {missing}; it has {shown}: fix id_column/text_columns/gold_column")
+        hidden = ("filename", "file_row_number", "ordinality", *inputs.STAGED_COLUMNS)
+        shown = sorted(c for c in (staged.columns if staged else types) if c not in hidden)
+        empty = inputs.empty_files(files)
+        if empty:
+            raise InputError(f"input file {empty[0]} is empty (0 bytes): re-export it or remove it from input")
+        fix = inputs.delimiter_hint(shown, missing, delimiter) if fmt == "csv" and delimiter else \
+            "fix id_column/text_columns/gold_column"
+        raise InputError(f"input has no column(s) {missing}; it has {shown}: {fix}")
 
     rows = int(con.execute("SELECT count(*) FROM src").fetchone()[0])
     k = spec.shards_for(rows)
-    # Parquet gives exact (file, row) positions; for CSV/JSON the reader's ordinality is the row order.
-    order = "filename, file_row_number" if fmt == "parquet" else "ordinality"
+    sql = _shard_sql(spec, types, order, k, staged is not None, len(files) > 1)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    con.execute(f"COPY ({sql}) TO '{tmp}' (FORMAT parquet, PARTITION_BY (_shard), WRITE_PARTITION_COLUMNS false)")
+    return rows, k, sql
+
+
+def _shard_sql(spec: JobSpec, types: dict[str, str], order: str, k: int, staged: bool, several_files: bool) -> str:
     selects, errors = [], []
     for col in spec.text_columns:
         value, err = _text_expr(col, types[col])
@@ -181,17 +262,26 @@ def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
         selects.append(f'CAST("{spec.gold_column}" AS VARCHAR) AS "{spec.gold_column}"')
     raw_id = f'CAST("{spec.id_column}" AS VARCHAR)' if spec.id_column else "NULL"
     input_error = f"coalesce({', '.join(errors)})" if any(e != "NULL" for e in errors) else "NULL::VARCHAR"
-    sql = f"""
+    # A line that could not be read keeps its reason; with no id to read, its id names the line.
+    unread_id, unread_error = "", ""
+    if staged:
+        line_id = ("'unparsable-' || (_sb_file + 1) || '-line-' || _sb_line" if several_files
+                   else "'unparsable-line-' || _sb_line")
+        unread_id = f"WHEN _sb_error IS NOT NULL AND _raw_id IS NULL THEN {line_id}" if spec.id_column else ""
+        unread_error = "WHEN _sb_error IS NOT NULL THEN _sb_error"
+    return f"""
         WITH base AS (
             SELECT *, row_number() OVER (ORDER BY {order}) AS _ord, {raw_id} AS _raw_id FROM src
         ), ided AS (
             SELECT *, row_number() OVER (PARTITION BY _raw_id ORDER BY _ord) AS _dup FROM base
         ), final AS (
             SELECT
-                CASE WHEN {'_raw_id IS NULL' if spec.id_column else 'true'}
+                CASE {unread_id}
+                     WHEN {'_raw_id IS NULL' if spec.id_column else 'true'}
                      THEN {"'null-id-' || _ord" if spec.id_column else "'row-' || lpad(CAST(_ord AS VARCHAR), 10, '0')"}
                      WHEN _dup > 1 THEN _raw_id || '#dup' || _dup ELSE _raw_id END AS row_id,
-                CASE WHEN {'_raw_id IS NULL' if spec.id_column else 'false'} THEN 'null_id: id column is null'
+                CASE {unread_error}
+                     WHEN {'_raw_id IS NULL' if spec.id_column else 'false'} THEN 'null_id: id column is null'
                      WHEN _dup > 1 THEN 'duplicate_id: id ' || _raw_id || ' already used by an earlier row'
                      ELSE {input_error} END AS _input_error,
                 {", ".join(selects)}, _ord
@@ -200,18 +290,6 @@ def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
         SELECT * EXCLUDE (_ord), CAST(('0x' || substr(md5(row_id), 1, 15)) AS BIGINT) % {k} AS _shard
         FROM final ORDER BY _ord
     """
-    tmp = home.shards_dir.with_name(f".shards-tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    con.execute(f"COPY ({sql}) TO '{tmp}' (FORMAT parquet, PARTITION_BY (_shard), WRITE_PARTITION_COLUMNS false)")
-    keys = [shard_key(i) for i in range(k)]
-    _move_shards(con, tmp, home, keys, sql)
-    manifest = {
-        "signature": signature, "input": spec.input, "files": files, "format": fmt, "rows": rows,
-        "shard_count": k, "keys": keys, "seconds": round(time.perf_counter() - started, 3),
-    }
-    atomic_write_text(home.manifest_path, _json(manifest))
-    return {**manifest, "reused": False}
 
 
 def _move_shards(con: Any, tmp: Path, home: JobHome, keys: list[str], sql: str) -> None:

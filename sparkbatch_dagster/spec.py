@@ -135,6 +135,9 @@ class JobSpec(_Checked):
     name: str = Field(description="Job name: lowercase letters, digits, '_'. Used in asset keys.")
     input: str = Field(description="Path, glob or fsspec URL of Parquet, CSV or JSONL files.")
     input_format: Literal["auto", "parquet", "csv", "json"] = "auto"
+    csv_delimiter: str | None = Field(
+        default=None, min_length=1, max_length=1, description="CSV field delimiter; None lets DuckDB detect it."
+    )
     id_column: str | None = Field(
         default=None, description="Column with a unique row id; None generates ids by input order."
     )

@@ -1,0 +1,188 @@
+"""Input files: the CSV dialect (DuckDB's sniffer, read options, delimiter hints), files that
+cannot be read at all, and physical lines with their UTF-8 checks."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import InputError
+
+log = logging.getLogger("sparkbatch")
+
+_SURROGATE = re.compile("[\udc80-\udcff]")
+_CANDIDATES = (",", "\t", ";", "|")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    delimiter: str
+    quote: str = '"'
+    escape: str = '"'
+    header: bool = True
+    skip: int = 0
+    comment: str = ""
+    columns: tuple[str, ...] = ()
+
+
+def lit(value: str) -> str:
+    """A string as a SQL literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV dialect: DuckDB's sniffer, and the options the fast path reads with
+
+
+def sniff(con: Any, file: str, delimiter: str | None) -> Dialect | None:
+    """DuckDB's guess of the first file's dialect, or None when even the sniffer gives up."""
+    extra = ", delim = getvariable('sb_delim')" if delimiter else ""
+    con.execute("SET VARIABLE sb_one = ?", [file])
+    con.execute("SET VARIABLE sb_delim = ?", [delimiter or ""])
+    try:
+        cur = con.execute(f"SELECT * FROM sniff_csv(getvariable('sb_one'), ignore_errors = true{extra})")
+        names = [d[0].lower() for d in cur.description]
+        row = dict(zip(names, cur.fetchone(), strict=True))
+    except Exception as exc:  # noqa: BLE001 - any failure means: parse it ourselves
+        log.info("DuckDB could not sniff %s: %s", file, str(exc).splitlines()[0])
+        return None
+
+    def char(key: str) -> str:
+        v = row.get(key) or ""
+        return "" if v in ("(empty)", "\\0", "\x00") else str(v)
+
+    cols = tuple(str(c["name"]) for c in row.get("columns") or [])
+    return Dialect(delimiter=char("delimiter") or ",", quote=char("quote"), escape=char("escape"),
+                   header=bool(row.get("hasheader", True)), skip=int(row.get("skiprows") or 0),
+                   comment=char("comment"), columns=cols)
+
+
+def csv_options(dialect: Dialect | None, delimiter: str | None) -> str:
+    """Extra read_csv options for the fast path. Values stay text as written (``all_varchar``:
+    an id ``007`` stays ``007``, as it does when the slow path reads the same file). When the
+    sniffer chose no quote character (it does so when a stray quote breaks its sample), the
+    standard quote is forced with the sniffed delimiter and header: a stray quote then fails the
+    read (and the slow path takes over) instead of every quoted value silently keeping its quotes."""
+    opts = ["all_varchar = true"]
+    if delimiter:
+        opts.append(f"delim = {lit(delimiter)}")
+    if dialect is not None and not dialect.quote:
+        if not delimiter:
+            opts.append(f"delim = {lit(dialect.delimiter)}")
+        opts += ["quote = '\"'", "escape = '\"'", f"header = {str(dialect.header).lower()}"]
+        if dialect.skip:
+            opts.append(f"skip = {int(dialect.skip)}")
+    return ", " + ", ".join(opts)
+
+
+def delimiter_hint(columns: list[str], missing: list[str], used: str) -> str:
+    """The end of a missing-column message for CSV: which delimiter the header seems to use."""
+    for cand in _CANDIDATES:
+        if cand == used:
+            continue
+        split = {p.strip().strip('"') for c in columns for p in c.split(cand)}
+        if len(split) > len(columns) and set(missing) <= split:
+            return (f"the header looks {cand!r}-separated but was read with delimiter {used!r}: "
+                    f"set csv_delimiter={cand!r} (or save the file with {used!r})")
+    return (f"it was read as CSV with delimiter {used!r}: if the file uses another delimiter set "
+            "csv_delimiter, else fix id_column/text_columns/gold_column")
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that cannot be read at all
+
+
+def _local(f: str) -> Path | None:
+    if "://" in f and not f.startswith("file://"):
+        return None
+    return Path(f.removeprefix("file://"))
+
+
+def open_binary(f: str) -> IO[bytes]:
+    path = _local(f)
+    compressed = f.lower().endswith((".gz", ".bz2", ".xz", ".zst", ".zstd"))
+    try:
+        if path is not None and not compressed:
+            return path.open("rb")
+        import fsspec
+
+        return fsspec.open(f, "rb", compression="infer").open()  # type: ignore[no-any-return]
+    except (OSError, ValueError, ImportError) as exc:
+        raise InputError(f"cannot open input file {f}: {exc}") from None
+
+
+def empty_files(files: list[str]) -> list[str]:
+    """Local files of zero bytes (remote files are not stat'ed here)."""
+    found = []
+    for f in files:
+        path = _local(f)
+        if path is not None and path.is_file() and path.stat().st_size == 0:
+            found.append(f)
+    return found
+
+
+def diagnose(f: str, fmt: str) -> None:
+    """Raise :class:`InputError` when ``f`` is plainly not a readable ``fmt`` file."""
+    kind = {"csv": "CSV", "json": "JSONL", "parquet": "Parquet"}[fmt]
+    with open_binary(f) as fh:
+        try:
+            head = fh.read(65536)
+        except (OSError, EOFError) as exc:  # e.g. a truncated or fake .gz
+            raise InputError(f"cannot read input file {f}: {exc}: check the file") from None
+    if not head:
+        raise InputError(f"input file {f} is empty (0 bytes): re-export it or remove it from input")
+    if fmt == "parquet":
+        if not head.startswith(b"PAR1"):
+            raise InputError(f"input file {f} is not a Parquet file ({_looks_like(head)}): "
+                             "set input_format to match the file, or give a .parquet file")
+        return
+    if head.startswith(b"PAR1"):
+        raise InputError(f"input file {f} is a Parquet file, not {kind}: set input_format='parquet'")
+    if head.startswith(b"\x1f\x8b"):
+        raise InputError(f"input file {f} is gzip-compressed: name it {Path(f).name}.gz so it is decompressed")
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise InputError(f"input file {f} is UTF-16 text: save it as UTF-8")
+    if b"\x00" in head:
+        raise InputError(f"input file {f} is binary data, not {kind} text ({_looks_like(head)}): check input "
+                         "and input_format")
+
+
+def _looks_like(head: bytes) -> str:
+    if head.startswith(b"PAR1"):
+        return "it is Parquet"
+    if b"\x00" in head[:4096]:
+        return f"it starts with bytes {head[:8].hex(' ')}"
+    return "it starts with text " + repr(head[:40].decode("utf-8", "replace"))
+
+
+def _no_good_rows(f: str, n: int, first: tuple[int, str]) -> InputError:
+    line, reason = first
+    if reason.startswith("invalid_text"):
+        return InputError(f"cannot read input file {f}: none of its {n} rows is valid UTF-8 (line {line}); "
+                          "it is probably Latin-1/Windows-1252: save it as UTF-8")
+    return InputError(f"cannot read input file {f}: none of its {n} rows is readable ({reason}): check input_format, "
+                      "the delimiter and the encoding (UTF-8)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines and records
+
+
+def _lines(fh: IO[bytes]) -> Iterator[tuple[int, str]]:
+    """(line number, text) for every physical line; bytes that are not UTF-8 become lone
+    surrogates (found again per value, so a bad byte is blamed on its column)."""
+    for n, raw in enumerate(fh, start=1):
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        yield n, raw.decode("utf-8", "surrogateescape")
+
+
+def _bad_utf8(value: str) -> str | None:
+    m = _SURROGATE.search(value)
+    if m is None:
+        return None
+    return f"byte 0x{ord(m.group()) - 0xDC00:02X} at character {m.start() + 1}"

@@ -1,0 +1,98 @@
+"""Staging: the result (:class:`Staged`), the scratch Parquet writer, per-file tallies of good
+and bad rows, and the UTF-8 checks of wanted values."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .files import _bad_utf8, _no_good_rows
+
+log = logging.getLogger("sparkbatch")
+
+#: Columns the staged view adds: which file, which line, and why the row is bad (NULL if good).
+STAGED_COLUMNS = ("_sb_file", "_sb_line", "_sb_error")
+_BATCH = 50_000
+
+
+@dataclass
+class Staged:
+    """The view ``src`` exists; ``columns`` are the input's column names (for messages)."""
+
+    columns: list[str]
+    bad_rows: int = 0
+    order: str = "_sb_file, _sb_line"
+    delimiter: str | None = None  # CSV: the delimiter the files were read with
+
+
+class _Writer:
+    """Rows -> one Parquet file, in batches."""
+
+    def __init__(self, path: Path, schema: Any) -> None:
+        import pyarrow.parquet as pq
+
+        self.schema = schema
+        self.rows: list[dict[str, Any]] = []
+        self.writer = pq.ParquetWriter(path, schema)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= _BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if self.rows:
+            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
+            self.rows = []
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+class _Tally:
+    """Good and bad rows of one file; a file without a single good row cannot be read."""
+
+    def __init__(self, f: str) -> None:
+        self.f, self.good, self.bad = f, 0, 0
+        self.first: tuple[int, str] | None = None
+
+    def count(self, line: int, error: str | None) -> None:
+        if error is None:
+            self.good += 1
+            return
+        self.bad += 1
+        self.first = self.first or (line, error)
+
+    def check(self) -> int:
+        if self.bad and not self.good:
+            raise _no_good_rows(self.f, self.bad, self.first or (0, ""))
+        if self.bad:
+            log.warning("%s: %d of %d rows unreadable (first: %s); they become error rows",
+                        self.f, self.bad, self.good + self.bad, self.first[1] if self.first else "")
+        return self.bad
+
+
+def _wanted(spec: Any) -> list[str]:
+    return list(dict.fromkeys(c for c in [spec.id_column, *spec.text_columns, spec.gold_column] if c))
+
+
+def _check_values(values: dict[str, Any], line: int, spec: Any) -> str | None:
+    """Blame bytes that are not UTF-8 on the first wanted column holding them; that column and
+    the text columns become NULL (the id stays when it is clean: the error row keeps it)."""
+    error = None
+    for col in sorted(values, key=lambda c: c not in spec.text_columns):
+        v = values[col]
+        bad = _bad_utf8(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) if v is not None else None
+        if bad:
+            error = error or f"invalid_text: line {line}: column {col!r} is not valid UTF-8 ({bad})"
+            values[col] = None
+    if error:
+        for col in spec.text_columns:
+            values[col] = None
+    return error
