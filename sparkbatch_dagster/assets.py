@@ -63,29 +63,35 @@ class BatchJob:
         return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model, "input": manifest["signature"]})
 
     def estimate(self, resource: VLLMResource, est: EstimateSpec | None = None) -> dict[str, Any]:
-        """Time a sample on the configured model and on each candidate in ``est.models``;
-        predict duration and cost per node option; write JSON + chart; return the report.
+        """Time a sample on the configured model and on each candidate in ``est.models`` (one
+        engine at a time, open only while that model samples; a model whose accuracy interval
+        straddles the bar samples more rows first); count the rows the result store already
+        answers; predict duration and cost of the whole job (engine start included) per node
+        option; name the best buy; write JSON + chart; return the report.
 
         Example::
 
             report = job.estimate(VLLMResource(), EstimateSpec(models=["gemma-3-270m"], accuracy_bar=0.2))
             report["predicted_wall_s"], report["chosen_model"], report["chart"]
         """
+        from . import choice as C
         from . import estimate as E
         from .model import weights_gb
+        from .results import ResultStore
 
         est = est or self.spec.estimate
         on_gpu = not on_cpu()
         if on_gpu and est.fill_batch and est.sample_rows < resource.max_num_seqs:
             est = est.model_copy(update={"sample_rows": resource.max_num_seqs})
         sample = E.draw_sample(self.spec, self.home, est)
+        has_gold = self.spec.gold_column is not None
         models: list[dict[str, Any]] = []
         failed: list[dict[str, str]] = []
         for candidate in [None, *[m for m in est.models if m != resource.model]]:
             res = resource if candidate is None else resource.with_model(candidate)
             try:  # one engine at a time: a small box holds one model's KV cache, not several
                 name = res.model_name()
-                timing = E.time_sample(self.spec, sample, res.get_engine())
+                timing = E.sample_model(self.spec, self.home, est, sample, res.get_engine())
             except SparkbatchError as exc:
                 if candidate is None:  # the job's own model must run; a candidate may fail alone
                     raise
@@ -93,21 +99,31 @@ class BatchJob:
                 continue
             finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
                 res.close() if candidate is None else res.shutdown()
-            models.append({**E.predict(sample, timing, est.options, weights_gb(name)), "configured_as": res.model})
+            store = ResultStore(self.spec.result_store_path, self.spec.answer_context(res.model_identity()))
+            stored = E.count_stored(self.spec, self.home, sample, store)
+            models.append({**E.predict(sample, timing, est.options, weights_gb(name), stored),
+                           "configured_as": res.model})
+            m = models[-1]
             atomic_write_text(self.home.prediction_path(self.output_version(res)), json.dumps({
-                "model": timing.model, "predicted_wall_s": models[-1]["predicted_wall_s"],
-                "total_rows": sample.total_rows, "sample_rows": len(sample.rows),
+                "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
+                "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
+                "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
+                "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
                 "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }))
-        chosen = E.choose(models, est.accuracy_bar)
+        chosen = C.choose(models, est.accuracy_bar, has_gold)
         primary = models[0]
         report = {
-            "job": self.spec.name, "sample_rows": len(sample.rows), "total_rows": sample.total_rows,
-            "distinct_prompts": sample.distinct_prompts, **primary, "accuracy_bar": est.accuracy_bar,
-            "chosen_model": chosen["model"] if chosen else None, "models": models, "failed_models": failed,
+            "job": self.spec.name, "base_sample_rows": len(sample.rows), "sample_rows": len(sample.rows),
+            "total_rows": sample.total_rows, "distinct_prompts": sample.distinct_prompts, **primary,
+            "accuracy_bar": est.accuracy_bar, "max_sample_rows": est.max_sample_rows,
+            "chosen_model": chosen["model"] if chosen else None,
+            "chosen_configured_as": chosen["configured_as"] if chosen else None,
+            "chosen_cost_usd": chosen["best_cost_usd"] if chosen else None,
+            "models": models, "failed_models": failed,
             # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
-            "advice": E.advise(primary, chosen, est, len(sample.rows), min(resource.max_num_seqs, sample.total_rows),
-                               on_gpu=on_gpu, has_gold=self.spec.gold_column is not None)
+            "advice": C.advise(primary, chosen, est, len(sample.rows), min(resource.max_num_seqs, sample.total_rows),
+                               on_gpu=on_gpu, has_gold=has_gold, models=models, total_rows=sample.total_rows)
             + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed],
         }
         return E.write_report(report, self.home.estimate_dir)
@@ -233,7 +249,7 @@ def build_batch_assets(
         stats = [committed[k] for k in context.partition_keys]
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
         check = metrics.prediction_check(home, version, list(committed.values()))
-        if check:
+        if "predicted_wall_s" in check:
             context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
         return MaterializeResult(metadata={
             **_totals(stats), **{k: v for k, v in check.items() if v is not None},
@@ -257,20 +273,24 @@ def build_batch_assets(
     @asset(key=job.keys["estimate"], deps=[input_shards], group_name=group, kinds={"vllm"},
            required_resource_keys={resource_key},
            description="Timed sample on the real engine: predicted duration, tokens/hour and cost per node "
-                       "option, and the smallest model that clears the accuracy bar. Writes JSON + a chart.")
+                       "option (engine start included), and the cheapest model whose accuracy interval clears "
+                       "the bar. Writes JSON + a chart.")
     def estimate(context: AssetExecutionContext, config: EstimateConfig) -> MaterializeResult:
         overrides = {k: v for k, v in config.model_dump().items() if v is not None}
         est = EstimateSpec(**{**spec.estimate.model_dump(), **overrides})  # overrides validated like the spec
         report = job.estimate(getattr(context.resources, resource_key), est)
         for line in report["advice"]:
             context.log.info(line)
-        table = [{"model": m["model"], "accuracy": m["accuracy"], "tokens/hour": m["predicted_tokens_per_hour"],
+        table = [{"model": m["model"], "rows": m["sample_rows"], "accuracy": m["accuracy"],
+                  "95% interval": f"{m['accuracy_low']}-{m['accuracy_high']}" if m["accuracy"] is not None else "",
+                  "tokens/hour": m["predicted_tokens_per_hour"], "stored rows": m["stored_rows"],
                   **{f"{o['name']} $": o["cost_usd"] for o in m["options"]}} for m in report["models"]]
         return MaterializeResult(metadata={
             **{k: report[k] for k in ("sample_rows", "total_rows", "predicted_wall_s", "predicted_tokens_per_hour",
-                                      "engine_start_s", "model")},
+                                      "engine_start_s", "model", "stored_rows", "prompts_to_generate")},
             **{f"cost_usd {o['name']}": o["cost_usd"] for o in report["options"] if o["cost_usd"] is not None},
             "chosen_model": str(report["chosen_model"]),
+            **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
             "models": MetadataValue.md(_md_table(table, list(table[0]))),
             "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
             "chart": MetadataValue.path(report["chart"]), "report": MetadataValue.path(report["json"]),

@@ -7,8 +7,9 @@ from typing import Any
 
 
 def write_chart(report: dict[str, Any], path: Path) -> Path:
-    """Two bar panels (cost in USD, duration in minutes), one bar group per model, one bar per
-    node option; options a model does not fit are left out. Returns ``path`` (a PNG)."""
+    """Two bar panels (cost of the whole job in USD, engine start included; duration in minutes),
+    one bar group per model (labeled with its accuracy and 95% interval), one bar per node option;
+    options a model does not fit are left out. Returns ``path`` (a PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a rented box or in CI
@@ -29,15 +30,18 @@ def write_chart(report: dict[str, Any], path: Path) -> Path:
         for ax, values, fmt in ((axes[0], costs, "${:.4g}"), (axes[1], mins, "{:.1f} min")):
             bars = ax.bar(xs, values, width, label=name)
             ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7)
-    labels = [f"{m['model'].split('@')[0]}\naccuracy {m['accuracy']:.2f} +/- {m['accuracy_ci95']:.2f}"
-              if m["accuracy"] is not None else m["model"].split("@")[0] for m in models]
-    for ax, title in ((axes[0], "predicted cost (USD)"), (axes[1], "predicted duration incl. engine start (min)")):
+    chosen = report.get("chosen_model")
+    labels = [(f"{m['model'].split('@')[0]}{' (chosen)' if m['model'] == chosen else ''}\n"
+               + (f"accuracy {m['accuracy']:.2f} ({m['accuracy_low']:.2f}-{m['accuracy_high']:.2f}), "
+                  f"{m['sample_rows']} rows" if m["accuracy"] is not None else "accuracy not measured"))
+              for m in models]
+    titles = ("predicted cost of the job incl. engine start (USD)", "predicted duration incl. engine start (min)")
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_xticks(range(len(models)), labels, fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.margins(y=0.12)
     handles, names_shown = axes[0].get_legend_handles_labels()
     fig.legend(handles, names_shown, loc="lower center", ncol=max(len(names), 1), fontsize=8)
-    chosen = report.get("chosen_model")
     fig.suptitle(f"{report['job']}: {report['total_rows']:,} rows, sample of {report['sample_rows']}"
                  + (f"; chosen: {chosen.split('@')[0]}" if chosen else ""), fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend under the panels

@@ -143,7 +143,10 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
 
 
 def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Materialize the job's ``estimate`` asset (shards first if needed); return its report."""
+    """Materialize the job's ``estimate`` asset (shards first if needed); return its report.
+
+    Costs (``cost_usd``, ``best_cost_usd``, ``chosen_cost_usd``) are the whole job's: engine
+    start + generation, for the prompts not already answered by the result store."""
     from dagster import materialize
 
     inst, assets = shard(job, defs)
@@ -154,20 +157,27 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
     for line in report["advice"]:
         print(f"sparkbatch: {line}", file=sys.stderr)
     keep = ("sample_rows", "total_rows", "model", "engine_start_s", "predicted_wall_s", "predicted_tokens_per_hour",
-            "accuracy", "chosen_model", "chart", "json")
-    return {**{k: report[k] for k in keep},
+            "accuracy", "accuracy_low", "accuracy_high", "stored_rows", "prompts_to_generate", "best_option",
+            "best_cost_usd", "accuracy_bar", "chosen_model", "chosen_configured_as", "chosen_cost_usd", "chart", "json")
+    model_keys = ("model", "configured_as", "weights_gb", "sample_rows", "extra_rows", "accuracy", "accuracy_low",
+                  "accuracy_high", "stored_rows", "prompts_to_generate", "predicted_tokens_per_hour",
+                  "predicted_wall_s", "engine_start_s", "best_option", "best_cost_usd")
+    return {**{k: report.get(k) for k in keep},
             "options": [{k: o[k] for k in ("name", "nodes", "wall_s", "cost_usd")} for o in report["options"]],
-            "models": [{k: m[k] for k in ("model", "weights_gb", "accuracy", "predicted_tokens_per_hour",
-                                          "predicted_wall_s")} | {"cost_usd": {o["name"]: o["cost_usd"]
-                                                                                for o in m["options"]}}
-                       for m in report["models"]],
+            "models": [{k: m.get(k) for k in model_keys}
+                       | {"cost_usd": {o["name"]: o["cost_usd"] for o in m["options"]}} for m in report["models"]],
             "advice": report["advice"]}
 
 
 def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list[str], result: Any) -> dict[str, Any]:
     """The run's last stdout line: totals of the whole version, plus what this run did
     (``partitions_run``; ``generated``: prompts sent to the engine; ``reused``: rows answered
-    from the result store)."""
+    from the result store).
+
+    ``cost_usd`` is the whole bill: generation plus every engine start the version's runs paid
+    (``generation_cost_usd``, ``engine_start_s`` and ``engine_start_cost_usd`` split it), the
+    number the estimate predicts. ``wall_s`` and ``tokens_per_hour`` are generation alone, like
+    ``predicted_wall_s``; ``prediction_error_pct`` compares the two over the prompts generated."""
     from . import metrics
 
     version = job.output_version(resource)
@@ -183,10 +193,12 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
         "partitions_run": len(ran), "rows": facts["rows"], "labeled": facts["labeled"], "errors": facts["errors"],
         "input_tokens": sum(s["input_tokens"] for s in stats), "output_tokens": sum(s["output_tokens"] for s in stats),
         "wall_s": round(wall, 2), "tokens_per_hour": round(tokens / wall * 3600) if wall else 0,
-        "cost_usd": round(sum(s["cost_usd"] for s in stats), 6), "accuracy": facts["accuracy"],
+        "cost_usd": check.get("cost_usd", 0.0), "generation_cost_usd": check.get("generation_cost_usd", 0.0),
+        "engine_start_s": check.get("engine_start_s", 0.0),
+        "engine_start_cost_usd": check.get("engine_start_cost_usd", 0.0), "accuracy": facts["accuracy"],
         "generated": sum(s.get("generated_requests", 0) for s in this_run),
         "reused": sum(s.get("reused_rows", 0) for s in this_run),
-        **{k: v for k, v in check.items() if k != "actual_wall_s"},
+        **{k: v for k, v in check.items() if k in ("predicted_wall_s", "prediction_error_pct")},
         "version": version, "home": str(job.home.root), "success": bool(result.success),
     }
 

@@ -1,31 +1,47 @@
 """Know the bill before paying it: time a sample of the job's own rows on the real engine and
-extrapolate wall time, tokens per hour and cost for each way of renting the box. Knows
-nothing of Dagster (the ``estimate`` asset and ``sparkbatch estimate`` drive it).
+extrapolate wall time, tokens per hour and cost for each way of renting the box; name the best
+buy among the candidate models. Knows nothing of Dagster (the ``estimate`` asset and
+``sparkbatch estimate`` drive it).
 
-    draw_sample -> time_sample (one engine per model) -> predict -> report (JSON + chart)
+    draw_sample -> sample_model (one engine per model, open only while it samples)
+                -> count_stored -> predict -> choice.choose -> choice.advise -> report (JSON + chart)
 
 The sample is spread evenly over input-length bands (long rows cost more), and warm-up rows
 (other rows, untimed) go first so the shared template is in the prefix cache, as it is for
-all but the first rows of a real run. The engine's start is measured and priced apart.
+all but the first rows of a real run. The engine's start is measured and priced with the job.
+
+Accuracy against the gold column is a 95% Wilson score interval; a model clears the bar when
+the interval's LOWER bound does. While a model's interval straddles the bar, more rows of the
+same stratified draw are timed and scored on the same engine (the sample doubled, up to
+``EstimateSpec.max_sample_rows``). The best buy is the cheapest model that clears: predicted
+cost of the whole job (engine start + generation) on its cheapest node option.
+
+Prompts whose answer the result store already holds cost a run nothing: they are counted
+(``stored_rows``) and left out of the prediction, which covers only the prompts still to
+generate, exactly what the run's ``generated_requests`` count.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .choice import verdict, wilson
 from .engines.base import Engine, EngineRequest
 from .errors import SparkbatchError
-from .runner import parse_output, plan_rows
+from .results import ResultStore, prompt_key
+from .runner import parse_output, plan_rows, read_shard
 from .spec import EstimateSpec, JobSpec, NodeOption
 from .store import JobHome, atomic_write_text
 
 #: Weights may fill this share of a node's memory; the rest is left to the KV cache.
 WEIGHTS_SHARE = 0.8
+#: Inputs up to this many rows have every prompt rendered and looked up in the result store;
+#: larger ones extrapolate the stored share from the sample (rendering 10M prompts takes minutes).
+EXACT_STORE_COUNT_ROWS = 1_000_000
 
 
 @dataclass
@@ -40,7 +56,7 @@ class Sample:
 
 @dataclass
 class Timing:
-    """One model's run of the sample."""
+    """One model's run of the sample (and of the rows added while its interval straddled the bar)."""
 
     model: str
     engine_start_s: float
@@ -50,6 +66,18 @@ class Timing:
     output_tokens: int
     errors: int
     correct: int | None  # None without a gold column
+    requests: int | None = None  # distinct prompts generated (None: one per row)
+    steps: list[tuple[int, int]] = field(default_factory=list)  # (rows, correct) after each draw
+
+
+@dataclass
+class Stored:
+    """What the result store already holds for one model: rows a run takes from it for free."""
+
+    rows: int  # input rows whose answer is stored
+    prompts: int  # their distinct prompts (per shard, as the run counts them)
+    to_generate: int  # prompts a run still sends to the engine: what the prediction covers
+    exact: bool = True  # False: extrapolated from the sample (an input over EXACT_STORE_COUNT_ROWS)
 
 
 def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
@@ -107,12 +135,10 @@ def _run(engine: Engine, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[dic
     return results, errors, groups
 
 
-def time_sample(spec: JobSpec, sample: Sample, engine: Engine) -> Timing:
-    """Warm up on other rows, then time the sample through ``engine`` with the job's settings."""
-    if sample.warmup:
-        _run(engine, spec, sample.warmup)
+def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine) -> Timing:
+    """Time ``rows`` through ``engine`` with the job's settings (no warm-up) and score them."""
     started = time.perf_counter()
-    results, errors, groups = _run(engine, spec, sample.rows)
+    results, errors, groups = _run(engine, spec, rows)
     seconds = time.perf_counter() - started
     outputs: dict[str, str | None] = {}
     for key, (_, ids) in groups.items():
@@ -121,14 +147,84 @@ def time_sample(spec: JobSpec, sample: Sample, engine: Engine) -> Timing:
         outputs.update(dict.fromkeys(ids, out))
     correct = None
     if spec.gold_column:
-        correct = sum(1 for r in sample.rows if outputs.get(r["row_id"]) is not None
+        correct = sum(1 for r in rows if outputs.get(r["row_id"]) is not None
                       and outputs[r["row_id"]] == r.get(spec.gold_column))
     return Timing(
-        model=engine.model_id, engine_start_s=engine.start_seconds, seconds=seconds, rows=len(sample.rows),
+        model=engine.model_id, engine_start_s=engine.start_seconds, seconds=seconds, rows=len(rows),
         prompt_tokens=sum(r.prompt_tokens for r in results.values()),
         output_tokens=sum(r.output_tokens for r in results.values()),
         errors=len(errors) + sum(1 for v in outputs.values() if v is None), correct=correct,
+        requests=len(groups), steps=[(len(rows), correct or 0)] if correct is not None else [],
     )
+
+
+def time_sample(spec: JobSpec, sample: Sample, engine: Engine) -> Timing:
+    """Warm up on other rows, then time the sample through ``engine`` with the job's settings."""
+    if sample.warmup:
+        _run(engine, spec, sample.warmup)
+    return time_rows(spec, sample.rows, engine)
+
+
+def merge(a: Timing, b: Timing) -> Timing:
+    """Two timed draws of one model on one engine, as one."""
+    correct = None if a.correct is None or b.correct is None else a.correct + b.correct
+    return replace(
+        a, seconds=a.seconds + b.seconds, rows=a.rows + b.rows, prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+        output_tokens=a.output_tokens + b.output_tokens, errors=a.errors + b.errors, correct=correct,
+        requests=(a.requests or a.rows) + (b.requests or b.rows),
+        steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [],
+    )
+
+
+def sample_model(spec: JobSpec, home: JobHome, est: EstimateSpec, sample: Sample, engine: Engine) -> Timing:
+    """Time and score the sample on ``engine``; while the accuracy interval straddles
+    ``est.accuracy_bar``, double the sample (new rows of the same stratified draw, never a
+    warm-up or already timed row) and time those on the same engine, until the interval is
+    decided or ``est.max_sample_rows`` rows are reached."""
+    timing = time_sample(spec, sample, engine)
+    seen = {r["row_id"] for r in (*sample.rows, *sample.warmup)}
+    size = len(sample.rows)
+    while (verdict(timing.correct, timing.rows, est.accuracy_bar) == "straddles"
+           and size < min(est.max_sample_rows, sample.total_rows)):
+        size = min(size * 2, est.max_sample_rows)
+        bigger = draw_sample(spec, home, est.model_copy(update={"sample_rows": size}))
+        more = [r for r in bigger.rows if r["row_id"] not in seen]
+        if more:
+            seen.update(r["row_id"] for r in more)
+            timing = merge(timing, time_rows(spec, more, engine))
+    return timing
+
+
+def _prompt_rows(spec: JobSpec, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Result-store keys of the distinct prompts among ``rows`` (as the run groups them), with
+    how many rows each stands for."""
+    _, groups = plan_rows(spec, rows, set())
+    return {prompt_key(p.system, p.user): len(ids) for p, ids in groups.values()}
+
+
+def count_stored(spec: JobSpec, home: JobHome, sample: Sample, store: ResultStore) -> Stored:
+    """Rows and prompts of the input whose answer ``store`` already holds (a run reuses them and
+    pays nothing for them), and the prompts left to generate. Shard by shard, as the run
+    deduplicates; an empty store costs no rendering."""
+    if not store.segments():
+        return Stored(0, 0, sample.distinct_prompts)
+    if sample.total_rows > EXACT_STORE_COUNT_ROWS:
+        keys = _prompt_rows(spec, sample.rows)
+        found = store.lookup(list(keys))
+        row_share = sum(keys[k] for k in found) / max(sum(keys.values()), 1)
+        prompt_share = len(found) / max(len(keys), 1)
+        prompts = round(prompt_share * sample.distinct_prompts)
+        return Stored(round(row_share * sample.total_rows), prompts, sample.distinct_prompts - prompts, exact=False)
+    manifest = home.read_manifest() or {"keys": [], "signature": None}
+    per_shard = [_prompt_rows(spec, read_shard(home, key, manifest["signature"])) for key in manifest["keys"]]
+    found = store.lookup(sorted({k for shard in per_shard for k in shard}))
+    rows = prompts = todo = 0
+    for shard in per_shard:
+        hits = [k for k in shard if k in found]
+        rows += sum(shard[k] for k in hits)
+        prompts += len(hits)
+        todo += len(shard) - len(hits)
+    return Stored(rows, prompts, todo)
 
 
 def nodes_needed(weights_gb: float | None, memory_gb: float) -> int:
@@ -141,18 +237,28 @@ def nodes_needed(weights_gb: float | None, memory_gb: float) -> int:
     return tp
 
 
-def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_gb: float | None) -> dict[str, Any]:
-    """Extrapolate one model's timed sample to the whole job, for every node option."""
+def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_gb: float | None,
+            stored: Stored | None = None) -> dict[str, Any]:
+    """Extrapolate one model's timed sample to the prompts the job still has to generate, and
+    price the whole job (engine start included) on every node option.
+
+    ``stored`` (default: nothing stored) says which prompts the result store already answers:
+    they are not predicted, and a job with nothing left to generate starts no engine.
+    """
+    stored = stored or Stored(0, 0, sample.distinct_prompts)
     tokens = timing.prompt_tokens + timing.output_tokens
     tps = tokens / timing.seconds if timing.seconds > 0 else 0.0
-    # Error rows (0 tokens) stay in the per-row mean; duplicates in a shard are generated once.
-    predicted_tokens = tokens / max(timing.rows, 1) * sample.distinct_prompts
+    # Per distinct prompt generated (error rows with 0 tokens stay in the mean); duplicates in
+    # a shard are generated once, stored prompts not at all.
+    per_request = tokens / max(timing.requests or timing.rows, 1)
+    predicted_tokens = per_request * stored.to_generate
     wall = predicted_tokens / tps if tps else 0.0
-    accuracy = ci = None
+    start = timing.engine_start_s if stored.to_generate else 0.0
+    accuracy = low = high = None
     if timing.correct is not None and timing.rows:
         accuracy = timing.correct / timing.rows
-        ci = 1.96 * math.sqrt(accuracy * (1 - accuracy) / timing.rows)
-    priced = []
+        low, high = wilson(timing.correct, timing.rows)
+    priced: list[dict[str, Any]] = []
     for opt in options:
         tp = nodes_needed(weights_gb, opt.memory_gb)
         fits = tp <= opt.nodes
@@ -161,69 +267,25 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
         priced.append({
             "name": opt.name, "nodes": opt.nodes, "hourly_usd": opt.hourly_usd, "tensor_parallel_size": tp,
             "fits": fits, "wall_s": round(opt_wall, 1) if opt_wall is not None else None,
-            "cost_usd": round(opt.hourly_usd * (opt_wall + timing.engine_start_s) / 3600, 4)
-            if opt_wall is not None else None,
+            "cost_usd": round(opt.hourly_usd * (opt_wall + start) / 3600, 6) if opt_wall is not None else None,
         })
+    best = min((o for o in priced if o["fits"]), key=lambda o: o["cost_usd"], default=None)
+    first_rows = timing.steps[0][0] if timing.steps else timing.rows
     return {
         "model": timing.model, "weights_gb": round(weights_gb, 3) if weights_gb is not None else None,
-        "engine_start_s": round(timing.engine_start_s, 1), "sample_s": round(timing.seconds, 2),
-        "sample_tokens": tokens, "sample_errors": timing.errors,
+        "engine_start_s": round(timing.engine_start_s, 1), "sample_rows": timing.rows,
+        "extra_rows": timing.rows - first_rows, "sample_steps": [list(s) for s in timing.steps],
+        "sample_correct": timing.correct, "sample_s": round(timing.seconds, 2), "sample_tokens": tokens,
+        "sample_errors": timing.errors,
         "accuracy": round(accuracy, 4) if accuracy is not None else None,
-        "accuracy_ci95": round(ci, 4) if ci is not None else None,
+        "accuracy_low": round(low, 4) if low is not None else None,
+        "accuracy_high": round(high, 4) if high is not None else None,
+        "stored_rows": stored.rows, "stored_prompts": stored.prompts, "stored_exact": stored.exact,
+        "prompts_to_generate": stored.to_generate,
         "predicted_tokens": round(predicted_tokens), "predicted_wall_s": round(wall, 1),
         "predicted_tokens_per_hour": round(tps * 3600), "options": priced,
+        "best_option": best["name"] if best else None, "best_cost_usd": best["cost_usd"] if best else None,
     }
-
-
-def choose(models: list[dict[str, Any]], bar: float) -> dict[str, Any] | None:
-    """The smallest model (by weights) whose sample accuracy clears ``bar``."""
-    ok = [m for m in models if m["accuracy"] is not None and m["accuracy"] >= bar]
-    return min(ok, key=lambda m: (m["weights_gb"] or math.inf, m["predicted_wall_s"])) if ok else None
-
-
-def _hm(seconds: float) -> str:
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m{int(seconds % 60):02d}s"
-
-
-def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: EstimateSpec, sample_rows: int,
-           batch: int, on_gpu: bool, has_gold: bool) -> list[str]:
-    """Plain-language advice: which node option, which model, how much to trust the numbers."""
-    out = []
-    opts = primary["options"]
-    size = f"{primary['weights_gb']} GB of weights" if primary["weights_gb"] is not None else "weight size unknown"
-    one = next((o for o in opts if o["fits"] and o["tensor_parallel_size"] == 1 and o["nodes"] == 1), None)
-    cheapest = min((o for o in opts if o["fits"]), key=lambda o: o["cost_usd"], default=None)
-    if one is not None:
-        out.append(f"{primary['model']} ({size}) fits one node: run it on "
-                   f"'{one['name']}' ({_hm(one['wall_s'])}, ${one['cost_usd']}).")
-        for o in opts:
-            if o is not one and o["fits"] and o["cost_usd"] > one["cost_usd"]:
-                more = (o["cost_usd"] / one["cost_usd"] - 1) * 100 if one["cost_usd"] else 0.0
-                out.append(f"'{o['name']}' would finish in {_hm(o['wall_s'])} but cost ${o['cost_usd']} "
-                           f"(+{more:.0f}%): this job is throughput-bound, so more nodes raise the cost "
-                           "without raising tokens per dollar; rent them only to meet a deadline.")
-    else:
-        tp = max(o["tensor_parallel_size"] for o in opts)
-        where = f"'{cheapest['name']}'" if cheapest else "no listed option"
-        out.append(f"{primary['model']} ({size}) does not fit one node's memory: "
-                   f"it needs tensor parallelism over {tp} nodes (VLLMResource(tensor_parallel_size={tp})); "
-                   f"{where} can hold it. A smaller model avoids that.")
-    if on_gpu and sample_rows < batch:
-        out.append(f"The sample ({sample_rows} rows) is smaller than one batch ({batch} rows): the GPU was not "
-                   "full, so the predicted time is an upper bound (on an H200, +38% at 80 rows, +2.5% at 1,024); "
-                   "set estimate.fill_batch=True or raise estimate.sample_rows for a tighter one.")
-    if not has_gold:
-        out.append("No gold_column: accuracy cannot be measured, so no model is chosen by quality.")
-    elif chosen is not None:
-        switch = "" if chosen is primary else (
-            f"; the job runs {primary['model']} now: set VLLMResource(model={chosen.get('configured_as')!r}) "
-            "to switch")
-        out.append(f"Smallest model that clears accuracy {est.accuracy_bar}: {chosen['model']} "
-                   f"({chosen['accuracy']} +/- {chosen['accuracy_ci95']} on {sample_rows} rows){switch}.")
-    else:
-        out.append(f"No candidate reaches accuracy {est.accuracy_bar} on the sample: try larger models, "
-                   "or a better prompt.")
-    return out
 
 
 def write_report(report: dict[str, Any], folder: Path) -> dict[str, Any]:

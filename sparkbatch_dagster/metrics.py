@@ -24,6 +24,7 @@ METRIC_COLUMNS = [
     ("wall_s", "DOUBLE"), ("engine_s", "DOUBLE"), ("tokens_per_hour", "DOUBLE"), ("cost_usd", "DOUBLE"),
     ("prefix_cache_hit_rate", "DOUBLE"), ("resumed_rows", "BIGINT"), ("deduplicated_rows", "BIGINT"),
     ("finished_at", "VARCHAR"), ("generated_requests", "BIGINT"), ("reused_rows", "BIGINT"),
+    ("engine_start_s", "DOUBLE"), ("generation_cost_usd", "DOUBLE"),
 ]
 
 
@@ -87,20 +88,45 @@ def sync(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
 
 
 def prediction_check(home: JobHome, version: str, stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Predicted vs actual generation time of the committed shards, when an estimate was made.
+    """The bill of the committed shards and, when an estimate was made, predicted vs actual
+    generation time.
 
-    The prediction is scaled to the rows committed so far; engine start is left out of both.
-    Shards resumed after a crash took less than a full run, so compare on uninterrupted runs.
+    The bill: ``cost_usd`` is everything the box was rented for, generation plus every engine
+    start a run paid (each run charges its start to one shard's stats), the number the
+    estimate's ``cost_usd`` predicts; ``generation_cost_usd`` and ``engine_start_s`` /
+    ``engine_start_cost_usd`` split it. (Stats written before the start was recorded apart
+    count it inside ``wall_s``.)
+
+    The check compares like with like: generation time, engine start left out of both sides,
+    over the same prompts. The estimate predicted the prompts a run sends to the engine (those
+    whose answer the result store already held cost nothing and were not predicted); the
+    prediction is scaled to the prompts the committed shards actually generated
+    (``generated_requests``), so a partial run, a resumed shard or answers reused since the
+    estimate still compare fairly. Estimates or stats from older releases scale by rows.
     """
     import json
 
-    path = home.prediction_path(version)
-    if not path.exists() or not stats:
+    if not stats:
         return {}
+    total = sum(s["cost_usd"] for s in stats)
+    generation = sum(s.get("generation_cost_usd", s["cost_usd"]) for s in stats)
+    out: dict[str, Any] = {
+        "cost_usd": round(total, 6), "generation_cost_usd": round(generation, 6),
+        "engine_start_s": round(sum(s.get("engine_start_s", 0.0) for s in stats), 2),
+        "engine_start_cost_usd": round(total - generation, 6),
+    }
+    path = home.prediction_path(version)
+    if not path.exists():
+        return out
     pred = json.loads(path.read_text())
     actual = sum(s["wall_s"] for s in stats)
-    predicted = pred["predicted_wall_s"] * sum(s["rows"] for s in stats) / max(pred["total_rows"], 1)
-    return {"predicted_wall_s": round(predicted, 1), "actual_wall_s": round(actual, 1),
+    if pred.get("predicted_prompts") is not None and all("generated_requests" in s for s in stats):
+        generated = sum(s["generated_requests"] for s in stats)
+        share = generated / pred["predicted_prompts"] if pred["predicted_prompts"] else 0.0
+    else:
+        share = sum(s["rows"] for s in stats) / max(pred["total_rows"], 1)
+    predicted = pred["predicted_wall_s"] * share
+    return {**out, "predicted_wall_s": round(predicted, 1), "actual_wall_s": round(actual, 1),
             "prediction_error_pct": round((predicted - actual) / actual * 100, 1) if actual else None}
 
 

@@ -109,7 +109,6 @@ class _Shard:
     def __init__(self, run: ShardRun, key: str) -> None:
         spec, version, model = run.spec, run.version, run.engine.model_id
         self.key, self.version, self.model = key, version, model
-        self.started = time.perf_counter()
         self.rows = read_shard(run.home, key, run.signature)
         self.writer = CheckpointWriter(run.home.parts_dir(version, key), spec.checkpoint_rows, spec.checkpoint_seconds)
         done = set(self.writer.existing().column("row_id").to_pylist())
@@ -158,6 +157,7 @@ class ShardRun:
         self.shards: list[_Shard] = []
         self.stats: list[dict[str, Any]] = []
         self._last_end = time.perf_counter()
+        self._start_paid = engine.start_seconds  # an engine started before this run is not this run's bill
         self._rows_done = 0  # rows with a result: generated, fanned out, error rows, resumed
         self._rows_free = 0  # of those, resumed and error rows: done at once, so not in the ETA's rate
         self._on_done: Callable[[dict[str, Any]], None] | None = None
@@ -242,13 +242,17 @@ class ShardRun:
         shard.writer.flush()
         table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key)
         now = time.perf_counter()
-        # Shards overlap in the engine; each is charged the time since the previous one
-        # finished (or since it was prepared), so per-shard wall times add up to the run's.
-        wall = now - max(self._last_end, shard.started)
+        # Shards overlap in the engine; each is charged the time since the previous one finished
+        # (the first: since this ShardRun was made), so per-shard wall times add up to the run's. An engine
+        # started during the run is charged once, to the first shard finished after it started,
+        # whose window holds it; _stats keeps it apart from generation.
+        wall = now - self._last_end
+        start_s, self._start_paid = self.engine.start_seconds - self._start_paid, self.engine.start_seconds
         self._last_end = now
         engine_s = now - shard.first_sent if shard.first_sent else 0.0
         stats = _stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
-                       resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens)
+                       resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens,
+                       engine_start_s=start_s)
         # Stats and new answers first, then the labeled file (the commit point): a done shard
         # always has stats, and its answers are in the store for any later layout or version.
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
@@ -284,19 +288,27 @@ def _progress(key: str, done: int, free: int, total: int, tokens: int, seconds: 
 
 
 def _stats(spec: JobSpec, key: str, version: str, model: str, table: Any, wall_s: float, engine_s: float,
-           resumed: int, generated: int, fresh_tokens: int) -> dict[str, Any]:
+           resumed: int, generated: int, fresh_tokens: int, engine_start_s: float = 0.0) -> dict[str, Any]:
+    """One shard's statistics. ``engine_start_s``: the engine start charged to this shard (a run
+    charges its start, once, to the first shard it finalizes after the engine started; that
+    shard's ``wall_s`` as measured holds it). The stats keep the start apart: ``wall_s`` and
+    ``tokens_per_hour`` are generation alone, ``generation_cost_usd`` its price, ``cost_usd``
+    the whole bill (generation + engine start) at ``spec.hourly_rate_usd``."""
     cols = table.select(["error", "prompt_tokens", "output_tokens", "cached_tokens", "deduplicated"]).to_pydict()
     errs = [e for e in cols["error"] if e]
     prompt_t, output_t, cached_t = (sum(cols[c]) for c in ("prompt_tokens", "output_tokens", "cached_tokens"))
+    start = max(engine_start_s, 0.0)
+    generation_s = max(wall_s - start, 0.0)
     return {
         "partition": key, "version": version, "model": model, "rows": table.num_rows,
         "labeled": table.num_rows - len(errs), "errors": len(errs),
         "error_reasons": dict(Counter(e.split(":", 1)[0] for e in errs)),
         "input_tokens": prompt_t, "output_tokens": output_t,
-        "wall_s": round(wall_s, 3), "engine_s": round(engine_s, 3),
+        "wall_s": round(generation_s, 3), "engine_s": round(engine_s, 3), "engine_start_s": round(start, 3),
         # Throughput counts only what this attempt generated: resumed rows cost nothing now.
-        "tokens_per_hour": round(fresh_tokens / wall_s * 3600) if wall_s > 0 else 0,
-        "cost_usd": round(wall_s / 3600 * spec.hourly_rate_usd, 6),
+        "tokens_per_hour": round(fresh_tokens / generation_s * 3600) if generation_s > 0 else 0,
+        "generation_cost_usd": round(generation_s / 3600 * spec.hourly_rate_usd, 6),
+        "cost_usd": round((generation_s + start) / 3600 * spec.hourly_rate_usd, 6),
         "prefix_cache_hit_rate": round(cached_t / prompt_t, 4) if prompt_t else None,
         "resumed_rows": resumed, "generated_requests": generated,
         "reused_rows": sum(1 for r in table.column("reused").to_pylist() if r),

@@ -101,6 +101,9 @@ class EstimateSpec(_Checked):
     Example::
 
         JobSpec(..., estimate=EstimateSpec(sample_rows=100, models=["gemma-3-270m"], accuracy_bar=0.3))
+
+    The chosen model is the cheapest (predicted cost of the whole job, engine start included, on
+    its cheapest node option) whose accuracy interval clears ``accuracy_bar``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -119,7 +122,15 @@ class EstimateSpec(_Checked):
         NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2),
     ])
     models: list[str] = Field(default_factory=list, description="Candidates compared with the configured model.")
-    accuracy_bar: float = Field(default=0.0, ge=0.0, le=1.0, description="Least sample accuracy a model needs.")
+    accuracy_bar: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Least accuracy a model needs: the LOWER bound of its 95% "
+        "(Wilson) interval on the sample must reach it.",
+    )
+    max_sample_rows: int = Field(
+        default=400, ge=10, le=100_000, description="While a model's accuracy interval straddles accuracy_bar, "
+        "its sample is doubled (new rows, same engine) up to this many rows; no growth when sample_rows is "
+        "already at or above it.",
+    )
 
 
 class JobSpec(_Checked):

@@ -1,21 +1,29 @@
-"""The estimate with the fake engine: sampling, extrapolation, node options, advice, the asset,
-predicted vs actual in run_metrics, the CLI's last JSON line. The real engine: test_real_estimate."""
+"""The estimate with the fake engine: sampling, extrapolation, node options, the accuracy interval
+and the best buy, more rows while an interval straddles the bar, advice in numbers, prompts
+already paid for, the asset, the bill and predicted vs actual in run_metrics and the CLI's last
+JSON line. The real engine: test_real_estimate."""
 
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from dagster import DagsterInstance, materialize
 
 from conftest import fake_resource, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START
-from sparkbatch_dagster.estimate import Sample, Timing, advise, choose, draw_sample, nodes_needed, predict
+from sparkbatch_dagster import estimate as E
+from sparkbatch_dagster.choice import advise, choose, rows_to_decide, tradeoff, verdict, wilson
+from sparkbatch_dagster.cli import RANGE_END, RANGE_START, summary
+from sparkbatch_dagster.estimate import Sample, Stored, Timing, draw_sample, nodes_needed, predict
+from sparkbatch_dagster.metrics import prediction_check
 from sparkbatch_dagster.model import weights_gb
+from sparkbatch_dagster.runner import _stats
 from sparkbatch_dagster.shards import build_shards
 from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 from sparkbatch_dagster.store import JobHome
@@ -73,9 +81,43 @@ def test_prediction_scales_the_measured_rate_to_the_job_and_prices_each_option()
     assert p["predicted_wall_s"] == pytest.approx(1800.0)
     one, two = p["options"]
     assert one["wall_s"] == 1800.0 and two["wall_s"] == 900.0
-    assert one["cost_usd"] == pytest.approx(0.79 * (1800 + 60) / 3600, abs=1e-4)
-    assert two["cost_usd"] == pytest.approx(1.79 * (900 + 60) / 3600, abs=1e-4)
-    assert p["accuracy"] == 0.5 and 0.1 < p["accuracy_ci95"] < 0.2
+    assert one["cost_usd"] == pytest.approx(0.79 * (1800 + 60) / 3600, abs=1e-6)  # engine start included
+    assert two["cost_usd"] == pytest.approx(1.79 * (900 + 60) / 3600, abs=1e-6)
+    assert p["best_option"] == "1 node" and p["best_cost_usd"] == one["cost_usd"]
+    assert p["accuracy"] == 0.5 and p["accuracy_low"] == pytest.approx(0.3664, abs=1e-3)
+    assert p["accuracy_high"] == pytest.approx(0.6336, abs=1e-3)
+    # Per distinct prompt generated: 40 prompts for 50 sample rows (duplicates generated once).
+    per_prompt = predict(sample, _timing(requests=40), OPTIONS, weights_gb=0.3)
+    assert per_prompt["predicted_tokens"] == 250 * 9_000
+
+
+def test_prompts_already_in_the_store_are_not_predicted_and_cost_nothing():
+    sample = Sample(rows=[{}] * 50, warmup=[], total_rows=10_000, distinct_prompts=9_000)
+    p = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=4_400, prompts=4_000, to_generate=5_000))
+    assert p["predicted_tokens"] == 200 * 5_000 and p["predicted_wall_s"] == pytest.approx(1000.0)
+    assert p["stored_rows"] == 4_400 and p["prompts_to_generate"] == 5_000
+    assert p["best_cost_usd"] == pytest.approx(0.79 * (1000 + 60) / 3600, abs=1e-6)
+    free = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=10_000, prompts=9_000, to_generate=0))
+    assert free["predicted_wall_s"] == 0 and free["best_cost_usd"] == 0  # nothing to generate: no engine start
+    text = " ".join(advise(free, free, EstimateSpec(), 50, batch=64, on_gpu=False, has_gold=True, total_rows=10_000))
+    assert "10,000 of 10,000 rows already have m@1's answer in the result store" in text
+    assert "a run costs nothing, not even an engine start" in text
+
+
+def test_wilson_interval_where_the_normal_approximation_breaks():
+    lo, hi = wilson(0, 20)
+    assert lo == 0 and hi == pytest.approx(1.96**2 / (20 + 1.96**2), abs=1e-3)  # 0.161, not 0 +/- 0
+    lo, hi = wilson(20, 20)
+    assert hi == 1 and lo == pytest.approx(1 - 0.1611, abs=1e-3)
+    lo, hi = wilson(20, 80)  # the issue's 0.25 "+/- 0.09" over a bar of 0.2
+    assert lo < 0.2 < hi and verdict(20, 80, 0.2) == "straddles"
+    assert verdict(100, 400, 0.2) == "clears" and verdict(5, 80, 0.2) == "fails"
+    assert verdict(None, 80, 0.2) is None
+    n = rows_to_decide(0.25, 0.2, 80)
+    assert verdict(0.25 * n, n, 0.2) == "clears" and verdict(0.25 * (n - 1), n - 1, 0.2) == "straddles"
+    m = rows_to_decide(0.15, 0.2, 80)
+    assert verdict(0.15 * m, m, 0.2) == "fails" and verdict(0.15 * (m - 1), m - 1, 0.2) == "straddles"
+    assert rows_to_decide(0.2, 0.2, 80) is None
 
 
 def test_advice_says_one_node_is_cheaper_for_a_model_that_fits():
@@ -85,7 +127,7 @@ def test_advice_says_one_node_is_cheaper_for_a_model_that_fits():
     assert "fits one node" in text and "raise the cost" in text
     assert re.search(r"\+1[34]%", text)  # 1.79 / (2 x 0.79): 13% more per generated token, start aside
     assert "smaller than one batch" in text  # 50 rows cannot fill 1024 GPU sequences
-    assert "Smallest model that clears" in text
+    assert "Cheapest model whose accuracy clears 0.0 with 95% confidence: m@1" in text
 
 
 def test_a_model_too_big_for_one_node_needs_tensor_parallelism(tmp_path):
@@ -100,18 +142,77 @@ def test_a_model_too_big_for_one_node_needs_tensor_parallelism(tmp_path):
     one, two = p["options"]
     assert not one["fits"] and one["cost_usd"] is None
     assert two["fits"] and two["tensor_parallel_size"] == 2 and two["wall_s"] == p["predicted_wall_s"]
-    text = " ".join(advise(p, None, EstimateSpec(), 50, batch=64, on_gpu=False, has_gold=True))
+    text = " ".join(advise(p, None, EstimateSpec(accuracy_bar=0.9), 50, batch=64, on_gpu=False, has_gold=True))
     assert "does not fit one node" in text and "tensor_parallel_size=2" in text
-    assert "No candidate reaches" in text
+    assert "No model's 95% accuracy interval clears 0.9. Closest: m@1" in text
+    assert "its whole interval is under the bar" in text
 
 
-def test_choose_names_the_smallest_model_that_clears_the_bar():
-    models = [{"model": "big", "weights_gb": 16.0, "accuracy": 0.9, "predicted_wall_s": 10},
-              {"model": "small", "weights_gb": 0.3, "accuracy": 0.4, "predicted_wall_s": 5},
-              {"model": "mid", "weights_gb": 2.0, "accuracy": 0.7, "predicted_wall_s": 7}]
-    assert choose(models, 0.3)["model"] == "small"
-    assert choose(models, 0.5)["model"] == "mid"
-    assert choose(models, 0.95) is None
+def _model(name, correct, rows, seconds, start=60.0, weights=0.3, total=2000):
+    """A priced model from a synthetic timing: one 1-node option at $0.79/h."""
+    sample = Sample(rows=[{}] * rows, warmup=[], total_rows=total, distinct_prompts=total)
+    timing = _timing(model=name, correct=correct, rows=rows, seconds=seconds, engine_start_s=start,
+                     steps=[(rows, correct)])
+    return {**predict(sample, timing, OPTIONS[:1], weights_gb=weights), "configured_as": name.split("@")[0]}
+
+
+def test_choose_the_cheapest_model_whose_interval_clears_not_the_smallest():
+    # The issue's demo: SmolLM2 0.25 and $0.0709, Gemma 0.275 and $0.0649 (faster), bar 0.2.
+    smol = _model("SmolLM2-135M-Instruct@6f1", 20, 80, seconds=9.5, weights=0.269)
+    gemma = _model("gemma-3-270m@d52", 22, 80, seconds=8.5, weights=0.536)
+    assert gemma["best_cost_usd"] < smol["best_cost_usd"]
+    assert choose([smol, gemma], 0.2) is None  # 80 rows: neither lower bound reaches 0.2
+    smol = _model("SmolLM2-135M-Instruct@6f1", 100, 400, seconds=47.5, weights=0.269)
+    gemma = _model("gemma-3-270m@d52", 110, 400, seconds=42.5, weights=0.536)
+    assert choose([smol, gemma], 0.2) is gemma  # both clear on 400 rows: the cheaper one, though larger
+    assert choose([smol, gemma], 0.22) is gemma and choose([smol, gemma], 0.3) is None  # 0.234 and 0.210 low
+    # Equal cost: the more accurate one.
+    a, b = _model("a@1", 30, 100, seconds=10), _model("b@1", 40, 100, seconds=10)
+    assert a["best_cost_usd"] == b["best_cost_usd"] and choose([a, b], 0.1) is b
+    # Without a gold column: the cheapest, accuracy unknown.
+    c, d = _model("c@1", None, 100, seconds=20), _model("d@1", None, 100, seconds=10)
+    assert choose([c, d], 0.5, has_gold=False) is d
+    # A model no listed option can hold is never the best buy.
+    big = {**_model("big@1", 90, 100, seconds=1), "best_cost_usd": None}
+    assert choose([big, a], 0.1) is a
+
+
+def test_advice_names_the_tradeoffs_in_numbers():
+    smol = _model("SmolLM2-135M-Instruct@6f1", 100, 400, seconds=47.5, weights=0.269)
+    gemma = _model("gemma-3-270m@d52", 110, 400, seconds=42.5, weights=0.536)
+    pct = (1 - gemma["best_cost_usd"] / smol["best_cost_usd"]) * 100
+    line = tradeoff(gemma, smol, has_gold=True)
+    assert line.startswith(f"gemma-3-270m@d52 is {pct:.0f}% cheaper and 2.5 points more accurate than "
+                           "SmolLM2-135M-Instruct@6f1")
+    assert f"${gemma['best_cost_usd']:.4f} vs ${smol['best_cost_usd']:.4f}" in line
+    assert "within the samples' noise" in line  # 0.275 vs 0.25 on 400 rows: the intervals overlap
+    dear = _model("big@1", 62, 200, seconds=24, weights=2.0)  # 0.31 vs 0.25, the job 15% dearer
+    smol2 = _model("SmolLM2-135M-Instruct@6f1", 50, 200, seconds=20, weights=0.269)
+    pct = (dear["best_cost_usd"] / smol2["best_cost_usd"] - 1) * 100
+    assert tradeoff(dear, smol2, True).startswith(
+        f"big@1 is {pct:.0f}% dearer but 6.0 points more accurate than SmolLM2-135M-Instruct@6f1")
+    worse = _model("cheap@1", 20, 200, seconds=10)
+    assert " cheaper but 15.0 points less accurate than " in tradeoff(worse, smol2, True)
+    far = _model("far@1", 190, 200, seconds=20)
+    assert "noise" not in tradeoff(far, smol2, True)  # 0.95 vs 0.25: the intervals are apart
+    assert "quality not measured" in tradeoff(_model("x@1", None, 100, 10), _model("y@1", None, 100, 20), False)
+    advice = " ".join(advise(smol, gemma, EstimateSpec(accuracy_bar=0.2), 400, batch=64, on_gpu=False,
+                             has_gold=True, models=[smol, gemma]))
+    assert "Cheapest model whose accuracy clears 0.2 with 95% confidence: gemma-3-270m@d52 (0.275" in advice
+    assert "set VLLMResource(model='gemma-3-270m') to switch" in advice
+    assert "gemma-3-270m@d52 is " in advice and "points more accurate than SmolLM2" in advice
+
+
+def test_when_no_model_clears_the_advice_names_the_closest_and_the_rows_that_would_decide():
+    near = _model("near@1", 44, 100, seconds=10)  # 0.44 (0.35-0.54): straddles 0.5
+    low = _model("low@1", 20, 100, seconds=10)
+    text = " ".join(advise(low, None, EstimateSpec(accuracy_bar=0.5), 100, batch=64, on_gpu=False, has_gold=True,
+                           models=[low, near]))
+    need = rows_to_decide(0.44, 0.5, 100)
+    assert "No model's 95% accuracy interval clears 0.5. Closest: near@1 (0.440" in text
+    assert f"about {need:,} rows would show it falls short" in text and need > 100
+    assert "low@1 does not clear 0.5: falls short of the bar" in text
+    assert "near@1 does not clear 0.5: still straddles the bar" in text
 
 
 def test_bad_estimate_settings_name_the_value(tmp_path):
@@ -119,6 +220,8 @@ def test_bad_estimate_settings_name_the_value(tmp_path):
         EstimateSpec(sample_rows=5)
     with pytest.raises(ConfigError, match=r"estimate\.options"):
         EstimateSpec(options=[])
+    with pytest.raises(ConfigError, match=r"estimate\.max_sample_rows"):
+        EstimateSpec(max_sample_rows=5)
     with pytest.raises(ConfigError, match=r"estimate\.options\.0\.hourly_usd"):
         make_spec(tmp_path, estimate={"options": [{"name": "x", "hourly_usd": -1}]})
     assert EstimateSpec(options=[NodeOption(name="x", hourly_usd=1.0)]).options[0].nodes == 1
@@ -148,6 +251,7 @@ def test_estimate_asset_then_run_metrics_show_predicted_vs_actual(tmp_path):
     # The seconds shown are rounded to 0.1 s; the percentage comes from the unrounded values.
     assert mm["prediction_error_pct"].value == pytest.approx((predicted - actual) / actual * 100, abs=8)
     assert actual / 3 < predicted < actual * 3  # the fake engine's fixed delay per request
+    assert mm["cost_usd"].value >= mm["generation_cost_usd"].value > 0
 
 
 def test_estimate_config_from_the_launchpad_is_validated(tmp_path):
@@ -194,8 +298,9 @@ def test_cli_estimate_prints_the_bill_then_run_shows_progress_and_the_check(tmp_
     run = _cli(tmp_path, "run")
     bars = [line for line in run.stderr.splitlines() if line.startswith("[")]
     assert bars and "300/300 rows" in bars[-1] and "tok/s" in bars[-1] and "ETA" in bars[-1]
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
-    assert summary["predicted_wall_s"] > 0 and summary["prediction_error_pct"] is not None
+    bill = json.loads(run.stdout.strip().splitlines()[-1])
+    assert bill["predicted_wall_s"] > 0 and bill["prediction_error_pct"] is not None
+    assert bill["cost_usd"] == pytest.approx(bill["generation_cost_usd"] + bill["engine_start_cost_usd"], abs=2e-6)
 
 
 def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
@@ -231,7 +336,265 @@ def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path
 def test_advice_tells_how_to_switch_to_the_chosen_model():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=1000, distinct_prompts=1000)
     primary = predict(sample, _timing(model="big@1", correct=10), OPTIONS, weights_gb=16.0)
-    small = {**predict(sample, _timing(model="small@2", correct=30), OPTIONS, weights_gb=0.5), "configured_as": "small"}
+    small = {**predict(sample, _timing(model="small@2", correct=45, seconds=8.0), OPTIONS, weights_gb=0.5),
+             "configured_as": "small"}
     assert choose([primary, small], 0.5) is small
-    text = " ".join(advise(primary, small, EstimateSpec(accuracy_bar=0.5), 50, batch=64, on_gpu=False, has_gold=True))
-    assert "clears accuracy 0.5: small@2 (0.6" in text and "set VLLMResource(model='small') to switch" in text
+    text = " ".join(advise(primary, small, EstimateSpec(accuracy_bar=0.5), 50, batch=64, on_gpu=False, has_gold=True,
+                           models=[primary, small]))
+    assert "clears 0.5 with 95% confidence: small@2 (0.900, 95% interval 0.786-0.957 on 50 rows" in text
+    assert "set VLLMResource(model='small') to switch" in text
+    assert "small@2 is 15% cheaper and 70.0 points more accurate than big@1" in text  # $0.0483 vs $0.0571
+
+
+def _skewed_rows(n: int) -> list[dict]:
+    """Four rows in five are fruit: a model that always says 'fruit' is right 80% of the time."""
+    rows = []
+    for i in range(n):
+        gold = "fruit" if i % 5 else ("vehicle" if i % 2 else "animal")
+        rows.append({"id": f"id-{i:05d}", "text": f"Item {i}: seen on day {i % 11}" + " more" * (i % 9), "gold": gold})
+    return rows
+
+
+def test_an_interval_that_straddles_the_bar_gets_more_rows_up_to_the_cap(tmp_path, monkeypatch):
+    src = write_parquet(tmp_path / "in" / "rows.parquet", _varied_rows(600))
+    spec = make_spec(tmp_path, input=str(src), shards=4)
+    home = JobHome(spec.home_path)
+    build_shards(spec, home)
+    est = EstimateSpec(sample_rows=40, warmup_rows=6, max_sample_rows=160, accuracy_bar=0.34)
+    sample = draw_sample(spec, home, est)
+    timed: list[list[str]] = []
+    real_time_rows = E.time_rows
+    monkeypatch.setattr(E, "time_rows", lambda spec, rows, engine: (timed.append([r["row_id"] for r in rows]),
+                                                                    real_time_rows(spec, rows, engine))[1])
+    _, engine = fake_resource()
+    timing = E.sample_model(spec, home, est, sample, engine)  # hash answers: about 1/3 right, on the bar
+    assert [len(t) for t in timed][0] == 40 and len(timed) == 3  # 40, then up to 80, then up to 160
+    ids = [i for t in timed for i in t]
+    assert len(ids) == len(set(ids)) == timing.rows  # new rows only
+    assert not set(ids) & {r["row_id"] for r in sample.warmup}  # a warm-up row is in the prefix cache
+    assert 160 - len(sample.warmup) <= timing.rows <= 160
+    assert [s[0] for s in timing.steps] == [40, len(timed[0]) + len(timed[1]), timing.rows]
+    assert engine.requests_seen == len({r["text"] for r in sample.warmup}) + timing.requests
+    decided = E.sample_model(spec, home, est.model_copy(update={"accuracy_bar": 0.0}), sample, engine)
+    assert decided.rows == 40  # the interval clears at once: no more rows
+    capped = E.sample_model(spec, home, est.model_copy(update={"max_sample_rows": 40}), sample, engine)
+    assert capped.rows == 40
+
+
+def _slow_start(monkeypatch, seconds: dict[str, float], sleep: bool = False):
+    """Engines whose start takes (or reports) ``seconds[model]``."""
+    real_start = VLLMResource._start
+
+    def start(self):
+        t = time.perf_counter()
+        if sleep:
+            time.sleep(seconds[self.model_name()])
+        engine = real_start(self)
+        engine.start_seconds = time.perf_counter() - t if sleep else seconds[self.model_name()]
+        return engine
+
+    monkeypatch.setattr(VLLMResource, "_start", start)
+
+
+def test_the_estimate_picks_a_cheaper_more_accurate_candidate_and_prices_its_engine_start(tmp_path, monkeypatch):
+    src = write_parquet(tmp_path / "in" / "rows.parquet", _skewed_rows(400))
+    spec = make_spec(tmp_path, input=str(src), shards=4)
+    job = build_batch_assets(spec=spec)
+    build_shards(spec, job.home)
+    _slow_start(monkeypatch, {"fake-model": 20.0, "sharp": 10.0})
+    # The candidate always answers 'fruit' (80% right here) and is twice as fast.
+    monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: VLLMResource(
+        engine="fake", model=model, engine_kwargs={"answer": "fruit", "delay_s": 0.002}))
+    resource = VLLMResource(engine="fake", engine_kwargs={"delay_s": 0.004})
+    est = EstimateSpec(sample_rows=60, models=["sharp"], accuracy_bar=0.5,
+                       options=[NodeOption(name="1 node", hourly_usd=3600.0)])  # $1 a second: readable costs
+    report = job.estimate(resource, est)
+    primary, sharp = report["models"]
+    assert report["chosen_model"] == "sharp" and report["chosen_cost_usd"] == sharp["best_cost_usd"]
+    assert sharp["accuracy_low"] >= 0.5 > primary["accuracy_high"]
+    for m, start in ((primary, 20.0), (sharp, 10.0)):
+        assert m["engine_start_s"] == start
+        assert m["best_cost_usd"] == pytest.approx(m["predicted_wall_s"] + start, abs=0.06)  # start + generation
+    pct = (1 - sharp["best_cost_usd"] / primary["best_cost_usd"]) * 100
+    points = (sharp["accuracy"] - primary["accuracy"]) * 100
+    assert f"sharp is {pct:.0f}% cheaper and {points:.1f} points more accurate than fake-model" in " ".join(
+        report["advice"])
+    assert "set VLLMResource(model='sharp') to switch" in " ".join(report["advice"])
+    assert Path(report["chart"]).stat().st_size > 5000
+
+
+def test_without_a_gold_column_the_cheapest_model_is_named_and_quality_is_not_claimed(tmp_path, monkeypatch):
+    job = build_batch_assets(spec=make_spec(tmp_path, n=200, shards=2, gold_column=None))
+    build_shards(job.spec, job.home)
+    monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: VLLMResource(
+        engine="fake", model=model, engine_kwargs={"delay_s": 0.001}))
+    report = job.estimate(VLLMResource(engine="fake", engine_kwargs={"delay_s": 0.004}),
+                          EstimateSpec(sample_rows=40, models=["quick"], accuracy_bar=0.9))
+    assert report["chosen_model"] == "quick" and all(m["accuracy"] is None for m in report["models"])
+    assert all(m["sample_rows"] == 40 for m in report["models"])  # nothing to straddle
+    text = " ".join(report["advice"])
+    assert "No gold_column: quality was not measured, so the model is chosen by cost alone: quick" in text
+    assert "cheaper than fake-model" in text and "quality not measured (no gold_column)" in text
+
+
+def test_the_estimate_predicts_only_prompts_the_store_does_not_hold(tmp_path):
+    rows = make_rows(300)
+    for r in rows:  # one prompt per row: no prompt shared between shards
+        r["text"] = f"{r['text']} (#{r['id']})"
+    src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
+    spec = make_spec(tmp_path, input=str(src), shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4))
+    job = build_batch_assets(spec=spec)
+    res = {"vllm": fake_resource(delay_s=0.002)[0]}
+    inst = DagsterInstance.get()
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources=res, instance=inst,
+                tags={RANGE_START: keys[0], RANGE_END: keys[0]})
+    version = job.output_version(res["vllm"])
+    first = json.loads(job.home.stats_path(version, keys[0]).read_text())
+    report = job.estimate(res["vllm"])
+    assert report["stored_rows"] == first["rows"] and report["prompts_to_generate"] == 300 - first["rows"]
+    rest = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
+                       instance=inst, tags={RANGE_START: keys[1], RANGE_END: keys[-1]})
+    generated = sum(json.loads(job.home.stats_path(version, k).read_text())["generated_requests"] for k in keys[1:])
+    assert report["prompts_to_generate"] == generated  # predicted and actual count the same prompts
+    assert any("rows already have fake-model's answer in the result store" in a for a in report["advice"])
+    mm = rest.asset_materializations_for_node("things__run_metrics")[0].metadata
+    assert mm["predicted_wall_s"].value > 0 and mm["prediction_error_pct"].value is not None
+    done = job.estimate(res["vllm"])  # everything answered: nothing to predict, nothing to pay
+    assert done["prompts_to_generate"] == 0 and done["predicted_wall_s"] == 0 and done["best_cost_usd"] == 0
+
+
+def _table(n: int):
+    import pyarrow as pa
+
+    return pa.table({"error": [None] * n, "prompt_tokens": [10] * n, "output_tokens": [2] * n,
+                     "cached_tokens": [0] * n, "deduplicated": [False] * n, "reused": [False] * n})
+
+
+def test_shard_stats_keep_the_engine_start_apart(tmp_path):
+    spec = make_spec(tmp_path, hourly_rate_usd=3.6)  # $0.001 a second
+    s = _stats(spec, "shard-00000", "0" * 16, "m", _table(100), wall_s=10.0, engine_s=9.0, resumed=0,
+               generated=100, fresh_tokens=1200, engine_start_s=4.0)
+    assert s["wall_s"] == 6.0 and s["engine_start_s"] == 4.0
+    assert s["generation_cost_usd"] == pytest.approx(0.006) and s["cost_usd"] == pytest.approx(0.010)
+    assert s["tokens_per_hour"] == 1200 / 6 * 3600  # generation alone
+    plain = _stats(spec, "shard-00001", "0" * 16, "m", _table(10), 2.0, 2.0, 0, 10, 120)
+    assert plain["engine_start_s"] == 0 and plain["cost_usd"] == plain["generation_cost_usd"]
+
+
+def test_the_bill_and_the_check_compare_like_with_like(tmp_path):
+    home = JobHome(tmp_path / "home")
+    version = "0123456789abcdef"
+    stats = [{"rows": 300, "wall_s": 40.0, "cost_usd": 0.05, "generation_cost_usd": 0.04, "engine_start_s": 36.0,
+              "generated_requests": 300},
+             {"rows": 300, "wall_s": 20.0, "cost_usd": 0.02, "generation_cost_usd": 0.02, "engine_start_s": 0.0,
+              "generated_requests": 200}]
+    bill = prediction_check(home, version, stats)
+    assert bill == {"cost_usd": 0.07, "generation_cost_usd": 0.06, "engine_start_s": 36.0,
+                    "engine_start_cost_usd": 0.01}  # no estimate made: the bill alone
+    home.prediction_path(version).parent.mkdir(parents=True)
+    home.prediction_path(version).write_text(json.dumps(
+        {"predicted_wall_s": 100.0, "predicted_prompts": 1000, "total_rows": 1200}))
+    check = prediction_check(home, version, stats)
+    # 500 of the 1,000 predicted prompts generated: 50 s predicted for them, 60 s measured.
+    assert check["predicted_wall_s"] == 50.0 and check["actual_wall_s"] == 60.0
+    assert check["prediction_error_pct"] == pytest.approx(-16.7)
+    old = prediction_check(home, version, [{k: v for k, v in s.items() if k != "generated_requests"} for s in stats])
+    assert old["predicted_wall_s"] == 50.0  # older stats: scaled by rows, 600 of 1,200
+
+
+def test_the_runs_bill_includes_its_engine_start(tmp_path, monkeypatch):
+    spec = make_spec(tmp_path, n=120, shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4))
+    job = build_batch_assets(spec=spec)
+    _slow_start(monkeypatch, {"fake-model": 1.0}, sleep=True)
+    resource = VLLMResource(engine="fake", engine_kwargs={"delay_s": 0.001})
+    res = {"vllm": resource}
+    inst = DagsterInstance.get()
+    assert materialize(job.assets, selection=[job.keys["input_shards"], job.keys["estimate"]], resources=res,
+                       instance=inst).success
+    report = json.loads((job.home.estimate_dir / "estimate.json").read_text())
+    assert report["engine_start_s"] >= 1.0
+    one = next(o for o in report["options"] if o["name"] == "1 node")
+    # (both seconds are rounded to 0.1 in the report)
+    assert one["cost_usd"] == pytest.approx(0.79 * (one["wall_s"] + report["engine_start_s"]) / 3600, abs=3e-5)
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    run = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
+                      instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+    mm = run.asset_materializations_for_node("things__run_metrics")[0].metadata
+    start = mm["engine_start_s"].value
+    assert start >= 1.0 and mm["actual_wall_s"].value < 1.0  # generation alone, as predicted
+    assert mm["cost_usd"].value == pytest.approx(mm["generation_cost_usd"].value + 0.79 * start / 3600, abs=2e-6)
+    st = {"partitions_total": 3, "partitions_done": 3}
+    out = summary(job, resource, st, keys, SimpleNamespace(success=True))
+    assert out["engine_start_s"] == start and out["cost_usd"] == mm["cost_usd"].value
+    assert out["generation_cost_usd"] == pytest.approx(0.79 * out["wall_s"] / 3600, abs=2e-6)
+    assert out["wall_s"] < 1.0 and out["prediction_error_pct"] is not None
+
+
+APT = """Package: 0ad
+Description: Real-time strategy game of ancient warfare
+ A longer text that is not the summary.
+Tag: game::strategy, interface::x11, role::program,
+ use::gameplaying
+
+Package: libfoo1
+Description: foo compression library - runtime
+Tag: role::shared-lib
+
+Package: libfoo-dev
+Description: foo compression library - development files
+Tag: devel::library, role::devel-lib
+
+Package: two-roles
+Description: a game and its data
+Tag: role::app-data, role::program
+
+Package: untagged
+Description: no debtags at all
+"""
+
+
+def test_the_benchmark_builds_a_second_real_job_that_runs(tmp_path, monkeypatch):
+    import importlib.util
+
+    from sparkbatch_dagster.cli import load
+
+    spec_ = importlib.util.spec_from_file_location("estimate_accuracy", ROOT / "benchmarks" / "estimate_accuracy.py")
+    bench = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(bench)
+    rows = bench.debtags_rows(APT * 40, 100)  # the same four packages, once each
+    assert rows == [
+        {"package": "0ad", "summary": "Real-time strategy game of ancient warfare", "role": "program"},
+        {"package": "libfoo1", "summary": "foo compression library - runtime", "role": "shared-lib"},
+        {"package": "libfoo-dev", "summary": "foo compression library - development files", "role": "devel-lib"},
+    ]  # one role each: 'two-roles' and 'untagged' have no single gold label
+    many = "\n\n".join(f"Package: p{i:04d}\nDescription: tool number {i}\nTag: role::program" for i in range(300))
+    monkeypatch.syspath_prepend(str(ROOT))
+    defs = bench.write_debtags_job(tmp_path / "round", many, 200, 2, ["other"], 0.3)
+    job, _ = load(str(defs), None)
+    assert job.spec.name == "debian_roles" and job.spec.gold_column == "role" and job.spec.text_columns == ["summary"]
+    assert job.spec.output.labels == bench.ROLES and job.spec.estimate.accuracy_bar == 0.3
+    build_shards(job.spec, job.home)
+    report = job.estimate(VLLMResource(engine="fake"), EstimateSpec(sample_rows=20))
+    assert report["total_rows"] == 200 and report["sample_rows"] == 20 and report["accuracy"] is not None
+
+
+def test_a_run_on_a_warm_engine_pays_no_engine_start(tmp_path, monkeypatch):
+    _slow_start(monkeypatch, {"fake-model": 1.0}, sleep=True)
+    resource = VLLMResource(engine="fake", keep_warm=True, engine_kwargs={"delay_s": 0.001})
+    resource.shutdown()
+    inst = DagsterInstance.get()
+    starts = []
+    for name in ("first", "second"):  # two jobs, one engine kept warm between their runs
+        job = build_batch_assets(spec=make_spec(tmp_path / name, n=60, shards=2, name=name))
+        res = {"vllm": resource}
+        assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+        keys = inst.get_dynamic_partitions(job.partitions_def.name)
+        run = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
+                          instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+        starts.append(run.asset_materializations_for_node(f"{name}__run_metrics")[0].metadata)
+    resource.shutdown()
+    assert starts[0]["engine_start_s"].value >= 1.0 and starts[1]["engine_start_s"].value < 0.5
+    assert starts[1]["cost_usd"].value == pytest.approx(starts[1]["generation_cost_usd"].value, abs=2e-6)
+    assert starts[1]["wall_s"].value > 0  # generation time kept whole, nothing taken off for a start not paid

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,8 @@ class LazyEngine(Engine):
         if first is None:
             return
         if self.started is None:
+            began = time.perf_counter()
             self.started = self._start()
-            self.start_seconds = self.started.start_seconds
+            # What this run paid to get an engine: a cold start in full, a warm one (keep_warm) nothing.
+            self.start_seconds = time.perf_counter() - began
         yield from self.started.generate(itertools.chain([first], source), sampling, output)
