@@ -32,8 +32,8 @@ SECTIONS = [
 ]
 
 
-def read_apt_records() -> list[dict[str, str]]:
-    """Package, section and description of every package apt (or dpkg) knows."""
+def apt_text() -> str:
+    """This machine's package records: ``apt-cache dumpavail``, or dpkg's status file when apt has no lists."""
     try:
         text = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
@@ -43,6 +43,12 @@ def read_apt_records() -> list[dict[str, str]]:
         if not status.exists():
             raise InputError("no apt records here (apt-cache dumpavail and /var/lib/dpkg/status both empty)")
         text = status.read_text(errors="replace")
+    return text
+
+
+def parse_stanzas(text: str) -> list[dict[str, str]]:
+    """apt/dpkg records as dicts (continuation lines joined); a field's first line is also kept
+    apart as ``<field>@first`` (a Description's one-line summary)."""
     records = []
     for stanza in text.split("\n\n"):
         fields: dict[str, str] = {}
@@ -52,11 +58,17 @@ def read_apt_records() -> list[dict[str, str]]:
                 fields[last] += "\n" + line.strip()
             elif ":" in line:
                 last, _, value = line.partition(":")
-                fields[last] = value.strip()
-        if "Package" in fields and "Description" in fields and "Section" in fields:
-            records.append({"package": fields["Package"], "section": fields["Section"].split("/")[-1],
-                            "description": fields["Description"].replace("\n.", "\n")[:1000]})
+                fields[last] = fields[last + "@first"] = value.strip()
+        if fields:
+            records.append(fields)
     return records
+
+
+def read_apt_records() -> list[dict[str, str]]:
+    """Package, section and description of every package apt (or dpkg) knows."""
+    return [{"package": f["Package"], "section": f["Section"].split("/")[-1],
+             "description": f["Description"].replace("\n.", "\n")[:1000]}
+            for f in parse_stanzas(apt_text()) if "Package" in f and "Description" in f and "Section" in f]
 
 
 def sample(records: list[dict[str, str]], rows: int) -> list[dict[str, str]]:

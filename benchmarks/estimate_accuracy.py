@@ -39,6 +39,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+
+from assets.debian import apt_text, parse_stanzas  # noqa: E402  (the demo's own apt reader)
 
 #: The debtags ``role::`` facet (https://wiki.debian.org/Debtags/FAQ): the allowed labels.
 ROLES = ["program", "shared-lib", "devel-lib", "documentation", "app-data", "plugin", "metapackage", "data",
@@ -68,23 +71,6 @@ defs = Definitions(assets=job.assets, resources={{"vllm": vllm_resource()}})
 '''
 
 
-def parse_stanzas(text: str) -> list[dict[str, str]]:
-    """apt/dpkg records as dicts; a field's first line is kept apart as ``<field>@first``."""
-    records = []
-    for stanza in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        last = ""
-        for line in stanza.splitlines():
-            if line.startswith((" ", "\t")) and last:
-                fields[last] += "\n" + line.strip()
-            elif ":" in line:
-                last, _, value = line.partition(":")
-                fields[last] = fields[last + "@first"] = value.strip()
-        if fields:
-            records.append(fields)
-    return records
-
-
 def debtags_rows(text: str, rows: int) -> list[dict[str, str]]:
     """Packages with exactly one debtags role: package, one-line summary, role (the gold label);
     every n-th unique package, so the rows span the alphabet."""
@@ -97,13 +83,6 @@ def debtags_rows(text: str, rows: int) -> list[dict[str, str]]:
     unique = list(found.values())
     step = max(1, len(unique) // max(rows, 1))
     return unique[::step][:rows]
-
-
-def apt_text() -> str:
-    try:
-        return subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def write_debtags_job(folder: Path, text: str, rows: int, shards: int, models: list[str], bar: float) -> Path:
