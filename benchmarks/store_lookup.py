@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from results_io import emit  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 
 from sparkbatch_dagster import results  # noqa: E402
@@ -102,10 +104,7 @@ def main() -> None:
                           "rows": gpu["rows"], "pipeline_s": gpu["pipeline_s"][0]},
         "gpu_shard_s": round(gpu_shard_s, 2), "lookup_share_of_gpu_shard": round(lookup_s / gpu_shard_s, 4),
     }
-    line = json.dumps(result)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
