@@ -1,144 +1,66 @@
 """The asset factory: one call turns a :class:`JobSpec` into partitioned Dagster assets.
 
-    input_shards  -> labeled_outputs (one partition per shard) -> run_metrics -> analytics
-                  -> estimate (a timed sample: duration, cost per node option, model choice)
+    input_shards -> labeled_outputs (one partition per shard) -> run_metrics -> analytics
+                 -> estimate (a timed sample: duration, cost per node option, model choice) -> run_metrics
+
+``labeled_outputs`` materializes each partition the moment its shard commits, with that
+partition's own numbers and checks (:mod:`.events`); ``run_metrics`` and ``analytics`` follow
+new labeled partitions by themselves (``AutomationCondition.eager``) and need no engine.
 """
 
 
 import json
+import time
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
 from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
+    AssetSelection,
+    AssetSpec,
+    AutomationCondition,
     BackfillPolicy,
     Config,
+    DataVersion,
     DynamicPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
     asset,
+    multi_asset,
 )
 
-from . import metrics
-from .engines.base import LazyEngine
+from . import events, metrics
+from .engines.base import Engine, LazyEngine
 from .errors import SparkbatchError
+from .job import BatchJob
 from .progress import Relay
-from .resources import VLLMResource, on_cpu
+from .resources import THROUGHPUT_ONLY, VLLMResource
 from .runner import ShardRun
 from .shards import build_shards
 from .spec import EstimateSpec, JobSpec, fingerprint
-from .store import JobHome, atomic_write_text
+from .store import JobHome
 
-# One run per backfill is the point of this plugin (one engine start); Dagster marks the
-# parameter beta, a notice no user of these assets can act on.
+# One run per backfill is the point of this plugin (one engine start); Dagster marks these
+# parameters beta/preview, notices no user of these assets can act on.
 warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta")
+warnings.filterwarnings("ignore", message=r".*partitions_def.*AssetCheckSpec")
 
-
-@dataclass
-class BatchJob:
-    """What :func:`build_batch_assets` returns: the assets plus what a CLI needs to drive them."""
-
-    spec: JobSpec
-    home: JobHome
-    partitions_def: DynamicPartitionsDefinition
-    assets: list[AssetsDefinition] = field(default_factory=list)
-    keys: dict[str, AssetKey] = field(default_factory=dict)
-    resource_key: str = "vllm"
-
-    def output_version(self, resource: VLLMResource) -> str:
-        """Fingerprint of prompt + sampling + model + input shards: the output folder's name."""
-        manifest = self.home.read_manifest()
-        if manifest is None:
-            shards = self.keys["input_shards"].to_user_string()
-            raise SparkbatchError(f"{self.home.root} has no shards yet: materialize {shards} first")
-        model = resource.model_identity()
-        return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model, "input": manifest["signature"]})
-
-    def estimate(self, resource: VLLMResource, est: EstimateSpec | None = None) -> dict[str, Any]:
-        """Time a sample on the configured model and on each candidate in ``est.models`` (one
-        engine at a time, open only while that model samples; a model whose accuracy interval
-        straddles the bar samples more rows first); count the rows the result store already
-        answers; predict duration and cost of the whole job (engine start included) per node
-        option; name the best buy; write JSON + chart; return the report.
-
-        Example::
-
-            report = job.estimate(VLLMResource(), EstimateSpec(models=["gemma-3-270m"], accuracy_bar=0.2))
-            report["predicted_wall_s"], report["chosen_model"], report["chart"]
-        """
-        from . import choice as C
-        from . import estimate as E
-        from .model import weights_gb
-        from .results import ResultStore
-
-        est = est or self.spec.estimate
-        on_gpu = not on_cpu()
-        if on_gpu and est.fill_batch and est.sample_rows < resource.max_num_seqs:
-            est = est.model_copy(update={"sample_rows": resource.max_num_seqs})
-        sample = E.draw_sample(self.spec, self.home, est)
-        has_gold = self.spec.gold_column is not None
-        models: list[dict[str, Any]] = []
-        failed: list[dict[str, str]] = []
-        for candidate in [None, *[m for m in est.models if m != resource.model]]:
-            res = resource if candidate is None else resource.with_model(candidate)
-            try:  # one engine at a time: a small box holds one model's KV cache, not several
-                name = res.model_name()
-                timing = E.sample_model(self.spec, self.home, est, sample, res.get_engine())
-            except SparkbatchError as exc:
-                if candidate is None:  # the job's own model must run; a candidate may fail alone
-                    raise
-                failed.append({"model": candidate, "error": str(exc)})
-                continue
-            finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
-                res.close() if candidate is None else res.shutdown()
-            store = ResultStore(self.spec.result_store_path, self.spec.answer_context(res.model_identity()))
-            stored = E.count_stored(self.spec, self.home, sample, store)
-            models.append({**E.predict(sample, timing, est.options, weights_gb(name), stored),
-                           "configured_as": res.model})
-            m = models[-1]
-            atomic_write_text(self.home.prediction_path(self.output_version(res)), json.dumps({
-                "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
-                "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
-                "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
-                "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
-                "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }))
-        chosen = C.choose(models, est.accuracy_bar, has_gold)
-        primary = models[0]
-        report = {
-            "job": self.spec.name, "base_sample_rows": len(sample.rows), "sample_rows": len(sample.rows),
-            "total_rows": sample.total_rows, "distinct_prompts": sample.distinct_prompts, **primary,
-            "accuracy_bar": est.accuracy_bar, "max_sample_rows": est.max_sample_rows,
-            "chosen_model": chosen["model"] if chosen else None,
-            "chosen_configured_as": chosen["configured_as"] if chosen else None,
-            "chosen_cost_usd": chosen["best_cost_usd"] if chosen else None,
-            "models": models, "failed_models": failed,
-            # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
-            "advice": C.advise(primary, chosen, est, len(sample.rows), min(resource.max_num_seqs, sample.total_rows),
-                               on_gpu=on_gpu, has_gold=has_gold, models=models, total_rows=sample.total_rows)
-            + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed],
-        }
-        return E.write_report(report, self.home.estimate_dir)
-
-    def done_partitions(self, resource: VLLMResource) -> list[str]:
-        manifest = self.home.read_manifest() or {"keys": []}
-        if not manifest["keys"]:
-            return []
-        version = self.output_version(resource)
-        return [k for k in manifest["keys"] if self.home.is_done(version, k)]
+__all__ = ["BatchJob", "build_batch_assets"]
 
 
 def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     return head + "\n".join("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
+
+
+def _bars(rows: Sequence[tuple[str, float]], width: int = 30) -> str:
+    """A bar chart in Markdown, which the Dagster UI shows in place (a PNG path it does not)."""
+    top = max((v for _, v in rows), default=0) or 1
+    return "\n".join(f"`{name:<28}` {'█' * max(1, round(width * v / top))} ${v:.4f}" for name, v in rows)
 
 
 class EstimateConfig(Config):
@@ -149,22 +71,60 @@ class EstimateConfig(Config):
     accuracy_bar: Optional[float] = None  # noqa: UP045
 
 
-def _totals(stats: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("rows", "labeled", "errors", "input_tokens", "output_tokens", "wall_s", "cost_usd",
-            "generated_requests", "reused_rows")
-    return {k: round(sum(s.get(k, 0) for s in stats), 6) for k in keys}
+def _engine_starter(context: AssetExecutionContext, resource: VLLMResource) -> Any:
+    """Start the engine with a log line before (model, settings) and after (seconds): a minute
+    of silence in the run's log reads as a hang."""
+    def start() -> Engine:
+        shown = {k: v for k, v in resource.model_dump().items()
+                 if v not in (None, {}, "") and k not in ("model", "keep_warm", "api_key", "api_key_env")}
+        context.log.info(f"engine loading: {resource.model_name()} with {json.dumps(shown, default=str)}")
+        began = time.perf_counter()
+        engine = resource.get_engine()
+        context.log.info(f"engine ready in {time.perf_counter() - began:.1f} s")
+        return engine
+    return start
+
+
+def _model_config(resource: VLLMResource | None) -> Any:
+    """The configured model and the settings that change its answers: part of the code version,
+    so switching models shows ``labeled_outputs`` as changed in the UI (the weights' own digest
+    goes into each partition's data version when it runs)."""
+    if resource is None:
+        return None
+    try:
+        cfg = resource.resolved()
+    except SparkbatchError:  # an EnvVar unset where the code loads: the run will say so
+        cfg = resource
+    extra = {k: v for k, v in sorted(cfg.engine_kwargs.items()) if k not in THROUGHPUT_ONLY}
+    return {"model": cfg.model, "engine": cfg.engine, "server_url": cfg.server_url, "dtype": cfg.dtype,
+            "max_model_len": cfg.max_model_len, **extra}
+
+
+def _input_provenance(instance: Any, key: AssetKey) -> dict[str, str]:
+    """The tags Dagster writes on a materialization to say which upstream version it was built
+    from; without them the UI calls every partition stale ("new dependency")."""
+    from dagster._core.definitions.data_version import get_input_data_version_tag, get_input_event_pointer_tag
+
+    records = instance.fetch_materializations(key, limit=1).records
+    if not records:
+        return {}
+    version = records[0].asset_materialization.tags.get("dagster/data_version")
+    return {get_input_data_version_tag(key): version, get_input_event_pointer_tag(key): str(records[0].storage_id)
+            } if version else {}
 
 
 def build_batch_assets(
     *, spec: JobSpec, key_prefix: str | Sequence[str] | None = None, group_name: str | None = None,
     resource_key: str = "vllm", upstream: Sequence[AssetsDefinition | AssetKey] = (),
+    pool: str | None = "gpu", resource: VLLMResource | None = None,
 ) -> BatchJob:
-    """Build the job's four assets and one asset check.
+    """Build the job's five assets and their checks.
 
     Example::
 
-        job = build_batch_assets(spec=spec)
-        defs = Definitions(assets=job.assets, resources={"vllm": VLLMResource()})
+        vllm = VLLMResource()
+        job = build_batch_assets(spec=spec, resource=vllm)
+        defs = Definitions(assets=job.assets, resources={"vllm": vllm})
 
     Args:
         spec: the job.
@@ -172,6 +132,11 @@ def build_batch_assets(
         group_name: Dagster asset group (default: the job name).
         resource_key: key of the :class:`VLLMResource` in ``Definitions.resources``.
         upstream: assets that produce the input files (``input_shards`` depends on them).
+        pool: Dagster concurrency pool of the assets that start an engine (``labeled_outputs``,
+            ``estimate``); limit it to the number of GPUs (``dagster instance concurrency set
+            gpu 1``) so two runs never start two engines on one GPU. None: no pool.
+        resource: the resource the job will run with, when known here: its model and settings
+            become part of ``labeled_outputs``' code version.
     """
     prefix = [key_prefix] if isinstance(key_prefix, str) else list(key_prefix or [spec.name])
     group = group_name or spec.name
@@ -180,7 +145,8 @@ def build_batch_assets(
     job = BatchJob(spec, home, parts, resource_key=resource_key)
     names = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
     job.keys = {n: AssetKey([*prefix, n]) for n in names}
-    policy = BackfillPolicy.single_run()  # one run, one engine start, for a whole backfill
+    labeled_key = job.keys["labeled_outputs"]
+    code_version = fingerprint({"prompt": spec.prompt_fingerprint(), "model": _model_config(resource)})[:16]
 
     @asset(key=job.keys["input_shards"], deps=list(upstream), group_name=group, kinds={"duckdb", "parquet"},
            description=f"{spec.input} split into shards by a hash of the row id.")
@@ -192,76 +158,104 @@ def build_batch_assets(
             context.instance.add_dynamic_partitions(parts.name or "", new)
         for stale in sorted(known - set(manifest["keys"])):
             context.instance.delete_dynamic_partition(parts.name or "", stale)
-        return MaterializeResult(metadata={
+        return MaterializeResult(data_version=DataVersion(manifest["signature"]), metadata={
             "rows": manifest["rows"], "shards": manifest["shard_count"], "reused": manifest["reused"],
             "path": MetadataValue.path(str(home.shards_dir)),
         })
 
-    check = AssetCheckSpec("error_rate", asset=job.keys["labeled_outputs"],
-                           description=f"Error rows are at most {spec.max_error_rate:.0%} of each partition.")
+    checks = [
+        AssetCheckSpec(events.EXACTLY_ONCE, asset=labeled_key, partitions_def=parts, blocking=True,
+                       description="Read back from disk: the labeled file holds every input row of the shard "
+                                   "exactly once (a label or an error row). analytics is not built on a failure."),
+        AssetCheckSpec(events.ERROR_RATE, asset=labeled_key, partitions_def=parts,
+                       description=f"Error rows are at most {spec.max_error_rate:.0%} of the partition."),
+    ]
 
-    @asset(key=job.keys["labeled_outputs"], deps=[input_shards], partitions_def=parts, backfill_policy=policy,
-           group_name=group, kinds={"vllm", "parquet"}, required_resource_keys={resource_key},
-           code_version=spec.prompt_fingerprint(), check_specs=[check],
-           description="One shard labeled by the model; every input row exactly once (a label or an error).")
-    def labeled_outputs(context: AssetExecutionContext) -> MaterializeResult:
+    # Skippable, and no output at the end: each partition's materialization is yielded as its
+    # shard commits (see events.py), so Dagster must not add a second one per partition.
+    @multi_asset(
+        name="__".join(labeled_key.path), partitions_def=parts, backfill_policy=BackfillPolicy.single_run(),
+        required_resource_keys={resource_key}, check_specs=checks, can_subset=True, pool=pool,
+        specs=[AssetSpec(labeled_key, deps=[input_shards], skippable=True, group_name=group,
+                         kinds={"vllm", "parquet"}, code_version=code_version,
+                         description="One shard labeled by the model; every input row exactly once (a label or "
+                                     "an error). Each partition materializes as its shard commits.")],
+    )
+    def labeled_outputs(context: AssetExecutionContext) -> Iterator[Any]:
         resource: VLLMResource = getattr(context.resources, resource_key)
+        job.check_partitions(context.partition_keys)  # before any engine starts
         version = job.output_version(resource)
+        engine = LazyEngine(resource.model_identity(), _engine_starter(context, resource))
+        home.write_current(version, engine.model_id)
         todo = [k for k in context.partition_keys if not home.is_done(version, k)]
-        stats = [json.loads(home.stats_path(version, k).read_text()) for k in context.partition_keys if k not in todo]
-        if stats:
-            context.log.info(f"{len(stats)} partition(s) already done under version {version}: not recomputed")
+        tags = {"dagster/code_version": code_version, "dagster/data_version_is_user_provided": "true",
+                **_input_provenance(context.instance, job.keys["input_shards"])}
+        if context.run.tags.get("dagster/backfill"):
+            tags["dagster/backfill"] = context.run.tags["dagster/backfill"]
+
+        def emit(stats: dict[str, Any], this_run: bool) -> Iterator[Any]:
+            data_version = fingerprint([version, stats["partition"]])[:16]
+            yield events.materialization(labeled_key, stats, this_run=this_run, home=home,
+                                         tags={**tags, "dagster/data_version": data_version})
+            yield from events.checks(labeled_key, spec, home, stats)
+
+        done = [k for k in context.partition_keys if k not in todo]
+        if done:
+            context.log.info(f"{len(done)} partition(s) already done under version {version}: recorded as "
+                             "reused (nothing generated, cost 0 in this run)")
+        for k in done:
+            yield from emit(json.loads(home.stats_path(version, k).read_text()), this_run=False)
         home.remove_stale_parts(version)
-        engine = LazyEngine(resource.model_identity(), resource.get_engine)
-        computed: list[dict[str, Any]] = []
         if todo:
             context.log.info(f"labeling {len(todo)} partition(s) with {engine.model_id}; the engine starts "
                              "when the first prompt that is not in the result store needs it")
             runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info))
-            computed = runner.run(todo, on_done=lambda s: context.log.info(f"{s['partition']} done: {json.dumps(s)}"))
-        stats += computed
-        engine_start_s = engine.start_seconds
-        worst = max(stats, key=lambda s: s["errors"] / max(s["rows"], 1))
-        rate = worst["errors"] / max(worst["rows"], 1)
-        # Rows and tokens: every partition of the run; what was generated or reused: this run's own.
-        this_run = {k: sum(s.get(k, 0) for s in computed) for k in ("generated_requests", "reused_rows")}
-        return MaterializeResult(
-            metadata={**_totals(stats), **this_run, "partitions_computed": len(todo), "version": version,
-                      "engine_start_s": round(engine_start_s, 2),
-                      "path": MetadataValue.path(str(home.version_dir(version) / "labeled"))},
-            check_results=[AssetCheckResult(
-                passed=rate <= spec.max_error_rate, severity=AssetCheckSeverity.ERROR,
-                metadata={"worst_partition": worst["partition"], "error_rate": round(rate, 4),
-                          "max_error_rate": spec.max_error_rate,
-                          "error_reasons": MetadataValue.json(worst["error_reasons"])},
-            )],
-        )
+            runner.expected_rows_per_s = job.expected_rows_per_s(version)
+            for stats in runner.stream(todo):
+                context.log.info(f"{stats['partition']} committed: {stats['rows']} rows, {stats['errors']} errors, "
+                                 f"{stats['generated_requests']} prompts generated, {stats['reused_rows']} reused, "
+                                 f"${stats['cost_usd']:.4f}")
+                yield from emit(stats, this_run=True)
 
-    @asset(key=job.keys["run_metrics"], deps=[labeled_outputs], partitions_def=parts, backfill_policy=policy,
-           group_name=group, kinds={"duckdb"}, required_resource_keys={resource_key},
-           description="Rows, errors, tokens, time, tokens/hour and cost per partition, in metrics.duckdb.")
+    # A different backfill policy keeps run_metrics out of labeled_outputs' run: that run yields
+    # no output at its end, so a step after it in the same run would be skipped.
+    follow = AutomationCondition.eager().ignore(AssetSelection.assets(job.keys["estimate"]))
+
+    @asset(key=job.keys["run_metrics"], deps=[labeled_outputs, job.keys["estimate"]], partitions_def=parts,
+           backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=1000), group_name=group,
+           kinds={"duckdb"}, automation_condition=follow,
+           description="Rows, errors, tokens, time, tokens/hour and cost per partition, in metrics.duckdb; "
+                       "predicted vs actual generation time when an estimate was made.")
     def run_metrics(context: AssetExecutionContext) -> MaterializeResult:
-        version = job.output_version(getattr(context.resources, resource_key))
+        version = job.current_version()
         committed = metrics.sync(home, version)
         missing = [k for k in context.partition_keys if k not in committed]
         if missing:
             raise SparkbatchError(f"no finished output for {missing}: materialize labeled_outputs for them first")
-        stats = [committed[k] for k in context.partition_keys]
-        cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
+        for k in context.partition_keys:
+            s = committed[k]
+            context.add_asset_metadata({n: s.get(n, 0) for n in events.NUMBERS}, partition_key=k)
         check = metrics.prediction_check(home, version, list(committed.values()))
         if "predicted_wall_s" in check:
             context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
+        cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
         return MaterializeResult(metadata={
-            **_totals(stats), **{k: v for k, v in check.items() if v is not None},
-            "table": MetadataValue.md(_md_table(stats, cols)),
+            "all_committed_partitions": MetadataValue.md(_md_table(list(committed.values()), cols)),
+            **{f"job_{k}": v for k, v in check.items() if v is not None},
             "database": MetadataValue.path(str(home.metrics_db)),
         })
 
-    @asset(key=job.keys["analytics"], deps=[run_metrics], group_name=group, kinds={"duckdb"},
-           required_resource_keys={resource_key},
-           description="Label distribution, accuracy against the gold column, cost per 1k rows (DuckDB views).")
+    @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"},
+           automation_condition=AutomationCondition.eager(),
+           description="Label distribution, accuracy against the gold column, cost per 1k rows (DuckDB views). "
+                       "Not built while a partition fails its every-row-exactly-once check.")
     def analytics(context: AssetExecutionContext) -> MaterializeResult:
-        version = job.output_version(getattr(context.resources, resource_key))
+        version = job.current_version()
+        committed = sorted(metrics.committed_stats(home, version))
+        bad = events.blocked(context.instance, labeled_key, home, version, committed)
+        if bad:
+            raise SparkbatchError(f"partition(s) {bad[:5]} failed the {events.EXACTLY_ONCE} check: analytics is "
+                                  "not built on them; materialize labeled_outputs for them again")
         result = metrics.analytics(spec, home, version)
         dist = [{"label": k, "rows": v} for k, v in result.pop("label_distribution").items()]
         return MaterializeResult(metadata={
@@ -271,14 +265,14 @@ def build_batch_assets(
         })
 
     @asset(key=job.keys["estimate"], deps=[input_shards], group_name=group, kinds={"vllm"},
-           required_resource_keys={resource_key},
+           required_resource_keys={resource_key}, pool=pool,
            description="Timed sample on the real engine: predicted duration, tokens/hour and cost per node "
                        "option (engine start included), and the cheapest model whose accuracy interval clears "
                        "the bar. Writes JSON + a chart.")
     def estimate(context: AssetExecutionContext, config: EstimateConfig) -> MaterializeResult:
         overrides = {k: v for k, v in config.model_dump().items() if v is not None}
         est = EstimateSpec(**{**spec.estimate.model_dump(), **overrides})  # overrides validated like the spec
-        report = job.estimate(getattr(context.resources, resource_key), est)
+        report = job.estimate(getattr(context.resources, resource_key), est, log=context.log.info)
         for line in report["advice"]:
             context.log.info(line)
         table = [{"model": m["model"], "rows": m["sample_rows"], "accuracy": m["accuracy"],
@@ -293,6 +287,9 @@ def build_batch_assets(
             **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
             "models": MetadataValue.md(_md_table(table, list(table[0]))),
             "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
+            "cost_chart": MetadataValue.md(_bars([(f"{m['model']} {o['name']}", o["cost_usd"])
+                                                  for m in report["models"] for o in m["options"]
+                                                  if o["cost_usd"] is not None])),
             "chart": MetadataValue.path(report["chart"]), "report": MetadataValue.path(report["json"]),
         })
 

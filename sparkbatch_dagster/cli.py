@@ -131,11 +131,13 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
         bar = Bar()
         with listening(bar):
             try:
-                materialize(assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
-                            resources=resources, instance=inst, run_config=console.run_config(),
-                            tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+                materialize(assets, selection=[job.keys["labeled_outputs"]], resources=resources, instance=inst,
+                            run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
             finally:
                 bar.close()
+        # Its own run, as a backfill in the UI runs it: labeled_outputs' run has no end-of-run output.
+        materialize(assets, selection=[job.keys["run_metrics"]], resources=resources, instance=inst,
+                    run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
     after = status(job, resource)
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
                          run_config=console.run_config())

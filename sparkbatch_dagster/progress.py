@@ -1,14 +1,13 @@
 """Progress of a labeling run, for people watching it.
 
 The runner reports every second. :class:`Relay` passes each report to in-process listeners
-(``sparkbatch run`` draws a progress bar from them) and writes one to the Dagster log every
-``log_every_s`` seconds, so a long partition shows rows done / total, tokens/s and ETA at a
-steady pace without flooding the event log.
+(``sparkbatch run`` draws a progress bar from them) and writes one readable line to the Dagster
+log every ``log_every_s`` seconds, so a long run shows rows done / total of the run and of the
+current partition, tokens/s and an ETA at a steady pace without flooding the event log.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +41,7 @@ class Relay:
         now = time.monotonic()
         if now - self._last_log >= self.log_every_s or report["rows_done"] >= report["rows_total"]:
             self._last_log = now
-            self.log(json.dumps(report))
+            self.log(log_line(report))
 
 
 def _clock(seconds: float | None) -> str:
@@ -50,6 +49,17 @@ def _clock(seconds: float | None) -> str:
         return "--:--"
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def log_line(report: Report) -> str:
+    """``labeled 1,200 of 2,000 rows (60%); shard-00004 120 of 250; 3,410 tokens/s; ETA 0:45``"""
+    done, total = report["rows_done"], report["rows_total"]
+    part = report["partition"]
+    if "partition_rows_total" in report:
+        part += f" {report['partition_rows_done']:,} of {report['partition_rows_total']:,}"
+    eta = "ETA unknown until 10 s of answers" if report["eta_s"] is None else f"ETA {_clock(report['eta_s'])}"
+    return (f"labeled {done:,} of {total:,} rows ({done / max(total, 1):.0%}); {part}; "
+            f"{report['tokens_per_s']:,.0f} tokens/s; {eta}")
 
 
 def bar_line(report: Report, width: int = 30) -> str:

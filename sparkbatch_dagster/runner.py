@@ -121,6 +121,7 @@ class _Shard:
         # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
         self.order = sorted(self.groups)
         self.outstanding = len(self.order)
+        self.done = len(self.rows) - sum(len(ids) for _, ids in self.groups.values())  # resumed, reused, errors
         self.pending = 0  # rows whose prompt got only transient failures: nothing written for them
         self.fresh_tokens = 0
         self.first_sent: float | None = None
@@ -160,11 +161,21 @@ class ShardRun:
         self._start_paid = engine.start_seconds  # an engine started before this run is not this run's bill
         self._rows_done = 0  # rows with a result: generated, fanned out, error rows, resumed
         self._rows_free = 0  # of those, resumed and error rows: done at once, so not in the ETA's rate
-        self._on_done: Callable[[dict[str, Any]], None] | None = None
+        self._ready: list[dict[str, Any]] = []  # shards finalized since the caller last heard
+        #: Rows per second to quote an ETA with before this run has measured its own (the estimate's).
+        self.expected_rows_per_s: float | None = None
+        self.rate_window_s = 10.0  # seconds of answers before the run's own rate is trusted
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
-        self._on_done = on_done
+        for stats in self.stream(keys):
+            if on_done:
+                on_done(stats)
+        return self.stats
+
+    def stream(self, keys: list[str]) -> Iterator[dict[str, Any]]:
+        """Label ``keys``, yielding each shard's statistics as soon as it is committed (the engine
+        keeps generating the next shards' rows meanwhile)."""
         locks = [self.home.partition_lock(self.version, k) for k in keys]
         try:
             for key, lock in zip(keys, locks, strict=True):
@@ -173,19 +184,29 @@ class ShardRun:
                         f"partition {key} is being written by another run (pid {lock.holder()}): "
                         "wait for that run to finish, or run the other partitions"
                     )
-            self._generate(keys)
+            yield from self._generate(keys)
         finally:
             # Whatever stopped us, finished rows still in memory go to disk first.
             for shard in self.shards:
                 shard.writer.flush()
             for lock in locks:
                 lock.release()
-        return self.stats
 
-    def _generate(self, keys: list[str]) -> None:
-        total = sum(pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys)
-        started = last_report = time.perf_counter()
+    def _drain(self) -> Iterator[dict[str, Any]]:
+        while self._ready:
+            yield self._ready.pop(0)
+
+    def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
+        self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys}
+        total = sum(self._sizes.values())
+        # The rate is measured from the first answer: before it the engine was starting, and a
+        # rate over that minute would quote an ETA of hours for a job of minutes.
+        self._first_answer: float | None = None
+        last_report = time.perf_counter()
         for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
+            if self._first_answer is None:
+                self._first_answer = time.perf_counter()
+                self._done_at_first = self._rows_done - self._rows_free
             idx, _, n = res.id.partition(":")
             shard = self.shards[int(idx)]
             group = shard.order[int(n)]
@@ -201,6 +222,7 @@ class ShardRun:
                     shard.writer.add(_row(rid, self.version, self.engine.model_id, output, error, res,
                                           dedup=i > 0, key=shard.keys[group]))
                 self._rows_done += len(ids)
+                shard.done += len(ids)
                 shard.fresh_tokens += res.prompt_tokens + res.output_tokens
             if shard.writer.due():
                 shard.writer.flush()
@@ -209,9 +231,11 @@ class ShardRun:
             now = time.perf_counter()
             if self.progress and now - last_report >= self.progress_every_s:
                 last_report = now
-                self._report(shard.key, total, now - started)
+                self._report(shard, total)
+            yield from self._drain()
+        yield from self._drain()
         if self.progress and self.shards:
-            self._report(self.shards[-1].key, total, time.perf_counter() - started)
+            self._report(self.shards[-1], total)
         pending = {s.key: s.pending for s in self.shards if s.pending}
         if pending:
             raise PendingRowsError(
@@ -219,10 +243,17 @@ class ShardRun:
                 f"({self._pending_reason[:200]}); nothing was committed for them: run again to retry exactly those rows"
             )
 
-    def _report(self, key: str, total: int, seconds: float) -> None:
+    def _report(self, shard: _Shard, total: int) -> None:
         assert self.progress is not None
+        first = self._first_answer
+        seconds = time.perf_counter() - first if first is not None else 0.0
         tokens = sum(s.fresh_tokens for s in self.shards)
-        self.progress(_progress(key, self._rows_done, self._rows_free, total, tokens, seconds))
+        # Rows done at once (resumed, reused, error rows) say nothing about the engine's pace.
+        measured = self._rows_done - self._rows_free - (self._done_at_first if first is not None else 0)
+        report = _progress(shard.key, self._rows_done, total, tokens, seconds, measured,
+                           self.expected_rows_per_s, self.rate_window_s)
+        report.update(partition_rows_done=shard.done, partition_rows_total=self._sizes.get(shard.key, 0))
+        self.progress(report)
 
     def _requests(self, keys: list[str]) -> Iterator[EngineRequest]:
         for key in keys:
@@ -261,8 +292,7 @@ class ShardRun:
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
         shard.release()
         self.stats.append(stats)
-        if self._on_done:
-            self._on_done(stats)
+        self._ready.append(stats)
 
 
 def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
@@ -280,11 +310,14 @@ def _new_answers(table: Any) -> list[dict[str, Any]]:
             and (r["error"] is None or r["error"].startswith(_STORED_ERRORS))]
 
 
-def _progress(key: str, done: int, free: int, total: int, tokens: int, seconds: float) -> dict[str, Any]:
-    rate = (done - free) / seconds if seconds > 0 else 0.0
+def _progress(key: str, done: int, total: int, tokens: int, seconds: float, measured: int,
+              expected_rows_per_s: float | None = None, window_s: float = 10.0) -> dict[str, Any]:
+    """A progress report. The ETA uses the rate this run measured once it has ``window_s`` of
+    answers behind it; before that the estimate's rate when there is one, else no ETA at all."""
+    rate = measured / seconds if seconds >= window_s and measured > 0 else expected_rows_per_s
+    eta = 0.0 if done >= total else round((total - done) / rate, 1) if rate else None
     return {"partition": key, "rows_done": done, "rows_total": total,
-            "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0,
-            "eta_s": round((total - done) / rate, 1) if rate > 0 else None}
+            "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0, "eta_s": eta}
 
 
 def _stats(spec: JobSpec, key: str, version: str, model: str, table: Any, wall_s: float, engine_s: float,

@@ -89,6 +89,17 @@ class JobHome:
         """The latest estimate report (JSON + chart), all models compared."""
         return self.root / "estimate"
 
+    @property
+    def current_path(self) -> Path:
+        """Which output version is current: written by each ``labeled_outputs`` run."""
+        return self.root / "current.json"
+
+    def write_current(self, version: str, model: str) -> None:
+        atomic_write_text(self.current_path, json.dumps({"version": version, "model": model}))
+
+    def read_current(self) -> dict[str, Any] | None:
+        return json.loads(self.current_path.read_text()) if self.current_path.exists() else None
+
     def prediction_path(self, version: str) -> Path:
         """What the estimate predicted for the run that produces ``version``."""
         return self.version_dir(version) / "prediction.json"

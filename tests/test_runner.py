@@ -1,6 +1,5 @@
 """label_shard with the fake engine: the row contract, dedup, resume after a crash."""
 
-import json
 
 import pyarrow.parquet as pq
 import pytest
@@ -92,14 +91,45 @@ def test_progress_reports_rows_tokens_and_eta(tmp_path):
 
     spec, home = _one_shard(tmp_path, make_rows(60))
     reports: list[dict] = []
-    ShardRun(spec, home, V, FakeEngine(delay_s=0.02), progress=reports.append, progress_every_s=0.1).run(
-        ["shard-00000"])
+    run = ShardRun(spec, home, V, FakeEngine(delay_s=0.02), progress=reports.append, progress_every_s=0.1)
+    run.rate_window_s = 0.3
+    run.run(["shard-00000"])
     done = [r["rows_done"] for r in reports]
     assert len(reports) >= 3 and done == sorted(done)
     assert reports[-1]["rows_done"] == reports[-1]["rows_total"] == 60 and reports[-1]["eta_s"] == 0
     first = reports[0]
-    assert 0 < first["rows_done"] < 60 and first["tokens_per_s"] > 0 and first["eta_s"] > 0
-    assert first["partition"] == "shard-00000"
+    assert 0 < first["rows_done"] < 60 and first["tokens_per_s"] > 0
+    assert first["eta_s"] is None  # no ETA from a rate measured over a fraction of a second
+    assert any(r["eta_s"] and r["rows_done"] < 60 for r in reports)  # then one from the run's own rate
+    assert first["partition"] == "shard-00000" and first["partition_rows_total"] == 60
+    assert 0 < first["partition_rows_done"] == first["rows_done"]
+
+
+def test_progress_quotes_the_estimates_rate_before_its_own(tmp_path):
+    from sparkbatch_dagster.runner import ShardRun
+
+    spec, home = _one_shard(tmp_path, make_rows(60))
+    reports: list[dict] = []
+    run = ShardRun(spec, home, V, FakeEngine(delay_s=0.02), progress=reports.append, progress_every_s=0.1)
+    run.expected_rows_per_s = 6.0
+    run.run(["shard-00000"])
+    first = reports[0]
+    assert first["eta_s"] == round((60 - first["rows_done"]) / 6.0, 1)
+
+
+def test_stream_yields_each_shard_as_it_commits(tmp_path):
+    from sparkbatch_dagster.runner import ShardRun
+
+    spec = make_spec(tmp_path, n=60, shards=3)
+    home = JobHome(spec.home_path)
+    keys = build_shards(spec, home)["keys"]
+    run = ShardRun(spec, home, V, FakeEngine(delay_s=0.01))
+    seen = []
+    for stats in run.stream(keys):
+        seen.append(stats["partition"])
+        assert home.is_done(V, stats["partition"])  # committed before the caller hears of it
+        assert not any(home.is_done(V, k) for k in keys if k not in seen)  # and the others not yet
+    assert sorted(seen) == sorted(keys)
 
 
 def test_relay_logs_at_a_steady_interval_and_feeds_listeners(monkeypatch):
@@ -116,7 +146,8 @@ def test_relay_logs_at_a_steady_interval_and_feeds_listeners(monkeypatch):
             relay({"partition": "shard-00000", "rows_done": i, "rows_total": 40, "tokens_per_s": 5.0, "eta_s": 1.0})
     relay({"partition": "shard-00000", "rows_done": 40, "rows_total": 40, "tokens_per_s": 5.0, "eta_s": 0.0})
     assert len(heard) == 30  # every report while listening, none after
-    assert [json.loads(x)["rows_done"] for x in logged] == [10, 20, 30, 40]  # every 10 s, and the last
+    assert [x.split()[1] for x in logged] == ["10", "20", "30", "40"]  # every 10 s, and the last
+    assert logged[-1] == "labeled 40 of 40 rows (100%); shard-00000; 5 tokens/s; ETA 0:00"
 
 
 def test_bar_redraws_in_place_on_a_terminal():
