@@ -13,8 +13,10 @@ all but the first rows of a real run. The engine's start is measured and priced 
 Accuracy against the gold column is a 95% Wilson score interval; a model clears the bar when
 the interval's LOWER bound does. While a model's interval straddles the bar, more rows of the
 same stratified draw are timed and scored on the same engine (the sample doubled, up to
-``EstimateSpec.max_sample_rows``). The best buy is the cheapest model that clears: predicted
-cost of the whole job (engine start + generation) on its cheapest node option.
+``EstimateSpec.max_sample_rows``); their speed counts only when a draw is as large as the first,
+since a smaller one runs a part-empty batch, slower per token than the run. The best buy is the
+cheapest model that clears: predicted cost of the whole job (engine start + generation) on its
+cheapest node option.
 
 Prompts whose answer the result store already holds cost a run nothing: they are counted
 (``stored_rows``) and left out of the prediction, which covers only the prompts still to
@@ -165,13 +167,19 @@ def time_sample(spec: JobSpec, sample: Sample, engine: Engine) -> Timing:
     return time_rows(spec, sample.rows, engine)
 
 
-def merge(a: Timing, b: Timing) -> Timing:
-    """Two timed draws of one model on one engine, as one."""
+def merge(a: Timing, b: Timing, first_rows: int) -> Timing:
+    """Two timed draws of one model on one engine, as one. Every draw counts for accuracy; for
+    speed only draws at least as large as the first (``first_rows``, a full batch when
+    ``fill_batch``): a smaller draw runs a part-empty batch, slower per token than the run's
+    full one, and would bias the prediction high."""
     correct = None if a.correct is None or b.correct is None else a.correct + b.correct
+    fast = b.rows >= first_rows
     return replace(
-        a, seconds=a.seconds + b.seconds, rows=a.rows + b.rows, prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-        output_tokens=a.output_tokens + b.output_tokens, errors=a.errors + b.errors, correct=correct,
-        requests=(a.requests or a.rows) + (b.requests or b.rows),
+        a, rows=a.rows + b.rows, errors=a.errors + b.errors, correct=correct,
+        seconds=a.seconds + (b.seconds if fast else 0.0),
+        prompt_tokens=a.prompt_tokens + (b.prompt_tokens if fast else 0),
+        output_tokens=a.output_tokens + (b.output_tokens if fast else 0),
+        requests=(a.requests or a.rows) + ((b.requests or b.rows) if fast else 0),
         steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [],
     )
 
@@ -191,7 +199,7 @@ def sample_model(spec: JobSpec, home: JobHome, est: EstimateSpec, sample: Sample
         more = [r for r in bigger.rows if r["row_id"] not in seen]
         if more:
             seen.update(r["row_id"] for r in more)
-            timing = merge(timing, time_rows(spec, more, engine))
+            timing = merge(timing, time_rows(spec, more, engine), len(sample.rows))
     return timing
 
 
