@@ -2,13 +2,17 @@
 
     python benchmarks/end_to_end.py                  # 600 Debian rows, one shard, 2 rounds A-B / B-A
     python benchmarks/end_to_end.py --rows 300 --rounds 1 --out benchmarks/results/x.json
+    python benchmarks/end_to_end.py --before f414a2a # also time that commit's `sparkbatch run`, same rounds
 
 Both are fresh processes timed from launch to exit, as a user would time them:
 (a) plain: a script that starts ``vllm.LLM`` (embedded SmolLM2, the CPU profile's settings) and
     calls ``LLM.chat`` once over every row with the same prompts and structured outputs;
 (b) sparkbatch: ``sparkbatch run -f defs.py`` on the same rows in a fresh job home and Dagster
     home (sharding, labeling, checkpoints, metrics, analytics, its JSON summary).
-Prints one JSON line; the summary's own timings for (b) are kept too.
+(c) with ``--before REF``: the same ``sparkbatch run`` from commit REF of this repository (checked
+    out into a temporary folder and put first on PYTHONPATH), for a before/after in one run.
+Prints one JSON line; the summary's own timings for (b) are kept too (``timings_s``: startup,
+shard, label with the engine start, metrics, analytics).
 """
 
 from __future__ import annotations
@@ -80,30 +84,38 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/debian_packages.parquet"))
     ap.add_argument("--out")
+    ap.add_argument("--before", help="a git ref of this repo whose `sparkbatch run` is timed too (before/after)")
     args = ap.parse_args()
     model = str(ensure_embedded("SmolLM2-135M-Instruct"))
     system = SYSTEM.format(sections=", ".join(SECTIONS))
-    runs: dict[str, list[float]] = {"plain": [], "sparkbatch": []}
-    summaries = []
+    sides = ["plain", "sparkbatch", *(["before"] if args.before else [])]
+    runs: dict[str, list[float]] = {side: [] for side in sides}
+    summaries: dict[str, list[dict]] = {"sparkbatch": [], "before": []}
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "rows.parquet"
         table = pq.read_table(args.data, columns=["package", "section", "description"]).slice(0, args.rows)
         pq.write_table(pa.Table.from_pylist(table.to_pylist()), src)
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        roots = {"sparkbatch": ROOT}
+        if args.before:
+            roots["before"] = Path(tmp) / "before"
+            roots["before"].mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before], capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", str(roots["before"])], input=archive.stdout, check=True)
         for r in range(args.rounds):
-            for side in ("plain", "sparkbatch") if r % 2 == 0 else ("sparkbatch", "plain"):
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                env = {**os.environ, "PYTHONPATH": str(roots.get(side, ROOT))}
                 if side == "plain":
                     cmd = [sys.executable, "-c", PLAIN, str(src), model, system, USER, json.dumps(SECTIONS)]
                     seconds, _ = timed(cmd, env, Path(tmp))
                 else:
-                    home = Path(tmp) / f"round{r}"
+                    home = Path(tmp) / f"{side}{r}"
                     home.mkdir()
                     defs = home / "defs.py"
                     defs.write_text(DEFS.format(src=str(src), system=system, user=USER, labels=SECTIONS,
                                                 home=str(home / "job")))
                     cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run", "-f", str(defs)]
                     seconds, line = timed(cmd, {**env, "DAGSTER_HOME": str(home / "dagster")}, home)
-                    summaries.append(json.loads(line))
+                    summaries[side].append(json.loads(line))
                 runs[side].append(round(seconds, 1))
                 print(json.dumps({"round": r, "side": side, "seconds": round(seconds, 1)}), file=sys.stderr, flush=True)
     plain, ours = statistics.median(runs["plain"]), statistics.median(runs["sparkbatch"])
@@ -111,8 +123,14 @@ def main() -> None:
               "model": "SmolLM2-135M-Instruct", "rounds": args.rounds, "plain_s": runs["plain"],
               "sparkbatch_s": runs["sparkbatch"], "plain_median_s": plain, "sparkbatch_median_s": ours,
               "sparkbatch_over_plain": round(ours / plain, 3),
-              "sparkbatch_labeling_s": [s["wall_s"] for s in summaries],
-              "sparkbatch_engine_start_s": [s.get("engine_start_s") for s in summaries]}
+              "sparkbatch_labeling_s": [s["wall_s"] for s in summaries["sparkbatch"]],
+              "sparkbatch_engine_start_s": [s.get("engine_start_s") for s in summaries["sparkbatch"]],
+              "sparkbatch_timings_s": [s.get("timings_s") for s in summaries["sparkbatch"]]}
+    if args.before:
+        before = statistics.median(runs["before"])
+        result.update(before_ref=args.before, before_s=runs["before"], before_median_s=before,
+                      before_over_plain=round(before / plain, 3),
+                      before_labeling_s=[s.get("wall_s") for s in summaries["before"]])
     emit(result, args.out)
 
 

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,16 @@ RANGE_END = "dagster/asset_partition_range_end"
 
 
 def load(path: str, job_name: str | None) -> tuple[BatchJob, Any]:
-    """Import a definitions file; return its BatchJob (by name when several) and Definitions."""
+    """Import a definitions file; return its BatchJob (by name when several) and Definitions.
+
+    The Definitions is the file's module-level ``Definitions`` or its ``@dg.definitions``
+    function's (``dg.load_from_defs_folder`` included); its jobs are found by their
+    ``labeled_outputs`` asset, whether ``build_batch_assets`` or a defs.yaml built them."""
+    from dagster import Definitions
+    from dagster.components.definitions import LazyDefinitions
+
+    from .assets import find_job
+
     file = Path(path).resolve()
     if not file.exists():
         raise SparkbatchError(f"{path} does not exist: pass the file that builds your Definitions with -f")
@@ -46,10 +56,22 @@ def load(path: str, job_name: str | None) -> tuple[BatchJob, Any]:
     assert mod_spec and mod_spec.loader
     module = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(module)
-    jobs = {v.spec.name: v for v in vars(module).values() if isinstance(v, BatchJob)}
-    defs = next((v for v in vars(module).values() if type(v).__name__ == "Definitions"), None)
-    if not jobs or defs is None:
-        raise SparkbatchError(f"{path} must define a Definitions object and at least one BatchJob at module level")
+    found: list[Any] = [v for v in vars(module).values() if isinstance(v, LazyDefinitions)]
+    found = found or [v for v in vars(module).values() if isinstance(v, Definitions)]
+    if len(found) != 1:
+        raise SparkbatchError(f"{path} must define one Definitions object (or one @dg.definitions function) at "
+                              f"module level; it has {len(found)}")
+    defs = found[0]
+    if isinstance(defs, LazyDefinitions):
+        if defs.has_context_arg:
+            raise SparkbatchError(f"{path}: the @dg.definitions function takes a ComponentLoadContext, which the "
+                                  "CLI has none of: drop the argument (dg.load_from_defs_folder needs none)")
+        defs = defs()
+    jobs = {job.spec.name: job for a in defs.assets or [] for key in getattr(a, "keys", ())
+            if (job := find_job(key)) is not None}
+    if not jobs:
+        raise SparkbatchError(f"{path} builds no batch job: its Definitions must hold the assets of "
+                              "build_batch_assets(...) or of a BatchInferenceComponent defs.yaml")
     if job_name is None and len(jobs) > 1:
         raise SparkbatchError(f"{path} defines jobs {sorted(jobs)}: choose one with --job")
     name = job_name or next(iter(jobs))
@@ -112,13 +134,18 @@ def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
 
 
 def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[str, Any]:
-    """Shard (if needed), label the missing partitions in one run, refresh analytics.
+    """Shard (if needed), label the missing partitions in one run, refresh metrics and analytics.
 
     ``only=(first, last)`` restricts the run to that range of partition keys (one GPU each).
+    The summary's ``timings_s`` says where the time went: ``startup`` (Python, imports, loading
+    the definitions: process start to this call), ``shard``, ``label`` (engine start included),
+    ``metrics``, ``analytics``.
     """
     from dagster import materialize
 
+    clock = _Clock()
     inst, assets = shard(job, defs)
+    clock.lap("shard")
     resources = defs.resources
     resource: VLLMResource = resources[job.resource_key]
     missing = status(job, resource)["missing"]
@@ -135,13 +162,33 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
                             run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
             finally:
                 bar.close()
+        clock.lap("label")
         # Its own run, as a backfill in the UI runs it: labeled_outputs' run has no end-of-run output.
         materialize(assets, selection=[job.keys["run_metrics"]], resources=resources, instance=inst,
                     run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+        clock.lap("metrics")
     after = status(job, resource)
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
                          run_config=console.run_config())
-    return summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result)
+    clock.lap("analytics")
+    return {**summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result),
+            "timings_s": clock.laps}
+
+
+class _Clock:
+    """Seconds per phase of a command; the first lap starts when the process did."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.laps: dict[str, float] = {}
+        self._last = time.time()
+        self.laps["startup"] = round(self._last - psutil.Process().create_time(), 2)
+
+    def lap(self, name: str) -> None:
+        now = time.time()
+        self.laps[name] = round(now - self._last, 2)
+        self._last = now
 
 
 def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, Any]:
