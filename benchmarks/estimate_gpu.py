@@ -6,19 +6,20 @@ Dagster run, each compared with the measured generation time.
         --load-format dummy --gpu --samples 80,1024          # an H200 (see benchmarks/h200.sh)
     python benchmarks/estimate_gpu.py --mode debian --rows 1500 --samples 80   # this CPU
 
-Prints one JSON line: per sample size the predicted time and its error against the run.
+Prints one JSON line (``--out``: also a result file): per sample size the predicted time and
+its error against the run.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import arg_parser, machine, set_up  # noqa: E402
+from results_io import emit  # noqa: E402
+from throughput import arg_parser, machine, set_up, shape_of  # noqa: E402
 
 from sparkbatch_dagster import VLLMResource, build_batch_assets  # noqa: E402
 from sparkbatch_dagster.spec import EstimateSpec  # noqa: E402
@@ -27,6 +28,7 @@ from sparkbatch_dagster.spec import EstimateSpec  # noqa: E402
 def main() -> None:
     p = arg_parser(__doc__, mode="debian", rows=1500)
     p.add_argument("--samples", default="80", help="sample sizes to try, comma-separated")
+    p.add_argument("--out", default=None, help="also write the result object to this file")
     args = p.parse_args()
 
     from dagster import DagsterInstance, materialize
@@ -57,9 +59,9 @@ def main() -> None:
     for pred in predictions.values():
         pred["error_pct"] = round((pred["predicted_wall_s"] - actual) / actual * 100, 1)
     resource.shutdown()  # else the interpreter's exit waits on vLLM's engine-core process
-    print(json.dumps({"mode": args.mode, "rows": args.rows, "model": engine.model_id, "machine": machine(),
-                      "engine_start_s": round(engine_start_s, 1), "actual_wall_s": actual,
-                      "samples": predictions}))
+    emit({"benchmark": "estimate_gpu", "mode": args.mode, "rows": args.rows, "model": engine.model_id,
+          "shape": shape_of(engine.model_id), "machine": machine(), "engine_start_s": round(engine_start_s, 1),
+          "actual_wall_s": actual, "samples": predictions}, args.out)
 
 
 if __name__ == "__main__":

@@ -2,16 +2,22 @@
 # On the H200 device (see ../shared/gpu/README.md): after the staging calls, run
 #   REPEAT=4 bash benchmarks/h200.sh 1b 16000 64      # shape, rows, output tokens (4 A-B/B-A rounds)
 #   REPEAT=2 bash benchmarks/h200.sh 1b 8000 64 synthetic --server   # more arguments go to throughput.py
-# with .gpu/common and .bench (the SmolLM2 tokenizer in .bench/tok) carried. The estimate
+# with .gpu/common and .bench carried (the SmolLM2 tokenizer in .bench/tok, the Debian set in
+# .bench/debian_packages.parquet): create .bench once on your own machine with
+#   bash benchmarks/make_bench_dir.sh
+# (this script runs it first: on the GPU machine it only checks that .bench is whole, and names
+# what is missing). The result file is $OUT/result-<shape>-<mode>.json. The estimate
 # (matplotlib for its chart) needs the bundle built with
 #   EXTRA="matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1
 #          pyparsing==3.3.3 pillow==13.0.0" ../shared/gpu/pack       # 4 chunks: 4 staging calls
 set -euo pipefail
 shape=${1:-1b}; rows=${2:-20000}; max_tokens=${3:-64}; mode=${4:-synthetic}
+bash benchmarks/make_bench_dir.sh
 bash .gpu/common/device-install.sh
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 benchmarks/make_dummy_model.py --shape "$shape" --tokenizer .bench/tok --out "/tmp/llama-$shape"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 benchmarks/throughput.py --mode "$mode" --model "/tmp/llama-$shape" --load-format dummy --gpu \
-    --rows "$rows" --max-tokens "$max_tokens" --shards 8 --repeat "${REPEAT:-2}" --data .bench/debian_packages.parquet "${@:5}" 2>"$out/stderr-$shape-$mode.log" | tail -1 | tee "$out/result-$shape-$mode.json"
+    --rows "$rows" --max-tokens "$max_tokens" --shards 8 --repeat "${REPEAT:-2}" --data .bench/debian_packages.parquet \
+    --out "$out/result-$shape-$mode.json" "${@:5}" 2>"$out/stderr-$shape-$mode.log" | tail -1

@@ -1,6 +1,6 @@
 """Memory: sharding a 10M-row Parquet input, and the labeled-output writer vs shard count.
 
-    python benchmarks/memory.py                 # 10M rows; prints one JSON line
+    python benchmarks/memory.py --out benchmarks/results/cpu-memory.json   # 10M rows; one JSON line
     python benchmarks/memory.py --rows 1000000  # quicker
 
 (1) sharding runs in a fresh child process, so its peak RSS (ru_maxrss) is sharding alone; then
@@ -12,8 +12,9 @@ each in a fresh child process, and compares peak RSS: it must not grow with the 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
+import os
+import platform
 import resource
 import sys
 import tempfile
@@ -23,6 +24,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results_io import emit  # noqa: E402
+
+WRITER_ROWS = 20_000
+SAMPLE_ROWS = 100
 
 
 def _peak_mb() -> float:
@@ -61,7 +68,7 @@ def _sample_child(home: str, q: Any) -> None:
     spec = JobSpec(name="mem", input="unused", id_column="id", text_columns=["text"],
                    user_template="{{ text }}", home=home, gold_column="gold")
     t = time.perf_counter()
-    sample = draw_sample(spec, JobHome(spec.home_path), EstimateSpec(sample_rows=100, warmup_rows=8))
+    sample = draw_sample(spec, JobHome(spec.home_path), EstimateSpec(sample_rows=SAMPLE_ROWS, warmup_rows=8))
     q.put({"rows": len(sample.rows), "seconds": round(time.perf_counter() - t, 1), "peak_rss_mb": round(_peak_mb())})
 
 
@@ -95,6 +102,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--shards", type=int, default=100)
+    ap.add_argument("--out", default=None, help="also write the result object to this file")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sparkbatch-mem-"))
     big = tmp / "big.parquet"
@@ -102,16 +110,18 @@ def main() -> None:
     sharding = in_child(_shard_child, str(big), str(tmp / "shard-home"), args.shards)
     sampling = in_child(_sample_child, str(tmp / "shard-home"))
     small = tmp / "small.parquet"
-    make_input(small, 20_000)
+    make_input(small, WRITER_ROWS)
     few = in_child(_label_child, str(small), str(tmp / "few"), 4)
     many = in_child(_label_child, str(small), str(tmp / "many"), 64)
-    print(json.dumps({
+    emit({
+        "benchmark": "memory", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
         "rows": sharding["rows"], "shards": args.shards, "sharding_s": sharding["seconds"],
         "sharding_peak_rss_mb": sharding["peak_rss_mb"], "sharding_target_mb": 1536,
-        "estimate_sample_s": sampling["seconds"], "estimate_sample_peak_rss_mb": sampling["peak_rss_mb"],
+        "estimate_sample_rows": SAMPLE_ROWS, "estimate_sample_s": sampling["seconds"],
+        "estimate_sample_peak_rss_mb": sampling["peak_rss_mb"], "writer_rows": WRITER_ROWS,
         "writer_peak_rss_mb_4_shards": few["peak_rss_mb"], "writer_peak_rss_mb_64_shards": many["peak_rss_mb"],
         "writer_growth_ratio_64_vs_4": round(many["peak_rss_mb"] / few["peak_rss_mb"], 3),
-    }))
+    }, args.out)
 
 
 if __name__ == "__main__":

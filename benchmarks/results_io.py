@@ -1,14 +1,20 @@
 """How every benchmark here reports: one JSON object on stdout, and the same line in a result
-file under ``benchmarks/results/`` when ``--out`` names one (the README quotes those files)."""
+file under ``benchmarks/results/`` when ``--out`` names one (the README's tables are rendered
+from those files by ``readme_tables.py``; ``tests/test_results_files.py`` checks them)."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 
 def emit(result: dict[str, Any], out: str | None) -> None:
+    """Print ``result`` as one line (with the UTC ``date`` of the run unless it has one) and
+    write the same line to ``out`` when given."""
+    if "date" not in result:
+        result = {**result, "date": datetime.now(timezone.utc).date().isoformat()}
     line = json.dumps(result)
     print(line)
     if out:

@@ -5,29 +5,37 @@
     python benchmarks/throughput.py --mode synthetic --model .bench/llama-1b --load-format dummy \
         --rows 40000 --max-tokens 64 --gpu                                  # an H200
 
-(a) raw: one ``LLM.chat`` call over every row's messages, as a plain vLLM user would write it;
-(b) pipeline: a Dagster materialization of every partition of ``labeled_outputs`` and
-``run_metrics`` (checkpoints, finalize, metrics included) on the same engine, prefix cache reset
-in between. Both rates count the same delivered work (the tokens raw vLLM processed for all
-rows), so ``ratio`` is raw time / pipeline time. Engine start and sharding are reported apart.
-The last line is one JSON object.
+(a) raw ``LLM.chat``: one call over every row's messages, as a plain vLLM user would write it;
+(b) raw ``LLM.generate``: every row's chat rendered and tokenized in one batch by the model's
+tokenizer, then one ``LLM.generate`` call over ``TokensPrompt``s (the fastest plain vLLM script;
+render and tokenize timed with it; ``--no-generate`` leaves it out);
+(c) pipeline: a Dagster materialization of every partition of ``labeled_outputs`` and
+``run_metrics`` (checkpoints, finalize, metrics included) on the same engine.
+The prefix cache is reset before each. Every rate counts the same delivered work (the tokens
+raw ``LLM.chat`` processed for all rows), so ``ratio`` is raw chat time / pipeline time and
+``ratio_vs_generate`` raw generate time / pipeline time. Rounds run in A-B / B-A order (chat,
+generate, pipeline; then pipeline, generate, chat). Engine start and sharding are reported
+apart. The last line is one JSON object (``--out`` also writes it to a result file).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
 import platform
 import random
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from results_io import emit  # noqa: E402
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
 from sparkbatch_dagster.engines.base import Engine  # noqa: E402
@@ -92,16 +100,45 @@ def machine() -> str:
     return f"{platform.machine()} CPU, {os.cpu_count()} cores"
 
 
+def conversations(spec: JobSpec, rows: list[dict[str, Any]]) -> list[list[dict[str, str]]]:
+    from sparkbatch_dagster.prompts import render
+
+    return [render(spec.system_prompt, spec.user_template, {c: r[c] for c in spec.text_columns}).messages()
+            for r in rows]
+
+
 def raw_generate(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
     """What a plain vLLM user writes: render every row, one LLM.chat call."""
     from sparkbatch_dagster.engines.vllm_offline import sampling_params
-    from sparkbatch_dagster.prompts import render
 
-    convs = [render(spec.system_prompt, spec.user_template, {c: r[c] for c in spec.text_columns}).messages()
-             for r in rows]
+    convs = conversations(spec, rows)
     params = sampling_params(spec.sampling, spec.output)
     started = time.perf_counter()
     outs = engine._llm.chat(convs, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    return seconds, sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs)
+
+
+def token_prompts(tokenizer: Any, convs: list[list[dict[str, str]]]) -> list[Any]:
+    """Every conversation through the chat template, then one batch encode (no special tokens
+    added: the template has them, as ``LLM.chat`` renders it), as ``TokensPrompt``s."""
+    from vllm.inputs import TokensPrompt
+
+    texts = tokenizer.apply_chat_template(convs, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    return [TokensPrompt(prompt_token_ids=list(x)) for x in ids]
+
+
+def raw_generate_tokens(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
+    """The fastest plain vLLM script: the chat template over every row and one batch encode, then
+    one LLM.generate call over token ids (template and tokenizer timed, as in ``LLM.chat``)."""
+    from sparkbatch_dagster.engines.vllm_offline import sampling_params
+
+    convs = conversations(spec, rows)
+    params = sampling_params(spec.sampling, spec.output)
+    tokenizer = engine._llm.get_tokenizer()
+    started = time.perf_counter()
+    outs = engine._llm.generate(token_prompts(tokenizer, convs), params, use_tqdm=False)
     seconds = time.perf_counter() - started
     return seconds, sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs)
 
@@ -140,14 +177,32 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
     return spec, kw, engine, time.perf_counter() - started
 
 
+def shape_of(model_id: str) -> str:
+    """The model's name without its identity hash: ``llama-1b`` (a dummy-weight shape from
+    ``make_dummy_model.py``), ``SmolLM2-135M-Instruct``."""
+    return model_id.split("@")[0]
+
+
+def vllm_version() -> str | None:
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except Exception:  # noqa: BLE001 - reported as unknown
+        return None
+
+
 def main() -> None:
     p = arg_parser(__doc__, mode="synthetic", rows=2000)
     p.add_argument("--repeat", type=int, default=2, help="rounds of raw + pipeline (ABBA order)")
+    p.add_argument("--no-generate", dest="generate", action="store_false",
+                   help="leave out the raw LLM.generate(TokensPrompt) arm")
     p.add_argument("--prefill-store", type=int, default=0,
                    help="answers (none matching) put in each pipeline round's result store first: every shard "
                         "then pays a real lookup against a store that size (10000000: a 10M-answer job)")
     p.add_argument("--server", action="store_true",
                    help="then run the pipeline again through `vllm serve` (same settings) and report server/offline")
+    p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
     args = p.parse_args()
 
     import pyarrow.parquet as pq
@@ -159,11 +214,19 @@ def main() -> None:
     inst = DagsterInstance.get()
     rows = pq.read_table(spec.input).to_pylist()
     raw_generate(engine, spec, rows[:64])  # warm-up: compile paths, allocator
+    if args.generate:
+        raw_generate_tokens(engine, spec, rows[:64])
 
     def raw() -> float:
         engine._llm.reset_prefix_cache()
         seconds, tokens = raw_generate(engine, spec, rows)
         totals["raw_tokens"] = tokens
+        return seconds
+
+    def raw_tokens_arm() -> float:
+        engine._llm.reset_prefix_cache()
+        seconds, tokens = raw_generate_tokens(engine, spec, rows)
+        totals["generate_tokens"] = tokens
         return seconds
 
     def pipeline(n: int, tag: str = "") -> float:
@@ -194,49 +257,80 @@ def main() -> None:
                       engine_tokens=md["input_tokens"].value + md["output_tokens"].value)
         return seconds
 
-    # Rounds in A-B, B-A order, so a drift of the machine's speed hits both sides alike.
+    # Rounds in A-B, B-A order (chat, generate, pipeline; then the reverse), so a drift of the
+    # machine's speed hits every arm alike.
     totals: dict[str, Any] = {}
-    raw_times: list[float] = []
-    pipe_times: list[float] = []
-    labeling_s: list[float] = []
+    times: dict[str, list[float]] = {"raw": [], "generate": [], "pipeline": [], "labeling": []}
+    labeling_s = times["labeling"]
+    arms: list[tuple[str, Any]] = [("raw", raw)] + ([("generate", raw_tokens_arm)] if args.generate else [])
     for n in range(args.repeat):
-        if n % 2 == 0:
-            raw_times.append(raw())
-            pipe_times.append(pipeline(n))
-        else:
-            pipe_times.append(pipeline(n))
-            raw_times.append(raw())
+        order = [*arms, ("pipeline", functools.partial(pipeline, n))]
+        for arm, run in order if n % 2 == 0 else order[::-1]:
+            times[arm].append(run())
         # Each round as it ends, so a run cut short by a time limit still reports its rounds.
-        print(f"round {n}: raw {raw_times[-1]:.2f} s, pipeline {pipe_times[-1]:.2f} s, "
-              f"ratio {raw_times[-1] / pipe_times[-1]:.3f}", file=sys.stderr, flush=True)
-    raw_s, pipe_s, raw_tokens = sum(raw_times), sum(pipe_times), totals["raw_tokens"] * args.repeat
-    out = {
-        "mode": args.mode, "model": engine.model_id, "load_format": args.load_format or "auto",
-        "rows": len(rows), "shards": totals["shards"], "max_tokens": spec.sampling.max_tokens,
-        "machine": machine(), "rounds": args.repeat,
-        "engine_start_s": round(engine_start_s, 1), "sharding_s": round(totals["sharding_s"], 2),
-        "raw_s": [round(x, 2) for x in raw_times], "pipeline_s": [round(x, 2) for x in pipe_times],
-        "raw_tokens": totals["raw_tokens"], "pipeline_engine_tokens": totals["engine_tokens"],
-        "errors": totals["errors"],
-        "raw_tokens_per_s": round(raw_tokens / raw_s, 1), "pipeline_tokens_per_s": round(raw_tokens / pipe_s, 1),
-        "ratio": round(raw_s / pipe_s, 4),
-        "labeling_s": [round(x, 2) for x in labeling_s[:args.repeat]],
-        "labeling_ratio": round(raw_s / sum(labeling_s[:args.repeat]), 4),
-        "prefilled_store_answers": args.prefill_store,
-    }
+        raw_t, pipe_t = times["raw"][-1], times["pipeline"][-1]
+        line = f"round {n}: raw chat {raw_t:.2f} s, pipeline {pipe_t:.2f} s, ratio {raw_t / pipe_t:.3f}"
+        if args.generate:
+            gen_t = times["generate"][-1]
+            line += f"; raw generate {gen_t:.2f} s, ratio vs generate {gen_t / pipe_t:.3f}"
+        print(line, file=sys.stderr, flush=True)
+    if args.generate and totals["generate_tokens"] != totals["raw_tokens"]:
+        print(f"warning: LLM.generate processed {totals['generate_tokens']} tokens, LLM.chat {totals['raw_tokens']}: "
+              "the arms' prompts differ (chat template?)", file=sys.stderr, flush=True)
     if args.server:
         # The offline engine goes first: on a GPU both cannot hold 90% of the memory at once.
         res["vllm"].shutdown()
         t = time.perf_counter()
         res["vllm"] = VLLMResource(engine="server", **kw)
         _ENGINE["e"] = res["vllm"].get_engine()
-        out["server_start_s"] = round(time.perf_counter() - t, 1)
-        server_times = [pipeline(n, "-server") for n in range(args.repeat)]
-        out["server_pipeline_s"] = [round(x, 2) for x in server_times]
-        out["server_tokens_per_s"] = round(raw_tokens / sum(server_times), 1)
-        out["server_vs_offline"] = round(pipe_s / sum(server_times), 4)
+        totals["server_start_s"] = time.perf_counter() - t
+        times["server"] = [pipeline(n, "-server") for n in range(args.repeat)]
     res["vllm"].shutdown()
-    print(json.dumps(out))
+    emit(summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
+                   totals=totals, times=times, engine_start_s=engine_start_s), args.out)
+
+
+def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows: int, totals: dict[str, Any],
+              times: dict[str, list[float]], engine_start_s: float) -> dict[str, Any]:
+    """The result object: ``times`` holds per-round seconds of ``raw`` (LLM.chat), ``generate``
+    (LLM.generate; empty with --no-generate), ``pipeline``, ``labeling`` (the runner's own time
+    inside each pipeline round) and ``server`` (with --server). Every rate counts the tokens of
+    raw LLM.chat, so ratios are time ratios."""
+    n = args.repeat
+    raw_s, pipe_s, label_s = sum(times["raw"]), sum(times["pipeline"]), sum(times["labeling"][:n])
+    raw_tokens = totals["raw_tokens"] * n
+
+    def secs(xs: list[float]) -> list[float]:
+        return [round(x, 2) for x in xs]
+
+    out: dict[str, Any] = {
+        "benchmark": "throughput", "date": datetime.now(timezone.utc).date().isoformat(),
+        "mode": args.mode, "model": model_id, "shape": shape_of(model_id),
+        "load_format": args.load_format or "auto", "vllm": vllm_version(),
+        "rows": rows, "shards": totals["shards"], "max_tokens": max_tokens, "machine": machine(), "rounds": n,
+        "engine_start_s": round(engine_start_s, 1), "sharding_s": round(totals["sharding_s"], 2),
+        "raw_s": secs(times["raw"]), "pipeline_s": secs(times["pipeline"]),
+        "raw_tokens": totals["raw_tokens"], "pipeline_engine_tokens": totals["engine_tokens"],
+        "errors": totals["errors"],
+        "raw_tokens_per_s": round(raw_tokens / raw_s, 1), "pipeline_tokens_per_s": round(raw_tokens / pipe_s, 1),
+        "ratio": round(raw_s / pipe_s, 4),
+        "labeling_s": secs(times["labeling"][:n]), "labeling_ratio": round(raw_s / label_s, 4),
+        "prefilled_store_answers": args.prefill_store,
+    }
+    if times.get("generate"):
+        gen_s = sum(times["generate"])
+        out.update({
+            "raw_generate_s": secs(times["generate"]), "raw_generate_tokens": totals["generate_tokens"],
+            "raw_generate_tokens_per_s": round(raw_tokens / gen_s, 1),
+            "ratio_vs_generate": round(gen_s / pipe_s, 4), "labeling_ratio_vs_generate": round(gen_s / label_s, 4),
+        })
+    if times.get("server"):
+        server_s = sum(times["server"])
+        out.update({
+            "server_start_s": round(totals["server_start_s"], 1), "server_pipeline_s": secs(times["server"]),
+            "server_tokens_per_s": round(raw_tokens / server_s, 1), "server_over_offline": round(pipe_s / server_s, 4),
+        })
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,197 @@
+"""The README's benchmark tables, rendered from ``benchmarks/results/*.json``: every figure in
+them comes from a result file a benchmark script wrote.
+
+    python benchmarks/readme_tables.py            # print the tables
+    python benchmarks/readme_tables.py --write    # rewrite them in README.md
+    python benchmarks/readme_tables.py --check    # exit 1 when README.md's tables differ
+
+In README.md each table sits between ``<!-- table:NAME ... -->`` and ``<!-- /table -->``;
+``tests/test_results_files.py`` fails when they differ from what this script renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+
+#: Result files the tables leave out, and why (the test requires a reason for each).
+NOT_RENDERED = {
+    "h200-1b-debian-package-and-description.json":
+        "measured with a 'Package: ... Description: ...' prompt that throughput.py no longer builds "
+        "(its Debian mode sends the description alone since commit 245e233): it cannot be reproduced",
+}
+#: The estimate benchmark's jobs, in words.
+ESTIMATE_JOBS = {"demo": "the demo (Debian package name + description -> section)",
+                 "debtags": "debtags roles from Debian one-line summaries"}
+MARKER = re.compile(r"(<!-- table:(\w+)[^>]*-->\n)(.*?)(<!-- /table -->)", re.S)
+
+Results = dict[str, dict[str, Any]]
+
+
+def load_results(folder: Path = RESULTS) -> Results:
+    return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def of_kind(results: Results, *kinds: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(n, d) for n, d in results.items() if d.get("benchmark") in kinds and n not in NOT_RENDERED]
+
+
+def num(x: float, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def pct(x: float) -> str:
+    return f"{x:+.1f}%"
+
+
+def machine(d: dict[str, Any], name: str) -> str:
+    """'NVIDIA H200 x1' -> 'H200'; 'x86_64 CPU, 2 cores' -> '2-core x86_64 CPU'; a file without a
+    machine: what its name says (cpu-..., h200-...)."""
+    m = d.get("machine")
+    if not m:
+        return {"cpu": "CPU", "h200": "H200"}.get(name.split("-")[0], "?")
+    gpu = re.fullmatch(r"(?:NVIDIA )?(.+?) x1", m)
+    if gpu:
+        return gpu.group(1)
+    cpu = re.fullmatch(r"(\S+?)(?: CPU)?, (\d+) cores", m)
+    return f"{cpu.group(2)}-core {cpu.group(1)} CPU" if cpu else m
+
+
+def model(d: dict[str, Any]) -> str:
+    name = d.get("shape") or str(d.get("model", "?")).split("@")[0]
+    return name + (", dummy weights" if d.get("load_format") == "dummy" else "")
+
+
+def is_gpu(d: dict[str, Any], name: str) -> bool:
+    return "cpu" not in machine(d, name).lower()
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def throughput_table(results: Results) -> str:
+    """One row per throughput.py result file. The labeling-step ratio is shown only when the
+    script measured it (two files carry ``labeling_s`` read later from Dagster's step log:
+    ``labeling_s_source``)."""
+    runs = sorted(of_kind(results, "throughput"), key=lambda nd: (
+        is_gpu(nd[1], nd[0]), nd[1]["shape"], nd[1]["mode"], -nd[1]["rows"], nd[1]["date"], nd[0]))
+    rows = []
+    for name, d in runs:
+        job = f"{'Debian labels' if d['mode'] == 'debian' else 'synthetic'}, {num(d['rows'])} rows, " \
+              f"{d['max_tokens']} out"
+        if d.get("prefilled_store_answers"):
+            job += f", {num(d['prefilled_store_answers'])} answers in the result store"
+        ratio = f"**{d['ratio']:.2f}**"
+        if "labeling_ratio" in d and "labeling_s_source" not in d:
+            ratio += f" (labeling step {d['labeling_ratio']:.2f})"
+        pipeline = num(d["pipeline_tokens_per_s"])
+        if "server_over_offline" in d:
+            job += ", then server mode"
+            pipeline = f"offline {pipeline}; server {num(d['server_tokens_per_s'])}"
+            ratio += f"; server / offline {d['server_over_offline']:.2f}"
+        generate, vs_generate = "-", "-"
+        if "ratio_vs_generate" in d:
+            generate = num(d["raw_generate_tokens_per_s"])
+            vs_generate = f"**{d['ratio_vs_generate']:.2f}**"
+            if "labeling_ratio_vs_generate" in d:
+                vs_generate += f" (labeling step {d['labeling_ratio_vs_generate']:.2f})"
+        where = machine(d, name) + (f" (vLLM {d['vllm']})" if d.get("vllm") else "")
+        rows.append([d["date"], where, model(d), job, str(d["rounds"]), num(d["raw_tokens_per_s"]), generate,
+                     pipeline, ratio, vs_generate, f"`{name}`"])
+    return table(["date", "machine", "model", "job", "rounds", "raw `LLM.chat` tok/s", "raw `LLM.generate` tok/s",
+                  "pipeline tok/s", "ratio (vs chat)", "ratio vs generate", "file"], rows)
+
+
+def estimate_table(results: Results) -> str:
+    """Predicted vs measured generation time: estimate_accuracy.py (per job and round), its
+    older one-round files, and estimate_gpu.py (per sample size)."""
+    rows: list[tuple[str, list[str]]] = []
+    for name, d in of_kind(results, "estimate_accuracy"):
+        date = d["started"][:10]
+        for job, s in d["jobs"].items():
+            for i, r in enumerate(s["per_round"], 1):
+                rows.append((date, [date, f"{machine(d, name)}, {r['model'].split('@')[0]}",
+                                    f"{ESTIMATE_JOBS.get(job, job)}, {num(r['rows'])} rows, round {i} of {s['rounds']}",
+                                    num(r["sample_rows"]), f"{r['predicted_wall_s']:.1f} s",
+                                    f"{r['actual_wall_s']:.1f} s", pct(r["error_pct"]), f"`{name}`"]))
+    for name, d in of_kind(results, "estimate_accuracy_round"):
+        others = [m["model"].split("@")[0] for m in d["models"][1:]]
+        job = f"the demo, {num(d['rows'])} rows" + (f", {', '.join(others)} compared" if others else "")
+        rows.append((d["date"], [d["date"], f"{machine(d, name)}, {d['model'].split('@')[0]}", job,
+                                 num(d["sample_rows"]), f"{d['predicted_wall_s']:.1f} s",
+                                 f"{d['actual_wall_s']:.1f} s", pct(d["error_pct"]), f"`{name}`"]))
+    for name, d in of_kind(results, "estimate_gpu"):
+        for n, s in sorted(d["samples"].items(), key=lambda kv: int(kv[0])):
+            job = f"{'Debian labels' if d['mode'] == 'debian' else 'synthetic'}, {num(d['rows'])} rows, one engine"
+            rows.append((d["date"], [d["date"], f"{machine(d, name)}, {model(d)}", job, num(int(n)),
+                                     f"{s['predicted_wall_s']:.1f} s", f"{d['actual_wall_s']:.1f} s",
+                                     pct(s["error_pct"]), f"`{name}`"]))
+    rows.sort(key=lambda r: r[0], reverse=True)  # newest first; stable within a date
+    return table(["date", "machine, model", "job", "sample", "predicted", "measured", "error", "file"],
+                 [r for _, r in rows])
+
+
+def memory_table(results: Results) -> str:
+    rows = []
+    for name, d in of_kind(results, "memory"):
+        rows += [
+            [d["date"], "sharding a generated Parquet input", num(d["rows"]), num(d["shards"]),
+             f"{d['sharding_s']:.1f} s", f"{num(d['sharding_peak_rss_mb'])} MB (target {num(d['sharding_target_mb'])})",
+             f"`{name}`"],
+            [d["date"], "drawing the estimate's stratified sample from those shards"
+             + (f" ({num(d['estimate_sample_rows'])} rows)" if "estimate_sample_rows" in d else ""),
+             num(d["rows"]), num(d["shards"]), f"{d['estimate_sample_s']:.1f} s",
+             f"{num(d['estimate_sample_peak_rss_mb'])} MB", f"`{name}`"],
+        ]
+        writer_rows = num(d["writer_rows"]) if "writer_rows" in d else "-"
+        for shards in (4, 64):
+            rows.append([d["date"], "labeled-output writer, fake engine", writer_rows, str(shards), "-",
+                         f"{num(d[f'writer_peak_rss_mb_{shards}_shards'])} MB", f"`{name}`"])
+    return table(["date", "what", "rows", "shards", "time", "peak RSS", "file"], rows)
+
+
+TABLES: dict[str, Callable[[Results], str]] = {
+    "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table}
+
+
+def render_readme(text: str, results: Results) -> str:
+    """``text`` with every marked table replaced by its rendering."""
+    def one(m: re.Match[str]) -> str:
+        if m.group(2) not in TABLES:
+            raise SystemExit(f"README.md: unknown table {m.group(2)!r}; known: {sorted(TABLES)}")
+        return m.group(1) + "\n" + TABLES[m.group(2)](results) + "\n" + m.group(4)
+
+    return MARKER.sub(one, text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--write", action="store_true", help="rewrite the tables in README.md")
+    ap.add_argument("--check", action="store_true", help="exit 1 when README.md's tables are not what is rendered")
+    args = ap.parse_args()
+    results = load_results()
+    if not (args.write or args.check):
+        for name, render in TABLES.items():
+            print(f"<!-- table:{name} -->\n{render(results)}")
+        return
+    text = README.read_text()
+    rendered = render_readme(text, results)
+    if args.check:
+        sys.exit(0 if rendered == text else "README.md's benchmark tables differ from benchmarks/results: "
+                                             "run python benchmarks/readme_tables.py --write")
+    README.write_text(rendered)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""benchmarks/results: every file is one JSON object a benchmark script wrote, with the keys its
+kind needs and derived figures that agree with the measurements they come from; the README's
+benchmark tables are exactly what benchmarks/readme_tables.py renders from those files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import readme_tables  # noqa: E402
+
+FILES = sorted(RESULTS.glob("*.json"))
+
+#: Keys every result file of a kind (its ``benchmark`` key) must have.
+REQUIRED = {
+    "throughput": {"date", "machine", "model", "shape", "mode", "rows", "rounds", "ratio", "raw_s", "pipeline_s",
+                   "raw_tokens", "raw_tokens_per_s", "pipeline_tokens_per_s"},
+    "end_to_end": {"machine", "rows", "rounds", "sparkbatch_over_plain", "sparkbatch_s", "plain_s"},
+    "engine_start": {"machine", "rounds", "variants"},
+    "estimate_accuracy": {"machine", "started", "command", "jobs"},
+    "estimate_accuracy_round": {"date", "rows", "sample_rows", "model", "predicted_wall_s", "actual_wall_s",
+                                "error_pct", "models"},
+    "estimate_gpu": {"date", "machine", "model", "rows", "actual_wall_s", "samples"},
+    "memory": {"date", "rows", "shards", "sharding_s", "sharding_peak_rss_mb", "estimate_sample_s",
+               "estimate_sample_peak_rss_mb", "writer_peak_rss_mb_4_shards", "writer_peak_rss_mb_64_shards"},
+    "reuse": {"machine", "rows", "rounds", "appended_generated", "appended_s"},
+    "store_lookup": {"machine", "stored_answers", "lookup_s", "store_mb", "segments"},
+}
+
+
+def load(path: Path) -> dict[str, Any]:
+    with path.open() as f:
+        data = json.load(f)  # a log line before the object, or a second object, fails here
+    assert isinstance(data, dict), f"{path.name}: one JSON object, not {type(data).__name__}"
+    return data
+
+
+def close(a: float, b: float, rel: float = 0.005) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=0.002)
+
+
+def throughput_problems(d: dict[str, Any]) -> list[str]:
+    """What is missing or inconsistent in one throughput result object."""
+    problems = [f"missing {k}" for k in sorted(REQUIRED["throughput"] - d.keys())]
+    if problems:
+        return problems
+    n = d["rounds"]
+    lists = {k: d[k] for k in ("raw_s", "pipeline_s", "labeling_s", "raw_generate_s", "server_pipeline_s") if k in d}
+    problems += [f"{k} has {len(v)} rounds, not {n}" for k, v in lists.items() if len(v) != n]
+    raw, pipe = sum(d["raw_s"]), sum(d["pipeline_s"])
+    if not close(d["ratio"], raw / pipe):
+        problems.append(f"ratio {d['ratio']} is not sum(raw_s) / sum(pipeline_s) = {raw / pipe:.4f}")
+    if not close(d["raw_tokens_per_s"], d["raw_tokens"] * n / raw):
+        problems.append("raw_tokens_per_s is not raw_tokens x rounds / sum(raw_s)")
+    if not close(d["pipeline_tokens_per_s"], d["raw_tokens"] * n / pipe):
+        problems.append("pipeline_tokens_per_s is not raw_tokens x rounds / sum(pipeline_s)")
+    if "labeling_ratio" in d and not close(d["labeling_ratio"], raw / sum(d["labeling_s"])):
+        problems.append("labeling_ratio is not sum(raw_s) / sum(labeling_s)")
+    if "raw_generate_s" in d:  # the second raw baseline: LLM.generate over TokensPrompts
+        gen = sum(d["raw_generate_s"])
+        problems += [f"missing {k}" for k in ("ratio_vs_generate", "raw_generate_tokens_per_s") if k not in d]
+        if "ratio_vs_generate" in d and not close(d["ratio_vs_generate"], gen / pipe):
+            problems.append("ratio_vs_generate is not sum(raw_generate_s) / sum(pipeline_s)")
+    if "server_vs_offline" in d:
+        problems.append("server_vs_offline: the key is server_over_offline")
+    if "server_pipeline_s" in d:
+        if "server_over_offline" not in d:
+            problems.append("missing server_over_offline")
+        elif not close(d["server_over_offline"], pipe / sum(d["server_pipeline_s"])):
+            problems.append("server_over_offline is not sum(pipeline_s) / sum(server_pipeline_s)")
+    if d.get("gpus", 1) > 1 or "data_parallel" in d or "speedup" in d:  # a data-parallel run
+        problems += [f"missing {k} (data-parallel run)" for k in ("gpus", "speedup") if k not in d]
+    return problems
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_result_file_is_one_object_with_its_kinds_keys(path):
+    d = load(path)
+    kind = d.get("benchmark")
+    assert kind in REQUIRED, f"{path.name}: 'benchmark' is {kind!r}, not one of {sorted(REQUIRED)}"
+    if kind == "throughput":
+        assert throughput_problems(d) == [], path.name
+    else:
+        assert REQUIRED[kind] <= d.keys(), f"{path.name}: missing {sorted(REQUIRED[kind] - d.keys())}"
+
+
+def test_there_are_result_files():
+    assert len(FILES) >= 10
+
+
+def fake_run(generate: bool, server: bool) -> dict[str, Any]:
+    """throughput.py's own result object, from made-up round times (no engine)."""
+    import throughput
+
+    args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0)
+    times = {"raw": [10.0, 12.0], "pipeline": [9.0, 11.0], "labeling": [8.5, 10.5],
+             "generate": [9.5, 11.5] if generate else []}
+    totals = {"raw_tokens": 1000, "generate_tokens": 1000, "shards": 8, "sharding_s": 0.4, "errors": 0,
+              "engine_tokens": 1000, "server_start_s": 50.0}
+    if server:
+        times["server"] = [12.0, 13.0]
+    return throughput.summarize(args, model_id="llama-1b@abc", max_tokens=64, rows=500, totals=totals,
+                                times=times, engine_start_s=60.0)
+
+
+@pytest.mark.parametrize(("generate", "server"), [(True, False), (False, False), (True, True)])
+def test_throughput_script_writes_every_required_key(generate, server):
+    d = fake_run(generate, server)
+    assert d["benchmark"] == "throughput" and d["shape"] == "llama-1b"
+    assert throughput_problems(d) == []
+    assert ("ratio_vs_generate" in d) == generate
+    if generate:
+        assert d["ratio_vs_generate"] == round(21.0 / 20.0, 4)
+    assert ("server_over_offline" in d) == server
+    assert d["ratio"] == round(22.0 / 20.0, 4)
+
+
+def test_readme_tables_are_rendered_from_the_result_files():
+    text = (ROOT / "README.md").read_text()
+    for name in readme_tables.TABLES:
+        assert f"<!-- table:{name}" in text, f"README.md lost the marker of table {name!r}"
+    rendered = readme_tables.render_readme(text, readme_tables.load_results(RESULTS))
+    assert rendered == text, "README.md's benchmark tables are stale: python benchmarks/readme_tables.py --write"
+
+
+def test_every_table_file_is_rendered_or_left_out_for_a_reason():
+    results = readme_tables.load_results(RESULTS)
+    tabled = {"throughput", "estimate_accuracy", "estimate_accuracy_round", "estimate_gpu", "memory"}
+    text = (ROOT / "README.md").read_text()
+    for name, d in results.items():
+        if d.get("benchmark") in tabled:
+            assert (f"`{name}`" in text) != (name in readme_tables.NOT_RENDERED), name
+    for name, why in readme_tables.NOT_RENDERED.items():
+        assert name in results and why
