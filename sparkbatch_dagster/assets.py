@@ -51,6 +51,15 @@ warnings.filterwarnings("ignore", message=r".*partitions_def.*AssetCheckSpec")
 
 __all__ = ["BatchJob", "build_batch_assets"]
 
+#: Every job built in this process, by its ``labeled_outputs`` key: how the CLI finds the jobs of
+#: a Definitions, those declared in YAML (``BatchInferenceComponent``) included.
+_JOBS: dict[AssetKey, BatchJob] = {}
+
+
+def find_job(key: AssetKey) -> BatchJob | None:
+    """The job whose ``labeled_outputs`` asset has this key (the last one built in this process)."""
+    return _JOBS.get(key)
+
 
 def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
@@ -117,6 +126,7 @@ def build_batch_assets(
     *, spec: JobSpec, key_prefix: str | Sequence[str] | None = None, group_name: str | None = None,
     resource_key: str = "vllm", upstream: Sequence[AssetsDefinition | AssetKey] = (),
     pool: str | None = "gpu", resource: VLLMResource | None = None,
+    backfill_policy: BackfillPolicy | None = None,
 ) -> BatchJob:
     """Build the job's five assets and their checks.
 
@@ -137,7 +147,16 @@ def build_batch_assets(
             gpu 1``) so two runs never start two engines on one GPU. None: no pool.
         resource: the resource the job will run with, when known here: its model and settings
             become part of ``labeled_outputs``' code version.
+        backfill_policy: ``labeled_outputs``' policy. Default ``BackfillPolicy.single_run()``: one
+            run and one engine start for a whole backfill. ``BackfillPolicy.multi_run(n)`` spreads a
+            backfill over runs of n partitions, e.g. one per GPU machine (docs/deploy-k8s.md).
     """
+    labeled_policy = backfill_policy or BackfillPolicy.single_run()
+    # run_metrics must not share labeled_outputs' run (that run yields no output at its end, so
+    # a step after it would be skipped); a different policy keeps them in separate runs.
+    metrics_policy = BackfillPolicy.multi_run(max_partitions_per_run=1000)
+    if metrics_policy == labeled_policy:
+        metrics_policy = BackfillPolicy.multi_run(max_partitions_per_run=999)
     prefix = [key_prefix] if isinstance(key_prefix, str) else list(key_prefix or [spec.name])
     group = group_name or spec.name
     home = JobHome(spec.home_path)
@@ -174,7 +193,7 @@ def build_batch_assets(
     # Skippable, and no output at the end: each partition's materialization is yielded as its
     # shard commits (see events.py), so Dagster must not add a second one per partition.
     @multi_asset(
-        name="__".join(labeled_key.path), partitions_def=parts, backfill_policy=BackfillPolicy.single_run(),
+        name="__".join(labeled_key.path), partitions_def=parts, backfill_policy=labeled_policy,
         required_resource_keys={resource_key}, check_specs=checks, can_subset=True, pool=pool,
         specs=[AssetSpec(labeled_key, deps=[input_shards], skippable=True, group_name=group,
                          kinds={"vllm", "parquet"}, code_version=code_version,
@@ -217,12 +236,10 @@ def build_batch_assets(
                                  f"${stats['cost_usd']:.4f}")
                 yield from emit(stats, this_run=True)
 
-    # A different backfill policy keeps run_metrics out of labeled_outputs' run: that run yields
-    # no output at its end, so a step after it in the same run would be skipped.
     follow = AutomationCondition.eager().ignore(AssetSelection.assets(job.keys["estimate"]))
 
     @asset(key=job.keys["run_metrics"], deps=[labeled_outputs, job.keys["estimate"]], partitions_def=parts,
-           backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=1000), group_name=group,
+           backfill_policy=metrics_policy, group_name=group,
            kinds={"duckdb"}, automation_condition=follow,
            description="Rows, errors, tokens, time, tokens/hour and cost per partition, in metrics.duckdb; "
                        "predicted vs actual generation time when an estimate was made.")
@@ -294,4 +311,5 @@ def build_batch_assets(
         })
 
     job.assets = [input_shards, labeled_outputs, run_metrics, analytics, estimate]
+    _JOBS[job.keys["labeled_outputs"]] = job
     return job

@@ -179,3 +179,13 @@ def test_a_model_switch_shows_the_labeled_partitions_stale(tmp_path):
 
     assert status("a") == (StaleStatus.FRESH, [])
     assert status("b") == (StaleStatus.STALE, ["has a new code version"])
+
+
+def test_labeled_outputs_and_run_metrics_never_share_a_run(tmp_path):
+    from dagster import BackfillPolicy
+
+    spec = make_spec(tmp_path)
+    for policy in (None, BackfillPolicy.multi_run(1), BackfillPolicy.multi_run(1000)):
+        job = build_batch_assets(spec=spec, backfill_policy=policy)
+        labeled, metrics = job.assets[1].backfill_policy, job.assets[2].backfill_policy
+        assert labeled == (policy or BackfillPolicy.single_run()) and metrics != labeled
