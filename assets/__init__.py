@@ -1,5 +1,5 @@
-"""This deployment's jobs, declared with sparkbatch_dagster."""
+"""This deployment's Python assets (the demo job itself is YAML: ``assets/defs/``)."""
 
-from .debian import debian_job, debian_packages
+from .debian import debian_packages
 
-__all__ = ["debian_job", "debian_packages"]
+__all__ = ["debian_packages"]

@@ -1,9 +1,11 @@
-"""The demo job: put Debian package descriptions into their archive section.
+"""The demo job's input: Debian package descriptions, with their archive section.
 
-The input comes from this machine's own apt records (``apt-cache dumpavail``, or
-``/var/lib/dpkg/status`` when apt has no lists), so the demo needs no download. The archive
-``section`` is the gold label. Size: ``SPARKBATCH_DEMO_ROWS`` (2000) rows in
-``SPARKBATCH_DEMO_SHARDS`` (8) shards, under ``SPARKBATCH_HOME`` (``.sparkbatch/debian_sections``).
+The job itself (prompt, labels, shards, gold column, estimate settings) is declared in
+``assets/defs/debian_sections/defs.yaml``; this module is its input builder. The input comes
+from this machine's own apt records (``apt-cache dumpavail``, or ``/var/lib/dpkg/status`` when
+apt has no lists), so the demo needs no download. The archive ``section`` is the gold label.
+Size: ``SPARKBATCH_DEMO_ROWS`` (2000) rows under ``SPARKBATCH_HOME``
+(``.sparkbatch/debian_sections``); ``SPARKBATCH_DEMO_SHARDS`` (8) shards (read by the defs.yaml).
 """
 
 
@@ -11,25 +13,18 @@ import os
 import subprocess
 from pathlib import Path
 
+import yaml
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from sparkbatch_dagster import EstimateSpec, JobSpec, OutputSpec, SamplingSpec, build_batch_assets
 from sparkbatch_dagster.errors import InputError
 
 ROWS = int(os.environ.get("SPARKBATCH_DEMO_ROWS", "2000"))
-SHARDS = int(os.environ.get("SPARKBATCH_DEMO_SHARDS", "8"))
 HOME = Path(os.environ.get("SPARKBATCH_HOME", ".sparkbatch/debian_sections")).resolve()
 INPUT = HOME / "input" / f"packages-{ROWS}.parquet"
 
-# Debian's archive sections (https://packages.debian.org/stable/): the allowed labels.
-SECTIONS = [
-    "admin", "cli-mono", "comm", "database", "debug", "devel", "doc", "editors", "education",
-    "electronics", "embedded", "fonts", "games", "gnome", "gnu-r", "gnustep", "golang", "graphics",
-    "hamradio", "haskell", "httpd", "interpreters", "introspection", "java", "javascript", "kde",
-    "kernel", "libdevel", "libs", "lisp", "localization", "mail", "math", "metapackages", "misc", "net",
-    "news", "ocaml", "oldlibs", "otherosfs", "perl", "php", "python", "ruby", "rust", "science",
-    "shells", "sound", "tasks", "tex", "text", "utils", "vcs", "video", "web", "x11", "xfce", "zope",
-]
+#: The job's declaration; its labels are Debian's archive sections (https://packages.debian.org/stable/).
+JOB_YAML = Path(__file__).parent / "defs" / "debian_sections" / "defs.yaml"
+SECTIONS: list[str] = yaml.safe_load(JOB_YAML.read_text())["attributes"]["output"]["labels"]
 
 
 def apt_text() -> str:
@@ -92,22 +87,3 @@ def debian_packages(context: AssetExecutionContext) -> MaterializeResult:
 
     n = pq.read_metadata(INPUT).num_rows
     return MaterializeResult(metadata={"rows": n, "path": MetadataValue.path(str(INPUT))})
-
-
-spec = JobSpec(
-    name="debian_sections",
-    input=str(INPUT),
-    id_column="package",
-    text_columns=["package", "description"],
-    system_prompt="You sort Debian packages into archive sections. Allowed sections: " + ", ".join(SECTIONS) + ".",
-    user_template="Package: {{ package }}\nDescription: {{ description }}\n\nWhich section is this package in?",
-    output=OutputSpec(kind="label", labels=SECTIONS),
-    sampling=SamplingSpec(max_tokens=8, temperature=0.0),
-    shard_count=SHARDS,
-    gold_column="section",
-    home=str(HOME),
-    # `sparkbatch estimate` compares the default model with Gemma 3 270M (both embedded).
-    estimate=EstimateSpec(models=["gemma-3-270m"], accuracy_bar=0.2),
-)
-
-debian_job = build_batch_assets(spec=spec, upstream=[debian_packages])

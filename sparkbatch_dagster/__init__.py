@@ -11,15 +11,20 @@ Example::
     job = build_batch_assets(spec=spec)
     defs = Definitions(assets=job.assets, resources={"vllm": VLLMResource()})
 
+Or, with ``dg``, a folder with a defs.yaml (``type: sparkbatch_dagster.BatchInferenceComponent``,
+the same fields as attributes): see :class:`BatchInferenceComponent`.
+
 Importing this package loads neither vllm nor torch.
 """
 
 from .assets import BatchJob, build_batch_assets
+from .component import BatchInferenceComponent
 from .errors import ConfigError, EngineError, InputError, SparkbatchError
 from .resources import VLLMResource
 from .spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec
 
 __all__ = [
+    "BatchInferenceComponent",
     "BatchJob",
     "ConfigError",
     "EngineError",

@@ -1,0 +1,272 @@
+"""A job as a folder with a defs.yaml (``BatchInferenceComponent``): the same assets as the
+Python factory, a run through the YAML-built Definitions on the fake engine, templated values,
+errors with field and line, and the ``dg`` commands (subprocesses in a tmp dg project)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+from dagster.components.testing import create_defs_folder_sandbox
+
+from conftest import make_rows, make_spec, write_parquet
+from sparkbatch_dagster import BatchInferenceComponent, JobSpec, VLLMResource, build_batch_assets
+from sparkbatch_dagster.assets import find_job
+from sparkbatch_dagster.cli import RANGE_END, RANGE_START, load
+from sparkbatch_dagster.testing import FakeVLLMResource
+
+ROOT = Path(__file__).resolve().parents[1]
+TYPE = "sparkbatch_dagster.BatchInferenceComponent"
+NAMES = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
+
+
+def job_yaml(spec: JobSpec, **extra: Any) -> str:
+    """The defs.yaml that declares ``spec`` (only the fields that differ from the defaults)."""
+    attributes = {**spec.model_dump(mode="json", exclude_defaults=True), **extra}
+    return yaml.safe_dump({"type": TYPE, "attributes": attributes}, sort_keys=False)
+
+
+@contextmanager
+def yaml_defs(**folders: str | dict[str, str]) -> Iterator[tuple[dg.Definitions, Path]]:
+    """Definitions loaded by dg from a defs folder with one subfolder per job (``name=defs.yaml
+    text``, or ``name={file: text}``); yields them and the defs folder."""
+    with create_defs_folder_sandbox() as sandbox:
+        for name, files in folders.items():
+            folder = sandbox.defs_folder_path / name
+            folder.mkdir(parents=True)
+            for file, text in ({"defs.yaml": files} if isinstance(files, str) else files).items():
+                (folder / file).write_text(text)
+        with sandbox.build_all_defs() as defs:
+            yield defs, sandbox.defs_folder_path
+
+
+def load_error(**folders: str) -> str:
+    with pytest.raises(Exception) as info, yaml_defs(**folders):
+        pass
+    chain, exc = [], info.value
+    while exc is not None:  # dagster wraps the component's own error
+        chain.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(chain)
+
+
+def test_a_defs_yaml_builds_what_the_python_factory_builds(tmp_path):
+    spec = make_spec(tmp_path)
+    python = build_batch_assets(spec=spec, resource=VLLMResource(), upstream=[dg.AssetKey(["raw", "rows"])])
+    by_key = {a.key: a for a in python.assets}
+    with yaml_defs(things=job_yaml(spec, upstream=["raw/rows"])) as (defs, _):
+        assets = {a.key: a for a in defs.assets}
+        assert set(assets) == set(by_key) == {dg.AssetKey(["things", n]) for n in NAMES}
+        for key, made in assets.items():
+            ref = by_key[key]
+            assert made.partitions_def == ref.partitions_def
+            assert made.descriptions_by_key == ref.descriptions_by_key
+            assert made.code_versions_by_key == ref.code_versions_by_key
+            assert made.group_names_by_key == ref.group_names_by_key
+            assert made.check_specs_by_output_name.keys() == ref.check_specs_by_output_name.keys()
+            assert {k: sorted(map(str, v)) for k, v in made.asset_deps.items()} == \
+                   {k: sorted(map(str, v)) for k, v in ref.asset_deps.items()}
+        job = find_job(dg.AssetKey(["things", "labeled_outputs"]))
+        assert job is not None and job.spec == spec
+        assert defs.resources == {"vllm": VLLMResource()}
+
+
+def test_a_yaml_job_materializes_end_to_end_on_the_fake_engine(tmp_path):
+    rows = make_rows(40)
+    fake_vars = textwrap.dedent("""
+        import dagster as dg
+        from sparkbatch_dagster.testing import FakeVLLMResource
+
+        @dg.template_var
+        def fake_engine():
+            return FakeVLLMResource()
+    """)
+    text = textwrap.dedent(f"""
+        type: {TYPE}
+        template_vars_module: .template_vars
+        attributes:
+          name: fruits
+          input: data/rows.parquet      # relative: next to this defs.yaml
+          home: out
+          id_column: id
+          text_columns: [text]
+          user_template: "What kind of thing is this? {{{{ text }}}}"
+          output: {{kind: label, labels: [fruit, vehicle, animal]}}
+          shard_count: 2
+          gold_column: gold
+          engine: "{{{{ fake_engine }}}}"
+    """)
+    with create_defs_folder_sandbox() as sandbox:
+        folder = sandbox.defs_folder_path / "fruits"
+        write_parquet(folder / "data" / "rows.parquet", rows)
+        (folder / "defs.yaml").write_text(text)
+        (folder / "template_vars.py").write_text(fake_vars)
+        with sandbox.build_all_defs() as defs:
+            job = find_job(dg.AssetKey(["fruits", "labeled_outputs"]))
+            assert job is not None and job.spec.input == str(folder / "data" / "rows.parquet")
+            assert job.home.root == folder / "out"
+            assert isinstance(defs.resources["vllm"], FakeVLLMResource)
+            inst = dg.DagsterInstance.get()
+            assert dg.materialize(defs.assets, selection=[job.keys["input_shards"]], resources=defs.resources,
+                                  instance=inst).success
+            keys = inst.get_dynamic_partitions(job.partitions_def.name or "")
+            assert len(keys) == 2
+            result = dg.materialize(defs.assets, selection=[job.keys["labeled_outputs"]], resources=defs.resources,
+                                    instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+            assert result.success
+            assert job.done_partitions(defs.resources["vllm"]) == keys
+
+
+def test_templated_values_and_env_settings(tmp_path, monkeypatch):
+    spec = make_spec(tmp_path)
+    text = job_yaml(spec, shard_count="{{ env('T_SHARDS', 2) }}", engine={
+        "max_num_seqs": "{{ env('T_SEQS', 64) }}", "model": {"env": "T_MODEL"}, "engine_kwargs": {"seed": 3}},
+        max_partitions_per_run="{{ env('T_PER_RUN', 2) }}", pool=None)
+    monkeypatch.setenv("T_SHARDS", "5")
+    with yaml_defs(things=text) as (defs, _):
+        job = find_job(dg.AssetKey(["things", "labeled_outputs"]))
+        assert job is not None and job.spec.shard_count == 5
+        labeled = next(a for a in defs.assets if a.key == job.keys["labeled_outputs"])
+        assert labeled.backfill_policy == dg.BackfillPolicy.multi_run(2) and labeled.op.pool is None
+        engine = defs.resources["vllm"]
+        assert engine.max_num_seqs == 64 and engine.engine_kwargs == {"seed": 3}
+        assert isinstance(engine.model, dg.EnvVar) and engine.model.env_var_name == "T_MODEL"  # read at run time
+    monkeypatch.delenv("T_SHARDS")
+    with yaml_defs(things=text):
+        assert find_job(dg.AssetKey(["things", "labeled_outputs"])).spec.shard_count == 2  # type: ignore[union-attr]
+
+
+def test_a_bad_value_is_reported_with_its_field_and_line(tmp_path):
+    spec = make_spec(tmp_path)
+    text = job_yaml(spec, shard_count="{{ env('T_UNSET_SHARDS', 0) }}")
+    line = 1 + next(i for i, t in enumerate(text.splitlines()) if t.startswith("  shard_count:"))
+    err = load_error(things=text)
+    assert f"defs.yaml:{line}: attributes.shard_count: Input should be greater than or equal to 1 (got 0)" in err
+    bad_engine = job_yaml(make_spec(tmp_path), engine={"max_num_seqs": "{{ 0 }}"})
+    line = 1 + bad_engine.splitlines().index("  engine:") + 1
+    assert f"defs.yaml:{line}: attributes.engine.max_num_seqs: Input should be greater" in load_error(things=bad_engine)
+    per_run = job_yaml(make_spec(tmp_path), max_partitions_per_run="{{ env('T_UNSET_PER_RUN', 0) }}")
+    assert "attributes.max_partitions_per_run: Input should be greater than or equal to 1" in load_error(things=per_run)
+    unknown = job_yaml(make_spec(tmp_path)).replace("{{ text }}", "{{ text }} {{ colour }}")
+    assert "attributes.user_template: user_template uses ['colour']" in load_error(things=unknown)
+
+
+def test_two_yaml_jobs_share_one_engine_or_say_why_they_cannot(tmp_path):
+    one, two = make_spec(tmp_path / "a", name="one"), make_spec(tmp_path / "b", name="two")
+    same = {"max_num_seqs": 512}
+    with yaml_defs(one=job_yaml(one, engine=same), two=job_yaml(two, engine=same)) as (defs, _):
+        assert len(defs.assets) == 10 and list(defs.resources) == ["vllm"]  # equal settings: one resource
+    err = load_error(one=job_yaml(one), two=job_yaml(two, engine={"max_num_seqs": 8}))
+    assert "'one'" in err and "'two'" in err and "both use resource_key 'vllm'" in err
+    assert "max_num_seqs: None vs 8" in err and "resource_key: vllm_" in err
+    with yaml_defs(one=job_yaml(one), two=job_yaml(two, engine={"max_num_seqs": 8}, resource_key="big")) as (defs, _):
+        assert sorted(defs.resources) == ["big", "vllm"]
+
+
+def test_the_component_in_python_and_the_cli_finds_yaml_and_lazy_jobs(tmp_path):
+    spec = make_spec(tmp_path)
+    component = BatchInferenceComponent(spec=spec, engine={"max_num_seqs": 32}, key_prefix=["team", "jobs"])
+    defs = component.build_defs(dg.ComponentTree.for_test().load_context)
+    assert {a.key for a in defs.assets} == {dg.AssetKey(["team", "jobs", n]) for n in NAMES}
+    file = tmp_path / "lazy_defs.py"
+    file.write_text(textwrap.dedent(f"""
+        import dagster as dg
+        from sparkbatch_dagster import JobSpec, VLLMResource, build_batch_assets
+
+        @dg.definitions
+        def defs():
+            spec = JobSpec.model_validate_json({spec.model_dump_json()!r})
+            return dg.Definitions(assets=build_batch_assets(spec=spec).assets, resources={{"vllm": VLLMResource()}})
+    """))
+    job, loaded = load(str(file), None)
+    assert job.spec == spec and isinstance(loaded, dg.Definitions)
+
+
+def test_the_demo_is_declared_in_yaml_with_the_same_job(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    from assets.debian import SECTIONS
+
+    monkeypatch.delenv("SPARKBATCH_DEMO_SHARDS", raising=False)
+    job, _ = load(str(ROOT / "definitions.py"), None)
+    assert [str(k) for k in (job.keys[n] for n in NAMES)] == [str(dg.AssetKey(["debian_sections", n])) for n in NAMES]
+    spec = job.spec
+    assert spec.name == "debian_sections" and spec.shard_count == 8 and spec.gold_column == "section"
+    assert spec.output.kind == "label" and spec.output.labels == SECTIONS and len(SECTIONS) == 58
+    # Byte for byte the prompt the Python spec had: existing homes keep their output version.
+    assert spec.system_prompt == "You sort Debian packages into archive sections. Allowed sections: " + \
+        ", ".join(SECTIONS) + "."
+    assert spec.sampling.max_tokens == 8 and spec.estimate.models == ["gemma-3-270m"]
+    assert spec.estimate.accuracy_bar == 0.2
+
+
+# --- dg itself, as a user runs it -------------------------------------------------------------
+
+
+def dg_cli(cwd: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(cwd), "DAGSTER_DISABLE_TELEMETRY": "1", "PYTHONWARNINGS": "ignore",
+           "NO_COLOR": "1", "COLUMNS": "200"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "dg"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert (proc.returncode == 0) == ok, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def dg_project(tmp_path: Path) -> Path:
+    """A bare dg project: ``proj/defs`` is its defs folder, ``proj/definitions.py`` loads it."""
+    (tmp_path / "proj" / "defs").mkdir(parents=True)
+    (tmp_path / "dg.toml").write_text('directory_type = "project"\n\n[project]\nroot_module = "proj"\n')
+    (tmp_path / "proj" / "definitions.py").write_text(
+        "from pathlib import Path\n\nimport dagster as dg\n\n"
+        "defs = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n")
+    return tmp_path
+
+
+def test_dg_check_yaml_names_the_field_and_the_line(tmp_path):
+    project = dg_project(tmp_path)
+    (project / "proj" / "defs" / "job").mkdir()
+    (project / "proj" / "defs" / "job" / "defs.yaml").write_text(textwrap.dedent(f"""\
+        type: {TYPE}
+        attributes:
+          name: job
+          input: rows.csv
+          text_columns: [text]
+          user_template: "{{{{ text }}}}"
+          shard_cuont: 3
+          sampling:
+            max_tokens: many
+          hourly_rate_usd: [1]
+    """))
+    out = dg_cli(project, "check", "yaml", ok=False).stdout
+    assert "defs.yaml:7 - " in out and "attributes.shard_cuont" in out and "'shard_cuont' was unexpected" in out
+    assert "defs.yaml:9 - " in out and "attributes.sampling.max_tokens 'many' is not of type 'integer'" in out
+    assert "defs.yaml:10 - " in out and "attributes.hourly_rate_usd" in out
+
+
+def test_dg_scaffold_writes_a_job_that_loads(tmp_path):
+    project = dg_project(tmp_path)
+    dg_cli(project, "scaffold", "defs", TYPE, "tickets")
+    folder = project / "proj" / "defs" / "tickets"
+    assert (folder / "defs.yaml").exists() and (folder / "rows.csv").exists()
+    listed = json.loads(dg_cli(project, "list", "defs", "--json").stdout)
+    keys = {a["asset_key"] for a in listed["assets"]}
+    assert keys == {f"tickets/{n}" for n in NAMES}
+
+
+def test_dg_list_defs_lists_the_demo(tmp_path):
+    proc = dg_cli(ROOT, "list", "defs", "--json")
+    assets = {a["asset_key"]: a for a in json.loads(proc.stdout)["assets"]}
+    assert {f"debian_sections/{n}" for n in NAMES} | {"debian_sections/debian_packages"} == set(assets)
+    assert assets["debian_sections/input_shards"]["dependency_keys"] == ["debian_sections/debian_packages"]
+    demo = ROOT / "assets" / "defs" / "debian_sections" / "defs.yaml"
+    line = 1 + demo.read_text().splitlines().index(f"type: {TYPE}")
+    assert assets["debian_sections/labeled_outputs"]["source"] == f"{demo.relative_to(ROOT)}:{line}"
