@@ -60,8 +60,9 @@ class BatchJob:
 
         est = est or self.spec.estimate
         on_gpu = not on_cpu()
-        if on_gpu and est.fill_batch and est.sample_rows < resource.max_num_seqs:
-            est = est.model_copy(update={"sample_rows": resource.max_num_seqs})
+        batch = resource.resolved_max_num_seqs()  # max_num_seqs, or this platform's default
+        if on_gpu and est.fill_batch and est.sample_rows < batch:
+            est = est.model_copy(update={"sample_rows": batch})
         sample = E.draw_sample(self.spec, self.home, est)
         log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,}; models: "
             f"{[resource.model or 'default', *[m for m in est.models if m != resource.model]]}")
@@ -106,7 +107,7 @@ class BatchJob:
             "chosen_cost_usd": chosen["best_cost_usd"] if chosen else None,
             "models": models, "failed_models": failed,
             # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
-            "advice": C.advise(primary, chosen, est, len(sample.rows), min(resource.max_num_seqs, sample.total_rows),
+            "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
                                on_gpu=on_gpu, has_gold=has_gold, models=models, total_rows=sample.total_rows)
             + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed],
         }

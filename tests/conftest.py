@@ -16,6 +16,7 @@ import pytest
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.base import Engine
+from sparkbatch_dagster.testing import FakeVLLMResource
 
 LABELS = ["fruit", "vehicle", "animal"]
 WORDS = {"fruit": ["apple", "banana", "cherry"], "vehicle": ["car", "truck", "bicycle"],
@@ -85,12 +86,13 @@ def live_children(*words: str) -> list[psutil.Process]:
 REAL_SETTINGS: dict[str, Any] = dict(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024, keep_warm=True)
 
 
-def fake_resource(**engine_kwargs: Any) -> tuple[VLLMResource, FakeEngine]:
-    """A fake-engine VLLMResource and its engine, fresh for this test (its request count at 0).
+def fake_resource(**fake: Any) -> tuple[FakeVLLMResource, FakeEngine]:
+    """A FakeVLLMResource (``fake``: its FakeEngine settings) and its engine, fresh for this test
+    (its request count at 0).
 
     ``keep_warm`` makes every copy Dagster makes of the resource find this same engine.
     """
-    res = VLLMResource(engine="fake", keep_warm=True, engine_kwargs=engine_kwargs)
+    res = FakeVLLMResource(keep_warm=True, **fake)
     res.shutdown()  # drop an engine an earlier test left warm under the same settings
     engine = res.get_engine()
     assert isinstance(engine, FakeEngine)

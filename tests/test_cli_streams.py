@@ -17,16 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFS = """
 from dagster import Definitions
 from sparkbatch_dagster import JobSpec, OutputSpec, VLLMResource, build_batch_assets
+from sparkbatch_dagster.testing import FakeVLLMResource
 spec = JobSpec(name="things", input={src!r}, id_column="id", text_columns={cols!r},
                system_prompt="Answer with one word.", user_template="What is this? {{{{ text }}}}",
                output=OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"]), shard_count=3,
                gold_column="gold", home={home!r})
 job = build_batch_assets(spec=spec)
-defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource({resource})}})
+defs = Definitions(assets=job.assets, resources={{"vllm": {resource}}})
 """
 
 
-def _defs(tmp_path: Path, cols=("text",), resource="engine='fake'") -> Path:
+def _defs(tmp_path: Path, cols=("text",), resource="FakeVLLMResource()") -> Path:
     src = write_parquet(tmp_path / "in" / "rows.parquet", make_rows(90))
     defs = tmp_path / "defs.py"
     defs.write_text(DEFS.format(src=str(src), home=str(tmp_path / "home"), cols=list(cols), resource=resource))
@@ -92,7 +93,7 @@ def test_preview_applies_the_models_chat_template_and_counts_tokens(tmp_path):
 
     if not (model_cache_dir() / DEFAULT_MODEL_NAME / "tokenizer_config.json").exists():
         pytest.skip("embedded SmolLM2 not converted (make model)")
-    defs = str(_defs(tmp_path, resource=""))  # the real default: offline vLLM, embedded SmolLM2; no engine starts
+    defs = str(_defs(tmp_path, resource="VLLMResource()"))  # the real default: offline, embedded SmolLM2; no engine
     report = json.loads(_cli(tmp_path, "preview", "-f", defs, "-n", "1").stdout)
     [prompt] = report["prompts"]
     assert report["chat_template"] is True and report["model"].startswith("SmolLM2-135M-Instruct@")

@@ -21,7 +21,8 @@ N, SHARDS, EVERY = 240, 4, 10
 DEFS = f"""
 import os
 from dagster import Definitions
-from sparkbatch_dagster import JobSpec, OutputSpec, VLLMResource, build_batch_assets
+from sparkbatch_dagster import JobSpec, OutputSpec, build_batch_assets
+from sparkbatch_dagster.testing import FakeVLLMResource
 
 spec = JobSpec(name="things", input=os.environ["T_INPUT"], id_column="id", text_columns=["text"],
                user_template="What is this? {{{{ text }}}}",
@@ -30,7 +31,7 @@ spec = JobSpec(name="things", input=os.environ["T_INPUT"], id_column="id", text_
                checkpoint_rows={EVERY}, checkpoint_seconds=600)
 job = build_batch_assets(spec=spec)
 fake = {{"delay_s": float(os.environ.get("T_DELAY", "0")), "trace_path": os.environ.get("T_TRACE")}}
-defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(engine="fake", engine_kwargs=fake)}})
+defs = Definitions(assets=job.assets, resources={{"vllm": FakeVLLMResource(**fake)}})
 """
 
 

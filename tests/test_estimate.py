@@ -27,6 +27,7 @@ from sparkbatch_dagster.runner import _stats
 from sparkbatch_dagster.shards import build_shards
 from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.testing import FakeVLLMResource
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = EstimateSpec().options
@@ -272,7 +273,8 @@ spec = JobSpec(name="things", input={src!r}, id_column="id", text_columns=["text
                output=OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"]), shard_count=3,
                gold_column="gold", home={home!r})
 job = build_batch_assets(spec=spec)
-fake = VLLMResource(engine="fake", engine_kwargs={{"delay_s": 0.01}})
+from sparkbatch_dagster.testing import FakeVLLMResource
+fake = FakeVLLMResource(delay_s=0.01)
 defs = Definitions(assets=job.assets, resources={{"vllm": fake}})
 """
 
@@ -304,18 +306,18 @@ def test_cli_estimate_prints_the_bill_then_run_shows_progress_and_the_check(tmp_
 
 
 def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
-    import sparkbatch_dagster.assets as assets_module
+    import sparkbatch_dagster.job as job_module
 
-    monkeypatch.setattr(assets_module, "on_cpu", lambda: False)  # what vLLM reports on a GPU box
+    monkeypatch.setattr(job_module, "on_cpu", lambda: False)  # what vLLM reports on a GPU box
     job = build_batch_assets(spec=make_spec(tmp_path, n=300, shards=3))
     home = JobHome(job.spec.home_path)
     build_shards(job.spec, home)
-    resource = VLLMResource(engine="fake", max_num_seqs=200)
+    resource = FakeVLLMResource(max_num_seqs=200)
     report = job.estimate(resource, EstimateSpec(sample_rows=40))
     assert report["sample_rows"] == 200 and not any("smaller than one batch" in a for a in report["advice"])
     small = job.estimate(resource, EstimateSpec(sample_rows=40, fill_batch=False))
     assert small["sample_rows"] == 40 and any("smaller than one batch (200 rows)" in a for a in small["advice"])
-    tiny_job = job.estimate(VLLMResource(engine="fake", max_num_seqs=1024),
+    tiny_job = job.estimate(FakeVLLMResource(max_num_seqs=1024),
                             EstimateSpec(sample_rows=40, fill_batch=False))
     assert any("smaller than one batch (300 rows)" in a for a in tiny_job["advice"])  # the input is the limit
 
@@ -326,7 +328,7 @@ def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path
     job = build_batch_assets(spec=make_spec(tmp_path, n=120, shards=2))
     build_shards(job.spec, JobHome(job.spec.home_path))
     est = EstimateSpec(sample_rows=20, models=[str(tmp_path / "no-such-model")])
-    report = job.estimate(VLLMResource(engine="fake"), est)
+    report = job.estimate(FakeVLLMResource(), est)
     assert [m["model"] for m in report["models"]] == ["fake-model"] and report["chosen_model"] == "fake-model"
     [failed] = report["failed_models"]
     assert failed["model"].endswith("no-such-model") and "does not exist" in failed["error"]
@@ -383,7 +385,7 @@ def test_an_interval_that_straddles_the_bar_gets_more_rows_up_to_the_cap(tmp_pat
 
 def _slow_start(monkeypatch, seconds: dict[str, float], sleep: bool = False):
     """Engines whose start takes (or reports) ``seconds[model]``."""
-    real_start = VLLMResource._start
+    real_start = FakeVLLMResource._start
 
     def start(self):
         t = time.perf_counter()
@@ -393,7 +395,7 @@ def _slow_start(monkeypatch, seconds: dict[str, float], sleep: bool = False):
         engine.start_seconds = time.perf_counter() - t if sleep else seconds[self.model_name()]
         return engine
 
-    monkeypatch.setattr(VLLMResource, "_start", start)
+    monkeypatch.setattr(FakeVLLMResource, "_start", start)
 
 
 def test_the_estimate_picks_a_cheaper_more_accurate_candidate_and_prices_its_engine_start(tmp_path, monkeypatch):
@@ -403,9 +405,9 @@ def test_the_estimate_picks_a_cheaper_more_accurate_candidate_and_prices_its_eng
     build_shards(spec, job.home)
     _slow_start(monkeypatch, {"fake-model": 20.0, "sharp": 10.0})
     # The candidate always answers 'fruit' (80% right here) and is twice as fast.
-    monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: VLLMResource(
-        engine="fake", model=model, engine_kwargs={"answer": "fruit", "delay_s": 0.002}))
-    resource = VLLMResource(engine="fake", engine_kwargs={"delay_s": 0.004})
+    monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: FakeVLLMResource(
+        model=model, answer="fruit", delay_s=0.002))
+    resource = FakeVLLMResource(delay_s=0.004)
     est = EstimateSpec(sample_rows=60, models=["sharp"], accuracy_bar=0.5,
                        options=[NodeOption(name="1 node", hourly_usd=3600.0)])  # $1 a second: readable costs
     report = job.estimate(resource, est)
@@ -426,9 +428,9 @@ def test_the_estimate_picks_a_cheaper_more_accurate_candidate_and_prices_its_eng
 def test_without_a_gold_column_the_cheapest_model_is_named_and_quality_is_not_claimed(tmp_path, monkeypatch):
     job = build_batch_assets(spec=make_spec(tmp_path, n=200, shards=2, gold_column=None))
     build_shards(job.spec, job.home)
-    monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: VLLMResource(
-        engine="fake", model=model, engine_kwargs={"delay_s": 0.001}))
-    report = job.estimate(VLLMResource(engine="fake", engine_kwargs={"delay_s": 0.004}),
+    monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: FakeVLLMResource(
+        model=model, delay_s=0.001))
+    report = job.estimate(FakeVLLMResource(delay_s=0.004),
                           EstimateSpec(sample_rows=40, models=["quick"], accuracy_bar=0.9))
     assert report["chosen_model"] == "quick" and all(m["accuracy"] is None for m in report["models"])
     assert all(m["sample_rows"] == 40 for m in report["models"])  # nothing to straddle
@@ -508,7 +510,7 @@ def test_the_runs_bill_includes_its_engine_start(tmp_path, monkeypatch):
     spec = make_spec(tmp_path, n=120, shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4))
     job = build_batch_assets(spec=spec)
     _slow_start(monkeypatch, {"fake-model": 1.0}, sleep=True)
-    resource = VLLMResource(engine="fake", engine_kwargs={"delay_s": 0.001})
+    resource = FakeVLLMResource(delay_s=0.001)
     res = {"vllm": resource}
     inst = DagsterInstance.get()
     assert materialize(job.assets, selection=[job.keys["input_shards"], job.keys["estimate"]], resources=res,
@@ -576,13 +578,13 @@ def test_the_benchmark_builds_a_second_real_job_that_runs(tmp_path, monkeypatch)
     assert job.spec.name == "debian_roles" and job.spec.gold_column == "role" and job.spec.text_columns == ["summary"]
     assert job.spec.output.labels == bench.ROLES and job.spec.estimate.accuracy_bar == 0.3
     build_shards(job.spec, job.home)
-    report = job.estimate(VLLMResource(engine="fake"), EstimateSpec(sample_rows=20))
+    report = job.estimate(FakeVLLMResource(), EstimateSpec(sample_rows=20))
     assert report["total_rows"] == 200 and report["sample_rows"] == 20 and report["accuracy"] is not None
 
 
 def test_a_run_on_a_warm_engine_pays_no_engine_start(tmp_path, monkeypatch):
     _slow_start(monkeypatch, {"fake-model": 1.0}, sleep=True)
-    resource = VLLMResource(engine="fake", keep_warm=True, engine_kwargs={"delay_s": 0.001})
+    resource = FakeVLLMResource(keep_warm=True, delay_s=0.001)
     resource.shutdown()
     inst = DagsterInstance.get()
     starts = []

@@ -12,7 +12,7 @@ from conftest import make_spec
 from sparkbatch_dagster import ConfigError, EngineError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import main as cli_main
 from sparkbatch_dagster.engines import FakeEngine
-from sparkbatch_dagster.resources import check_memory, on_cpu
+from sparkbatch_dagster.engines.settings import check_memory, on_cpu
 from sparkbatch_dagster.runner import label_shard
 from sparkbatch_dagster.shards import build_shards
 from sparkbatch_dagster.store import JobHome
@@ -54,7 +54,7 @@ def test_kv_cache_the_machine_cannot_give_fails_in_seconds():
 def test_memory_fraction_check(monkeypatch):
     import psutil
 
-    monkeypatch.setattr("sparkbatch_dagster.resources.on_cpu", lambda: True)
+    monkeypatch.setattr("sparkbatch_dagster.engines.settings.on_cpu", lambda: True)
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(total=16 * 2**30, available=4 * 2**30))
     with pytest.raises(ConfigError, match=r"gpu_memory_utilization=0.9 asks for 14.4 GiB.*lower VLLMResource"):
         check_memory({"gpu_memory_utilization": 0.9})
@@ -63,7 +63,7 @@ def test_memory_fraction_check(monkeypatch):
 
 def test_engine_kwargs_may_not_shadow_fields():
     with pytest.raises(ConfigError, match=r"engine_kwargs sets \['max_num_seqs'\].*set the fields instead"):
-        VLLMResource(engine_kwargs={"max_num_seqs": 4}).llm_kwargs()
+        VLLMResource(engine_kwargs={"max_num_seqs": 4}).get_engine()  # before the model is even resolved
 
 
 def test_dying_engine_fails_promptly_and_keeps_finished_rows(tmp_path):
@@ -89,10 +89,11 @@ def test_cli_refuses_a_bad_range(tmp_path, capsys):
     spec_file = tmp_path / "defs.py"
     spec_file.write_text(
         "from dagster import Definitions\n"
-        "from sparkbatch_dagster import JobSpec, VLLMResource, build_batch_assets\n"
+        "from sparkbatch_dagster import JobSpec, build_batch_assets\n"
+        "from sparkbatch_dagster.testing import FakeVLLMResource\n"
         f"job = build_batch_assets(spec=JobSpec(name='j', input='{tmp_path}/x.parquet', text_columns=['t'],"
         f" user_template='{{{{ t }}}}', home='{tmp_path}/h'))\n"
-        "defs = Definitions(assets=job.assets, resources={'vllm': VLLMResource(engine='fake')})\n"
+        "defs = Definitions(assets=job.assets, resources={'vllm': FakeVLLMResource()})\n"
     )
     assert cli_main(["run", "-f", str(spec_file), "--range", "../a:shard-00001"]) == 2
     assert "is not a shard key" in capsys.readouterr().err

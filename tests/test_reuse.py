@@ -204,14 +204,15 @@ def _two_jobs_defs(tmp_path: Path) -> Path:
     defs = tmp_path / "defs.py"
     defs.write_text(
         "from dagster import Definitions\n"
-        "from sparkbatch_dagster import JobSpec, OutputSpec, VLLMResource, build_batch_assets\n"
+        "from sparkbatch_dagster import JobSpec, OutputSpec, build_batch_assets\n"
+        "from sparkbatch_dagster.testing import FakeVLLMResource\n"
         "def job(name):\n"
         "    return build_batch_assets(spec=JobSpec(name=name, input=f'{name}.parquet', id_column='id',\n"
         "        text_columns=['text'], user_template='{{ text }}?', shard_count=2,\n"
         "        output=OutputSpec(kind='label', labels=['fruit', 'vehicle', 'animal'])))\n"
         "job_a, job_b = job('a'), job('b')\n"
         "defs = Definitions(assets=[*job_a.assets, *job_b.assets],\n"
-        "                   resources={'vllm': VLLMResource(engine='fake', engine_kwargs={'delay_s': 0.01})})\n"
+        "                   resources={'vllm': FakeVLLMResource(delay_s=0.01)})\n"
     )
     return defs
 

@@ -36,6 +36,7 @@ class Stub:
         self.rules: list[tuple[str, int, str]] = []  # (prompt substring, status, message): first match fails
         self.flaky, self.delay = 0, 0.0  # first `flaky` attempts of each prompt get 503; seconds per answer
         self.attempts: Counter[str] = Counter()
+        self.keys_seen: set[str | None] = set()  # Authorization headers received
         self.loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_get("/v1/models", self.list_models)
@@ -60,6 +61,7 @@ class Stub:
         return web.json_response({"error": {"message": message, "type": "Error", "code": status}}, status=status)
 
     def denied(self, request: web.Request) -> web.Response | None:
+        self.keys_seen.add(request.headers.get("Authorization"))
         ok = self.key is None or request.headers.get("Authorization") == f"Bearer {self.key}"
         return None if ok else self.error(401, "Unauthorized")
 
@@ -124,7 +126,7 @@ def test_served_models_and_check_served(stub):
 @pytest.mark.parametrize("key", [None, "wrong"])
 def test_wrong_key_stops_before_any_request(stub, key):
     stub.key = "secret"
-    with pytest.raises(ConfigError, match=r"HTTP 401.*set VLLMResource.api_key_env"):
+    with pytest.raises(ConfigError, match=r"HTTP 401.*set VLLMResource.api_key to the server's key.*EnvVar"):
         _engine(stub, api_key=key)
     assert not stub.attempts
 
@@ -133,7 +135,7 @@ def test_key_refused_mid_run_is_a_config_error(stub):
     stub.key = "secret"
     engine = _engine(stub, api_key="secret")
     stub.key = "rotated"
-    with pytest.raises(ConfigError, match="api_key_env"):
+    with pytest.raises(ConfigError, match="VLLMResource.api_key"):
         _generate(engine, PROMPTS)
 
 
@@ -227,7 +229,7 @@ def _written(home: JobHome) -> list[dict]:
 
 
 @pytest.mark.parametrize("setup, setting", [
-    (lambda s: setattr(s, "key", "secret"), "api_key_env"),
+    (lambda s: setattr(s, "key", "secret"), "VLLMResource.api_key"),
     (lambda s: setattr(s, "models", ["other"]), "model='m'"),
     (lambda s: setattr(s, "rules", [("", 400, "some validation error")]), "VLLMResource.model"),
     (lambda s: setattr(s, "rules", [("", 400, NO_TEMPLATE)]), "--chat-template"),
@@ -279,3 +281,74 @@ def test_transient_failures_stay_pending_and_a_rerun_completes_them(tmp_path, st
         stats = label_shard(spec, home, V, KEY, engine)
     assert sorted(stub.attempts) == sorted({f"What kind of thing is this? {r['text']}" for r in pending})
     assert stats["rows"] == 30 and stats["resumed_rows"] == len(kept) and stats["errors"] == 0
+
+
+# --- the API key through Dagster: EnvVar, read when the run starts ------------------------------
+
+
+def _keyed_defs(tmp_path, stub):
+    from dagster import Definitions, EnvVar
+
+    from sparkbatch_dagster import VLLMResource, build_batch_assets
+
+    stub.key = "secret"
+    job = build_batch_assets(spec=make_spec(tmp_path, n=30, shards=2))
+    resource = VLLMResource(engine="server", server_url=stub.url, model="m", api_key=EnvVar("SB_TEST_KEY"),
+                            max_retries=1, request_timeout_s=5.0)
+    return job, Definitions(assets=job.assets, resources={"vllm": resource})
+
+
+def _run(job, defs):
+    from dagster import DagsterInstance, materialize
+
+    from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+
+    inst = DagsterInstance.get()
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=defs.resources,
+                       instance=inst).success  # no engine needed: the key is not read
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    return materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources=defs.resources,
+                       instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+
+
+def test_api_key_from_an_env_var_is_sent_with_every_request(tmp_path, stub, monkeypatch):
+    monkeypatch.setenv("SB_TEST_KEY", "secret")
+    job, defs = _keyed_defs(tmp_path, stub)
+    assert "secret" not in repr(defs.resources["vllm"])  # the definition holds the variable's name only
+    assert _run(job, defs).success
+    assert stub.keys_seen == {"Bearer secret"} and sum(stub.attempts.values()) > 0
+    assert len(job.done_partitions(defs.resources["vllm"])) == 2  # outside a run (CLI status): read too
+
+
+def test_an_unset_api_key_variable_stops_the_run_before_any_request(tmp_path, stub, monkeypatch):
+    from dagster import DagsterInvalidConfigError
+
+    monkeypatch.delenv("SB_TEST_KEY", raising=False)
+    job, defs = _keyed_defs(tmp_path, stub)
+    with pytest.raises(DagsterInvalidConfigError, match='environment variable "SB_TEST_KEY" which is not set'):
+        _run(job, defs)  # Dagster's own check, before the run's first step
+    with pytest.raises(ConfigError, match=r"VLLMResource\(api_key=EnvVar\('SB_TEST_KEY'\)\) reads an environment "
+                                          "variable that is not set: export it"):
+        job.output_version(defs.resources["vllm"])  # outside a run: the CLI's status, preview, a notebook
+    assert not stub.attempts and stub.keys_seen <= {None}
+
+
+def test_the_cli_names_an_unset_api_key_variable_in_one_line(tmp_path, stub, monkeypatch, capsys):
+    from sparkbatch_dagster.cli import main as cli_main
+
+    monkeypatch.delenv("SB_TEST_KEY", raising=False)
+    make_spec(tmp_path, n=30, shards=2)  # its input file
+    defs = tmp_path / "defs.py"
+    defs.write_text(
+        "from pathlib import Path\n"
+        "from dagster import Definitions, EnvVar\n"
+        "from conftest import make_spec\n"
+        "from sparkbatch_dagster import VLLMResource, build_batch_assets\n"
+        f"job = build_batch_assets(spec=make_spec(Path({str(tmp_path)!r}), n=30, shards=2))\n"
+        f"vllm = VLLMResource(engine='server', server_url={stub.url!r}, model='m', api_key=EnvVar('SB_TEST_KEY'))\n"
+        "defs = Definitions(assets=job.assets, resources={'vllm': vllm})\n"
+    )
+    assert cli_main(["run", "-f", str(defs)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("sparkbatch: VLLMResource(api_key=EnvVar('SB_TEST_KEY')) reads an environment variable")
+    assert not stub.attempts

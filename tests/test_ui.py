@@ -17,13 +17,14 @@ from conftest import make_rows, write_parquet
 
 DEFS = """
 from dagster import Definitions
-from sparkbatch_dagster import JobSpec, OutputSpec, VLLMResource, build_batch_assets
+from sparkbatch_dagster import JobSpec, OutputSpec, build_batch_assets
+from sparkbatch_dagster.testing import FakeVLLMResource
 
 spec = JobSpec(name="things", input={input!r}, id_column="id", text_columns=["text"],
                user_template="What is this? {{{{ text }}}}", shard_count=3, home={home!r},
                output=OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"]))
 job = build_batch_assets(spec=spec)
-defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(engine="fake")}})
+defs = Definitions(assets=job.assets, resources={{"vllm": FakeVLLMResource()}})
 """
 
 

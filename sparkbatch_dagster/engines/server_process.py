@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -12,9 +13,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..errors import EngineError
+
+
+def serve_args(kwargs: Mapping[str, Any]) -> list[str]:
+    """``vllm serve`` flags for the same settings ``vllm.LLM`` gets in offline mode."""
+    args: list[str] = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False:
+            args.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict | list):
+            args += [flag, json.dumps(value)]
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
 
 
 def free_port() -> int:

@@ -66,7 +66,8 @@ def _message(text: str) -> str:
 
 def _key_error(url: str, status: int) -> ConfigError:
     return ConfigError(f"server at {url} refused the request (HTTP {status}): the API key is missing or wrong: "
-                       "set VLLMResource.api_key_env to the variable that holds the server's key")
+                       "set VLLMResource.api_key to the server's key, read from the environment: "
+                       'api_key=EnvVar("MY_KEY") (Python) or {{ env.MY_KEY }} (YAML)')
 
 
 def served_models(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> list[dict]:
