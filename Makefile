@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install model demo estimate test lint ui status clean
+.PHONY: install model demo estimate test lint ui status clean browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -47,7 +47,21 @@ lint: $(STAMP)
 	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks definitions.py
 	$(BIN)/mypy
 
-test: model lint $(DAGSTER_HOME)
+# tests/test_browser.py drives Debian's chromium headless with Playwright (dev extra; no
+# `playwright install`, no browser download). Installed here once: as root, or with passwordless sudo.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" -eq 0 ]; then SUDO=; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else echo "make browser: chromium is missing and this user cannot install it: run" \
+	    "'sudo apt-get install chromium' (Debian/Ubuntu), then make test again" >&2; exit 1; fi; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make browser: no apt-get here: install chromium" \
+	    "(the browser, as a 'chromium' command on PATH) with this system's package manager" >&2; exit 1; }; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
+	    || { $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
+	  command -v chromium >/dev/null 2>&1 || { echo "make browser: apt-get did not install chromium" >&2; exit 1; }; }
+
+test: model lint $(DAGSTER_HOME) browser
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/pytest -q -x -p no:cacheprovider
 
