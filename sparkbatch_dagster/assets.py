@@ -10,7 +10,6 @@ new labeled partitions by themselves (``AutomationCondition.eager``) and need no
 
 
 import json
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional
@@ -34,7 +33,7 @@ from dagster import (
 )
 
 from . import events, metrics
-from .engines.base import Engine, LazyEngine
+from .engines.base import LazyEngine
 from .errors import SparkbatchError
 from .job import BatchJob
 from .progress import Relay
@@ -80,18 +79,11 @@ class EstimateConfig(Config):
     accuracy_bar: Optional[float] = None  # noqa: UP045
 
 
-def _engine_starter(context: AssetExecutionContext, resource: VLLMResource) -> Any:
-    """Start the engine with a log line before (model, settings) and after (seconds): a minute
-    of silence in the run's log reads as a hang."""
-    def start() -> Engine:
-        shown = {k: v for k, v in resource.model_dump().items()
-                 if v not in (None, {}, "") and k not in ("model", "keep_warm", "api_key", "api_key_env")}
-        context.log.info(f"engine loading: {resource.model_name()} with {json.dumps(shown, default=str)}")
-        began = time.perf_counter()
-        engine = resource.get_engine()
-        context.log.info(f"engine ready in {time.perf_counter() - began:.1f} s")
-        return engine
-    return start
+def _settings_line(resource: VLLMResource) -> str:
+    """The engine settings a log reader wants to see (what is set, no secrets)."""
+    shown = {k: v for k, v in resource.model_dump().items()
+             if v not in (None, {}, "") and k not in ("model", "keep_warm", "api_key")}
+    return "with " + json.dumps(shown, default=str)
 
 
 def _model_config(resource: VLLMResource | None) -> Any:
@@ -204,7 +196,9 @@ def build_batch_assets(
         resource: VLLMResource = getattr(context.resources, resource_key)
         job.check_partitions(context.partition_keys)  # before any engine starts
         version = job.output_version(resource)
-        engine = LazyEngine(resource.model_identity(), _engine_starter(context, resource))
+        # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
+        engine = LazyEngine(resource.model_identity(), resource.get_engine, log=context.log.info,
+                            settings=_settings_line(resource))
         home.write_current(version, engine.model_id)
         todo = [k for k in context.partition_keys if not home.is_done(version, k)]
         tags = {"dagster/code_version": code_version, "dagster/data_version_is_user_provided": "true",

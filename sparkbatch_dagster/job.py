@@ -61,7 +61,7 @@ class BatchJob:
         est = est or self.spec.estimate
         on_gpu = not on_cpu()
         batch = resource.resolved_max_num_seqs()  # max_num_seqs, or this platform's default
-        if on_gpu and est.fill_batch and est.sample_rows < batch:
+        if est.fill_batch and est.sample_rows < batch:
             est = est.model_copy(update={"sample_rows": batch})
         sample = E.draw_sample(self.spec, self.home, est)
         log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,}; models: "

@@ -165,6 +165,11 @@ class ShardRun:
         #: Rows per second to quote an ETA with before this run has measured its own (the estimate's).
         self.expected_rows_per_s: float | None = None
         self.rate_window_s = 10.0  # seconds of answers before the run's own rate is trusted
+        # The rate is measured from the first answer: before it the engine was starting, and a
+        # rate over that minute would quote an ETA of hours for a job of minutes.
+        self._first_answer: float | None = None
+        self._done_at_first = 0
+        self._sizes: dict[str, int] = {}
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
@@ -199,9 +204,6 @@ class ShardRun:
     def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
         self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys}
         total = sum(self._sizes.values())
-        # The rate is measured from the first answer: before it the engine was starting, and a
-        # rate over that minute would quote an ETA of hours for a job of minutes.
-        self._first_answer: float | None = None
         last_report = time.perf_counter()
         for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
             if self._first_answer is None:

@@ -111,8 +111,8 @@ class EstimateSpec(_Checked):
 
     sample_rows: int = Field(default=80, ge=10, le=100_000, description="Rows timed on the real engine.")
     fill_batch: bool = Field(
-        default=True, description="On a GPU, time at least one full batch (max_num_seqs rows): a smaller sample "
-        "leaves the GPU half idle and overstates the time (H200: +38% at 80 rows, +2.5% at 1024).",
+        default=True, description="Time at least one full batch (max_num_seqs rows): a smaller sample leaves "
+        "the engine part idle and overstates the time (H200: +38% at 80 rows, +2.5% at 1024).",
     )
     strata: int = Field(default=5, ge=1, le=100, description="Input-length bands the sample is spread over.")
     warmup_rows: int = Field(default=8, ge=0, le=10_000, description="Untimed rows run first (other rows).")

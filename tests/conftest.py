@@ -113,3 +113,19 @@ def real_engine() -> Iterator[Engine]:
     engine = resource.get_engine()
     yield engine
     resource.shutdown()
+
+
+def label_then_metrics(assets: Any, keys: dict, res: dict, inst: Any, first: str, last: str) -> tuple[Any, Any]:
+    """labeled_outputs over first..last, then run_metrics in its own run, as a backfill runs them
+    (labeled_outputs' run yields each partition as it commits and no output at its end)."""
+    from dagster import materialize
+
+    tags = {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
+    labeled = materialize(assets, selection=[keys["labeled_outputs"]], resources=res, instance=inst, tags=tags)
+    measured = materialize(assets, selection=[keys["run_metrics"]], resources=res, instance=inst, tags=tags)
+    return labeled, measured
+
+
+def total(mats: Any, name: str) -> Any:
+    """The sum of one metadata value over per-partition materializations."""
+    return sum(m.metadata[name].value for m in mats)

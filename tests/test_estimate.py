@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import fake_resource, make_rows, make_spec, write_parquet
+from conftest import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
 from sparkbatch_dagster import estimate as E
 from sparkbatch_dagster.choice import advise, choose, rows_to_decide, tradeoff, verdict, wilson
@@ -229,7 +229,7 @@ def test_bad_estimate_settings_name_the_value(tmp_path):
 
 
 def test_estimate_asset_then_run_metrics_show_predicted_vs_actual(tmp_path):
-    spec = make_spec(tmp_path, n=300, shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4))
+    spec = make_spec(tmp_path, n=300, shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4, fill_batch=False))
     job = build_batch_assets(spec=spec)
     res = {"vllm": fake_resource(delay_s=0.005)[0]}
     inst = DagsterInstance.get()
@@ -245,14 +245,13 @@ def test_estimate_asset_then_run_metrics_show_predicted_vs_actual(tmp_path):
     report = json.loads(Path(md["report"].value).read_text())
     assert report["chosen_model"] == "fake-model" and len(report["models"]) == 1
     keys = inst.get_dynamic_partitions(job.partitions_def.name)
-    run = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
-                      instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+    _, run = label_then_metrics(job.assets, job.keys, res, inst, keys[0], keys[-1])
     mm = run.asset_materializations_for_node("things__run_metrics")[0].metadata
-    predicted, actual = mm["predicted_wall_s"].value, mm["actual_wall_s"].value
+    predicted, actual = mm["job_predicted_wall_s"].value, mm["job_actual_wall_s"].value
     # The seconds shown are rounded to 0.1 s; the percentage comes from the unrounded values.
-    assert mm["prediction_error_pct"].value == pytest.approx((predicted - actual) / actual * 100, abs=8)
+    assert mm["job_prediction_error_pct"].value == pytest.approx((predicted - actual) / actual * 100, abs=8)
     assert actual / 3 < predicted < actual * 3  # the fake engine's fixed delay per request
-    assert mm["cost_usd"].value >= mm["generation_cost_usd"].value > 0
+    assert mm["job_cost_usd"].value >= mm["job_generation_cost_usd"].value > 0
 
 
 def test_estimate_config_from_the_launchpad_is_validated(tmp_path):
@@ -274,7 +273,7 @@ spec = JobSpec(name="things", input={src!r}, id_column="id", text_columns=["text
                gold_column="gold", home={home!r})
 job = build_batch_assets(spec=spec)
 from sparkbatch_dagster.testing import FakeVLLMResource
-fake = FakeVLLMResource(delay_s=0.01)
+fake = FakeVLLMResource(delay_s=0.01, max_num_seqs=32)
 defs = Definitions(assets=job.assets, resources={{"vllm": fake}})
 """
 
@@ -365,9 +364,11 @@ def test_an_interval_that_straddles_the_bar_gets_more_rows_up_to_the_cap(tmp_pat
     est = EstimateSpec(sample_rows=40, warmup_rows=6, max_sample_rows=160, accuracy_bar=0.34)
     sample = draw_sample(spec, home, est)
     timed: list[list[str]] = []
+    texts: list[set[str]] = []
     real_time_rows = E.time_rows
     monkeypatch.setattr(E, "time_rows", lambda spec, rows, engine: (timed.append([r["row_id"] for r in rows]),
-                                                                    real_time_rows(spec, rows, engine))[1])
+                                                                    texts.append({r["text"] for r in rows}),
+                                                                    real_time_rows(spec, rows, engine))[2])
     _, engine = fake_resource()
     timing = E.sample_model(spec, home, est, sample, engine)  # hash answers: about 1/3 right, on the bar
     assert [len(t) for t in timed][0] == 40 and len(timed) == 3  # 40, then up to 80, then up to 160
@@ -376,7 +377,10 @@ def test_an_interval_that_straddles_the_bar_gets_more_rows_up_to_the_cap(tmp_pat
     assert not set(ids) & {r["row_id"] for r in sample.warmup}  # a warm-up row is in the prefix cache
     assert 160 - len(sample.warmup) <= timing.rows <= 160
     assert [s[0] for s in timing.steps] == [40, len(timed[0]) + len(timed[1]), timing.rows]
-    assert engine.requests_seen == len({r["text"] for r in sample.warmup}) + timing.requests
+    assert engine.requests_seen == len({r["text"] for r in sample.warmup}) + sum(len(t) for t in texts)
+    # Speed comes only from draws as large as the first: a smaller one runs a part-empty batch.
+    assert len(timed[1]) < 40 <= len(timed[2])
+    assert timing.requests == len(texts[0]) + len(texts[2])
     decided = E.sample_model(spec, home, est.model_copy(update={"accuracy_bar": 0.0}), sample, engine)
     assert decided.rows == 40  # the interval clears at once: no more rows
     capped = E.sample_model(spec, home, est.model_copy(update={"max_sample_rows": 40}), sample, engine)
@@ -431,7 +435,7 @@ def test_without_a_gold_column_the_cheapest_model_is_named_and_quality_is_not_cl
     monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: FakeVLLMResource(
         model=model, delay_s=0.001))
     report = job.estimate(FakeVLLMResource(delay_s=0.004),
-                          EstimateSpec(sample_rows=40, models=["quick"], accuracy_bar=0.9))
+                          EstimateSpec(sample_rows=40, models=["quick"], accuracy_bar=0.9, fill_batch=False))
     assert report["chosen_model"] == "quick" and all(m["accuracy"] is None for m in report["models"])
     assert all(m["sample_rows"] == 40 for m in report["models"])  # nothing to straddle
     text = " ".join(report["advice"])
@@ -456,13 +460,12 @@ def test_the_estimate_predicts_only_prompts_the_store_does_not_hold(tmp_path):
     first = json.loads(job.home.stats_path(version, keys[0]).read_text())
     report = job.estimate(res["vllm"])
     assert report["stored_rows"] == first["rows"] and report["prompts_to_generate"] == 300 - first["rows"]
-    rest = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
-                       instance=inst, tags={RANGE_START: keys[1], RANGE_END: keys[-1]})
+    _, rest = label_then_metrics(job.assets, job.keys, res, inst, keys[1], keys[-1])
     generated = sum(json.loads(job.home.stats_path(version, k).read_text())["generated_requests"] for k in keys[1:])
     assert report["prompts_to_generate"] == generated  # predicted and actual count the same prompts
     assert any("rows already have fake-model's answer in the result store" in a for a in report["advice"])
     mm = rest.asset_materializations_for_node("things__run_metrics")[0].metadata
-    assert mm["predicted_wall_s"].value > 0 and mm["prediction_error_pct"].value is not None
+    assert mm["job_predicted_wall_s"].value > 0 and mm["job_prediction_error_pct"].value is not None
     done = job.estimate(res["vllm"])  # everything answered: nothing to predict, nothing to pay
     assert done["prompts_to_generate"] == 0 and done["predicted_wall_s"] == 0 and done["best_cost_usd"] == 0
 
@@ -521,15 +524,15 @@ def test_the_runs_bill_includes_its_engine_start(tmp_path, monkeypatch):
     # (both seconds are rounded to 0.1 in the report)
     assert one["cost_usd"] == pytest.approx(0.79 * (one["wall_s"] + report["engine_start_s"]) / 3600, abs=3e-5)
     keys = inst.get_dynamic_partitions(job.partitions_def.name)
-    run = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
-                      instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+    _, run = label_then_metrics(job.assets, job.keys, res, inst, keys[0], keys[-1])
     mm = run.asset_materializations_for_node("things__run_metrics")[0].metadata
-    start = mm["engine_start_s"].value
-    assert start >= 1.0 and mm["actual_wall_s"].value < 1.0  # generation alone, as predicted
-    assert mm["cost_usd"].value == pytest.approx(mm["generation_cost_usd"].value + 0.79 * start / 3600, abs=2e-6)
+    start = mm["job_engine_start_s"].value
+    assert start >= 1.0 and mm["job_actual_wall_s"].value < 1.0  # generation alone, as predicted
+    assert mm["job_cost_usd"].value == pytest.approx(mm["job_generation_cost_usd"].value + 0.79 * start / 3600,
+                                                     abs=2e-6)
     st = {"partitions_total": 3, "partitions_done": 3}
     out = summary(job, resource, st, keys, SimpleNamespace(success=True))
-    assert out["engine_start_s"] == start and out["cost_usd"] == mm["cost_usd"].value
+    assert out["engine_start_s"] == start and out["cost_usd"] == mm["job_cost_usd"].value
     assert out["generation_cost_usd"] == pytest.approx(0.79 * out["wall_s"] / 3600, abs=2e-6)
     assert out["wall_s"] < 1.0 and out["prediction_error_pct"] is not None
 
@@ -578,7 +581,7 @@ def test_the_benchmark_builds_a_second_real_job_that_runs(tmp_path, monkeypatch)
     assert job.spec.name == "debian_roles" and job.spec.gold_column == "role" and job.spec.text_columns == ["summary"]
     assert job.spec.output.labels == bench.ROLES and job.spec.estimate.accuracy_bar == 0.3
     build_shards(job.spec, job.home)
-    report = job.estimate(FakeVLLMResource(), EstimateSpec(sample_rows=20))
+    report = job.estimate(FakeVLLMResource(), EstimateSpec(sample_rows=20, fill_batch=False))
     assert report["total_rows"] == 200 and report["sample_rows"] == 20 and report["accuracy"] is not None
 
 
@@ -593,10 +596,9 @@ def test_a_run_on_a_warm_engine_pays_no_engine_start(tmp_path, monkeypatch):
         res = {"vllm": resource}
         assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
         keys = inst.get_dynamic_partitions(job.partitions_def.name)
-        run = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
-                          instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+        _, run = label_then_metrics(job.assets, job.keys, res, inst, keys[0], keys[-1])
         starts.append(run.asset_materializations_for_node(f"{name}__run_metrics")[0].metadata)
     resource.shutdown()
-    assert starts[0]["engine_start_s"].value >= 1.0 and starts[1]["engine_start_s"].value < 0.5
-    assert starts[1]["cost_usd"].value == pytest.approx(starts[1]["generation_cost_usd"].value, abs=2e-6)
+    assert starts[0]["job_engine_start_s"].value >= 1.0 and starts[1]["job_engine_start_s"].value < 0.5
+    assert starts[1]["job_cost_usd"].value == pytest.approx(starts[1]["job_generation_cost_usd"].value, abs=2e-6)
     assert starts[1]["wall_s"].value > 0  # generation time kept whole, nothing taken off for a start not paid

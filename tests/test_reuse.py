@@ -11,9 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, Definitions, materialize
 
-from conftest import fake_resource, make_rows, make_spec, write_parquet
+from conftest import fake_resource, label_then_metrics, make_rows, make_spec, total, write_parquet
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, SparkbatchError, build_batch_assets
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.errors import PendingRowsError
 from sparkbatch_dagster.results import ResultStore
@@ -36,9 +35,8 @@ def _run_all(job, res, inst=None):
     inst = inst or DagsterInstance.get()
     assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
     keys = inst.get_dynamic_partitions(job.partitions_def.name)
-    result = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
-                         resources=res, instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
-    assert result.success
+    result, measured = label_then_metrics(job.assets, job.keys, res, inst, keys[0], keys[-1])
+    assert result.success and measured.success
     return result
 
 
@@ -60,10 +58,11 @@ def test_appended_rows_are_the_only_prompts_generated_and_a_touch_generates_noth
     os.utime(src)  # touched: same bytes, so the same shards and version; nothing to do at all
     version = job.output_version(res)
     res, engine = fake_resource()
-    md = _run_all(job, {"vllm": res}).asset_materializations_for_node("things__labeled_outputs")[0].metadata
+    mats = _run_all(job, {"vllm": res}).asset_materializations_for_node("things__labeled_outputs")
     assert engine.requests_seen == 0 and job.output_version(res) == version
-    assert md["partitions_computed"].value == md["generated_requests"].value == md["reused_rows"].value == 0
-    assert md["rows"].value == 200  # the run's partitions, done before
+    assert not any(m.metadata["computed_in_this_run"].value for m in mats)  # done before: recorded as reused
+    assert total(mats, "generated_requests") == total(mats, "cost_usd") == 0
+    assert total(mats, "rows") == total(mats, "reused_rows") == 200
 
     # 10% more rows (a new version: the shards changed), re-sharded into 5: only new prompts are sent.
     write_parquet(src, [*_unique_rows(200), *_unique_rows(20, start=200)])
@@ -73,8 +72,8 @@ def test_appended_rows_are_the_only_prompts_generated_and_a_touch_generates_noth
     assert engine.requests_seen == 20 and job.output_version(res) != version
     after = _outputs(job, res)
     assert len(after) == 220 and all(after[k] == v for k, v in before.items())
-    md = result.asset_materializations_for_node("things__labeled_outputs")[0].metadata
-    assert md["reused_rows"].value == 200 and md["generated_requests"].value == 20
+    mats = result.asset_materializations_for_node("things__labeled_outputs")
+    assert total(mats, "reused_rows") == 200 and total(mats, "generated_requests") == 20
 
 
 def test_nothing_to_generate_never_starts_the_engine(tmp_path):
@@ -91,8 +90,8 @@ def test_nothing_to_generate_never_starts_the_engine(tmp_path):
     res, engine = fake_resource()
     res.shutdown()  # no warm engine: one would be started only if a prompt needed it
     result = _run_all(job, {"vllm": res})
-    md = result.asset_materializations_for_node("things__labeled_outputs")[0].metadata
-    assert md["reused_rows"].value == 60 and md["generated_requests"].value == 0
+    mats = result.asset_materializations_for_node("things__labeled_outputs")
+    assert total(mats, "reused_rows") == 60 and total(mats, "generated_requests") == 0
     assert res.get_engine() is not engine and res.get_engine().requests_seen == 0  # started only now, by us
 
 

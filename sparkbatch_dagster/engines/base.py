@@ -89,9 +89,11 @@ class LazyEngine(Engine):
     input, a new gold column) then costs no engine start, which is a minute or more.
     """
 
-    def __init__(self, model_id: str, start: Callable[[], Engine]) -> None:
+    def __init__(self, model_id: str, start: Callable[[], Engine], log: Callable[[str], None] | None = None,
+                 settings: str = "") -> None:
         self.model_id = model_id
         self._start = start
+        self._log, self._settings = log, settings  # "loading" and "ready" lines, outside the timed start
         self.started: Engine | None = None
 
     def generate(
@@ -102,8 +104,12 @@ class LazyEngine(Engine):
         if first is None:
             return
         if self.started is None:
+            if self._log:
+                self._log(f"engine loading: {self.model_id} {self._settings}".rstrip())
             began = time.perf_counter()
             self.started = self._start()
             # What this run paid to get an engine: a cold start in full, a warm one (keep_warm) nothing.
             self.start_seconds = time.perf_counter() - began
+            if self._log:
+                self._log(f"engine ready in {self.start_seconds:.1f} s")
         yield from self.started.generate(itertools.chain([first], source), sampling, output)
