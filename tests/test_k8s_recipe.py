@@ -5,6 +5,7 @@ sparkbatch_dagster.deploy: GPU request, node selector, pool, environment."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -26,7 +27,8 @@ from sparkbatch_dagster.deploy import (
     k8s_gpu_tags,
 )
 
-pytest.importorskip("dagster_k8s", reason="the k8s extra (dagster-k8s) is not installed")
+if not os.environ.get("MAKELEVEL"):  # `make test` installs it: there a missing dagster-k8s fails the test
+    pytest.importorskip("dagster_k8s", reason="the k8s extra (dagster-k8s) is not installed")
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "deploy-k8s.md"
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
@@ -118,7 +120,6 @@ def assert_gpu_pod(body, model: str = "/models/qwen-7b") -> None:
     assert env["HF_HOME"] == "/models/hf-cache"
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["SPARKBATCH_MODEL_CACHE"] == "/models/sparkbatch"
-    assert env["SPARKBATCH_ENGINE"] == "gpu"
     assert env["SPARKBATCH_MODEL"] == model
     assert env["DAGSTER_RUN_JOB_NAME"] == "things_label"
     mounts = {m.name: m.mount_path for m in container.volume_mounts}
@@ -164,10 +165,7 @@ def test_a_run_of_labeled_outputs_needs_the_gpu_pool(tmp_path, k8s_instance):
     instance, _ = k8s_instance
     job, job_def = gpu_defs(tmp_path, k8s_gpu_tags(node_selector=H200))
     labeled = next(a for a in job.assets if job.keys["labeled_outputs"] in a.keys)
-    pool = getattr(labeled.op, "pool", None)
-    if pool is None:
-        pytest.skip("labeled_outputs declares no concurrency pool yet (pool='gpu')")
-    assert pool == GPU_POOL
+    assert labeled.op.pool == GPU_POOL
     run = instance.create_run_for_job(job_def, tags=dict(job_def.run_tags))
     assert run.run_op_concurrency is not None and GPU_POOL in (run.run_op_concurrency.all_pools or set())
 
