@@ -57,9 +57,13 @@ def _run(spec: JobSpec, res: VLLMResource) -> dict[str, Any]:
     result = materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources={"vllm": res}, instance=inst,
                          tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
     seconds = time.perf_counter() - t
-    md = result.asset_materializations_for_node("debian_sections__labeled_outputs")[0].metadata
-    return {"seconds": round(seconds, 2), "rows": md["rows"].value, "generated": md["generated_requests"].value,
-            "reused": md["reused_rows"].value, "errors": md["errors"].value}
+    mats = result.asset_materializations_for_node("debian_sections__labeled_outputs")  # one per partition
+
+    def total(name: str) -> Any:
+        return sum(m.metadata[name].value for m in mats)
+
+    return {"seconds": round(seconds, 2), "rows": total("rows"), "generated": total("generated_requests"),
+            "reused": total("reused_rows"), "errors": total("errors")}
 
 
 def _round(data: list[dict[str, Any]], rows: int, res: VLLMResource, variant: str, tmp: Path) -> dict[str, Any]:

@@ -6,7 +6,8 @@ dagster-k8s import), so they cost nothing where Kubernetes is not used::
     from dagster import define_asset_job
     from sparkbatch_dagster.deploy import k8s_gpu_tags
 
-    gpu_job = define_asset_job("tickets_gpu", selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
+    # run_metrics and analytics follow by themselves (AutomationCondition) in runs without a GPU.
+    gpu_job = define_asset_job("tickets_gpu", selection=[job.keys["labeled_outputs"]],
                                tags=k8s_gpu_tags(node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"},
                                                  env={"SPARKBATCH_MODEL": "/models/qwen-7b"}))
 

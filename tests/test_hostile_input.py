@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import LABELS, WORDS, fake_resource, make_spec
+from conftest import LABELS, WORDS, fake_resource, label_then_metrics, make_spec
 from sparkbatch_dagster import InputError
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.inputs import delimiter_hint
@@ -212,15 +212,13 @@ def test_the_dagster_job_finishes_on_a_csv_with_bad_bytes(tmp_path):
     from dagster import DagsterInstance, materialize
 
     from sparkbatch_dagster import build_batch_assets
-    from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 
     src = _write(tmp_path, "rows.csv", _csv_75(BAD_UTF8))
     job = build_batch_assets(spec=make_spec(tmp_path, input=str(src), shards=2))
     res, inst = {"vllm": fake_resource()[0]}, DagsterInstance.get()
     assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
-    result = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
-                         resources=res, instance=inst, tags={RANGE_START: "shard-00000", RANGE_END: "shard-00001"})
-    assert result.success
+    result, measured = label_then_metrics(job.assets, job.keys, res, inst, "shard-00000", "shard-00001")
+    assert result.success and measured.success
     version = job.output_version(res["vllm"])
     rows = [r for k in ("shard-00000", "shard-00001")
             for r in pq.read_table(job.home.labeled_path(version, k)).to_pylist()]

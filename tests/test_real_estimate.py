@@ -9,9 +9,8 @@ import psutil
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, live_children, make_spec
+from conftest import REAL_SETTINGS, label_then_metrics, live_children, make_spec
 from sparkbatch_dagster import VLLMResource, build_batch_assets
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.spec import EstimateSpec
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -54,8 +53,7 @@ def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_pa
     assert any("fits one node" in a for a in report["advice"])
 
     keys = inst.get_dynamic_partitions(job.partitions_def.name)
-    run = materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]], resources=res,
-                      instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+    _, run = label_then_metrics(job.assets, job.keys, res, inst, keys[0], keys[-1])
     mm = run.asset_materializations_for_node("things__run_metrics")[0].metadata
-    assert mm["predicted_wall_s"].value > 0 and mm["actual_wall_s"].value > 0
-    assert "prediction_error_pct" in mm
+    assert mm["job_predicted_wall_s"].value > 0 and mm["job_actual_wall_s"].value > 0
+    assert "job_prediction_error_pct" in mm

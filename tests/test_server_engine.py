@@ -8,9 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, live_children, make_rows, make_spec, write_parquet
+from conftest import REAL_SETTINGS, label_then_metrics, live_children, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import EngineError, VLLMResource, build_batch_assets
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.runner import label_shard
 from sparkbatch_dagster.shards import build_shards
 from sparkbatch_dagster.store import JobHome
@@ -25,8 +24,9 @@ def _vllm_children() -> list[psutil.Process]:
 def _label_all(job, res, inst):
     assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
     keys = inst.get_dynamic_partitions(job.partitions_def.name)
-    return materialize(job.assets, selection=[job.keys["labeled_outputs"], job.keys["run_metrics"]],
-                       resources=res, instance=inst, tags={RANGE_START: keys[0], RANGE_END: keys[-1]})
+    labeled, measured = label_then_metrics(job.assets, job.keys, res, inst, keys[0], keys[-1])
+    assert measured.success == labeled.success
+    return labeled
 
 
 def test_dagster_run_starts_and_stops_its_own_server(tmp_path):
