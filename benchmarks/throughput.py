@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import platform
 import random
@@ -35,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine_trace import trace  # noqa: E402
 from results_io import emit  # noqa: E402
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
@@ -172,6 +174,8 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
     kw["gpu_memory_utilization"] = 0.9 if args.gpu else 0.3
     if args.load_format:
         kw["engine_kwargs"] = {"load_format": args.load_format}
+    if getattr(args, "trace", False):  # vLLM keeps its step metrics only with stats on
+        kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), "disable_log_stats": False}
     started = time.perf_counter()
     engine = _ENGINE["e"] = VLLMResource(**kw).get_engine()
     return spec, kw, engine, time.perf_counter() - started
@@ -203,6 +207,9 @@ def main() -> None:
     p.add_argument("--server", action="store_true",
                    help="then run the pipeline again through `vllm serve` (same settings) and report server/offline")
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
+    p.add_argument("--trace", action="store_true",
+                   help="per arm and round: engine step timings, this process's CPU time, vLLM's step metrics "
+                        "(engine_trace.py); turns vLLM's stats on in every arm alike")
     args = p.parse_args()
 
     import pyarrow.parquet as pq
@@ -267,13 +274,18 @@ def main() -> None:
     # Rounds in A-B, B-A order (chat, generate, pipeline; then the reverse), so a drift of the
     # machine's speed hits every arm alike.
     totals: dict[str, Any] = {}
+    traces: dict[str, list[dict[str, Any]]] = {}
     times: dict[str, list[float]] = {"raw": [], "generate": [], "pipeline": [], "labeling": []}
     labeling_s = times["labeling"]
     arms: list[tuple[str, Any]] = [("raw", raw)] + ([("generate", raw_tokens_arm)] if args.generate else [])
     for n in range(args.repeat):
         order = [*arms, ("pipeline", functools.partial(pipeline, n))]
         for arm, run in order if n % 2 == 0 else order[::-1]:
-            times[arm].append(run())
+            with trace(engine._llm, args.trace) as where:
+                times[arm].append(run())
+            if args.trace:
+                traces.setdefault(arm, []).append(where)
+                print(f"trace {arm} round {n}: {json.dumps(where)}", file=sys.stderr, flush=True)
         # Each round as it ends, so a run cut short by a time limit still reports its rounds.
         raw_t, pipe_t = times["raw"][-1], times["pipeline"][-1]
         line = f"round {n}: raw chat {raw_t:.2f} s, pipeline {pipe_t:.2f} s, ratio {raw_t / pipe_t:.3f}"
@@ -293,8 +305,9 @@ def main() -> None:
         totals["server_start_s"] = time.perf_counter() - t
         times["server"] = [pipeline(n, "-server") for n in range(args.repeat)]
     res["vllm"].shutdown()
-    emit(summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
-                   totals=totals, times=times, engine_start_s=engine_start_s), args.out)
+    result = summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
+                       totals=totals, times=times, engine_start_s=engine_start_s)
+    emit({**result, "trace": traces} if traces else result, args.out)
 
 
 def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows: int, totals: dict[str, Any],
