@@ -25,6 +25,9 @@ README = ROOT / "README.md"
 
 #: Result files the tables leave out, and why (the test requires a reason for each).
 NOT_RENDERED = {
+    "h200-8b-synthetic-one-tokenizer-thread.json":
+        "an experiment on a change that was reverted (the offline engine tokenizing on one thread); "
+        "the README's 8B paragraph quotes it",
     "h200-1b-debian-package-and-description.json":
         "measured with a 'Package: ... Description: ...' prompt that throughput.py no longer builds "
         "(its Debian mode sends the description alone since commit 245e233): it cannot be reproduced",
