@@ -189,3 +189,23 @@ def test_labeled_outputs_and_run_metrics_never_share_a_run(tmp_path):
         job = build_batch_assets(spec=spec, backfill_policy=policy)
         labeled, metrics = job.assets[1].backfill_policy, job.assets[2].backfill_policy
         assert labeled == (policy or BackfillPolicy.single_run()) and metrics != labeled
+
+
+def test_run_metrics_and_analytics_follow_new_labeled_partitions_by_themselves(tmp_path):
+    from dagster import Definitions, evaluate_automation_conditions
+
+    job, inst, res, keys = _setup(tmp_path)
+    defs = Definitions(assets=job.assets, resources=res)
+    result = evaluate_automation_conditions(defs, inst)  # the daemon's first tick: nothing new yet
+    assert result.total_requested == 0
+    _label(job, inst, res, keys[:2])  # two partitions land
+    result = evaluate_automation_conditions(defs, inst, cursor=result.cursor)
+    assert set(result.get_requested_partitions(job.keys["run_metrics"])) == set(keys[:2])
+    assert result.get_num_requested(job.keys["labeled_outputs"]) == 0  # the GPU is never rented by itself
+    assert result.get_num_requested(job.keys["estimate"]) == 0
+    metrics_tags = {RANGE[0]: keys[0], RANGE[1]: keys[1]}
+    assert materialize([job.assets[2]], instance=inst, tags=metrics_tags).success
+    _label(job, inst, res, keys[2:])
+    assert materialize([job.assets[2]], instance=inst, tags={RANGE[0]: keys[2], RANGE[1]: keys[-1]}).success
+    result = evaluate_automation_conditions(defs, inst, cursor=result.cursor)
+    assert result.get_num_requested(job.keys["analytics"]) == 1  # every partition labeled and measured
