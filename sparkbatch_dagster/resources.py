@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
@@ -23,6 +23,9 @@ from typing_extensions import Self
 from .engines.base import Engine
 from .engines.settings import GPU_DEFAULTS, on_cpu, platform_default
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .engines.vllm_server import VLLMServerEngine
 
 __all__ = ["THROUGHPUT_ONLY", "VLLMResource", "close_warm_engines", "on_cpu"]
 
@@ -65,7 +68,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     )
     engine: Literal["offline", "server"] = Field(
         default="offline", description="offline: vllm.LLM in this process; server: an OpenAI-compatible endpoint "
-        "(server_url, or `vllm serve` started here).",
+        "(server_url or server_urls, or `vllm serve` started here).",
     )
     gpu_memory_utilization: float | None = Field(
         default=None, gt=0.0, le=0.98, description="Fraction of GPU memory (of RAM on the CPU backend) vLLM may use. "
@@ -92,16 +95,28 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         "they are; keys outside THROUGHPUT_ONLY are part of the model identity.",
     )
     server_url: str | None = Field(
-        default=None, description="engine='server': a running server's base URL; None starts `vllm serve` here."
+        default=None, description="engine='server': a running server's base URL; None (and no server_urls) starts "
+        "`vllm serve` here."
+    )
+    server_urls: list[str] = Field(
+        default_factory=list, description="engine='server': several running servers' base URLs (one per GPU or "
+        "machine), all serving model=; instead of server_url. Each gets up to max_in_flight requests, the next one "
+        "goes to the server with the fewest in flight, and a server that dies mid-run has its rows re-sent to the "
+        "others.",
     )
     api_key: str | None = Field(
         default=None, description="engine='server': the server's API key. Pass EnvVar(\"MY_KEY\") (Python) or "
         "{{ env.MY_KEY }} (YAML); never a literal key in code.",
     )
     max_in_flight: int | None = Field(
-        default=None, ge=1, description="Server requests in flight; None = 4 x max_num_seqs."
+        default=None, ge=1, description="Server requests in flight, per server; None = 4 x max_num_seqs."
     )
     request_timeout_s: float = Field(default=600.0, gt=0, description="Server mode: seconds to wait for one answer.")
+    server_token_ids: bool = Field(
+        default=False, description="Server mode: apply the model's chat template and tokenizer in this process and "
+        "send token ids to /v1/completions (the server then neither renders nor tokenizes); needs the tokenizer "
+        "folder the server loaded (its /v1/models root) readable here. Off: messages to /v1/chat/completions.",
+    )
     max_retries: int = Field(default=5, ge=0, le=20, description="Server mode: retries on 429/5xx/connection errors.")
     server_start_timeout_s: float = Field(
         default=900.0, gt=0, description="Seconds a `vllm serve` started here may take to become healthy."
@@ -149,9 +164,9 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     def model_name(self) -> str:
         """What the engine will load, resolved (the embedded default is converted if needed)."""
         cfg = self.resolved()
-        if cfg.engine == "server" and cfg.server_url:
+        if cfg._endpoints():
             if not cfg.model:
-                raise ConfigError("engine='server' with server_url needs model= (the served model name)")
+                raise ConfigError("engine='server' with server_url(s) needs model= (the served model name)")
             return cfg.model
         from .model import resolve_model
 
@@ -163,12 +178,10 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         says it serves. Computed without starting an engine, and again on every call: weights
         copied over the same folder change it at once (file digests are cached, so it is cheap)."""
         cfg = self.resolved()
-        if cfg.engine == "server" and cfg.server_url:
-            from .engines.vllm_server import check_served
-            from .spec import fingerprint
+        if cfg._endpoints():  # one server or several: the same identity, and every one must serve that model
+            from .engines.endpoints import check_endpoints, served_identity
 
-            served = check_served(cfg.server_url, cfg.model_name(), cfg._api_key())
-            return f"{served['id']}@{fingerprint([served.get('root'), served.get('max_model_len')])[:12]}"
+            return served_identity(check_endpoints(cfg._endpoints(), cfg.model_name(), cfg._api_key())[0])
         from .model import model_identity
 
         extra = {k: v for k, v in sorted(cfg.engine_kwargs.items()) if k not in THROUGHPUT_ONLY}
@@ -184,7 +197,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         cfg = self.resolved()
         if cfg.max_num_seqs is not None:
             return cfg.max_num_seqs
-        if cfg.engine == "server" and cfg.server_url:  # someone else's server: its platform, not ours
+        if cfg._endpoints():  # someone else's server: its platform, not ours
             return int(GPU_DEFAULTS["max_num_seqs"])
         return int(platform_default("max_num_seqs"))
 
@@ -214,9 +227,11 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         from .engines import settings
 
         api_key = self._api_key()  # before any process starts: a missing key must not leak a server
-        if self.engine == "server" and self.server_url:
-            engine = self._client(self.server_url, self.model_name(), api_key)
-            engine.model_id = self.model_identity()
+        if urls := self._endpoints():
+            from .engines.endpoints import served_identity
+
+            engine = self._client(urls, self.model_name(), api_key)
+            engine.model_id = served_identity(engine.served)  # the preflight checked every server
             return engine
         seqs = self.resolved_max_num_seqs()
         kwargs = settings.llm_kwargs(
@@ -240,6 +255,23 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         engine.model_id = name
         return engine
 
+    def _endpoints(self) -> list[str]:
+        """engine='server': the running servers' base URLs (server_url or server_urls); [] when
+        `vllm serve` starts here (and in offline mode)."""
+        if self.engine != "server":
+            return []
+        if self.server_url and self.server_urls:
+            raise ConfigError("VLLMResource sets both server_url and server_urls: set server_urls only (a list of "
+                              "one is one server)")
+        urls = [self.server_url] if self.server_url else list(self.server_urls)
+        from .engines.endpoints import root_url
+
+        twice = sorted({u for u in urls if [root_url(v) for v in urls].count(root_url(u)) > 1})
+        if twice:
+            raise ConfigError(f"VLLMResource.server_urls lists {twice} more than once: list each server once "
+                              "(max_in_flight is per server)")
+        return urls
+
     def _api_key(self) -> str | None:
         if self.engine != "server" or self.api_key is None:
             return None
@@ -248,9 +280,9 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
                               "the server's key, or leave api_key unset for a server without one")
         return str(self.api_key)
 
-    def _client(self, url: str, name: str, api_key: str | None, server: Any = None) -> Engine:
+    def _client(self, url: str | list[str], name: str, api_key: str | None, server: Any = None) -> VLLMServerEngine:
         from .engines.vllm_server import VLLMServerEngine
 
         return VLLMServerEngine(url, name, api_key=api_key, max_in_flight=self.max_in_flight
                                 or 4 * self.resolved_max_num_seqs(), timeout_s=self.request_timeout_s,
-                                max_retries=self.max_retries, server=server)
+                                max_retries=self.max_retries, server=server, token_ids=self.server_token_ids)

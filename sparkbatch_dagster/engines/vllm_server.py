@@ -6,6 +6,11 @@ many requests in flight (well above ``max_num_seqs``, so continuous batching alw
 retries with backoff on 429/5xx/connection resets, and structured outputs through the
 request's ``structured_outputs`` field.
 
+With several endpoints (``server_urls``) requests are balanced by in-flight count, each
+replica with its own ``max_in_flight``; a replica that dies mid-run (connection errors or 5xx
+through every retry) has its rows re-sent to the live ones (``replicas.py``), and only when
+every replica is dead do rows stay pending.
+
 Failures are sorted three ways: a row's own (its prompt is too long, a sporadic 400) is an error
 row; a setting's (wrong key, model, no chat template, 400 on every request) is a ConfigError
 before any row of it is written; a transient one (5xx, read timeouts after every retry) is a
@@ -17,18 +22,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import contextlib
-import json
 import queue
 import random
 import re
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
+from .endpoints import check_endpoints, check_served, key_error, message, served_models
+from .replicas import Pool, Replica
 from .server_process import ServerProcess, free_port
+from .token_prompts import load_tokenizer, token_body
 
 __all__ = ["ServerProcess", "VLLMServerEngine", "check_served", "free_port", "request_body", "served_models"]
 
@@ -51,71 +60,12 @@ def request_body(model: str, messages: list[dict[str, str]], sampling: SamplingS
     return body
 
 
-def _root(url: str) -> str:
-    return url.rstrip("/").removesuffix("/v1")  # ".../v1" is a common way to write the same server
-
-
-def _message(text: str) -> str:
-    """The error message of an OpenAI-style error body, else the body itself (shortened)."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        data = json.loads(text)
-        err = data.get("error")
-        text = str((err.get("message") if isinstance(err, dict) else err) or data.get("message") or text)
-    return text[:300]
-
-
-def _key_error(url: str, status: int) -> ConfigError:
-    return ConfigError(f"server at {url} refused the request (HTTP {status}): the API key is missing or wrong: "
-                       "set VLLMResource.api_key to the server's key, read from the environment: "
-                       'api_key=EnvVar("MY_KEY") (Python) or {{ env.MY_KEY }} (YAML)')
-
-
-def served_models(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> list[dict]:
-    """``/v1/models``' entries (``id``; from vLLM also ``root``, ``max_model_len``). Blocking: a preflight."""
-    import urllib.error
-    import urllib.request
-
-    url = _root(base_url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    req = urllib.request.Request(url + "/v1/models", headers=headers)  # noqa: S310 - the configured server
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310
-            body = r.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code in (401, 403):
-            raise _key_error(url, exc.code) from None
-        if exc.code == 404:
-            raise ConfigError(f"server at {url} has no /v1/models (HTTP 404): set VLLMResource.server_url to "
-                              "the root URL of an OpenAI-compatible server (vllm serve)") from None
-        raise EngineError(f"server at {url} answered HTTP {exc.code} to /v1/models: "
-                          f"{_message(exc.read().decode(errors='replace'))}") from None
-    except OSError as exc:  # refused, reset, DNS, timeout
-        raise EngineError(f"server at {url} unreachable: {exc}: check VLLMResource.server_url") from None
-    try:
-        return list(json.loads(body)["data"])
-    except (ValueError, KeyError, TypeError):
-        raise EngineError(f"server at {url} answered /v1/models with no model list: {body[:200]!r}") from None
-
-
-def _entry(models: list[dict], url: str, model: str) -> dict:
-    for entry in models:
-        if entry.get("id") == model:
-            return entry
-    raise ConfigError(f"server at {_root(url)} serves {[m.get('id') for m in models]}, not model={model!r}: "
-                      "set VLLMResource.model to one of them")
-
-
-def check_served(base_url: str, model: str, api_key: str | None) -> dict:
-    """The ``/v1/models`` entry of ``model``, or a ConfigError listing what the server serves."""
-    return _entry(served_models(base_url, api_key), base_url, model)
-
-
 def _classify(status: int, text: str, url: str) -> str:
     """``retry``, or the reason of a row's own failure; a ConfigError for a setting that fails every row."""
     if status in _RETRY_STATUS:
         return "retry"
     if status in (401, 403):
-        raise _key_error(url, status)
+        raise key_error(url, status)
     low = text.lower()
     if "chat template" in low or "chat_template" in low:
         raise ConfigError(f"server at {url} cannot render chat messages (HTTP {status}: {text}): the model has no "
@@ -125,13 +75,18 @@ def _classify(status: int, text: str, url: str) -> str:
     return "bad_request"
 
 
-class VLLMServerEngine(Engine):
-    """Client of an OpenAI-compatible server. ``server`` is the process we own, if any."""
+#: A request on its way: row id, body, the replicas it got only transient failures from, the last one.
+_Sent = tuple[str, dict[str, Any], frozenset[Replica], EngineResult | None]
 
-    def __init__(self, base_url: str, model_name: str, api_key: str | None = None, max_in_flight: int = 1024,
-                 timeout_s: float = 600.0, max_retries: int = 5, backoff_s: float = 0.5,
-                 server: ServerProcess | None = None) -> None:
-        self.base_url = _root(base_url)
+
+class VLLMServerEngine(Engine):
+    """Client of one or several OpenAI-compatible servers serving the same model. ``server`` is
+    the process we own, if any; ``max_in_flight`` bounds each server's requests in flight."""
+
+    def __init__(self, base_url: str | Sequence[str], model_name: str, api_key: str | None = None,
+                 max_in_flight: int = 1024, timeout_s: float = 600.0, max_retries: int = 5, backoff_s: float = 0.5,
+                 server: ServerProcess | None = None, token_ids: bool = False) -> None:
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
         # What requests ask for; ``model_id`` (what rows record) may be renamed to an identity.
         self.served_name = self.model_id = model_name
         self.max_in_flight = max_in_flight
@@ -141,15 +96,16 @@ class VLLMServerEngine(Engine):
         self._api_key = api_key
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         try:  # preflight: a wrong key or model stops the run here, before any row is sent
-            models = served_models(self.base_url, api_key)
-            self.served = _entry(models, self.base_url, model_name)
+            self.served, self._names, live = check_endpoints(urls, model_name, api_key)
+            # server_token_ids: the chat template and tokenizer applied here, ids to /v1/completions.
+            self._tokenizer = load_tokenizer(self.served.get("root") or model_name) if token_ids else None
         except BaseException:
             if server:
                 server.stop()  # ours, started for this engine: never left running
             raise
-        # vLLM answers with the first of a model's served names, whichever one was asked for.
-        root = self.served.get("root")
-        self._names = {model_name} | {m.get("id") for m in models if root and m.get("root") == root}
+        self.base_url = live[0]
+        self.pool = Pool(live, max_in_flight)
+        self._path = "/v1/completions" if token_ids else "/v1/chat/completions"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sparkbatch-client", daemon=True)
         self._thread.start()
@@ -158,7 +114,7 @@ class VLLMServerEngine(Engine):
     async def _open(self) -> Any:
         import aiohttp
 
-        connector = aiohttp.TCPConnector(limit=self.max_in_flight)
+        connector = aiohttp.TCPConnector(limit=self.max_in_flight * len(self.pool))
         # The timeout runs from when a request is sent (sock_read: no answer for timeout_s), not
         # from when it was queued for a pooled connection: with ``total``, requests that waited
         # behind a full pool timed out without ever reaching the server.
@@ -168,8 +124,11 @@ class VLLMServerEngine(Engine):
     def generate(
         self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec
     ) -> Iterator[EngineResult]:
+        pool = self.pool
+        pool.reset()  # a replica dead in an earlier run gets another chance
         done: queue.Queue[cf.Future] = queue.Queue()
-        pending: set[cf.Future] = set()
+        pending: dict[cf.Future, tuple[_Sent, Replica]] = {}
+        resend: deque[_Sent] = deque()  # a dead replica's rows, and rows another replica may answer
         source = iter(requests)
         exhausted = succeeded = transient = False
         # Until one request succeeds, a 400 may be the request's fault (model, sampling, output
@@ -177,23 +136,60 @@ class VLLMServerEngine(Engine):
         held: list[EngineResult] = []
         try:
             while True:
+                if not pool.live():  # every replica is dead: nothing can be sent, the rows left stay pending
+                    transient, why = True, f"server_error: {pool.all_dead_reason()}"
+                    rows = [sent[0] for sent in resend]
+                    resend.clear()
+                    yield from (EngineResult(row_id, None, error=why, retryable=True) for row_id in rows)
+                    if not exhausted:
+                        exhausted = True
+                        yield from (EngineResult(req.id, None, error=why, retryable=True) for req in source)
                 # Requests are pulled here, in the caller's thread: the async thread only does I/O.
                 # _HOLD held failures stop new sends: those in flight decide (one success releases).
-                while not exhausted and len(pending) < self.max_in_flight and (succeeded or len(held) < _HOLD):
-                    req = next(source, None)
-                    if req is None:
-                        exhausted = True
-                        break
-                    body = request_body(self.served_name, req.messages, sampling, output)
-                    fut = asyncio.run_coroutine_threadsafe(self._one(req.id, body), self._loop)
+                while succeeded or len(held) < _HOLD:
+                    if resend:
+                        row_id, body, tried, last = resend[0]
+                        replica = pool.pick(exclude=tried)
+                        if replica is None and last is not None and all(rep in tried for rep in pool.live()):
+                            resend.popleft()  # transient failures from every live replica: pending
+                            transient = True
+                            yield last
+                            continue
+                        if replica is None:
+                            break  # the replicas it may go to are full: wait for an answer
+                        resend.popleft()
+                    else:
+                        replica = None if exhausted else pool.pick()
+                        if replica is None:
+                            break  # every replica is full (or nothing is left): wait for an answer
+                        req = next(source, None)
+                        if req is None:
+                            exhausted = True
+                            break
+                        row_id, body, tried, last = req.id, self._body(req, sampling, output), frozenset(), None
+                    fut = asyncio.run_coroutine_threadsafe(self._one(replica, row_id, body), self._loop)
+                    replica.in_flight += 1
+                    replica.sent += 1
+                    pending[fut] = ((row_id, body, tried, last), replica)
                     fut.add_done_callback(done.put)
-                    pending.add(fut)
-                if not pending:
+                if not pending:  # nothing more can be sent (held 400s, or nothing left): decide and end
+                    transient = transient or bool(resend)
+                    yield from (last or EngineResult(row_id, None, error="server_error: not sent", retryable=True)
+                                for row_id, _, _, last in resend)
                     yield from _undecided(held, transient, exhausted)
                     return
                 fut = self._next_done(done)
-                pending.discard(fut)
+                (row_id, body, tried, last), replica = pending.pop(fut)
+                replica.in_flight -= 1
                 res = fut.result()
+                if res is None:  # its replica died before answering: the row goes to a live one
+                    pool.report(replica)
+                    replica.moved += bool(pool.live())
+                    resend.append((row_id, body, tried, last))
+                    continue
+                if res.retryable and len(pool) > 1:  # failed here alone: another replica may answer it
+                    resend.append((row_id, body, tried | {replica}, res))
+                    continue
                 transient = transient or res.retryable
                 if res.error is None and not succeeded:
                     succeeded = True  # the request works: the held 400s were the rows' own
@@ -206,6 +202,11 @@ class VLLMServerEngine(Engine):
         finally:
             for fut in pending:
                 fut.cancel()
+            pool.summary()
+
+    def _body(self, req: EngineRequest, sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
+        body = request_body(self.served_name, req.messages, sampling, output)
+        return body if self._tokenizer is None else token_body(self._tokenizer, body)
 
     def _next_done(self, done: queue.Queue[cf.Future]) -> cf.Future:
         while True:
@@ -214,51 +215,61 @@ class VLLMServerEngine(Engine):
             except queue.Empty:
                 self._check_server()
 
-    async def _one(self, row_id: str, body: dict[str, Any]) -> EngineResult:
+    async def _one(self, rep: Replica, row_id: str, body: dict[str, Any]) -> EngineResult | None:
+        """The row's result from ``rep``; None when ``rep`` is dead (the row goes elsewhere)."""
         import aiohttp
 
-        last, unreachable = "", False
+        last, unreachable, failing_since = "", False, 0.0
         for attempt in range(self.max_retries + 1):
             if attempt:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * (1 + random.random()))
+                await rep.pause(self.backoff_s * 2 ** (attempt - 1) * (1 + random.random()))
+            if rep.dead:
+                return None
             self._check_server()
             try:
-                async with self._session.post(self.base_url + "/v1/chat/completions", json=body) as r:
+                async with self._session.post(rep.url + self._path, json=body) as r:
                     if r.status == 200:
-                        return self._result(row_id, await r.json(content_type=None))
-                    text = _message(await r.text())
+                        res = self._result(rep.url, row_id, await r.json(content_type=None))
+                        rep.answered()
+                        return res
+                    text = message(await r.text())
                     if r.status == 404:
-                        raise await asyncio.to_thread(self._unknown_model, text)
-                    kind = _classify(r.status, text, self.base_url)
+                        raise await asyncio.to_thread(self._unknown_model, rep.url, text)
+                    kind = _classify(r.status, text, rep.url)
                     if kind != "retry":
+                        rep.answered()
                         return EngineResult(row_id, None, error=f"{kind}: HTTP {r.status}: {text}")
                     last, unreachable = f"HTTP {r.status}: {text}", False
             except aiohttp.SocketTimeoutError:  # sent, but no answer: the server is slow, not gone
                 last, unreachable = f"no answer in {self.timeout_s:g}s (request_timeout_s)", False
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 last, unreachable = f"connection: {exc!r}", True
-        if unreachable:
-            raise EngineError(f"server at {self.base_url} unreachable after {self.max_retries} retries: {last}")
+            failing_since = failing_since or time.monotonic()
+        failure = f"{last} after {self.max_retries} retries"
+        if not last.startswith("no answer") and self.pool.declare_dead(rep, failure, failing_since):
+            return None
+        if unreachable and len(self.pool) == 1:
+            raise EngineError(f"server at {rep.url} unreachable after {self.max_retries} retries: {last}")
         # Not the row's fault: nothing is written for it, and the next run retries it.
-        return EngineResult(row_id, None, error=f"server_error: {last} after {self.max_retries} retries",
-                            retryable=True)
+        return EngineResult(row_id, None, error=f"server_error: {failure}", retryable=True)
 
-    def _unknown_model(self, text: str) -> ConfigError:
+    def _unknown_model(self, url: str, text: str) -> ConfigError:
         with contextlib.suppress(EngineError):  # /v1/models does not answer: say what we know
-            check_served(self.base_url, self.served_name, self._api_key)  # raises, listing what it serves
-        return ConfigError(f"server at {self.base_url} answered HTTP 404 for model={self.served_name!r} ({text}): "
+            check_served(url, self.served_name, self._api_key)  # raises, listing what it serves
+        return ConfigError(f"server at {url} answered HTTP 404 for model={self.served_name!r} ({text}): "
                            "set VLLMResource.model to a model it serves")
 
-    def _result(self, row_id: str, data: dict[str, Any]) -> EngineResult:
+    def _result(self, url: str, row_id: str, data: dict[str, Any]) -> EngineResult:
         answered = data.get("model")
         if answered is not None and answered not in self._names:
             # Another model answered (the URL points elsewhere): rows must never mix models.
-            raise ConfigError(f"server at {self.base_url} answered as model {answered!r}, not {self.served_name!r}: "
+            raise ConfigError(f"server at {url} answered as model {answered!r}, not {self.served_name!r}: "
                               "set VLLMResource.server_url and model to one server and the model it serves")
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
+        choice = data["choices"][0]  # chat: its message; completions (server_token_ids): its text
         return EngineResult(
-            row_id, data["choices"][0]["message"].get("content") or "",
+            row_id, (choice["text"] if "text" in choice else choice["message"].get("content")) or "",
             prompt_tokens=int(usage.get("prompt_tokens", 0)), output_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens") or 0),
         )

@@ -1,0 +1,39 @@
+"""Pre-tokenized prompts (``VLLMResource.server_token_ids``): the model's chat template and
+tokenizer applied in this process, the token ids sent to ``/v1/completions``, so the server's
+HTTP frontend (one Python process) neither renders nor tokenizes.
+
+The ids are the ones ``/v1/chat/completions`` would make: vLLM renders the tokenizer's chat
+template with ``add_generation_prompt`` and tokenizes the text without adding special tokens
+(the template has them), and so does :func:`token_body`. A server started with another
+``--chat-template`` renders differently: leave the option off for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer of the served model, from the folder (or hub name) the server loaded it from."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # no such folder here, no hub access, no transformers
+        raise ConfigError(f"server_token_ids needs the model's tokenizer in this process, from {path!r} (where the "
+                          f"server loaded the model: its /v1/models root): {type(exc).__name__}: {exc}: make that "
+                          "folder readable here, or leave server_token_ids off") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"the tokenizer at {path!r} has no chat template: use a chat (instruct) model, or leave "
+                          "server_token_ids off")
+    return tokenizer
+
+
+def token_body(tokenizer: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """A chat-completions body as a completions body: ``messages`` become ``prompt`` token ids."""
+    out = dict(body)
+    text = tokenizer.apply_chat_template(out.pop("messages"), add_generation_prompt=True, tokenize=False)
+    out["prompt"] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
