@@ -2,6 +2,7 @@
 # On the H200 device (see ../shared/gpu/README.md): after the staging calls, run
 #   REPEAT=4 bash benchmarks/h200.sh 1b 16000 64      # shape, rows, output tokens (4 A-B/B-A rounds)
 #   REPEAT=2 bash benchmarks/h200.sh 1b 8000 64 synthetic --server   # more arguments go to throughput.py
+#   BENCH=data_parallel REPEAT=2 bash benchmarks/h200.sh 1b 16000 64 synthetic --gpus 2   # 1 GPU vs 2 (2-GPU host)
 # with .gpu/common and .bench carried (the SmolLM2 tokenizer in .bench/tok, the Debian set in
 # .bench/debian_packages.parquet): create .bench once on your own machine with
 #   bash benchmarks/make_bench_dir.sh
@@ -18,6 +19,7 @@ export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 benchmarks/make_dummy_model.py --shape "$shape" --tokenizer .bench/tok --out "/tmp/llama-$shape"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-python3 benchmarks/throughput.py --mode "$mode" --model "/tmp/llama-$shape" --load-format dummy --gpu \
+tag=$shape-$mode${BENCH:+-$BENCH}   # BENCH: another script here with the same options (data_parallel)
+python3 "benchmarks/${BENCH:-throughput}.py" --mode "$mode" --model "/tmp/llama-$shape" --load-format dummy --gpu \
     --rows "$rows" --max-tokens "$max_tokens" --shards 8 --repeat "${REPEAT:-2}" --data .bench/debian_packages.parquet \
-    --out "$out/result-$shape-$mode.json" "${@:5}" 2>"$out/stderr-$shape-$mode.log" | tail -1
+    --out "$out/result-$tag.json" "${@:5}" 2>"$out/stderr-$tag.log" | tail -1

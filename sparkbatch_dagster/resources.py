@@ -86,6 +86,12 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     )
     enable_prefix_caching: bool = Field(default=True, description="Reuse the KV cache of the shared template.")
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one model is split over.")
+    data_parallel_size: int | None = Field(
+        default=None, ge=1, le=64, description="Offline: engines this run drives, one per group of "
+        "tensor_parallel_size GPUs, each in its own process with its own CUDA_VISIBLE_DEVICES; the run's partitions "
+        "stream across all of them. None = one per visible GPU group (CUDA_VISIBLE_DEVICES, else every GPU), 1 on "
+        "the CPU backend. Speed only: the answers and the model identity stay the same.",
+    )
     dtype: str = Field(default="auto", description="Weights' dtype for vLLM (auto, bfloat16, float16, ...).")
     window: int | None = Field(
         default=None, ge=1, description="Offline: requests queued in the engine; None = 16 x max_num_seqs."
@@ -239,8 +245,11 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             kv_cache_memory_gb=self.kv_cache_memory_gb, max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching, tensor_parallel_size=self.tensor_parallel_size,
             dtype=self.dtype, engine_kwargs=self.engine_kwargs)
+        # One engine per GPU group (data_parallel_size), checked before any model is loaded.
+        envs = settings.data_parallel_envs(self.data_parallel_size, self.tensor_parallel_size) \
+            if self.engine == "offline" else [{}]
         model = self.model_name()
-        settings.check_memory(kwargs)
+        settings.check_memory(kwargs, copies=len(envs))
         settings.prepare_platform()
         name = self.model_identity()  # rows name the model the same way on every machine
         if self.engine == "server":
@@ -251,9 +260,17 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         from .engines.vllm_offline import VLLMOfflineEngine
 
         # A deep queue: the engine never waits for this process to hand it the next requests.
-        engine = VLLMOfflineEngine(model, kwargs, window=self.window or 16 * seqs, chunk=max(1, seqs // 2))
-        engine.model_id = name
-        return engine
+        window, chunk = self.window or 16 * seqs, max(1, seqs // 2)
+        offline: Engine
+        if len(envs) > 1:  # the same engine in a process per GPU group, one stream across them
+            from .engines.data_parallel import DataParallelEngine, offline_worker
+
+            worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk}
+            offline = DataParallelEngine(offline_worker, worker, envs, window=window + 2 * chunk, batch=chunk)
+        else:
+            offline = VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk)
+        offline.model_id = name
+        return offline
 
     def _endpoints(self) -> list[str]:
         """engine='server': the running servers' base URLs (server_url or server_urls); [] when

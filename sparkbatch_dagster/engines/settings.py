@@ -8,6 +8,7 @@ machines without it.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,27 +59,90 @@ def llm_kwargs(
     return {**kwargs, **engine_kwargs}
 
 
-def check_memory(kwargs: Mapping[str, Any]) -> None:
+def check_memory(kwargs: Mapping[str, Any], copies: int = 1) -> None:
     """On the CPU backend, refuse a KV-cache size this machine cannot give, before vLLM
-    spends a minute loading the model only to fail. (On a GPU, vLLM checks this itself.)"""
+    spends a minute loading the model only to fail (``copies``: engines that each take it,
+    ``data_parallel_size``). On a GPU, vLLM checks this itself."""
     if not on_cpu():
         return
     import psutil
 
     mem = psutil.virtual_memory()
+    times = f" x {copies} engines" if copies > 1 else ""
     want = kwargs.get("kv_cache_memory_bytes")
-    if want is not None and want > mem.available:
+    if want is not None and want * copies > mem.available:
         raise ConfigError(
-            f"kv_cache_memory_gb={want / 2**30:.1f} is more than this machine has free "
+            f"kv_cache_memory_gb={want / 2**30:.1f}{times} is more than this machine has free "
             f"({mem.available / 2**30:.1f} GiB): lower VLLMResource.kv_cache_memory_gb"
+            + (" or data_parallel_size" if copies > 1 else "")
         )
     frac = kwargs.get("gpu_memory_utilization")
-    if want is None and frac is not None and frac * mem.total > mem.available:
+    if want is None and frac is not None and frac * copies * mem.total > mem.available:
         raise ConfigError(
-            f"gpu_memory_utilization={frac} asks for {frac * mem.total / 2**30:.1f} GiB of RAM on the CPU backend "
-            f"but {mem.available / 2**30:.1f} GiB are free: lower VLLMResource.gpu_memory_utilization "
-            f"(e.g. {max(0.05, round(mem.available / mem.total * 0.8, 2))}) or set kv_cache_memory_gb"
+            f"gpu_memory_utilization={frac}{times} asks for {frac * copies * mem.total / 2**30:.1f} GiB of RAM on "
+            f"the CPU backend but {mem.available / 2**30:.1f} GiB are free: lower VLLMResource.gpu_memory_utilization "
+            f"(e.g. {max(0.05, round(mem.available / mem.total * 0.8 / copies, 2))}) or set kv_cache_memory_gb"
         )
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, named as ``CUDA_VISIBLE_DEVICES`` names them (an index, a
+    UUID): that variable when it is set, else one per GPU ``nvidia-smi -L`` lists, else torch's
+    count. Asked when an engine starts, never at import."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
+        count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    except (OSError, subprocess.SubprocessError):
+        try:
+            import torch
+
+            count = int(torch.cuda.device_count())
+        except Exception:  # no torch, no driver: no GPU
+            count = 0
+    return [str(i) for i in range(count)]
+
+
+def data_parallel_envs(requested: int | None, tensor_parallel_size: int) -> list[dict[str, str]]:
+    """One environment per engine of a run (``VLLMResource.data_parallel_size``), for this
+    platform: on a GPU box, the visible GPUs (``visible_gpus``); on the CPU backend, one engine
+    unless more are asked for. See :func:`split_devices`."""
+    return split_devices(requested, tensor_parallel_size, None if on_cpu() else visible_gpus())
+
+
+def split_devices(requested: int | None, tensor_parallel_size: int, gpus: list[str] | None) -> list[dict[str, str]]:
+    """The environment each data-parallel engine starts with, one dict per engine: its own
+    ``CUDA_VISIBLE_DEVICES``, a group of ``tensor_parallel_size`` of ``gpus`` (the visible ones;
+    None on the CPU backend, where each engine gets its own cores unless
+    ``VLLM_CPU_OMP_THREADS_BIND`` is set). ``requested`` None = as many engines as the GPUs
+    allow (one on the CPU). One engine gets ``[{}]``: it runs in this process, as it always
+    has. More engines than the GPUs allow is a ConfigError naming the fix."""
+    tp = tensor_parallel_size
+    if gpus is None:
+        n = requested or 1
+        cores = sorted(os.sched_getaffinity(0))
+        if n == 1 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+            return [{} for _ in range(n)]
+        if n > len(cores):
+            raise ConfigError(f"data_parallel_size={n} CPU engines need a core each, but this process may use "
+                              f"{len(cores)}: lower VLLMResource.data_parallel_size to {len(cores)} or leave it unset")
+        per = len(cores) // n
+        return [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * per:(i + 1) * per]))} for i in range(n)]
+    fits = len(gpus) // tp
+    n = requested or max(1, fits)
+    if n == 1:
+        return [{}]
+    if n > fits:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ConfigError(
+            f"data_parallel_size={n} needs {n * tp} GPUs ({n} engines x tensor_parallel_size={tp}), but "
+            f"{len(gpus)} are visible" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+            + f": lower VLLMResource.data_parallel_size to {max(fits, 1)}, or leave it unset (one engine per "
+            f"{'visible GPU' if tp == 1 else f'{tp} visible GPUs'})"
+        )
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * tp:(i + 1) * tp])} for i in range(n)]
 
 
 def prepare_platform() -> None:

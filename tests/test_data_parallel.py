@@ -1,0 +1,281 @@
+"""Data parallel inside one run: several engines, each in its own process with its own GPU
+group, one stream of results; the run's guarantees (every row once, per-partition events,
+resume) are those of one engine. Fake engines in worker processes, no vLLM (one real CPU test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from dagster import DagsterInstance, materialize
+
+from conftest import REAL_SETTINGS, live_children, make_spec
+from sparkbatch_dagster import ConfigError, EngineError, VLLMResource, build_batch_assets
+from sparkbatch_dagster.engines import settings
+from sparkbatch_dagster.engines.base import EngineRequest
+from sparkbatch_dagster.engines.data_parallel import DataParallelEngine
+from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
+from sparkbatch_dagster.testing import FakeVLLMResource, fake_worker
+
+RANGE = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
+OUTPUT = OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"])
+
+
+def _workers() -> list[Any]:
+    return live_children("spawn_main")  # a worker's command line; the resource tracker's is not
+
+
+def _label(root: Path, res: Any, n: int = 120, shards: int = 4, **kw: Any) -> tuple[Any, Any, list[str], Any]:
+    job = build_batch_assets(spec=make_spec(root, n=n, shards=shards, name=root.name))
+    inst = DagsterInstance.get()
+    if not inst.get_dynamic_partitions(job.partitions_def.name):
+        materialize([job.assets[0]], instance=inst, resources={"vllm": res})
+    keys = sorted(inst.get_dynamic_partitions(job.partitions_def.name))
+    result = materialize([job.assets[1]], instance=inst, resources={"vllm": res},
+                         tags={RANGE[0]: keys[0], RANGE[1]: keys[-1]}, **kw)
+    return job, inst, keys, result
+
+
+def _outputs(job: Any) -> dict[str, Any]:
+    table = job.read_outputs()
+    ids = table.column("row_id").to_pylist()
+    assert len(ids) == len(set(ids)), "a row was written twice"
+    return dict(zip(ids, table.column("output").to_pylist(), strict=True))
+
+
+def _seen(trace: Path) -> dict[int, dict[str, Any]]:
+    """Each worker's own record: its pid and the CUDA_VISIBLE_DEVICES it saw."""
+    found = [json.loads(p.read_text()) for p in trace.parent.glob(f"{trace.name}.*.json")]
+    return {s["pid"]: s for s in found}
+
+
+def test_two_workers_label_every_row_once_like_one_engine(tmp_path):
+    trace = tmp_path / "trace"
+    res = FakeVLLMResource(data_parallel_size=2, delay_s=0.002, trace_path=str(trace))
+    job, inst, keys, result = _label(tmp_path / "two", res)
+    assert result.success
+    recs = sorted(inst.fetch_materializations(job.keys["labeled_outputs"], limit=100).records,
+                  key=lambda r: r.storage_id)
+    assert sorted(r.partition_key for r in recs) == keys and len(keys) == 4  # one event per partition
+    md = [r.asset_materialization.metadata for r in recs]
+    assert sum(m["rows"].value for m in md) == 120 and all(m["errors"].value == 0 for m in md)
+
+    one, *_ = _label(tmp_path / "one", FakeVLLMResource())
+    assert _outputs(job) == _outputs(one) and len(_outputs(job)) == 120  # same answers as one engine
+
+    seen = _seen(trace)
+    assert len(seen) == 2  # two processes, both answered requests, none twice
+    answered = [line for pid in seen for line in (trace.parent / f"trace.{pid}").read_text().split()]
+    assert all((trace.parent / f"trace.{pid}").read_text() for pid in seen)
+    assert len(answered) == sum(m["generated_requests"].value for m in md)
+    assert not _workers()  # the run's end stopped them
+
+
+@pytest.mark.parametrize("kill", ["one", "both"])
+def test_killed_workers_lose_no_row_and_label_none_twice(tmp_path, kill):
+    trace = tmp_path / "trace"
+    res = FakeVLLMResource(data_parallel_size=2, delay_s=0.03, trace_path=str(trace))
+    killed: list[int] = []
+
+    def kill_workers() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            seen = sorted(_seen(trace))
+            traces = [trace.parent / f"trace.{pid}" for pid in seen]
+            if len(seen) == 2 and all(t.exists() for t in traces) and len(traces[0].read_text().split()) >= 5:
+                for pid in seen if kill == "both" else seen[:1]:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_workers)
+    killer.start()
+    job, inst, keys, result = _label(tmp_path / "job", res, raise_on_error=False)
+    killer.join()
+    assert killed
+    version = job.current_version()
+    if kill == "one":  # its rows went to the other engine: the run completes
+        assert result.success and all(job.home.is_done(version, k) for k in keys)
+        assert len(_outputs(job)) == 120
+    else:  # nobody left: what they had stays pending, nothing of it written
+        assert not result.success
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+        assert "worker_died" in str(failure.event_specific_data.error) or "every engine" in str(
+            failure.event_specific_data.error)
+        written = [r for k in keys for p in job.home.parts_dir(version, k).glob("part-*")
+                   for r in pq.read_table(p).column("row_id").to_pylist()]
+        written += [r for k in keys if job.home.is_done(version, k)
+                    for r in pq.read_table(job.home.labeled_path(version, k)).column("row_id").to_pylist()]
+        assert len(written) == len(set(written)) < 120
+    assert not _workers()
+
+    again = materialize([job.assets[1]], instance=inst, resources={"vllm": FakeVLLMResource(data_parallel_size=2)},
+                        tags={RANGE[0]: keys[0], RANGE[1]: keys[-1]})
+    assert again.success
+    assert len(_outputs(job)) == 120 and all(job.home.is_done(version, k) for k in keys)
+    assert not _workers()
+
+
+def _requests(n: int, tag: str = "") -> list[EngineRequest]:
+    return [EngineRequest(f"{tag}{i}", [{"role": "user", "content": f"thing {tag}{i}"}]) for i in range(n)]
+
+
+def test_a_dead_workers_requests_go_to_the_other_once(tmp_path):
+    engine = DataParallelEngine(fake_worker, {"delay_s": 0.01}, [{}, {}], window=16, batch=4)
+    try:
+        got: list[Any] = []
+        for res in engine.generate(_requests(200), SamplingSpec(), OUTPUT):
+            got.append(res)
+            if len(got) == 20:
+                os.kill(engine.pids[0], signal.SIGKILL)
+        assert sorted(r.id for r in got) == sorted(str(i) for i in range(200))  # each exactly once
+        assert all(r.error is None for r in got)  # re-sent, none pending
+        # The live worker carries on in the next generate.
+        assert sorted(r.id for r in engine.generate(_requests(30, "b"), SamplingSpec(), OUTPUT)) == \
+            sorted(f"b{i}" for i in range(30))
+    finally:
+        engine.close()
+    assert not _workers()
+
+
+def test_with_every_worker_dead_the_rest_is_pending_and_the_stream_fails(tmp_path):
+    engine = DataParallelEngine(fake_worker, {"delay_s": 0.01}, [{}, {}], window=16, batch=4)
+    got: list[Any] = []
+    try:
+        with pytest.raises(EngineError, match="every engine of this run has died"):
+            for res in engine.generate(_requests(200), SamplingSpec(), OUTPUT):
+                got.append(res)
+                if len(got) == 20:
+                    for pid in engine.pids:
+                        os.kill(pid, signal.SIGKILL)
+    finally:
+        engine.close()
+    ids = [r.id for r in got]
+    assert len(ids) == len(set(ids))  # none twice
+    lost = [r for r in got if r.retryable]
+    assert lost and all(r.error.startswith("worker_died: engine ") for r in lost)
+    assert not _workers()
+
+
+def test_a_caller_that_stops_early_leaves_the_engine_clean(tmp_path):
+    engine = DataParallelEngine(fake_worker, {"delay_s": 0.005}, [{}, {}], window=16, batch=4)
+    try:
+        stream = engine.generate(_requests(100, "a"), SamplingSpec(), OUTPUT)
+        first = [next(stream) for _ in range(10)]
+        stream.close()  # as the runner's generator is closed on an error or Ctrl-C
+        assert len(first) == 10
+        # Nothing of the abandoned stream leaks into the next one.
+        assert sorted(r.id for r in engine.generate(_requests(40, "b"), SamplingSpec(), OUTPUT)) == \
+            sorted(f"b{i}" for i in range(40))
+    finally:
+        engine.close()
+        engine.close()  # idempotent
+    assert not _workers()
+
+
+def test_a_worker_that_cannot_start_fails_the_start_and_leaves_nothing():
+    with pytest.raises(EngineError, match=r"engine \d of 2 .*could not start: TypeError"):
+        DataParallelEngine(fake_worker, {"no_such_setting": 1}, [{}, {}])
+    assert not _workers()
+
+
+@pytest.mark.parametrize(("visible", "tp", "expected"), [
+    ("0,1,2,3", 1, ["0", "1"]),
+    ("0,1,2,3", 2, ["0,1", "2,3"]),
+])
+def test_each_worker_sees_its_own_gpu_group(tmp_path, monkeypatch, visible, tp, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    trace = tmp_path / "trace"
+    res = FakeVLLMResource(data_parallel_size=2, tensor_parallel_size=tp, trace_path=str(trace))
+    engine = res.get_engine()
+    try:
+        assert isinstance(engine, DataParallelEngine)
+        seen = _seen(trace)
+        assert [seen[pid]["CUDA_VISIBLE_DEVICES"] for pid in engine.pids] == expected
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == visible  # this process's own is left as it was
+    finally:
+        res.close()
+    assert not _workers()
+
+
+def test_split_devices():
+    gpus = ["0", "1", "2", "3"]
+    assert settings.split_devices(None, 1, gpus) == [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
+    assert settings.split_devices(None, 2, gpus) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert settings.split_devices(None, 4, gpus) == [{}]  # one engine: this process, as before
+    assert settings.split_devices(1, 1, gpus) == [{}]
+    assert settings.split_devices(None, 1, ["0"]) == [{}]
+    assert settings.split_devices(None, 1, []) == [{}]  # vLLM itself says there is no GPU
+    uuids = ["GPU-aa", "GPU-bb"]
+    assert settings.split_devices(2, 1, uuids) == [{"CUDA_VISIBLE_DEVICES": u} for u in uuids]
+    assert settings.split_devices(None, 1, None) == [{}]  # the CPU backend: one engine unless asked
+
+
+def test_cpu_engines_get_their_own_cores(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert settings.split_devices(2, 1, None) == [{"VLLM_CPU_OMP_THREADS_BIND": "0,1"},
+                                                  {"VLLM_CPU_OMP_THREADS_BIND": "2,3"}]
+    with pytest.raises(ConfigError, match=r"data_parallel_size=5 CPU engines need a core each.*lower"):
+        settings.split_devices(5, 1, None)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")  # the user's binding wins
+    assert settings.split_devices(2, 1, None) == [{}, {}]
+
+
+def test_the_default_is_one_engine_per_visible_gpu_group(monkeypatch):
+    monkeypatch.setattr(settings, "on_cpu", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert settings.data_parallel_envs(None, 1) == [{"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "5"}]
+    monkeypatch.setattr(settings, "on_cpu", lambda: True)
+    assert settings.data_parallel_envs(None, 1) == [{}]
+
+
+def test_too_many_engines_stop_before_any_model_loads(monkeypatch):
+    monkeypatch.setattr(settings, "on_cpu", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"data_parallel_size=2 needs 2 GPUs .* but 1 are visible "
+                                          r"\(CUDA_VISIBLE_DEVICES=0\): lower VLLMResource.data_parallel_size to 1"):
+        VLLMResource(data_parallel_size=2).get_engine()
+    assert time.monotonic() - started < 30
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    with pytest.raises(ConfigError, match=r"data_parallel_size=3 needs 6 GPUs .*tensor_parallel_size=2.*to 2"):
+        FakeVLLMResource(data_parallel_size=3, tensor_parallel_size=2).get_engine()
+    assert not _workers()
+
+
+def test_data_parallel_size_changes_neither_identity_nor_code_version(tmp_path, monkeypatch):
+    from sparkbatch_dagster.assets import _model_config
+
+    monkeypatch.setenv("SPARKBATCH_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "tiny-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    (folder / "model.safetensors").write_bytes(os.urandom(64 * 1024))
+    one, two = VLLMResource(model=str(folder)), VLLMResource(model=str(folder), data_parallel_size=2)
+    assert one.model_identity() == two.model_identity()
+    assert _model_config(one) == _model_config(two)
+    assert FakeVLLMResource().model_identity() == FakeVLLMResource(data_parallel_size=2).model_identity()
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_two_real_cpu_engines_label_a_job(tmp_path):
+    if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
+        pytest.skip("SPARKBATCH_SKIP_REAL=1")
+    cores = len(live_children("EngineCore"))  # the session's warm engine, if another test started it
+    res = VLLMResource(**{**REAL_SETTINGS, "keep_warm": False, "data_parallel_size": 2})
+    job, inst, keys, result = _label(tmp_path, res, n=24, shards=2)
+    assert result.success
+    recs = inst.fetch_materializations(job.keys["labeled_outputs"], limit=10).records
+    assert sorted(r.partition_key for r in recs) == keys
+    assert len(_outputs(job)) == 24
+    assert not _workers() and len(live_children("EngineCore")) <= cores
