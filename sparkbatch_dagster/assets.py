@@ -97,8 +97,8 @@ def _model_config(resource: VLLMResource | None) -> Any:
     except SparkbatchError:  # an EnvVar unset where the code loads: the run will say so
         cfg = resource
     extra = {k: v for k, v in sorted(cfg.engine_kwargs.items()) if k not in THROUGHPUT_ONLY}
-    return {"model": cfg.model, "engine": cfg.engine, "server_url": cfg.server_url, "dtype": cfg.dtype,
-            "max_model_len": cfg.max_model_len, **extra}
+    # Where it runs (offline, which servers) is not here: the same model answers the same anywhere.
+    return {"model": cfg.model, "dtype": cfg.dtype, "max_model_len": cfg.max_model_len, **extra}
 
 
 def _input_provenance(instance: Any, key: AssetKey) -> dict[str, str]:
