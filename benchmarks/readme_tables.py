@@ -25,9 +25,6 @@ README = ROOT / "README.md"
 
 #: Result files the tables leave out, and why (the test requires a reason for each).
 NOT_RENDERED = {
-    "h200-8b-synthetic-one-tokenizer-thread.json":
-        "an experiment on a change that was reverted (the offline engine tokenizing on one thread); "
-        "the README's 8B paragraph quotes it",
     "h200-1b-debian-package-and-description.json":
         "measured with a 'Package: ... Description: ...' prompt that throughput.py no longer builds "
         "(its Debian mode sends the description alone since commit 245e233): it cannot be reproduced",
@@ -95,6 +92,8 @@ def throughput_table(results: Results) -> str:
               f"{d['max_tokens']} out"
         if d.get("prefilled_store_answers"):
             job += f", {num(d['prefilled_store_answers'])} answers in the result store"
+        if d.get("variant"):
+            job += f"; {d['variant']}"
         ratio = f"**{d['ratio']:.2f}**"
         if "labeling_ratio" in d and "labeling_s_source" not in d:
             ratio += f" (labeling step {d['labeling_ratio']:.2f})"

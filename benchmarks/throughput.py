@@ -172,6 +172,7 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
     kw: dict[str, Any] = {"model": args.model, "max_model_len": 2048, "keep_warm": True}
     kw["max_num_seqs"] = args.max_num_seqs or (1024 if args.gpu else 256)
     kw["gpu_memory_utilization"] = 0.9 if args.gpu else 0.3
+    kw["data_parallel_size"] = 1  # one engine in this process, on one GPU (data_parallel.py compares N)
     if args.load_format:
         kw["engine_kwargs"] = {"load_format": args.load_format}
     if getattr(args, "trace", False):  # vLLM keeps its step metrics only with stats on
