@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -19,6 +17,7 @@ from .engines.base import Engine, EngineRequest, EngineResult
 from .errors import ConfigError, PendingRowsError, SparkbatchError
 from .prompts import RenderedPrompt, check_text, render
 from .results import ResultStore, prompt_key
+from .shard_stats import progress_report, shard_stats
 from .spec import JobSpec
 from .store import JobHome, atomic_write_text, failpoint
 
@@ -252,7 +251,7 @@ class ShardRun:
         tokens = sum(s.fresh_tokens for s in self.shards)
         # Rows done at once (resumed, reused, error rows) say nothing about the engine's pace.
         measured = self._rows_done - self._rows_free - (self._done_at_first if first is not None else 0)
-        report = _progress(shard.key, self._rows_done, total, tokens, seconds, measured,
+        report = progress_report(shard.key, self._rows_done, total, tokens, seconds, measured,
                            self.expected_rows_per_s, self.rate_window_s)
         report.update(partition_rows_done=shard.done, partition_rows_total=self._sizes.get(shard.key, 0))
         self.progress(report)
@@ -278,12 +277,12 @@ class ShardRun:
         # Shards overlap in the engine; each is charged the time since the previous one finished
         # (the first: since this ShardRun was made), so per-shard wall times add up to the run's. An engine
         # started during the run is charged once, to the first shard finished after it started,
-        # whose window holds it; _stats keeps it apart from generation.
+        # whose window holds it; shard_stats keeps it apart from generation.
         wall = now - self._last_end
         start_s, self._start_paid = self.engine.start_seconds - self._start_paid, self.engine.start_seconds
         self._last_end = now
         engine_s = now - shard.first_sent if shard.first_sent else 0.0
-        stats = _stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
+        stats = shard_stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
                        resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens,
                        engine_start_s=start_s)
         # Stats and new answers first, then the labeled file (the commit point): a done shard
@@ -310,43 +309,3 @@ def _new_answers(table: Any) -> list[dict[str, Any]]:
     return [r for r in table.select(cols).to_pylist()
             if r["prompt_key"] and not r["reused"] and not r["deduplicated"]
             and (r["error"] is None or r["error"].startswith(_STORED_ERRORS))]
-
-
-def _progress(key: str, done: int, total: int, tokens: int, seconds: float, measured: int,
-              expected_rows_per_s: float | None = None, window_s: float = 10.0) -> dict[str, Any]:
-    """A progress report. The ETA uses the rate this run measured once it has ``window_s`` of
-    answers behind it; before that the estimate's rate when there is one, else no ETA at all."""
-    rate = measured / seconds if seconds >= window_s and measured > 0 else expected_rows_per_s
-    eta = 0.0 if done >= total else round((total - done) / rate, 1) if rate else None
-    return {"partition": key, "rows_done": done, "rows_total": total,
-            "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0, "eta_s": eta}
-
-
-def _stats(spec: JobSpec, key: str, version: str, model: str, table: Any, wall_s: float, engine_s: float,
-           resumed: int, generated: int, fresh_tokens: int, engine_start_s: float = 0.0) -> dict[str, Any]:
-    """One shard's statistics. ``engine_start_s``: the engine start charged to this shard (a run
-    charges its start, once, to the first shard it finalizes after the engine started; that
-    shard's ``wall_s`` as measured holds it). The stats keep the start apart: ``wall_s`` and
-    ``tokens_per_hour`` are generation alone, ``generation_cost_usd`` its price, ``cost_usd``
-    the whole bill (generation + engine start) at ``spec.hourly_rate_usd``."""
-    cols = table.select(["error", "prompt_tokens", "output_tokens", "cached_tokens", "deduplicated"]).to_pydict()
-    errs = [e for e in cols["error"] if e]
-    prompt_t, output_t, cached_t = (sum(cols[c]) for c in ("prompt_tokens", "output_tokens", "cached_tokens"))
-    start = max(engine_start_s, 0.0)
-    generation_s = max(wall_s - start, 0.0)
-    return {
-        "partition": key, "version": version, "model": model, "rows": table.num_rows,
-        "labeled": table.num_rows - len(errs), "errors": len(errs),
-        "error_reasons": dict(Counter(e.split(":", 1)[0] for e in errs)),
-        "input_tokens": prompt_t, "output_tokens": output_t,
-        "wall_s": round(generation_s, 3), "engine_s": round(engine_s, 3), "engine_start_s": round(start, 3),
-        # Throughput counts only what this attempt generated: resumed rows cost nothing now.
-        "tokens_per_hour": round(fresh_tokens / generation_s * 3600) if generation_s > 0 else 0,
-        "generation_cost_usd": round(generation_s / 3600 * spec.hourly_rate_usd, 6),
-        "cost_usd": round((generation_s + start) / 3600 * spec.hourly_rate_usd, 6),
-        "prefix_cache_hit_rate": round(cached_t / prompt_t, 4) if prompt_t else None,
-        "resumed_rows": resumed, "generated_requests": generated,
-        "reused_rows": sum(1 for r in table.column("reused").to_pylist() if r),
-        "deduplicated_rows": sum(1 for d in cols["deduplicated"] if d),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }

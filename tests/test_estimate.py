@@ -23,7 +23,7 @@ from sparkbatch_dagster.cli import RANGE_END, RANGE_START, summary
 from sparkbatch_dagster.estimate import Sample, Stored, Timing, draw_sample, nodes_needed, predict
 from sparkbatch_dagster.metrics import prediction_check
 from sparkbatch_dagster.model import weights_gb
-from sparkbatch_dagster.runner import _stats
+from sparkbatch_dagster.shard_stats import shard_stats as _stats
 from sparkbatch_dagster.shards import build_shards
 from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 from sparkbatch_dagster.store import JobHome
