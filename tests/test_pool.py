@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from dagster import DagsterInstance
@@ -24,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     name = sys.argv[1]
     job = build_batch_assets(spec=make_spec(Path({root!r}) / name, n=40, shards=1, name=name))
     inst = DagsterInstance.get()
-    res = {{"vllm": FakeVLLMResource(delay_s=0.05)}}
+    res = {{"vllm": FakeVLLMResource(delay_s=0.05, trace_path=str(Path({root!r}) / (name + ".trace")))}}
     materialize([job.assets[0]], instance=inst, resources=res)
     key = inst.get_dynamic_partitions(job.partitions_def.name)[0]
     print("sharded", flush=True)
@@ -44,10 +45,16 @@ def test_a_second_run_waits_for_the_gpu_pool(tmp_path):
              for name in ("first", "second")]
     for p in procs:
         assert p.stdout and p.stdout.readline().strip() == "sharded"
+    first_trace = tmp_path / "first.trace"
     for p in procs:
         assert p.stdin
         p.stdin.write("go\n")
         p.stdin.flush()
+        deadline = time.monotonic() + 60
+        # The second starts only once the first's engine is answering: it must find the slot taken.
+        while p is procs[0] and time.monotonic() < deadline and not (
+                first_trace.exists() and first_trace.stat().st_size):
+            time.sleep(0.05)
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
 
     inst = DagsterInstance.get()
