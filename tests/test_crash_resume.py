@@ -157,7 +157,9 @@ def test_two_processes_on_different_partitions_both_succeed(tmp_path):
 def test_second_run_on_the_same_partition_stops_with_a_clear_message(tmp_path):
     job = Job(tmp_path)
     job.finish("t0", "--range", "shard-00003:shard-00003")  # shards exist; one partition done
-    first = job.start("t1", 0.05, None, "--range", "shard-00000:shard-00000")
+    # Slow enough (60 rows x 0.25 s) that the second process, starting on a loaded 2-core machine,
+    # reaches the partition while the first still holds it.
+    first = job.start("t1", 0.25, None, "--range", "shard-00000:shard-00000")
     _wait_for(lambda: job.traced("t1") > 0, first)
     second = job.start("t2", 0.0, None, "--range", "shard-00000:shard-00000")
     _, err = second.communicate(timeout=120)
