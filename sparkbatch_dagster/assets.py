@@ -68,7 +68,7 @@ def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
 def _bars(rows: Sequence[tuple[str, float]], width: int = 30) -> str:
     """A bar chart in Markdown, which the Dagster UI shows in place (a PNG path it does not)."""
     top = max((v for _, v in rows), default=0) or 1
-    return "\n".join(f"`{name:<28}` {'█' * max(1, round(width * v / top))} ${v:.4f}" for name, v in rows)
+    return "\n".join(f"- `{name}` {'█' * max(1, round(width * v / top))} ${v:.4f}" for name, v in rows)
 
 
 class EstimateConfig(Config):
