@@ -195,10 +195,10 @@ def build_batch_assets(
     def labeled_outputs(context: AssetExecutionContext) -> Iterator[Any]:
         resource: VLLMResource = getattr(context.resources, resource_key)
         job.check_partitions(context.partition_keys)  # before any engine starts
-        version = job.output_version(resource)
+        model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
+        version = job.version_for(model_id)
         # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
-        engine = LazyEngine(resource.model_identity(), resource.get_engine, log=context.log.info,
-                            settings=_settings_line(resource))
+        engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))
         home.write_current(version, engine.model_id)
         todo = [k for k in context.partition_keys if not home.is_done(version, k)]
         tags = {"dagster/code_version": code_version, "dagster/data_version_is_user_provided": "true",

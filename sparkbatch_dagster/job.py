@@ -30,12 +30,16 @@ class BatchJob:
 
     def output_version(self, resource: VLLMResource) -> str:
         """Fingerprint of prompt + sampling + model + input shards: the output folder's name."""
+        return self.version_for(resource.model_identity())
+
+    def version_for(self, model_id: str) -> str:
+        """:meth:`output_version` for a model identity already known (a server asked once, not twice)."""
         manifest = self.home.read_manifest()
         if manifest is None:
             shards = self.keys["input_shards"].to_user_string()
             raise SparkbatchError(f"{self.home.root} has no shards yet: materialize {shards} first")
-        model = resource.model_identity()
-        return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model, "input": manifest["signature"]})
+        return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model_id,
+                            "input": manifest["signature"]})
 
     def estimate(self, resource: VLLMResource, est: EstimateSpec | None = None,
                  log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
@@ -82,14 +86,15 @@ class BatchJob:
                 continue
             finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
                 res.close() if candidate is None else res.shutdown()
-            store = ResultStore(self.spec.result_store_path, self.spec.answer_context(res.model_identity()))
+            model_id = res.model_identity()
+            store = ResultStore(self.spec.result_store_path, self.spec.answer_context(model_id))
             stored = E.count_stored(self.spec, self.home, sample, store)
             models.append({**E.predict(sample, timing, est.options, weights_gb(name), stored),
                            "configured_as": res.model})
             m = models[-1]
             log(f"estimate: {timing.model}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
                 f"predicted {m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']}")
-            atomic_write_text(self.home.prediction_path(self.output_version(res)), json.dumps({
+            atomic_write_text(self.home.prediction_path(self.version_for(model_id)), json.dumps({
                 "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
                 "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
                 "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
+from local_server import LocalServer
 
 from conftest import LABELS, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import VLLMResource
@@ -29,7 +29,7 @@ V, KEY = "00000000000000aa", "shard-00000"
 TOO_LONG = "This model's maximum context length is 1024 tokens. However, your prompt contains 3000 input tokens."
 
 
-class Server:
+class Server(LocalServer):
     """One stub server in a thread: ``/v1/models`` and ``/v1/chat/completions``."""
 
     def __init__(self, root: str = "/models/x") -> None:
@@ -42,26 +42,9 @@ class Server:
         self.answered: Counter[str] = Counter()  # 200s, by prompt
         self.attempts: Counter[str] = Counter()
         self.in_flight = self.most_in_flight = 0
-        self.loop = asyncio.new_event_loop()
-        app = web.Application()
-        app.router.add_get("/v1/models", self.list_models)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_post("/v1/completions", self.completions)
         self.bodies: list[dict] = []  # /v1/completions requests, as sent
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self._call(self._start())}"
-
-    def _call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
-
-    async def _start(self) -> int:
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        return self.runner.addresses[0][1]
-
-    def stop(self) -> None:
-        self._call(self.runner.cleanup())
+        super().__init__([web.get("/v1/models", self.list_models), web.post("/v1/chat/completions", self.chat),
+                          web.post("/v1/completions", self.completions)])
 
     async def list_models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [

@@ -86,14 +86,21 @@ def test_engine_crash_keeps_finished_rows_and_resume_sends_only_the_rest(tmp_pat
     assert sorted(out) == sorted(r["id"] for r in rows)
 
 
-def test_progress_reports_rows_tokens_and_eta(tmp_path):
+def _progress_reports(tmp_path, **settings) -> list[dict]:
+    """60 rows through a slow fake engine, a report every 0.1 s; ``settings``: ShardRun attributes."""
     from sparkbatch_dagster.runner import ShardRun
 
     spec, home = _one_shard(tmp_path, make_rows(60))
     reports: list[dict] = []
     run = ShardRun(spec, home, V, FakeEngine(delay_s=0.02), progress=reports.append, progress_every_s=0.1)
-    run.rate_window_s = 0.3
+    for name, value in settings.items():
+        setattr(run, name, value)
     run.run(["shard-00000"])
+    return reports
+
+
+def test_progress_reports_rows_tokens_and_eta(tmp_path):
+    reports = _progress_reports(tmp_path, rate_window_s=0.3)
     done = [r["rows_done"] for r in reports]
     assert len(reports) >= 3 and done == sorted(done)
     assert reports[-1]["rows_done"] == reports[-1]["rows_total"] == 60 and reports[-1]["eta_s"] == 0
@@ -106,13 +113,7 @@ def test_progress_reports_rows_tokens_and_eta(tmp_path):
 
 
 def test_progress_quotes_the_estimates_rate_before_its_own(tmp_path):
-    from sparkbatch_dagster.runner import ShardRun
-
-    spec, home = _one_shard(tmp_path, make_rows(60))
-    reports: list[dict] = []
-    run = ShardRun(spec, home, V, FakeEngine(delay_s=0.02), progress=reports.append, progress_every_s=0.1)
-    run.expected_rows_per_s = 6.0
-    run.run(["shard-00000"])
+    reports = _progress_reports(tmp_path, expected_rows_per_s=6.0)
     first = reports[0]
     assert first["eta_s"] == round((60 - first["rows_done"]) / 6.0, 1)
 

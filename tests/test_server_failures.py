@@ -5,13 +5,13 @@ one (pending: nothing written, the next run retries it)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
+from local_server import LocalServer
 
 from conftest import LABELS, make_rows, make_spec, write_parquet
 from sparkbatch_dagster.engines.base import EngineRequest
@@ -28,7 +28,7 @@ NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer all
                "template if the tokenizer does not define one.")
 
 
-class Stub:
+class Stub(LocalServer):
     """``/v1/models`` and ``/v1/chat/completions`` in a thread; each test sets how they fail."""
 
     def __init__(self) -> None:
@@ -37,24 +37,7 @@ class Stub:
         self.flaky, self.delay = 0, 0.0  # first `flaky` attempts of each prompt get 503; seconds per answer
         self.attempts: Counter[str] = Counter()
         self.keys_seen: set[str | None] = set()  # Authorization headers received
-        self.loop = asyncio.new_event_loop()
-        app = web.Application()
-        app.router.add_get("/v1/models", self.list_models)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self._call(self._start())}"
-
-    def _call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
-
-    async def _start(self) -> int:
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        return self.runner.addresses[0][1]
-
-    def stop(self) -> None:
-        self._call(self.runner.cleanup())
+        super().__init__([web.get("/v1/models", self.list_models), web.post("/v1/chat/completions", self.chat)])
 
     @staticmethod
     def error(status: int, message: str) -> web.Response:
