@@ -35,8 +35,11 @@ def fake_worker(settings: dict[str, Any]) -> Engine:
     if fake.get("trace_path"):
         fake["trace_path"] = f"{fake['trace_path']}.{os.getpid()}"
         seen = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
-        with open(f"{fake['trace_path']}.json", "w") as f:
+        # Written whole then renamed: a test polling for it never reads half a file.
+        tmp = f"{fake['trace_path']}.json.tmp"
+        with open(tmp, "w") as f:
             json.dump(seen, f)
+        os.replace(tmp, f"{fake['trace_path']}.json")
     return FakeEngine(**fake)
 
 
