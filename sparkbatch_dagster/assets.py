@@ -298,6 +298,7 @@ def build_batch_assets(
             **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
             "models": MetadataValue.md(_md_table(table, list(table[0]))),
             "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
+            "how_to_run": MetadataValue.md("\n".join(f"- '{o['name']}': {o['how']}" for o in report["options"])),
             "cost_chart": MetadataValue.md(_bars([(f"{m['model']} {o['name']}", o["cost_usd"])
                                                   for m in report["models"] for o in m["options"]
                                                   if o["cost_usd"] is not None])),

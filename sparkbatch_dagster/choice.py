@@ -138,7 +138,8 @@ def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: Estimate
     cheapest = min((o for o in opts if o["fits"]), key=lambda o: o["cost_usd"], default=None)
     if one is not None:
         out.append(f"{primary['model']} ({size}) fits one node: run it on "
-                   f"'{one['name']}' ({_hm(one['wall_s'])}, ${one['cost_usd']:.4f} engine start included).")
+                   f"'{one['name']}' ({_hm(one['wall_s'])}, ${one['cost_usd']:.4f} engine start included): "
+                   f"{one['how']}.")
         for o in opts:
             if o is not one and o["fits"] and o["cost_usd"] > one["cost_usd"]:
                 more = (o["cost_usd"] / one["cost_usd"] - 1) * 100 if one["cost_usd"] else 0.0
@@ -147,10 +148,11 @@ def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: Estimate
                            "without raising tokens per dollar; rent them only to meet a deadline.")
     else:
         tp = max(o["tensor_parallel_size"] for o in opts)
-        where = f"'{cheapest['name']}'" if cheapest else "no listed option"
-        out.append(f"{primary['model']} ({size}) does not fit one node's memory: "
-                   f"it needs tensor parallelism over {tp} nodes (VLLMResource(tensor_parallel_size={tp})); "
-                   f"{where} can hold it. A smaller model avoids that.")
+        where = (f"the cheapest option that holds it is '{cheapest['name']}' ({_hm(cheapest['wall_s'])}, "
+                 f"${cheapest['cost_usd']:.4f}): {cheapest['how']}" if cheapest else
+                 "no listed option holds it: add one with enough GPUs (NodeOption(nodes=..., gpus_per_node=...))")
+        out.append(f"{primary['model']} ({size}) does not fit one GPU's memory: it needs {tp} GPUs "
+                   f"(tensor_parallel_size={tp}); {where}. A smaller model avoids that.")
     if sample_rows < batch:
         where = "the GPU" if on_gpu else "the engine"
         out.append(f"The sample ({sample_rows} rows) is smaller than one batch ({batch} rows): {where} was not "

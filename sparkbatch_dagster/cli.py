@@ -35,6 +35,8 @@ from .store import FileLock, check_key
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
+#: What the CLI shows of each node option the estimate priced.
+OPTION_KEYS = ("name", "nodes", "gpus_per_node", "engines", "wall_s", "cost_usd", "how")
 
 
 def load(path: str, job_name: str | None) -> tuple[BatchJob, Any]:
@@ -212,7 +214,7 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
                   "accuracy_high", "stored_rows", "prompts_to_generate", "predicted_tokens_per_hour",
                   "predicted_wall_s", "engine_start_s", "best_option", "best_cost_usd")
     return {**{k: report.get(k) for k in keep},
-            "options": [{k: o[k] for k in ("name", "nodes", "wall_s", "cost_usd")} for o in report["options"]],
+            "options": [{k: o.get(k) for k in OPTION_KEYS} for o in report["options"]],
             "models": [{k: m.get(k) for k in model_keys}
                        | {"cost_usd": {o["name"]: o["cost_usd"] for o in m["options"]}} for m in report["models"]],
             "advice": report["advice"]}
@@ -293,6 +295,13 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("-n", type=int, default=5, help="prompts to show (default 5)")
         if name == "sql":
             p.add_argument("query", help='e.g. "FROM label_distribution"')
+    p = sub.add_parser("worker-node", help="join this machine to a multi-node engine (docs/multi-node.md)",
+                       parents=[common])
+    p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
+    p.add_argument("--job", help="job name, when the file defines several")
+    p.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 to nnodes-1")
+    p.add_argument("--once", action="store_true", help="serve one engine of the first node, then exit")
+    p.add_argument("--print", dest="print_only", action="store_true", help="print the vLLM command; start nothing")
     p = sub.add_parser("prepare-model", help="convert embedded models once", parents=[common])
     p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
     return parser
@@ -310,6 +319,11 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
     resource = defs.resources[job.resource_key]
     if args.command == "status":
         return status(job, resource, args.file)
+    if args.command == "worker-node":
+        from .multinode import worker_node
+
+        return worker_node(resource, args.node_rank, once=args.once, print_only=args.print_only,
+                           log=lambda m: print(f"sparkbatch: {m}", file=sys.stderr))
     if args.command == "sql":
         return sql(job, resource, args.query)
     if args.command == "preview":

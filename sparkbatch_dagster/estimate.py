@@ -34,13 +34,12 @@ from typing import Any
 from .choice import verdict, wilson
 from .engines.base import Engine, EngineRequest
 from .errors import SparkbatchError
+from .placement import gpus_needed, place
 from .results import ResultStore, prompt_key
 from .runner import parse_output, plan_rows, read_shard
 from .spec import EstimateSpec, JobSpec, NodeOption
 from .store import JobHome, atomic_write_text
 
-#: Weights may fill this share of a node's memory; the rest is left to the KV cache.
-WEIGHTS_SHARE = 0.8
 #: Inputs up to this many rows have every prompt rendered and looked up in the result store;
 #: larger ones extrapolate the stored share from the sample (rendering 10M prompts takes minutes).
 EXACT_STORE_COUNT_ROWS = 1_000_000
@@ -235,16 +234,6 @@ def count_stored(spec: JobSpec, home: JobHome, sample: Sample, store: ResultStor
     return Stored(rows, prompts, todo)
 
 
-def nodes_needed(weights_gb: float | None, memory_gb: float) -> int:
-    """Tensor-parallel size (a power of two) whose nodes hold the weights with KV-cache room."""
-    if weights_gb is None:
-        return 1
-    tp = 1
-    while weights_gb > tp * memory_gb * WEIGHTS_SHARE:
-        tp *= 2
-    return tp
-
-
 def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_gb: float | None,
             stored: Stored | None = None) -> dict[str, Any]:
     """Extrapolate one model's timed sample to the prompts the job still has to generate, and
@@ -268,13 +257,16 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
         low, high = wilson(timing.correct, timing.rows)
     priced: list[dict[str, Any]] = []
     for opt in options:
-        tp = nodes_needed(weights_gb, opt.memory_gb)
-        fits = tp <= opt.nodes
-        # Nodes beyond what the weights need each run an engine on their own share of partitions.
-        opt_wall = wall / (opt.nodes // tp) if fits else None
+        tp = gpus_needed(weights_gb, opt.memory_gb)
+        layout = place(tp, opt)
+        # Every engine the option holds labels its own share of the prompts.
+        opt_wall = wall / layout.engines if layout else None
         priced.append({
-            "name": opt.name, "nodes": opt.nodes, "hourly_usd": opt.hourly_usd, "tensor_parallel_size": tp,
-            "fits": fits, "wall_s": round(opt_wall, 1) if opt_wall is not None else None,
+            "name": opt.name, "nodes": opt.nodes, "gpus_per_node": opt.gpus_per_node, "hourly_usd": opt.hourly_usd,
+            "tensor_parallel_size": tp, "fits": layout is not None,
+            "engines": layout.engines if layout else 0, "settings": layout.settings if layout else None,
+            "how": layout.how if layout else f"cannot hold the model: it needs {tp} GPUs of {opt.memory_gb:g} GB",
+            "wall_s": round(opt_wall, 1) if opt_wall is not None else None,
             "cost_usd": round(opt.hourly_usd * (opt_wall + start) / 3600, 6) if opt_wall is not None else None,
         })
     best = min((o for o in priced if o["fits"]), key=lambda o: o["cost_usd"], default=None)

@@ -20,6 +20,7 @@ from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
 from typing_extensions import Self
 
+from . import multinode
 from .engines.base import Engine
 from .engines.settings import GPU_DEFAULTS, on_cpu, platform_default
 from .errors import ConfigError
@@ -37,6 +38,7 @@ THROUGHPUT_ONLY = frozenset({
     "data_parallel_size", "enable_chunked_prefill", "max_num_partial_prefills", "scheduling_policy",
     "disable_custom_all_reduce", "async_scheduling", "enable_expert_parallel", "max_seq_len_to_capture",
     "api_server_count", "uvicorn_log_level", "disable_uvicorn_access_log", "trust_remote_code",
+    "nnodes", "node_rank", "master_addr", "master_port", "headless",
 })
 #: Engines kept warm between runs of this process (``keep_warm``), by settings.
 _WARM: dict[str, Engine] = {}
@@ -198,6 +200,16 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         fields = {name: getattr(self, name) for name in type(self).model_fields}
         return type(self)(**{**fields, "model": model})
 
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The ``vllm.LLM`` arguments of the offline engine (``vllm serve`` flags in server mode)."""
+        from .engines import settings
+
+        return settings.llm_kwargs(
+            max_num_seqs=self.resolved_max_num_seqs(), gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_gb=self.kv_cache_memory_gb, max_model_len=self.max_model_len,
+            enable_prefix_caching=self.enable_prefix_caching, tensor_parallel_size=self.tensor_parallel_size,
+            dtype=self.dtype, engine_kwargs=self.engine_kwargs)
+
     def resolved_max_num_seqs(self) -> int:
         """``max_num_seqs``, or this platform's default for it (1024 on a GPU, 256 on the CPU)."""
         cfg = self.resolved()
@@ -240,11 +252,8 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             engine.model_id = served_identity(engine.served)  # the preflight checked every server
             return engine
         seqs = self.resolved_max_num_seqs()
-        kwargs = settings.llm_kwargs(
-            max_num_seqs=seqs, gpu_memory_utilization=self.gpu_memory_utilization,
-            kv_cache_memory_gb=self.kv_cache_memory_gb, max_model_len=self.max_model_len,
-            enable_prefix_caching=self.enable_prefix_caching, tensor_parallel_size=self.tensor_parallel_size,
-            dtype=self.dtype, engine_kwargs=self.engine_kwargs)
+        kwargs = self.llm_kwargs()
+        multinode.check(kwargs, self.tensor_parallel_size)
         # One engine per GPU group (data_parallel_size), checked before any model is loaded.
         envs = settings.data_parallel_envs(self.data_parallel_size, self.tensor_parallel_size) \
             if self.engine == "offline" else [{}]

@@ -85,14 +85,21 @@ class SamplingSpec(BaseModel):
 
 
 class NodeOption(BaseModel):
-    """One way to rent the box. ``hourly_usd`` is the price of all ``nodes`` together."""
+    """One way to rent the box. ``hourly_usd`` is the price of all ``nodes`` together; the
+    estimate prices a model only on options whose GPUs hold it, and says how to run each
+    (``sparkbatch_dagster.placement``). Example, a 2-GPU H200 host::
+
+        NodeOption(name="2x H200", hourly_usd=7.0, gpus_per_node=2, memory_gb=141)
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     hourly_usd: float = Field(ge=0.0)
     nodes: int = Field(default=1, ge=1, le=64)
-    memory_gb: float = Field(default=128.0, gt=0.0, description="Memory per node (a DGX Spark: 128 GB unified).")
+    gpus_per_node: int = Field(default=1, ge=1, le=16, description="GPUs in each node (a DGX Spark: 1).")
+    memory_gb: float = Field(default=128.0, gt=0.0, description="Memory per GPU (a DGX Spark: its 128 GB, "
+                             "unified; an H200: 141).")
 
 
 class EstimateSpec(_Checked):

@@ -9,13 +9,16 @@ shutdown) and answers with :class:`~sparkbatch_dagster.engines.fake.FakeEngine`:
 model files. It never stands in for the real-engine tests. With ``data_parallel_size`` > 1 its
 fake engines run in worker processes of a
 :class:`~sparkbatch_dagster.engines.data_parallel.DataParallelEngine` (:func:`fake_worker`), the
-multi-engine path in seconds.
+multi-engine path in seconds. :func:`dummy_model` writes a model folder of a given shape with no
+weights, for vLLM's ``load_format="dummy"`` (real engine, random weights).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -97,3 +100,49 @@ class FakeVLLMResource(VLLMResource):
             else [{} for _ in range(self.data_parallel_size or 1)]
         return DataParallelEngine(fake_worker, fake, envs, model_id=self.model_name(),
                                   window=self.window or 64, batch=16)
+
+
+#: Model bodies for :func:`dummy_model`, all with SmolLM2's 49k vocabulary and tokenizer.
+DUMMY_SHAPES: dict[str, dict[str, int]] = {
+    # A few MB: splits over 2 tensor-parallel ranks (heads divisible by 2) on a laptop CPU in seconds.
+    "tiny": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2},
+    # Llama-3.2-1B-like and Llama-3.1-8B-like.
+    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+           "num_key_value_heads": 8},
+    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8},
+    # Llama-3.1-70B-like: 141 GB in bf16, more than one H200 holds (tensor_parallel_size=2).
+    "70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+            "num_key_value_heads": 8},
+}
+_TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                    "generation_config.json"]
+
+
+def dummy_model(shape: str, out: str | Path, tokenizer: str | Path | None = None) -> Path:
+    """A Llama model folder of ``shape`` (a :data:`DUMMY_SHAPES` key): ``config.json`` and the
+    SmolLM2 tokenizer, no weights. vLLM with ``engine_kwargs={"load_format": "dummy"}`` gives it
+    random weights: real speed and memory, meaningless answers (structured outputs still hold)::
+
+        VLLMResource(model=str(dummy_model("tiny", tmp_path / "tiny")), engine_kwargs={"load_format": "dummy"})
+
+    ``tokenizer``: a folder with SmolLM2's ``config.json`` and tokenizer (default: the embedded one)."""
+    if shape not in DUMMY_SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: choose from {sorted(DUMMY_SHAPES)}")
+    if tokenizer is None:
+        from .model import DEFAULT_MODEL_NAME, ensure_embedded
+
+        tokenizer = ensure_embedded(DEFAULT_MODEL_NAME)
+    src, folder = Path(tokenizer).expanduser(), Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    body = DUMMY_SHAPES[shape]
+    config = {**json.loads((src / "config.json").read_text()), **body, "max_position_embeddings": 8192,
+              "torch_dtype": "bfloat16", "tie_word_embeddings": shape in ("tiny", "1b"),
+              "head_dim": body["hidden_size"] // body["num_attention_heads"]}
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    for name in _TOKENIZER_FILES:
+        if (src / name).exists():
+            shutil.copy(src / name, folder / name)
+    return folder

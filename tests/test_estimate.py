@@ -20,9 +20,10 @@ from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
 from sparkbatch_dagster import estimate as E
 from sparkbatch_dagster.choice import advise, choose, rows_to_decide, tradeoff, verdict, wilson
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START, summary
-from sparkbatch_dagster.estimate import Sample, Stored, Timing, draw_sample, nodes_needed, predict
+from sparkbatch_dagster.estimate import Sample, Stored, Timing, draw_sample, predict
 from sparkbatch_dagster.metrics import prediction_check
 from sparkbatch_dagster.model import weights_gb
+from sparkbatch_dagster.placement import gpus_needed
 from sparkbatch_dagster.shard_stats import shard_stats as _stats
 from sparkbatch_dagster.shards import build_shards
 from sparkbatch_dagster.spec import EstimateSpec, NodeOption
@@ -137,14 +138,17 @@ def test_a_model_too_big_for_one_node_needs_tensor_parallelism(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     size = weights_gb(str(tmp_path))
     assert size is not None and 135 < size < 150  # a 70B model in bf16
-    assert nodes_needed(size, 128.0) == 2 and nodes_needed(0.3, 128.0) == 1
+    assert gpus_needed(size, 128.0) == 2 and gpus_needed(0.3, 128.0) == 1
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=1000, distinct_prompts=1000)
     p = predict(sample, _timing(), OPTIONS, weights_gb=size)
     one, two = p["options"]
     assert not one["fits"] and one["cost_usd"] is None
     assert two["fits"] and two["tensor_parallel_size"] == 2 and two["wall_s"] == p["predicted_wall_s"]
+    assert two["settings"] == {"tensor_parallel_size": 2, "nnodes": 2, "master_addr": "<first node's address>"}
+    assert "cannot hold the model: it needs 2 GPUs of 128 GB" in one["how"]
     text = " ".join(advise(p, None, EstimateSpec(accuracy_bar=0.9), 50, batch=64, on_gpu=False, has_gold=True))
-    assert "does not fit one node" in text and "tensor_parallel_size=2" in text
+    assert "does not fit one GPU's memory: it needs 2 GPUs (tensor_parallel_size=2)" in text
+    assert "the cheapest option that holds it is '2-node cluster'" in text and "sparkbatch worker-node" in text
     assert "No model's 95% accuracy interval clears 0.9. Closest: m@1" in text
     assert "its whole interval is under the bar" in text
 

@@ -1,0 +1,153 @@
+"""One engine over two machines on vLLM's own multi-node mode: the settings checked before any
+model loads, the worker node's command, its restart for the next engine, and a real job whose
+model is split over two "nodes" (two vLLM process trees on loopback, tensor_parallel_size=2,
+dummy weights) run twice through `sparkbatch run` with one `sparkbatch worker-node`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_rows, write_parquet
+from sparkbatch_dagster import ConfigError, VLLMResource
+from sparkbatch_dagster.engines.server_process import free_port
+from sparkbatch_dagster.multinode import check, serve_worker, worker_command
+
+ROOT = Path(__file__).resolve().parents[1]
+LABELS = ["fruit", "vehicle", "animal"]
+
+
+def test_bad_multi_node_settings_stop_before_any_model_loads():
+    with pytest.raises(ConfigError, match=r"nnodes=2 but no master_addr: set engine_kwargs\['master_addr'\]"):
+        check({"nnodes": 2}, 2)
+    with pytest.raises(ConfigError, match="= 3 does not split evenly over 2 nodes"):
+        check({"nnodes": 2, "master_addr": "10.0.0.1"}, 3)
+    with pytest.raises(ConfigError, match="sets node_rank: the resource runs on the first node"):
+        check({"nnodes": 2, "master_addr": "10.0.0.1", "node_rank": 1}, 2)
+    check({"nnodes": 2, "master_addr": "10.0.0.1", "pipeline_parallel_size": 2}, 1)  # 2 GPUs, one per node
+    res = VLLMResource(tensor_parallel_size=3, engine_kwargs={"nnodes": 2, "master_addr": "10.0.0.1"})
+    with pytest.raises(ConfigError, match="does not split evenly"):
+        res.get_engine()  # before vLLM is imported or a model resolved
+
+
+def test_the_worker_nodes_command_is_vllms_headless_serve_with_the_same_settings():
+    kw = {"tensor_parallel_size": 2, "nnodes": 2, "master_addr": "10.0.0.1", "max_num_seqs": 8}
+    cmd = worker_command("/models/m", kw, 1)
+    assert cmd[1:5] == ["-m", "sparkbatch_dagster.engines.vllm_cli", "serve", "/models/m"]
+    flags = " ".join(cmd[5:])
+    assert "--tensor-parallel-size 2 --nnodes 2 --master-addr 10.0.0.1 --max-num-seqs 8" in flags
+    assert flags.endswith("--node-rank 1 --headless")
+    with pytest.raises(ConfigError, match="--node-rank 2 is not a worker of nnodes=2: use 1 to 1"):
+        worker_command("/models/m", kw, 2)
+    with pytest.raises(ConfigError, match="runs on one machine .* no worker node is needed"):
+        worker_command("/models/m", {"tensor_parallel_size": 2}, 1)
+
+
+def test_the_multi_node_settings_leave_the_model_identity_alone():
+    one = VLLMResource(engine_kwargs={"load_format": "dummy"}).model_identity()
+    two = VLLMResource(tensor_parallel_size=2, engine_kwargs={
+        "load_format": "dummy", "nnodes": 2, "master_addr": "10.0.0.1", "master_port": 29555}).model_identity()
+    assert one == two  # the same answers: one split of the model is not a new output version
+
+
+def test_the_worker_node_starts_a_fresh_vllm_for_each_engine_of_the_first_node(tmp_path):
+    """The first node's store (here a plain listening socket) comes up and goes away twice: the
+    worker node stops its headless process (and that process's children) each time and starts a
+    new one. The stand-in headless process records its pid and forks a child, as vLLM's does."""
+    port, starts = free_port(), tmp_path / "starts"
+    child = ("import os,sys,time; open(sys.argv[1],'a').write(f'{os.getpid()}\\n'); "
+             "os.fork(); time.sleep(600)")
+    lines: list[str] = []
+    done: dict[str, int] = {}
+    worker = threading.Thread(target=lambda: done.update(code=serve_worker(
+        [sys.executable, "-c", child, str(starts)], ("127.0.0.1", port), log=lines.append, poll_s=0.05)))
+    worker.start()
+    for engine in (1, 2):  # two engines of the first node, one after the other
+        _wait(lambda: starts.exists() and len(starts.read_text().split()) == engine)
+        with socket.create_server(("127.0.0.1", port)):
+            _wait(lambda: lines.count("worker node: the first node's engine is up") == engine)
+        _wait(lambda: lines.count("worker node: the first node's engine stopped") == engine)
+    _wait(lambda: len(starts.read_text().split()) == 3)  # the next one waits for the next engine
+    first, second, third = (int(x) for x in starts.read_text().split())
+    assert not _alive(first) and not _alive(second) and _alive(third)
+    os.killpg(third, signal.SIGKILL)  # ended by itself before any engine came: the worker node stops
+    worker.join(30)
+    assert not worker.is_alive() and done["code"] == -signal.SIGKILL
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait(cond, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+DEFS = """
+from dagster import Definitions
+from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets
+job = build_batch_assets(spec=JobSpec(name="split", input={src!r}, id_column="id", text_columns=["text"],
+    home={home!r}, user_template="Classify: {{{{ text }}}}", output=OutputSpec(kind="label", labels={labels!r}),
+    sampling=SamplingSpec(max_tokens=4), shard_count=4))
+defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(model={model!r}, tensor_parallel_size=2,
+    kv_cache_memory_gb=0.25, max_num_seqs=16, max_model_len=512,
+    engine_kwargs={{"load_format": "dummy", "enforce_eager": True, "nnodes": 2, "master_addr": "127.0.0.1",
+                   "master_port": {port}}})}})
+"""
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_job_runs_on_one_model_split_over_two_nodes(tmp_path):
+    if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
+        pytest.skip("SPARKBATCH_SKIP_REAL=1")
+    from sparkbatch_dagster.testing import dummy_model
+
+    model = dummy_model("tiny", tmp_path / "llama-tiny")
+    src = write_parquet(tmp_path / "in.parquet", make_rows(40))
+    (tmp_path / "defs.py").write_text(DEFS.format(src=str(src), home=str(tmp_path / "home"), labels=LABELS,
+                                                  model=str(model), port=free_port()))
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"), "PYTHONPATH": str(ROOT)}
+
+    def cli(*args: str) -> list[str]:
+        return [sys.executable, "-m", "sparkbatch_dagster.cli", *args, "-f", str(tmp_path / "defs.py")]
+
+    log = open(tmp_path / "worker-node.log", "w")  # noqa: SIM115
+    node = subprocess.Popen(cli("worker-node", "--node-rank", "1"), env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        runs = []
+        for extra in (["--range", "shard-00000:shard-00001"], []):  # two runs: two engines, one worker node
+            proc = subprocess.run(cli("run", *extra), env=env, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:] + (tmp_path / "worker-node.log").read_text()[-3000:]
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        assert [r["partitions_run"] for r in runs] == [2, 2] and runs[1]["partitions_done"] == 4
+        labeled = [r for f in (tmp_path / "home").rglob("labeled/*.parquet") for r in pq.read_table(f).to_pylist()]
+        assert sorted(r["row_id"] for r in labeled) == sorted(r["id"] for r in make_rows(40))
+        assert all(r["output"] in LABELS for r in labeled)  # random weights, structured output: still a label
+        assert node.poll() is None  # still serving, for the next run
+        text = (tmp_path / "worker-node.log").read_text()
+        assert text.count("the first node's engine stopped") == 2 and "--node-rank 1 --headless" in text
+    finally:
+        node.terminate()  # SIGTERM: the worker node stops its vLLM on the way out
+        node.wait(60)
+        log.close()
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(model) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
