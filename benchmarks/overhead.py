@@ -10,11 +10,19 @@ Here the engine is ``FakeEngine`` (answers at once), so each pipeline round (a D
 ``labeled_outputs`` over every partition, then one of ``run_metrics``, as ``throughput.py``
 times it) splits into:
 
-* ``to_first_request_s``: from the call to the first request the engine is handed (the run's
-  start, the first shard read, rendered, looked up in the result store, the first chunk);
+* ``run_start_s``: from the call until the labeling step hands the engine its request stream
+  (Dagster creates the run, logs its planned partitions, starts the step, inits resources; then
+  the step's own preparation, ``step_prep_s``: the model identity, the job's state);
+* ``first_shard_s``: until the engine gets its first request (the first shard read, rendered and
+  looked up in the result store);
 * ``middle_s``: first request to last answer (the per-row work; on a GPU it overlaps the engine);
-* ``tail_s``: last answer to the end of the ``run_metrics`` run (the last commit, the run's end,
-  the metrics run): serial after the engine is done.
+* ``last_commit_s``: last answer to the end of the labeling run (the last shard's commit and
+  events, the step's and run's end);
+* ``metrics_run_s``: the ``run_metrics`` run, start to end (``metrics_own_s`` of it: updating
+  ``metrics.duckdb``).
+
+``to_first_request_s`` and ``tail_s`` sum the two ends: serial work before the engine starts and
+after it is done, the pipeline's fixed cost per run whatever the engine.
 
 ``--before REF`` times this repository's commit REF in the same rounds, alternating A-B / B-A,
 each side in its own process (one warm-up round each, as the H200 benchmark keeps one process).
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -37,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import emit  # noqa: E402
 
-PARTS = ("to_first_request_s", "middle_s", "tail_s", "total_s")
+PARTS = ("run_start_s", "step_prep_s", "first_shard_s", "metrics_own_s", "middle_s", "last_commit_s",
+         "metrics_run_s", "to_first_request_s", "tail_s", "total_s")
 
 
 def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
@@ -45,7 +55,8 @@ def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
     from dagster import DagsterInstance, materialize
     from throughput import build_spec
 
-    from sparkbatch_dagster import build_batch_assets
+    from sparkbatch_dagster import build_batch_assets, metrics, runner
+    from sparkbatch_dagster import job as job_module
     from sparkbatch_dagster.engines.fake import FakeEngine
     from sparkbatch_dagster.testing import FakeVLLMResource
 
@@ -53,6 +64,7 @@ def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
 
     class Timed(FakeEngine):
         def generate(self, requests, sampling, output):  # type: ignore[no-untyped-def]
+
             def watched():  # type: ignore[no-untyped-def]
                 for req in requests:
                     marks.setdefault("first_request", time.perf_counter())
@@ -61,6 +73,33 @@ def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
             for res in super().generate(watched(), sampling, output):
                 yield res
                 marks["last_answer"] = time.perf_counter()
+
+    # When the step starts labeling (ShardRun's generation loop begins: the first shard is read next).
+    generation = runner.ShardRun._generate
+
+    def marked(self, keys):  # type: ignore[no-untyped-def]
+        marks.setdefault("stream", time.perf_counter())
+        yield from generation(self, keys)
+
+    runner.ShardRun._generate = marked  # type: ignore[method-assign]
+    # When the labeling step's own code starts (its first call), and the run_metrics step's own work.
+    check_partitions = job_module.BatchJob.check_partitions
+
+    def body_starts(self, keys):  # type: ignore[no-untyped-def]
+        marks.setdefault("body", time.perf_counter())
+        return check_partitions(self, keys)
+
+    job_module.BatchJob.check_partitions = body_starts  # type: ignore[method-assign]
+    sync = metrics.sync
+
+    def timed_sync(*a, **kw):  # type: ignore[no-untyped-def]
+        began = time.perf_counter()
+        try:
+            return sync(*a, **kw)
+        finally:
+            marks["metrics_own"] = marks.get("metrics_own", 0.0) + time.perf_counter() - began
+
+    metrics.sync = timed_sync
 
     class TimedResource(FakeVLLMResource):
         def _start(self):  # type: ignore[no-untyped-def]
@@ -82,11 +121,16 @@ def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
         marks.clear()
         t0 = time.perf_counter()
         materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources=res, instance=inst, tags=tags)
+        labeled = time.perf_counter()
         materialize(job.assets, selection=[job.keys["run_metrics"]], resources=res, instance=inst, tags=tags)
         t1 = time.perf_counter()
         if n:
-            out.append({"to_first_request_s": marks["first_request"] - t0,
+            out.append({"run_start_s": marks["stream"] - t0, "step_prep_s": marks["stream"] - marks["body"],
+                        "first_shard_s": marks["first_request"] - marks["stream"],
+                        "metrics_own_s": marks["metrics_own"],
                         "middle_s": marks["last_answer"] - marks["first_request"],
+                        "last_commit_s": labeled - marks["last_answer"], "metrics_run_s": t1 - labeled,
+                        "to_first_request_s": marks["first_request"] - t0,
                         "tail_s": t1 - marks["last_answer"], "total_s": t1 - t0})
     return out
 
@@ -137,9 +181,11 @@ def main() -> None:
         if "before" in sides:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(sides["before"])],
                            check=False, capture_output=True)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     result: dict[str, Any] = {"benchmark": "overhead", "rows": args.rows, "shards": args.shards,
                               "rounds": args.rounds, "engine": "FakeEngine (answers at once)",
-                              "machine": f"{os.cpu_count()}-core CPU", "before": args.before}
+                              "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+                              "commit": head.stdout.strip(), "before_commit": args.before}
     for side, runs in got.items():
         result[side] = {k: round(statistics.median(r[k] for r in runs), 3) for k in PARTS}
         result[f"{side}_rounds"] = [{k: round(v, 3) for k, v in r.items()} for r in runs]

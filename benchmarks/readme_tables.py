@@ -163,8 +163,25 @@ def memory_table(results: Results) -> str:
     return table(["date", "what", "rows", "shards", "time", "peak RSS", "file"], rows)
 
 
+def overhead_table(results: Results) -> str:
+    rows = []
+    for name, d in of_kind(results, "overhead"):
+        for side in ("before", "now"):
+            if side in d:
+                t = d[side]
+                code = d["before_commit"] if side == "before" else d.get("commit", "-")
+                rows.append([d["date"], machine(d, name), f"{num(d['rows'])} rows, {d['shards']} shards", code,
+                             str(d["rounds"]), f"{t['run_start_s']:.3f} s", f"{t['first_shard_s']:.3f} s",
+                             f"{t['last_commit_s']:.3f} s", f"{t['metrics_run_s']:.3f} s",
+                             f"**{t['to_first_request_s'] + t['tail_s']:.3f} s**", f"{t['middle_s']:.3f} s",
+                             f"`{name}`"])
+    return table(["date", "machine", "job", "code", "rounds", "run start", "first shard", "last commit",
+                  "run_metrics run", "fixed cost", "per-row work (overlaps the engine)", "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
-    "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table}
+    "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
+    "overhead": overhead_table}
 
 
 def render_readme(text: str, results: Results) -> str:

@@ -10,7 +10,8 @@ Three shapes, all on vLLM's and Dagster's own machinery:
   (a run launcher places them: ``docs/deploy-k8s.md``);
 * the model needs more GPUs than a node has: one engine over ``nnodes`` nodes, vLLM's own
   multi-node mode (the first node runs the Dagster run with ``VLLMResource(tensor_parallel_size=tp,
-  nnodes=n, master_addr=...)``, every other node a headless ``vllm serve``: ``docs/multi-node.md``);
+  engine_kwargs={"nnodes": n, "master_addr": ...})``, every other node ``sparkbatch worker-node``:
+  ``docs/multi-node.md``);
 * the option cannot hold the model at all: no placement, and no price.
 """
 
@@ -69,7 +70,8 @@ def place(tp: int, option: NodeOption) -> Placement | None:
         return None
     nnodes = tp // per_node
     groups = option.nodes // nnodes
-    settings = {"tensor_parallel_size": tp, "nnodes": nnodes, "master_addr": "<first node's address>"}
+    settings = {"tensor_parallel_size": tp,
+                "engine_kwargs": {"nnodes": nnodes, "master_addr": "<first node's address>"}}
     how = (f"one engine over {nnodes} nodes (vLLM multi-node): VLLMResource({_kw(settings)}) on the first "
            f"node, `sparkbatch worker-node --node-rank K` on each other node (docs/multi-node.md)")
     if groups > 1:

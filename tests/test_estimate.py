@@ -144,7 +144,8 @@ def test_a_model_too_big_for_one_node_needs_tensor_parallelism(tmp_path):
     one, two = p["options"]
     assert not one["fits"] and one["cost_usd"] is None
     assert two["fits"] and two["tensor_parallel_size"] == 2 and two["wall_s"] == p["predicted_wall_s"]
-    assert two["settings"] == {"tensor_parallel_size": 2, "nnodes": 2, "master_addr": "<first node's address>"}
+    assert two["settings"] == {"tensor_parallel_size": 2,
+                               "engine_kwargs": {"nnodes": 2, "master_addr": "<first node's address>"}}
     assert "cannot hold the model: it needs 2 GPUs of 128 GB" in one["how"]
     text = " ".join(advise(p, None, EstimateSpec(accuracy_bar=0.9), 50, batch=64, on_gpu=False, has_gold=True))
     assert "does not fit one GPU's memory: it needs 2 GPUs (tensor_parallel_size=2)" in text

@@ -32,7 +32,7 @@ def test_a_model_over_several_gpus_of_one_node_uses_tensor_parallel_there():
 def test_a_model_larger_than_a_node_spans_nodes_with_vllms_multi_node_mode():
     two = place(2, SPARK2)
     assert two is not None and two.nnodes == 2 and two.engines == 1
-    assert two.settings["nnodes"] == 2 and "--node-rank" in two.how
+    assert two.settings["engine_kwargs"]["nnodes"] == 2 and "--node-rank" in two.how
     sixteen = place(16, H200X8X2)
     assert sixteen is not None and sixteen.nnodes == 2 and sixteen.settings["tensor_parallel_size"] == 16
     assert place(4, SPARK2) is None  # 4 GPUs needed, 2 there
@@ -52,5 +52,5 @@ def test_the_estimate_prices_each_option_by_its_engines_and_leaves_out_what_cann
     spark, host, cluster = big["options"]
     assert not spark["fits"] and spark["cost_usd"] is None and spark["engines"] == 0
     assert host["fits"] and host["settings"] == {"tensor_parallel_size": 2}
-    assert cluster["fits"] and cluster["settings"]["nnodes"] == 2
+    assert cluster["fits"] and cluster["settings"]["engine_kwargs"]["nnodes"] == 2
     assert big["best_option"] == "2-node cluster"  # $1.79/h beats $7/h at the same single engine
