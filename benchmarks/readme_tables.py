@@ -171,8 +171,9 @@ def overhead_table(results: Results) -> str:
                 t = d[side]
                 code = d["before_commit"] if side == "before" else d.get("commit", "-")
                 rows.append([d["date"], machine(d, name), f"{num(d['rows'])} rows, {d['shards']} shards", code,
-                             str(d["rounds"]), f"{t['run_start_s']:.3f} s", f"{t['first_shard_s']:.3f} s",
-                             f"{t['last_commit_s']:.3f} s", f"{t['metrics_run_s']:.3f} s",
+                             str(d["rounds"]), f"{t['run_start_s']:.3f} s (step {t['step_prep_s']:.3f} s)",
+                             f"{t['first_shard_s']:.3f} s", f"{t['last_commit_s']:.3f} s",
+                             f"{t['metrics_run_s']:.3f} s (step {t['metrics_own_s']:.3f} s)",
                              f"**{t['to_first_request_s'] + t['tail_s']:.3f} s**", f"{t['middle_s']:.3f} s",
                              f"`{name}`"])
     return table(["date", "machine", "job", "code", "rounds", "run start", "first shard", "last commit",
