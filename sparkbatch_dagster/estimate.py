@@ -235,12 +235,14 @@ def count_stored(spec: JobSpec, home: JobHome, sample: Sample, store: ResultStor
 
 
 def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_gb: float | None,
-            stored: Stored | None = None) -> dict[str, Any]:
+            stored: Stored | None = None, engines: int = 1) -> dict[str, Any]:
     """Extrapolate one model's timed sample to the prompts the job still has to generate, and
     price the whole job (engine start included) on every node option.
 
     ``stored`` (default: nothing stored) says which prompts the result store already answers:
     they are not predicted, and a job with nothing left to generate starts no engine.
+    ``engines``: how many engines timed the sample together (a data-parallel resource, several
+    servers): ``predicted_wall_s`` is this setup's, each option's is that of its own engines.
     """
     stored = stored or Stored(0, 0, sample.distinct_prompts)
     tokens = timing.prompt_tokens + timing.output_tokens
@@ -259,8 +261,8 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
     for opt in options:
         tp = gpus_needed(weights_gb, opt.memory_gb)
         layout = place(tp, opt)
-        # Every engine the option holds labels its own share of the prompts.
-        opt_wall = wall / layout.engines if layout else None
+        # Every engine the option holds labels its own share of the prompts, as fast as one of ours.
+        opt_wall = wall * engines / layout.engines if layout else None
         priced.append({
             "name": opt.name, "nodes": opt.nodes, "gpus_per_node": opt.gpus_per_node, "hourly_usd": opt.hourly_usd,
             "tensor_parallel_size": tp, "fits": layout is not None,
@@ -283,7 +285,7 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
         "stored_rows": stored.rows, "stored_prompts": stored.prompts, "stored_exact": stored.exact,
         "prompts_to_generate": stored.to_generate,
         "predicted_tokens": round(predicted_tokens), "predicted_wall_s": round(wall, 1),
-        "predicted_tokens_per_hour": round(tps * 3600), "options": priced,
+        "predicted_tokens_per_hour": round(tps * 3600), "sample_engines": engines, "options": priced,
         "best_option": best["name"] if best else None, "best_cost_usd": best["cost_usd"] if best else None,
     }
 

@@ -64,7 +64,9 @@ class BatchJob:
 
         est = est or self.spec.estimate
         on_gpu = not on_cpu()
-        batch = resource.resolved_max_num_seqs()  # max_num_seqs, or this platform's default
+        engines = _engines_here(resource)
+        # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
+        batch = resource.resolved_max_num_seqs() * engines
         if est.fill_batch and est.sample_rows < batch:
             est = est.model_copy(update={"sample_rows": batch})
         sample = E.draw_sample(self.spec, self.home, est)
@@ -89,7 +91,7 @@ class BatchJob:
             model_id = res.model_identity()
             store = ResultStore(self.spec.result_store_path, self.spec.answer_context(model_id))
             stored = E.count_stored(self.spec, self.home, sample, store)
-            models.append({**E.predict(sample, timing, est.options, weights_gb(name), stored),
+            models.append({**E.predict(sample, timing, est.options, weights_gb(name), stored, engines),
                            "configured_as": res.model})
             m = models[-1]
             log(f"estimate: {timing.model}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
@@ -179,3 +181,14 @@ class BatchJob:
         pred = json.loads(path.read_text())
         rows = pred["total_rows"] - pred.get("stored_rows", 0)
         return rows / pred["predicted_wall_s"] if pred.get("predicted_wall_s") else None
+
+
+def _engines_here(resource: VLLMResource) -> int:
+    """How many engines a run of ``resource`` drives at once here: one per data-parallel GPU group
+    (offline), one per server (``server_urls``)."""
+    cfg = resource.resolved()
+    if cfg.engine == "server":
+        return max(1, len(cfg._endpoints()))
+    from .engines import settings
+
+    return len(settings.data_parallel_envs(cfg.data_parallel_size, cfg.tensor_parallel_size))

@@ -327,6 +327,18 @@ def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
     assert any("smaller than one batch (300 rows)" in a for a in tiny_job["advice"])  # the input is the limit
 
 
+def test_with_two_engines_the_sample_fills_both_and_each_option_gets_its_own_speed(tmp_path):
+    job = build_batch_assets(spec=make_spec(tmp_path, n=300, shards=3))
+    build_shards(job.spec, JobHome(job.spec.home_path))
+    options = [NodeOption(name="1 GPU", hourly_usd=1.0), NodeOption(name="2 GPUs", hourly_usd=2.0, gpus_per_node=2)]
+    resource = FakeVLLMResource(max_num_seqs=100, data_parallel_size=2)  # two fake engines in worker processes
+    report = job.estimate(resource, EstimateSpec(sample_rows=40, options=options))
+    assert report["sample_rows"] == 200 and report["sample_engines"] == 2  # a full batch on each engine
+    one, two = report["options"]
+    assert two["engines"] == 2 and two["wall_s"] == report["predicted_wall_s"]  # as sampled: two engines
+    assert one["engines"] == 1 and one["wall_s"] == pytest.approx(2 * report["predicted_wall_s"], abs=0.2)
+
+
 def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path, monkeypatch):
     # The job runs on the fake engine; the candidate is a real offline resource whose model is missing.
     monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: VLLMResource(model=model))
