@@ -189,6 +189,4 @@ def _engines_here(resource: VLLMResource) -> int:
     cfg = resource.resolved()
     if cfg.engine == "server":
         return max(1, len(cfg._endpoints()))
-    from .engines import settings
-
-    return len(settings.data_parallel_envs(cfg.data_parallel_size, cfg.tensor_parallel_size))
+    return len(cfg.engine_envs())

@@ -37,7 +37,13 @@ def nodes(kwargs: Mapping[str, Any]) -> int:
     return int(kwargs.get("nnodes") or 1)
 
 
-def check(kwargs: Mapping[str, Any], tensor_parallel_size: int) -> None:
+def local_share(kwargs: Mapping[str, Any]) -> int:
+    """Devices one engine uses on this machine: its tensor x pipeline parallel size over its machines."""
+    gpus = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    return gpus // nodes(kwargs)
+
+
+def check(kwargs: Mapping[str, Any], tensor_parallel_size: int, data_parallel_size: int | None = None) -> None:
     """Stop before any model loads when a multi-node setting cannot work, naming the fix."""
     n = nodes(kwargs)
     if n == 1:
@@ -50,6 +56,10 @@ def check(kwargs: Mapping[str, Any], tensor_parallel_size: int) -> None:
         raise ConfigError(f"engine_kwargs has nnodes={n}, but tensor_parallel_size x pipeline_parallel_size = {gpus} "
                           f"does not split evenly over {n} nodes: vLLM needs the same number of GPUs on each; "
                           f"set tensor_parallel_size to a multiple of {n}")
+    if (data_parallel_size or 1) > 1:
+        raise ConfigError(f"data_parallel_size={data_parallel_size} with nnodes={n}: an engine over several machines "
+                          "runs alone (each worker node serves one engine); leave data_parallel_size unset, or run one "
+                          "engine per machine without nnodes")
     if int(kwargs.get("node_rank") or 0) != 0:
         raise ConfigError("engine_kwargs sets node_rank: the resource runs on the first node (rank 0); the other "
                           "nodes run `sparkbatch worker-node --node-rank K` instead")
@@ -61,7 +71,7 @@ def worker_node(resource: Any, node_rank: int, *, once: bool = False, print_only
     (a ``VLLMResource``), engine after engine; ``print_only`` only returns the command."""
     cfg = resource.resolved()
     kwargs = cfg.llm_kwargs()
-    check(kwargs, cfg.tensor_parallel_size)
+    check(kwargs, cfg.tensor_parallel_size, cfg.data_parallel_size)
     cmd = worker_command(cfg.model_name(), kwargs, node_rank)
     log(shlex.join(cmd))
     if print_only:

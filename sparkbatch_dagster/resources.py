@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
@@ -210,6 +211,17 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             enable_prefix_caching=self.enable_prefix_caching, tensor_parallel_size=self.tensor_parallel_size,
             dtype=self.dtype, engine_kwargs=self.engine_kwargs)
 
+    def engine_envs(self) -> list[dict[str, str]]:
+        """The environment of each engine a run starts here: one per data-parallel GPU group
+        (offline mode; one engine when it spans machines), else one."""
+        from .engines import settings
+
+        kwargs = self.llm_kwargs()
+        if self.engine != "offline":
+            return [{}]
+        alone = multinode.nodes(kwargs) > 1  # each worker node serves one engine
+        return settings.data_parallel_envs(1 if alone else self.data_parallel_size, multinode.local_share(kwargs))
+
     def resolved_max_num_seqs(self) -> int:
         """``max_num_seqs``, or this platform's default for it (1024 on a GPU, 256 on the CPU)."""
         cfg = self.resolved()
@@ -253,10 +265,9 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             return engine
         seqs = self.resolved_max_num_seqs()
         kwargs = self.llm_kwargs()
-        multinode.check(kwargs, self.tensor_parallel_size)
+        multinode.check(kwargs, self.tensor_parallel_size, self.data_parallel_size)
         # One engine per GPU group (data_parallel_size), checked before any model is loaded.
-        envs = settings.data_parallel_envs(self.data_parallel_size, self.tensor_parallel_size) \
-            if self.engine == "offline" else [{}]
+        envs = self.engine_envs()
         model = self.model_name()
         settings.check_memory(kwargs, copies=len(envs))
         settings.prepare_platform()
@@ -277,6 +288,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk}
             offline = DataParallelEngine(offline_worker, worker, envs, window=window + 2 * chunk, batch=chunk)
         else:
+            os.environ.update(envs[0])  # the engine core and its workers inherit it (CPU core binding)
             offline = VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk)
         offline.model_id = name
         return offline

@@ -223,8 +223,14 @@ def test_cpu_engines_get_their_own_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert settings.split_devices(2, 1, None) == [{"VLLM_CPU_OMP_THREADS_BIND": "0,1"},
                                                   {"VLLM_CPU_OMP_THREADS_BIND": "2,3"}]
-    with pytest.raises(ConfigError, match=r"data_parallel_size=5 CPU engines need a core each.*lower"):
+    with pytest.raises(ConfigError, match=r"data_parallel_size=5 CPU engines x tensor_parallel_size=1 need a core"):
         settings.split_devices(5, 1, None)
+    # Tensor-parallel ranks on the CPU: vLLM's own binding wants a NUMA node per rank; each gets its cores.
+    assert settings.split_devices(None, 2, None) == [{"VLLM_CPU_OMP_THREADS_BIND": "0,1|2,3"}]
+    assert settings.split_devices(2, 2, None) == [{"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+                                                  {"VLLM_CPU_OMP_THREADS_BIND": "2|3"}]
+    with pytest.raises(ConfigError, match=r"data_parallel_size=3 CPU engines x tensor_parallel_size=2 need a core"):
+        settings.split_devices(3, 2, None)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")  # the user's binding wins
     assert settings.split_devices(2, 1, None) == [{}, {}]
 

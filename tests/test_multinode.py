@@ -35,6 +35,8 @@ def test_bad_multi_node_settings_stop_before_any_model_loads():
         check({"nnodes": 2, "master_addr": "10.0.0.1"}, 3)
     with pytest.raises(ConfigError, match="sets node_rank: the resource runs on the first node"):
         check({"nnodes": 2, "master_addr": "10.0.0.1", "node_rank": 1}, 2)
+    with pytest.raises(ConfigError, match="data_parallel_size=2 with nnodes=2: an engine over several machines runs"):
+        check({"nnodes": 2, "master_addr": "10.0.0.1"}, 2, data_parallel_size=2)
     check({"nnodes": 2, "master_addr": "10.0.0.1", "pipeline_parallel_size": 2}, 1)  # 2 GPUs, one per node
     res = VLLMResource(tensor_parallel_size=3, engine_kwargs={"nnodes": 2, "master_addr": "10.0.0.1"})
     with pytest.raises(ConfigError, match="does not split evenly"):

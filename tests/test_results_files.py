@@ -35,6 +35,8 @@ REQUIRED = {
                "estimate_sample_peak_rss_mb", "writer_peak_rss_mb_4_shards", "writer_peak_rss_mb_64_shards"},
     "reuse": {"machine", "rows", "rounds", "appended_generated", "appended_s"},
     "store_lookup": {"machine", "stored_answers", "lookup_s", "store_mb", "segments"},
+    "tensor_parallel": {"date", "machine", "shape", "rows", "tensor_parallel_size", "nnodes", "estimate_options",
+                        "rows_labeled", "run_wall_s"},
     "overhead": {"date", "machine", "rows", "shards", "rounds", "now", "now_rounds"},
     "data_parallel": {"date", "machine", "model", "shape", "rows", "rounds", "gpus", "speedup", "single_s",
                       "parallel_s", "tokens"},

@@ -115,21 +115,27 @@ def data_parallel_envs(requested: int | None, tensor_parallel_size: int) -> list
 def split_devices(requested: int | None, tensor_parallel_size: int, gpus: list[str] | None) -> list[dict[str, str]]:
     """The environment each data-parallel engine starts with, one dict per engine: its own
     ``CUDA_VISIBLE_DEVICES``, a group of ``tensor_parallel_size`` of ``gpus`` (the visible ones;
-    None on the CPU backend, where each engine gets its own cores unless
-    ``VLLM_CPU_OMP_THREADS_BIND`` is set). ``requested`` None = as many engines as the GPUs
-    allow (one on the CPU). One engine gets ``[{}]``: it runs in this process, as it always
-    has. More engines than the GPUs allow is a ConfigError naming the fix."""
+    None on the CPU backend, where each engine gets its own cores, and each of its
+    tensor-parallel ranks its own share of them, unless ``VLLM_CPU_OMP_THREADS_BIND`` is set).
+    ``requested`` None = as many engines as the GPUs allow (one on the CPU). One engine gets
+    ``[{}]`` on a GPU: it runs in this process, as it always has. More engines than the devices
+    allow is a ConfigError naming the fix. ``tensor_parallel_size`` counts this machine's share of
+    an engine (all of it, unless the engine spans machines)."""
     tp = tensor_parallel_size
     if gpus is None:
         n = requested or 1
         cores = sorted(os.sched_getaffinity(0))
-        if n == 1 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        if (n == 1 and tp == 1) or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
             return [{} for _ in range(n)]
-        if n > len(cores):
-            raise ConfigError(f"data_parallel_size={n} CPU engines need a core each, but this process may use "
-                              f"{len(cores)}: lower VLLMResource.data_parallel_size to {len(cores)} or leave it unset")
-        per = len(cores) // n
-        return [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * per:(i + 1) * per]))} for i in range(n)]
+        if n * tp > len(cores):
+            raise ConfigError(f"data_parallel_size={n} CPU engines x tensor_parallel_size={tp} need a core each, but "
+                              f"this process may use {len(cores)}: lower VLLMResource.data_parallel_size to "
+                              f"{max(1, len(cores) // tp)} or leave it unset")
+        # vLLM binds each rank's threads to one group of cores ("|" between ranks); its own
+        # automatic binding wants a NUMA node per rank, which one CPU socket does not have.
+        per = len(cores) // (n * tp)
+        groups = [",".join(map(str, cores[i * per:(i + 1) * per])) for i in range(n * tp)]
+        return [{"VLLM_CPU_OMP_THREADS_BIND": "|".join(groups[e * tp:(e + 1) * tp])} for e in range(n)]
     fits = len(gpus) // tp
     n = requested or max(1, fits)
     if n == 1:
