@@ -60,9 +60,9 @@ def place(tp: int, option: NodeOption) -> Placement | None:
             settings["tensor_parallel_size"] = tp
         if engines_per_node > 1:
             settings["data_parallel_size"] = engines_per_node
-        node = f"VLLMResource({_kw(settings)})" if settings else "VLLMResource's defaults"
-        how = f"one run on the node: {node}" if option.nodes == 1 else (
-            f"{option.nodes} Dagster runs at once, one per node, each {node}: a run launcher with a GPU "
+        node = f"VLLMResource({_kw(settings)})" if settings else "the resource's defaults"
+        how = f"one run, with {node}" if option.nodes == 1 else (
+            f"{option.nodes} Dagster runs at once, one per node, each with {node}: a run launcher with a GPU "
             f"request per run and the 'gpu' pool limited to {option.nodes} (docs/deploy-k8s.md)")
         return Placement(tp, 1, engines_per_node * option.nodes, option.nodes, settings, how)
     # vLLM splits one engine over nodes with the same number of GPUs each.

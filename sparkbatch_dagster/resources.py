@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
@@ -288,8 +287,8 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk}
             offline = DataParallelEngine(offline_worker, worker, envs, window=window + 2 * chunk, batch=chunk)
         else:
-            os.environ.update(envs[0])  # the engine core and its workers inherit it (CPU core binding)
-            offline = VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk)
+            with settings.environment(envs[0]):  # the engine core and its workers inherit it (CPU core binding)
+                offline = VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk)
         offline.model_id = name
         return offline
 
@@ -324,3 +323,4 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         return VLLMServerEngine(url, name, api_key=api_key, max_in_flight=self.max_in_flight
                                 or 4 * self.resolved_max_num_seqs(), timeout_s=self.request_timeout_s,
                                 max_retries=self.max_retries, server=server, token_ids=self.server_token_ids)
+

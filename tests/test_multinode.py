@@ -1,7 +1,8 @@
-"""One engine over two machines on vLLM's own multi-node mode: the settings checked before any
-model loads, the worker node's command, its restart for the next engine, and a real job whose
-model is split over two "nodes" (two vLLM process trees on loopback, tensor_parallel_size=2,
-dummy weights) run twice through `sparkbatch run` with one `sparkbatch worker-node`."""
+"""A model split over devices: tensor parallel on one machine, and one engine over two machines
+on vLLM's own multi-node mode: the settings checked before any model loads, the worker node's
+command, its restart for the next engine, and real jobs on a Llama-shaped model with random
+weights split in two (two CPU ranks of one engine; two vLLM process trees on loopback run twice
+through `sparkbatch run` with one `sparkbatch worker-node`)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,12 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_rows, write_parquet
+from conftest import LABELS, make_rows, write_parquet
 from sparkbatch_dagster import ConfigError, VLLMResource
 from sparkbatch_dagster.engines.server_process import free_port
 from sparkbatch_dagster.multinode import check, serve_worker, worker_command
 
 ROOT = Path(__file__).resolve().parents[1]
-LABELS = ["fruit", "vehicle", "animal"]
 
 
 def test_bad_multi_node_settings_stop_before_any_model_loads():
@@ -153,3 +153,30 @@ def test_a_job_runs_on_one_model_split_over_two_nodes(tmp_path):
         log.close()
     left = [p for p in psutil.process_iter(["cmdline"]) if str(model) in " ".join(p.info["cmdline"] or [])]
     assert not left, left
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_job_runs_on_one_model_split_over_two_tensor_parallel_ranks(tmp_path, monkeypatch):
+    if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
+        pytest.skip("SPARKBATCH_SKIP_REAL=1")
+    from dagster import DagsterInstance, materialize
+
+    from conftest import label_then_metrics, make_spec
+    from sparkbatch_dagster import build_batch_assets
+    from sparkbatch_dagster.testing import dummy_model
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    model = dummy_model("tiny", tmp_path / "llama-tiny")
+    job = build_batch_assets(spec=make_spec(tmp_path, n=40, shards=2))
+    res = VLLMResource(model=str(model), tensor_parallel_size=2, kv_cache_memory_gb=0.25, max_num_seqs=16,
+                       max_model_len=512, engine_kwargs={"load_format": "dummy", "enforce_eager": True})
+    inst = DagsterInstance.get()
+    materialize([job.assets[0]], instance=inst, resources={"vllm": res})
+    keys = sorted(inst.get_dynamic_partitions(job.partitions_def.name))
+    labeled, measured = label_then_metrics(job.assets, job.keys, {"vllm": res}, inst, keys[0], keys[-1])
+    assert labeled.success and measured.success
+    out = job.read_outputs().to_pylist()
+    assert sorted(r["row_id"] for r in out) == sorted(r["id"] for r in make_rows(40))
+    assert all(r["output"] in LABELS for r in out)
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # the ranks' core binding was the engine's alone

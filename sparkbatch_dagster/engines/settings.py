@@ -7,9 +7,10 @@ machines without it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import ConfigError
@@ -160,3 +161,19 @@ def prepare_platform() -> None:
     (benchmarks/engine_start.py). The engine core and ``vllm serve`` inherit it."""
     if on_cpu():
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while the engine's processes start, then as before
+    (a later engine with other settings must not inherit them)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
