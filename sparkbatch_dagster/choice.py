@@ -143,8 +143,9 @@ def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: Estimate
         for o in opts:
             if o is not one and o["fits"] and o["cost_usd"] > one["cost_usd"]:
                 more = (o["cost_usd"] / one["cost_usd"] - 1) * 100 if one["cost_usd"] else 0.0
+                more_of = "nodes" if o["nodes"] > 1 else "GPUs"
                 out.append(f"'{o['name']}' would finish in {_hm(o['wall_s'])} but cost ${o['cost_usd']:.4f} "
-                           f"(+{more:.0f}%): this job is throughput-bound, so more nodes raise the cost "
+                           f"(+{more:.0f}%): this job is throughput-bound, so more {more_of} raise the cost "
                            "without raising tokens per dollar; rent them only to meet a deadline.")
     else:
         tp = max(o["tensor_parallel_size"] for o in opts)

@@ -1,9 +1,10 @@
 """How a node option runs a model (sparkbatch_dagster.placement): engines per option, the
 settings the estimate prints, options that cannot hold a model left unpriced."""
 
+from sparkbatch_dagster.choice import advise
 from sparkbatch_dagster.estimate import Sample, Timing, predict
 from sparkbatch_dagster.placement import gpus_needed, place
-from sparkbatch_dagster.spec import NodeOption
+from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 
 SPARK = NodeOption(name="1 node", hourly_usd=0.79)
 SPARK2 = NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2)
@@ -46,6 +47,8 @@ def test_the_estimate_prices_each_option_by_its_engines_and_leaves_out_what_cann
     small = predict(sample, timing, [SPARK, H200X2], weights_gb=16.0)
     spark, host = small["options"]
     assert host["engines"] == 2 and host["wall_s"] == round(spark["wall_s"] / 2, 1)
+    text = " ".join(advise(small, small, EstimateSpec(), 50, batch=50, on_gpu=True, has_gold=False))
+    assert "'2x H200' would finish in" in text and "so more GPUs raise the cost" in text
     seventy = 140.0  # a 70B model in bf16
     assert gpus_needed(seventy, 141) == 2
     big = predict(sample, timing, [SPARK, H200X2, SPARK2], weights_gb=seventy)
