@@ -212,13 +212,12 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
 
     def engine_envs(self) -> list[dict[str, str]]:
         """The environment of each engine a run starts here: one per data-parallel GPU group
-        (offline mode; one engine when it spans machines), else one."""
+        (offline mode; one engine when it spans machines or is a server started here)."""
         from .engines import settings
 
         kwargs = self.llm_kwargs()
-        if self.engine != "offline":
-            return [{}]
-        alone = multinode.nodes(kwargs) > 1  # each worker node serves one engine
+        # A server started here is one engine; so is one that spans machines (a worker node serves one).
+        alone = self.engine != "offline" or multinode.nodes(kwargs) > 1
         return settings.data_parallel_envs(1 if alone else self.data_parallel_size, multinode.local_share(kwargs))
 
     def resolved_max_num_seqs(self) -> int:
@@ -274,7 +273,8 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         if self.engine == "server":
             from .engines.server_process import ServerProcess, serve_args
 
-            server = ServerProcess(model, name, serve_args(kwargs), self.server_start_timeout_s)
+            with settings.environment(envs[0]):  # `vllm serve` inherits it (CPU core binding)
+                server = ServerProcess(model, name, serve_args(kwargs), self.server_start_timeout_s)
             return self._client(server.url, name, api_key, server)
         from .engines.vllm_offline import VLLMOfflineEngine
 

@@ -231,6 +231,8 @@ def test_cpu_engines_get_their_own_cores(monkeypatch):
                                                   {"VLLM_CPU_OMP_THREADS_BIND": "2|3"}]
     with pytest.raises(ConfigError, match=r"data_parallel_size=3 CPU engines x tensor_parallel_size=2 need a core"):
         settings.split_devices(3, 2, None)
+    assert VLLMResource(engine="server", tensor_parallel_size=2).engine_envs() == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0,1|2,3"}]  # a `vllm serve` started here: one engine, its ranks bound
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")  # the user's binding wins
     assert settings.split_devices(2, 1, None) == [{}, {}]
 
