@@ -78,20 +78,18 @@ def main() -> None:
         resource["engine_kwargs"].update(nnodes=args.nnodes, master_addr="127.0.0.1", master_port=free_port())
     (home / "defs.py").write_text(DEFS.format(spec=spec.model_dump_json(), resource=resource))
     cli = [sys.executable, "-m", "sparkbatch_dagster.cli"]
-    head_env = dict(env)
-    if args.nnodes > 1 and args.gpu:  # each "machine" sees its own GPUs only, as on separate hosts
+
+    def node_env(rank: int) -> dict[str, str]:  # each "machine" sees its own GPUs only, as on separate hosts
         per = args.tp // args.nnodes
-        head_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(per))
+        own = {"CUDA_VISIBLE_DEVICES": ",".join(str(rank * per + i) for i in range(per))}
+        return {**env, **own} if args.nnodes > 1 and args.gpu else dict(env)
+
     try:
         for rank in range(1, args.nnodes):
-            wenv = dict(env)
-            if args.gpu:
-                per = args.tp // args.nnodes
-                wenv["CUDA_VISIBLE_DEVICES"] = ",".join(str(rank * per + i) for i in range(per))
             worker = subprocess.Popen([*cli, "worker-node", "-f", str(home / "defs.py"), "--node-rank", str(rank)],
-                                      env=wenv, stdout=open(home / f"worker-{rank}.log", "w"),  # noqa: SIM115
+                                      env=node_env(rank), stdout=open(home / f"worker-{rank}.log", "w"),  # noqa: SIM115
                                       stderr=subprocess.STDOUT)
-        result = run(cli, home, head_env, args)
+        result = run(cli, home, node_env(0), args)
     finally:
         if worker is not None:
             worker.terminate()

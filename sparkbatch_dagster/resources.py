@@ -210,12 +210,13 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             enable_prefix_caching=self.enable_prefix_caching, tensor_parallel_size=self.tensor_parallel_size,
             dtype=self.dtype, engine_kwargs=self.engine_kwargs)
 
-    def engine_envs(self) -> list[dict[str, str]]:
+    def engine_envs(self, kwargs: dict[str, Any] | None = None) -> list[dict[str, str]]:
         """The environment of each engine a run starts here: one per data-parallel GPU group
-        (offline mode; one engine when it spans machines or is a server started here)."""
+        (offline mode; one engine when it spans machines or is a server started here).
+        ``kwargs``: :meth:`llm_kwargs`, when the caller has them already."""
         from .engines import settings
 
-        kwargs = self.llm_kwargs()
+        kwargs = kwargs if kwargs is not None else self.llm_kwargs()
         # A server started here is one engine; so is one that spans machines (a worker node serves one).
         alone = self.engine != "offline" or multinode.nodes(kwargs) > 1
         return settings.data_parallel_envs(1 if alone else self.data_parallel_size, multinode.local_share(kwargs))
@@ -265,7 +266,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         kwargs = self.llm_kwargs()
         multinode.check(kwargs, self.tensor_parallel_size, self.data_parallel_size)
         # One engine per GPU group (data_parallel_size), checked before any model is loaded.
-        envs = self.engine_envs()
+        envs = self.engine_envs(kwargs)
         model = self.model_name()
         settings.check_memory(kwargs, copies=len(envs))
         settings.prepare_platform()

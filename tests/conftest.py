@@ -16,6 +16,8 @@ import pytest
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.base import Engine
+from sparkbatch_dagster.shards import build_shards
+from sparkbatch_dagster.store import JobHome
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 LABELS = ["fruit", "vehicle", "animal"]
@@ -54,6 +56,19 @@ def make_spec(tmp_path: Path, n: int = 120, shards: int = 4, **overrides: Any) -
     )
     fields.update(overrides)
     return JobSpec(**fields)
+
+
+def one_shard(tmp_path: Path, rows: list[dict[str, Any]]) -> tuple[JobSpec, JobHome]:
+    """A job over ``rows`` in a single shard, sharded: its spec and home."""
+    spec = make_spec(tmp_path, input=str(write_parquet(tmp_path / "in" / "rows.parquet", rows)), shards=1)
+    home = JobHome(spec.home_path)
+    build_shards(spec, home)
+    return spec, home
+
+
+def written_parts(home: JobHome, version: str, key: str) -> list[dict[str, Any]]:
+    """The rows a shard's checkpoint part files hold (written, not yet committed)."""
+    return [r for p in home.parts_dir(version, key).glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
 
 
 @pytest.fixture

@@ -14,16 +14,14 @@ import pytest
 from aiohttp import web
 from local_server import LocalServer
 
-from conftest import LABELS, make_rows, make_spec, write_parquet
+from conftest import LABELS, make_rows, make_spec, one_shard, written_parts
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.engines.base import EngineRequest
 from sparkbatch_dagster.engines.server_process import serve_args
 from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine, free_port
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
 from sparkbatch_dagster.runner import label_shard
-from sparkbatch_dagster.shards import build_shards
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
-from sparkbatch_dagster.store import JobHome
 
 V, KEY = "00000000000000aa", "shard-00000"
 TOO_LONG = "This model's maximum context length is 1024 tokens. However, your prompt contains 3000 input tokens."
@@ -190,20 +188,9 @@ def test_an_unreachable_replica_at_start_is_left_out(two, caplog):
 # --- every replica dead: pending, through the runner ------------------------------------------
 
 
-def _one_shard(tmp_path, rows):
-    spec = make_spec(tmp_path, input=str(write_parquet(tmp_path / "in" / "rows.parquet", rows)), shards=1)
-    home = JobHome(spec.home_path)
-    build_shards(spec, home)
-    return spec, home
-
-
-def _written(home: JobHome) -> list[dict]:
-    return [r for p in home.parts_dir(V, KEY).glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
-
-
 @pytest.mark.parametrize("how", ["503-forever", "crash"])
 def test_the_runner_commits_every_row_when_one_replica_dies(tmp_path, two, how):
-    spec, home = _one_shard(tmp_path, make_rows(40))
+    spec, home = one_shard(tmp_path, make_rows(40))
     live, dying = two
     live.delay = dying.delay = 0.01
     setattr(dying, "crash_after" if how == "crash" else "fail_after", 4)
@@ -216,13 +203,13 @@ def test_the_runner_commits_every_row_when_one_replica_dies(tmp_path, two, how):
 
 
 def test_every_replica_dead_leaves_rows_pending_and_a_rerun_completes(tmp_path, two):
-    spec, home = _one_shard(tmp_path, make_rows(40))
+    spec, home = one_shard(tmp_path, make_rows(40))
     for rep in two:
         rep.delay, rep.fail_after = 0.01, 3
     with pytest.raises(PendingRowsError, match="every server is dead") as err, _engine(two, max_in_flight=2) as engine:
         label_shard(spec, home, V, KEY, engine)
     assert not home.is_done(V, KEY)
-    kept = _written(home)
+    kept = written_parts(home, V, KEY)
     assert not [r for r in kept if r["error"]] and len(kept) < 20
     assert f"{40 - len(kept)} rows in ['shard-00000'] got only transient failures" in str(err.value)
     two[0].fail_after, before = None, _answered(two)  # one replica back; the other still failing
@@ -233,7 +220,7 @@ def test_every_replica_dead_leaves_rows_pending_and_a_rerun_completes(tmp_path, 
 
 
 def test_crashed_replicas_leave_rows_pending_not_a_failed_run(tmp_path, two):
-    spec, home = _one_shard(tmp_path, make_rows(30))
+    spec, home = one_shard(tmp_path, make_rows(30))
     for rep in two:
         rep.delay, rep.crash_after = 0.01, 2
     with pytest.raises(PendingRowsError, match="every server is dead"), _engine(two, max_in_flight=2) as engine:

@@ -13,14 +13,12 @@ import pytest
 from aiohttp import web
 from local_server import LocalServer
 
-from conftest import LABELS, make_rows, make_spec, write_parquet
+from conftest import LABELS, make_rows, make_spec, one_shard, written_parts
 from sparkbatch_dagster.engines.base import EngineRequest
 from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine, check_served, free_port, served_models
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
 from sparkbatch_dagster.runner import label_shard
-from sparkbatch_dagster.shards import build_shards
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
-from sparkbatch_dagster.store import JobHome
 
 V, KEY = "00000000000000aa", "shard-00000"
 TOO_LONG = "This model's maximum context length is 1024 tokens. However, your prompt contains 3000 input tokens."
@@ -200,17 +198,6 @@ def test_unreachable_server_fails_the_run(stub):
 # --- through the runner -------------------------------------------------------------------
 
 
-def _one_shard(tmp_path, rows):
-    spec = make_spec(tmp_path, input=str(write_parquet(tmp_path / "in" / "rows.parquet", rows)), shards=1)
-    home = JobHome(spec.home_path)
-    build_shards(spec, home)
-    return spec, home
-
-
-def _written(home: JobHome) -> list[dict]:
-    return [r for p in home.parts_dir(V, KEY).glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
-
-
 @pytest.mark.parametrize("setup, setting", [
     (lambda s: setattr(s, "key", "secret"), "VLLMResource.api_key"),
     (lambda s: setattr(s, "models", ["other"]), "model='m'"),
@@ -218,16 +205,16 @@ def _written(home: JobHome) -> list[dict]:
     (lambda s: setattr(s, "rules", [("", 400, NO_TEMPLATE)]), "--chat-template"),
 ], ids=["401", "404", "400-always", "chat-template"])
 def test_config_errors_stop_the_run_before_any_row(tmp_path, stub, setup, setting):
-    spec, home = _one_shard(tmp_path, make_rows(30))
+    spec, home = one_shard(tmp_path, make_rows(30))
     setup(stub)
     with pytest.raises(ConfigError, match=setting), _engine(stub) as engine:
         label_shard(spec, home, V, KEY, engine)
     assert not home.is_done(V, KEY)
-    assert not [r for r in _written(home) if (r["error"] or "").startswith("bad_request")]
+    assert not [r for r in written_parts(home, V, KEY) if (r["error"] or "").startswith("bad_request")]
 
 
 def test_flaky_server_commits_every_row_labeled(tmp_path, stub):
-    spec, home = _one_shard(tmp_path, make_rows(30))
+    spec, home = one_shard(tmp_path, make_rows(30))
     stub.flaky = 2
     with _engine(stub) as engine:
         stats = label_shard(spec, home, V, KEY, engine)
@@ -238,7 +225,7 @@ def test_flaky_server_commits_every_row_labeled(tmp_path, stub):
 def test_too_long_row_is_an_error_row_and_the_rest_complete(tmp_path, stub):
     rows = make_rows(30)
     rows[4]["text"] = "LONG " * 50
-    spec, home = _one_shard(tmp_path, rows)
+    spec, home = one_shard(tmp_path, rows)
     stub.rules = [("LONG", 400, TOO_LONG)]
     with _engine(stub) as engine:
         label_shard(spec, home, V, KEY, engine)
@@ -250,14 +237,14 @@ def test_too_long_row_is_an_error_row_and_the_rest_complete(tmp_path, stub):
 @pytest.mark.parametrize("failing", ["", "day 3."], ids=["all", "some"])
 def test_transient_failures_stay_pending_and_a_rerun_completes_them(tmp_path, stub, failing):
     rows = make_rows(30)
-    spec, home = _one_shard(tmp_path, rows)
+    spec, home = one_shard(tmp_path, rows)
     stub.rules = [(failing, 503, "overloaded")]
     with pytest.raises(PendingRowsError) as err, _engine(stub) as engine:
         label_shard(spec, home, V, KEY, engine)
     pending = [r for r in rows if failing in f"What kind of thing is this? {r['text']}"]
     assert f"{len(pending)} rows" in str(err.value)
     assert not home.is_done(V, KEY)
-    kept = _written(home)
+    kept = written_parts(home, V, KEY)
     assert not [r for r in kept if r["error"]] and len(kept) == 30 - len(pending)
     stub.rules, stub.attempts = [], Counter()
     with _engine(stub) as engine:

@@ -36,6 +36,7 @@ from typing import Any, cast
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from .base import Engine, EngineRequest, EngineResult
+from .settings import environment
 from .worker_process import WorkerFactory, offline_worker, worker_main
 
 __all__ = ["DataParallelEngine", "offline_worker"]
@@ -93,7 +94,7 @@ class DataParallelEngine(Engine):
                 outbox, their_out = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=worker_main, args=(factory, settings, env, their_in, their_out),
                                    name=f"sparkbatch-engine-{i}")
-                with _ENV_LOCK, _environ(env):
+                with _ENV_LOCK, environment(env):
                     proc.start()
                 their_in.close()
                 their_out.close()
@@ -286,21 +287,6 @@ def _stop_workers(workers: list[_Worker], grace_s: float = 30.0) -> None:
         w.inbox.close()
         w.outbox.close()
     workers.clear()
-
-
-@contextlib.contextmanager
-def _environ(env: Mapping[str, str]) -> Iterator[None]:
-    """``env`` in this process's environment while a worker starts (a spawned child inherits it)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _died(rid: str, death: str) -> EngineResult:

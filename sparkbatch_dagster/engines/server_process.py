@@ -42,7 +42,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -62,7 +62,7 @@ class ServerProcess:
         started = time.perf_counter()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - Linux only, by design
+                                         preexec_fn=die_with_parent)  # noqa: PLW1509 - Linux only, by design
         try:
             self._wait_healthy(start_timeout_s)
         except BaseException:

@@ -164,9 +164,9 @@ def prepare_platform() -> None:
 
 
 @contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment while the engine's processes start, then as before
-    (a later engine with other settings must not inherit them)."""
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while an engine's processes start (a spawned
+    child inherits it), then as before: a later engine with other settings must not inherit them."""
     before = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
