@@ -74,7 +74,8 @@ class Job:
         return v
 
     def persisted(self) -> int:
-        if not (self.home / "out").exists():
+        # out/ is made a moment before the version folder inside it: neither there yet, nothing persisted.
+        if not (self.home / "out").exists() or not any((self.home / "out").iterdir()):
             return 0
         total = 0
         for i in range(SHARDS):  # a finalized shard counts once, even if its parts are not yet removed
