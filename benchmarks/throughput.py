@@ -207,6 +207,10 @@ def main() -> None:
                         "then pays a real lookup against a store that size (10000000: a 10M-answer job)")
     p.add_argument("--server", action="store_true",
                    help="then run the pipeline again through `vllm serve` (same settings) and report server/offline")
+    p.add_argument("--server-variants", default=None, metavar="JSON",
+                   help='instead of --server: several server-mode settings, A-B / B-A, e.g. \'{"chat": {}, "ids": '
+                        '{"server_token_ids": true}, "api4": {"engine_kwargs": {"api_server_count": 4}}}\' '
+                        "(VLLMResource fields; the first is the baseline; variants whose server is the same share it)")
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
     p.add_argument("--trace", action="store_true",
                    help="per arm and round: engine step timings, this process's CPU time, vLLM's step metrics "
@@ -297,14 +301,16 @@ def main() -> None:
     if args.generate and totals["generate_tokens"] != totals["raw_tokens"]:
         print(f"warning: LLM.generate processed {totals['generate_tokens']} tokens, LLM.chat {totals['raw_tokens']}: "
               "the arms' prompts differ (chat template?)", file=sys.stderr, flush=True)
-    if args.server:
+    variants = server_variants(args)
+    if variants:
         # The offline engine goes first: on a GPU both cannot hold 90% of the memory at once.
         res["vllm"].shutdown()
-        t = time.perf_counter()
-        res["vllm"] = VLLMResource(engine="server", **kw)
-        _ENGINE["e"] = res["vllm"].get_engine()
-        totals["server_start_s"] = time.perf_counter() - t
-        times["server"] = [pipeline(n, "-server") for n in range(args.repeat)]
+
+        def server_round(resource: VLLMResource, n: int, name: str) -> float:
+            res["vllm"] = resource
+            return pipeline(n, f"-{name}")
+
+        run_server_variants(variants, kw, args.repeat, server_round, times, totals)
     res["vllm"].shutdown()
     result = summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
                        totals=totals, times=times, engine_start_s=engine_start_s)
@@ -351,7 +357,70 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
             "server_start_s": round(totals["server_start_s"], 1), "server_pipeline_s": secs(times["server"]),
             "server_tokens_per_s": round(raw_tokens / server_s, 1), "server_over_offline": round(pipe_s / server_s, 4),
         })
+    if len(totals.get("server_variants", {})) > 1:  # the first is the baseline above
+        out["server_variants"] = {name: {
+            "settings": v["settings"], "server_start_s": round(v["server_start_s"], 1),
+            "server_pipeline_s": secs(times[f"server:{name}"]),
+            "server_over_offline": round(pipe_s / sum(times[f"server:{name}"]), 4),
+        } for name, v in totals["server_variants"].items()}
     return out
+
+
+#: VLLMResource fields that change only the client: variants that differ in these alone share a server.
+CLIENT_ONLY = ("server_token_ids", "max_in_flight", "request_timeout_s", "max_retries")
+
+
+def server_variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """--server-variants as {name: VLLMResource overrides}; --server is one variant, the defaults."""
+    if args.server_variants:
+        variants = json.loads(args.server_variants)
+        if not isinstance(variants, dict) or not variants or not all(isinstance(v, dict) for v in variants.values()):
+            raise SystemExit("--server-variants: a JSON object of {name: {VLLMResource field: value}}")
+        return variants
+    return {"server": {}} if args.server else {}
+
+
+def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any], repeat: int,
+                        server_round: Any, times: dict[str, list[float]], totals: dict[str, Any]) -> None:
+    """Each server once (started timed), its variants' pipeline rounds A-B / B-A against it.
+
+    The server's prefix cache is reset before each round (``/reset_prefix_cache``, served with
+    ``VLLM_SERVER_DEV_MODE``), as the offline arms reset theirs; ``times["server"]`` is the
+    first variant's rounds, ``times["server:NAME"]`` each variant's."""
+    import urllib.request
+
+    os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # inherited by each `vllm serve` started here
+    groups: dict[str, list[str]] = {}
+    for name, over in variants.items():
+        server_side = {k: v for k, v in over.items() if k not in CLIENT_ONLY}
+        groups.setdefault(json.dumps(server_side, sort_keys=True), []).append(name)
+    totals["server_variants"] = {}
+    for names in groups.values():
+        started = time.perf_counter()
+        owner = VLLMResource(engine="server", **{**kw, **variants[names[0]]})
+        engine = _ENGINE["e"] = owner.get_engine()
+        start_s = time.perf_counter() - started
+        url = engine.base_url  # type: ignore[attr-defined]
+        clients = {names[0]: owner} | {name: VLLMResource(
+            engine="server", server_url=url, **{**kw, "model": engine.served_name},  # type: ignore[attr-defined]
+            **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}) for name in names[1:]}
+        try:
+            for n in range(repeat):
+                for name in names if n % 2 == 0 else names[::-1]:
+                    try:
+                        urllib.request.urlopen(urllib.request.Request(f"{url}/reset_prefix_cache", method="POST"),
+                                               timeout=60).close()
+                    except OSError as exc:
+                        print(f"warning: {url}/reset_prefix_cache: {exc}", file=sys.stderr)
+                    times.setdefault(f"server:{name}", []).append(server_round(clients[name], n, name))
+        finally:
+            for client in clients.values():
+                client.shutdown()
+        for name in names:
+            totals["server_variants"][name] = {"settings": variants[name], "server_start_s": start_s}
+    first = next(iter(variants))
+    times["server"] = times[f"server:{first}"]
+    totals["server_start_s"] = totals["server_variants"][first]["server_start_s"]
 
 
 if __name__ == "__main__":

