@@ -38,6 +38,7 @@ REQUIRED = {
     "tensor_parallel": {"date", "machine", "shape", "rows", "tensor_parallel_size", "nnodes", "estimate_options",
                         "rows_labeled", "run_wall_s"},
     "overhead": {"date", "machine", "rows", "shards", "rounds", "now", "now_rounds"},
+    "server_client": {"date", "machine", "rows", "rounds", "chat", "token_ids"},
     "data_parallel": {"date", "machine", "model", "shape", "rows", "rounds", "gpus", "speedup", "single_s",
                       "parallel_s", "tokens"},
 }
