@@ -64,7 +64,7 @@ class BatchJob:
 
         est = est or self.spec.estimate
         on_gpu = not on_cpu()
-        engines = _engines_here(resource)
+        engines = resource.engine_count()
         # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
         batch = resource.resolved_max_num_seqs() * engines
         if est.fill_batch and est.sample_rows < batch:
@@ -181,12 +181,3 @@ class BatchJob:
         pred = json.loads(path.read_text())
         rows = pred["total_rows"] - pred.get("stored_rows", 0)
         return rows / pred["predicted_wall_s"] if pred.get("predicted_wall_s") else None
-
-
-def _engines_here(resource: VLLMResource) -> int:
-    """How many engines a run of ``resource`` drives at once here: one per data-parallel GPU group
-    (offline), one per server (``server_urls``)."""
-    cfg = resource.resolved()
-    if cfg.engine == "server":
-        return max(1, len(cfg._endpoints()))
-    return len(cfg.engine_envs())

@@ -4,8 +4,9 @@ The engine starts lazily on the first prompt that needs generating (a run whose 
 all done, or whose answers are all in the result store, never pays the minute of engine
 start), is reused by every partition of the run, and is shut down in
 ``teardown_after_execution`` (or kept warm for the next run in this process: ``keep_warm``).
-What its settings become for vLLM lives with the engines (``engines/settings.py``,
-``engines/server_process.py``); model conversion and identity in ``model.py``. Unit tests
+Starting the engine it describes is ``engine_start.py``; what its settings become for vLLM
+lives with the engines (``engines/settings.py``, ``engines/server_process.py``); model
+conversion and identity in ``model.py``. Unit tests
 inject a fake engine with ``sparkbatch_dagster.testing.FakeVLLMResource``, a class of its own.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
@@ -24,9 +25,6 @@ from . import multinode
 from .engines.base import Engine
 from .engines.settings import GPU_DEFAULTS, on_cpu, platform_default
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .engines.vllm_server import VLLMServerEngine
 
 __all__ = ["THROUGHPUT_ONLY", "VLLMResource", "close_warm_engines", "on_cpu"]
 
@@ -89,10 +87,11 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     enable_prefix_caching: bool = Field(default=True, description="Reuse the KV cache of the shared template.")
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one model is split over.")
     data_parallel_size: int | None = Field(
-        default=None, ge=1, le=64, description="Offline: engines this run drives, one per group of "
-        "tensor_parallel_size GPUs, each in its own process with its own CUDA_VISIBLE_DEVICES; the run's partitions "
-        "stream across all of them. None = one per visible GPU group (CUDA_VISIBLE_DEVICES, else every GPU), 1 on "
-        "the CPU backend. Speed only: the answers and the model identity stay the same.",
+        default=None, ge=1, le=64, description="Engines this run drives, one per group of tensor_parallel_size GPUs. "
+        "Offline: each in its own process with its own CUDA_VISIBLE_DEVICES; the run's partitions stream across all "
+        "of them. A `vllm serve` started here: its --data-parallel-size (vLLM's own engines behind one endpoint). "
+        "None = one per visible GPU group (CUDA_VISIBLE_DEVICES, else every GPU), 1 on the CPU backend. Speed only: "
+        "the answers and the model identity stay the same.",
     )
     dtype: str = Field(default="auto", description="Weights' dtype for vLLM (auto, bfloat16, float16, ...).")
     window: int | None = Field(
@@ -117,7 +116,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         "{{ env.MY_KEY }} (YAML); never a literal key in code.",
     )
     max_in_flight: int | None = Field(
-        default=None, ge=1, description="Server requests in flight, per server; None = 4 x max_num_seqs."
+        default=None, ge=1, description="Server requests in flight, per server; None = 4 x max_num_seqs x its engines."
     )
     request_timeout_s: float = Field(default=600.0, gt=0, description="Server mode: seconds to wait for one answer.")
     server_token_ids: bool = Field(
@@ -187,9 +186,10 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         copied over the same folder change it at once (file digests are cached, so it is cheap)."""
         cfg = self.resolved()
         if cfg._endpoints():  # one server or several: the same identity, and every one must serve that model
+            from .engine_start import api_key
             from .engines.endpoints import check_endpoints, served_identity
 
-            return served_identity(check_endpoints(cfg._endpoints(), cfg.model_name(), cfg._api_key())[0])
+            return served_identity(check_endpoints(cfg._endpoints(), cfg.model_name(), api_key(cfg))[0])
         from .model import model_identity
 
         extra = {k: v for k, v in sorted(cfg.engine_kwargs.items()) if k not in THROUGHPUT_ONLY}
@@ -220,6 +220,27 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         # A server started here is one engine; so is one that spans machines (a worker node serves one).
         alone = self.engine != "offline" or multinode.nodes(kwargs) > 1
         return settings.data_parallel_envs(1 if alone else self.data_parallel_size, multinode.local_share(kwargs))
+
+    def engine_count(self) -> int:
+        """Engines a run of this resource drives at once: one per data-parallel GPU group (offline,
+        or inside a `vllm serve` started here), one per server of ``server_url(s)``."""
+        cfg = self.resolved()
+        if urls := cfg._endpoints():
+            return len(urls)
+        if cfg.engine == "server":
+            return cfg._server_data_parallel(cfg.llm_kwargs())
+        return len(cfg.engine_envs())
+
+    def _server_data_parallel(self, kwargs: dict[str, Any]) -> int:
+        """A `vllm serve` started here: its --data-parallel-size, counted as offline mode counts
+        engines (engine_kwargs' own data_parallel_size wins; one engine over machines runs alone)."""
+        from .engines import settings
+
+        if "data_parallel_size" in kwargs:
+            return int(kwargs["data_parallel_size"])
+        if multinode.nodes(kwargs) > 1:
+            return 1
+        return len(settings.data_parallel_envs(self.data_parallel_size, self.tensor_parallel_size))
 
     def resolved_max_num_seqs(self) -> int:
         """``max_num_seqs``, or this platform's default for it (1024 on a GPU, 256 on the CPU)."""
@@ -253,45 +274,9 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         return hashlib.sha256(text.encode()).hexdigest()  # no API key in plain text, even in memory
 
     def _start(self) -> Engine:
-        from .engines import settings
+        from .engine_start import start
 
-        api_key = self._api_key()  # before any process starts: a missing key must not leak a server
-        if urls := self._endpoints():
-            from .engines.endpoints import served_identity
-
-            engine = self._client(urls, self.model_name(), api_key)
-            engine.model_id = served_identity(engine.served)  # the preflight checked every server
-            return engine
-        seqs = self.resolved_max_num_seqs()
-        kwargs = self.llm_kwargs()
-        multinode.check(kwargs, self.tensor_parallel_size, self.data_parallel_size)
-        # One engine per GPU group (data_parallel_size), checked before any model is loaded.
-        envs = self.engine_envs(kwargs)
-        model = self.model_name()
-        settings.check_memory(kwargs, copies=len(envs))
-        settings.prepare_platform()
-        name = self.model_identity()  # rows name the model the same way on every machine
-        if self.engine == "server":
-            from .engines.server_process import ServerProcess, serve_args
-
-            with settings.environment(envs[0]):  # `vllm serve` inherits it (CPU core binding)
-                server = ServerProcess(model, name, serve_args(kwargs), self.server_start_timeout_s)
-            return self._client(server.url, name, api_key, server)
-        from .engines.vllm_offline import VLLMOfflineEngine
-
-        # A deep queue: the engine never waits for this process to hand it the next requests.
-        window, chunk = self.window or 16 * seqs, max(1, seqs // 2)
-        offline: Engine
-        if len(envs) > 1:  # the same engine in a process per GPU group, one stream across them
-            from .engines.data_parallel import DataParallelEngine, offline_worker
-
-            worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk}
-            offline = DataParallelEngine(offline_worker, worker, envs, window=window + 2 * chunk, batch=chunk)
-        else:
-            with settings.environment(envs[0]):  # the engine core and its workers inherit it (CPU core binding)
-                offline = VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk)
-        offline.model_id = name
-        return offline
+        return start(self)
 
     def _endpoints(self) -> list[str]:
         """engine='server': the running servers' base URLs (server_url or server_urls); [] when
@@ -309,19 +294,3 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             raise ConfigError(f"VLLMResource.server_urls lists {twice} more than once: list each server once "
                               "(max_in_flight is per server)")
         return urls
-
-    def _api_key(self) -> str | None:
-        if self.engine != "server" or self.api_key is None:
-            return None
-        if not self.api_key:
-            raise ConfigError("VLLMResource.api_key is empty (its environment variable is set to ''): set it to "
-                              "the server's key, or leave api_key unset for a server without one")
-        return str(self.api_key)
-
-    def _client(self, url: str | list[str], name: str, api_key: str | None, server: Any = None) -> VLLMServerEngine:
-        from .engines.vllm_server import VLLMServerEngine
-
-        return VLLMServerEngine(url, name, api_key=api_key, max_in_flight=self.max_in_flight
-                                or 4 * self.resolved_max_num_seqs(), timeout_s=self.request_timeout_s,
-                                max_retries=self.max_retries, server=server, token_ids=self.server_token_ids)
-

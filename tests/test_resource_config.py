@@ -102,6 +102,20 @@ def test_defaults_follow_the_platform_when_the_engine_starts(monkeypatch, cpu, m
     assert remote.resolved_max_num_seqs() == 1024  # someone else's server: a GPU box's, whatever runs here
 
 
+def test_engine_count_follows_the_gpus_in_both_modes(monkeypatch):
+    monkeypatch.setattr(settings, "on_cpu", lambda: True)
+    assert VLLMResource(engine="server").engine_count() == 1  # one engine on the CPU unless asked
+    assert VLLMResource(engine="server", data_parallel_size=2).engine_count() == 2
+    monkeypatch.setattr(settings, "on_cpu", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    for engine in ("offline", "server"):  # a `vllm serve` started here uses every GPU too (--data-parallel-size)
+        assert VLLMResource(engine=engine).engine_count() == 4
+        assert VLLMResource(engine=engine, tensor_parallel_size=2).engine_count() == 2
+    assert VLLMResource(engine="server", engine_kwargs={"data_parallel_size": 3}).engine_count() == 3
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert VLLMResource(engine="server", server_urls=urls, model="m").engine_count() == 2
+
+
 def test_serve_args_translate_the_offline_settings():
     assert serve_args({"max_num_seqs": 8, "enable_prefix_caching": True, "enforce_eager": False, "max_model_len": None,
                        "compilation_config": {"level": 0}}) == [

@@ -29,18 +29,22 @@ def _label_all(job, res, inst):
     return labeled
 
 
-def test_dagster_run_starts_and_stops_its_own_server_with_the_frontends_it_asks_for(tmp_path):
+def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_frontends_it_asks_for(tmp_path):
     before = {p.pid for p in _vllm_children()}
     spec = make_spec(tmp_path, n=40, shards=2)
     job = build_batch_assets(spec=spec)
-    settings = {**REAL_SETTINGS, "keep_warm": False, "engine_kwargs": {"api_server_count": 2}}
+    settings = {**REAL_SETTINGS, "keep_warm": False, "data_parallel_size": 2, "engine_kwargs": {"api_server_count": 3}}
     res = {"vllm": VLLMResource(engine="server", **settings)}
-    frontends: set[int] = set()  # vLLM names each HTTP frontend process VLLM::APIServer_<n>
+    assert res["vllm"].engine_count() == 2
+    # vLLM names its processes: VLLM::EngineCore_DP<n> per data-parallel engine, VLLM::APIServer_<n> per frontend.
+    engines: set[int] = set()
+    frontends: set[int] = set()
     running = threading.Event()
     running.set()
 
     def watch():
         while running.is_set():
+            engines.update(p.pid for p in live_children("VLLM::EngineCore_DP"))
             frontends.update(p.pid for p in live_children("VLLM::APIServer_"))
             time.sleep(0.5)
 
@@ -53,10 +57,11 @@ def test_dagster_run_starts_and_stops_its_own_server_with_the_frontends_it_asks_
         watcher.join()
     assert result.success
     assert len(job.done_partitions(res["vllm"])) == 2
-    assert len(frontends) == 2  # --api-server-count 2 reached vLLM: two frontends served the run
+    assert len(engines) == 2  # data_parallel_size=2: vLLM's own two engines behind the one endpoint
+    assert len(frontends) == 3  # engine_kwargs' --api-server-count 3 reached vLLM
     time.sleep(1)
     assert {p.pid for p in _vllm_children()} == before  # never left running
-    assert not live_children("VLLM::APIServer_")
+    assert not live_children("VLLM::")
 
 
 SERVER = {**REAL_SETTINGS, "engine": "server"}
