@@ -53,12 +53,6 @@ web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait(port: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -91,6 +85,7 @@ def main() -> None:
     from throughput import build_spec, conversations, synthetic_rows
 
     from sparkbatch_dagster.engines.base import EngineRequest
+    from sparkbatch_dagster.engines.server_process import free_port
     from sparkbatch_dagster.model import DEFAULT_MODEL_NAME, ensure_embedded
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -105,7 +100,7 @@ def main() -> None:
     rows = synthetic_rows(args.rows)
     requests = [EngineRequest(r["id"], m) for r, m in zip(rows, conversations(spec, rows), strict=True)]
     tokenizer_root = str(ensure_embedded(DEFAULT_MODEL_NAME))  # the H200 runs' dummy models carry this tokenizer
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", STUB, tokenizer_root, str(port)])
     times: dict[str, list[dict]] = {"chat": [], "token_ids": []}
     try:

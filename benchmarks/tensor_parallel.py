@@ -73,7 +73,7 @@ def main() -> None:
     env = {**os.environ, "DAGSTER_HOME": str(home / "dagster_home"), "PYTHONPATH": f"{ROOT}:" +
            os.environ.get("PYTHONPATH", "")}
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-    worker = None
+    workers: list[subprocess.Popen[bytes]] = []
     if args.nnodes > 1:
         resource["engine_kwargs"].update(nnodes=args.nnodes, master_addr="127.0.0.1", master_port=free_port())
     (home / "defs.py").write_text(DEFS.format(spec=spec.model_dump_json(), resource=resource))
@@ -86,13 +86,14 @@ def main() -> None:
 
     try:
         for rank in range(1, args.nnodes):
-            worker = subprocess.Popen([*cli, "worker-node", "-f", str(home / "defs.py"), "--node-rank", str(rank)],
-                                      env=node_env(rank), stdout=open(home / f"worker-{rank}.log", "w"),  # noqa: SIM115
-                                      stderr=subprocess.STDOUT)
+            workers.append(subprocess.Popen(
+                [*cli, "worker-node", "-f", str(home / "defs.py"), "--node-rank", str(rank)], env=node_env(rank),
+                stdout=open(home / f"worker-{rank}.log", "w"), stderr=subprocess.STDOUT))  # noqa: SIM115
         result = run(cli, home, node_env(0), args)
     finally:
-        if worker is not None:
+        for worker in workers:
             worker.terminate()
+        for worker in workers:
             worker.wait(120)
     emit({"benchmark": "tensor_parallel", "machine": machine(), "vllm": vllm_version(), "shape": args.shape or
           Path(model).name, "rows": args.rows, "max_tokens": args.max_tokens, "tensor_parallel_size": args.tp,

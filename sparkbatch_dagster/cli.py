@@ -212,7 +212,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("run", "label every partition not yet done"), ("status", "show done/missing partitions"),
                        ("estimate", "time a sample; predict duration and cost; compare models"),
                        ("preview", "show rendered prompts and per-shard counts, without an engine"),
-                       ("sql", "query the job's DuckDB views (labeled, label_distribution, run_metrics)")):
+                       ("sql", "query the job's DuckDB views (labeled, label_distribution, run_metrics)"),
+                       ("worker-node", "join this machine to a multi-node engine (docs/multi-node.md)")):
         p = sub.add_parser(name, help=text, parents=[common])
         p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
         p.add_argument("--job", help="job name, when the file defines several")
@@ -226,13 +227,11 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("-n", type=int, default=5, help="prompts to show (default 5)")
         if name == "sql":
             p.add_argument("query", help='e.g. "FROM label_distribution"')
-    p = sub.add_parser("worker-node", help="join this machine to a multi-node engine (docs/multi-node.md)",
-                       parents=[common])
-    p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
-    p.add_argument("--job", help="job name, when the file defines several")
-    p.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 to nnodes-1")
-    p.add_argument("--once", action="store_true", help="serve one engine of the first node, then exit")
-    p.add_argument("--print", dest="print_only", action="store_true", help="print the vLLM command; start nothing")
+        if name == "worker-node":
+            p.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 to nnodes-1")
+            p.add_argument("--once", action="store_true", help="serve one engine of the first node, then exit")
+            p.add_argument("--print", dest="print_only", action="store_true",
+                           help="print the vLLM command; start nothing")
     p = sub.add_parser("prepare-model", help="convert embedded models once", parents=[common])
     p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
     return parser

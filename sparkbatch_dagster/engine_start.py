@@ -33,6 +33,7 @@ def start(cfg: VLLMResource) -> Engine:
     # One engine per GPU group (data_parallel_size), checked before any model is loaded.
     envs = cfg.engine_envs(kwargs)
     engines = cfg._server_data_parallel(kwargs) if cfg.engine == "server" else len(envs)
+    model = cfg.model_name()
     settings.check_memory(kwargs, copies=engines)
     settings.prepare_platform()
     name = cfg.model_identity()  # rows name the model the same way on every machine
@@ -41,14 +42,14 @@ def start(cfg: VLLMResource) -> Engine:
 
         serve = {**kwargs, "data_parallel_size": engines} if engines > 1 else kwargs
         with settings.environment(envs[0]):  # `vllm serve` inherits it (CPU core binding)
-            server = ServerProcess(cfg.model_name(), name, serve_args(serve), cfg.server_start_timeout_s)
+            server = ServerProcess(model, name, serve_args(serve), cfg.server_start_timeout_s)
         return client(cfg, server.url, name, key, server, engines)
-    offline = _offline(cfg, kwargs, envs)
+    offline = _offline(cfg, model, kwargs, envs)
     offline.model_id = name
     return offline
 
 
-def _offline(cfg: VLLMResource, kwargs: dict[str, Any], envs: list[dict[str, str]]) -> Engine:
+def _offline(cfg: VLLMResource, model: str, kwargs: dict[str, Any], envs: list[dict[str, str]]) -> Engine:
     from .engines.vllm_offline import VLLMOfflineEngine
 
     # A deep queue: the engine never waits for this process to hand it the next requests.
@@ -57,10 +58,10 @@ def _offline(cfg: VLLMResource, kwargs: dict[str, Any], envs: list[dict[str, str
     if len(envs) > 1:  # the same engine in a process per GPU group, one stream across them
         from .engines.data_parallel import DataParallelEngine, offline_worker
 
-        worker = {"model": cfg.model_name(), "llm_kwargs": kwargs, "window": window, "chunk": chunk}
+        worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk}
         return DataParallelEngine(offline_worker, worker, envs, window=window + 2 * chunk, batch=chunk)
     with settings.environment(envs[0]):  # the engine core and its workers inherit it (CPU core binding)
-        return VLLMOfflineEngine(cfg.model_name(), kwargs, window=window, chunk=chunk)
+        return VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk)
 
 
 def api_key(cfg: VLLMResource) -> str | None:

@@ -85,6 +85,7 @@ def worker_node(resource: Any, node_rank: int, *, once: bool = False, print_only
 def worker_command(model: str, kwargs: Mapping[str, Any], node_rank: int) -> list[str]:
     """The headless ``vllm serve`` that joins node ``node_rank`` to the first node's engine,
     with the same model and engine arguments."""
+    from .engines import vllm_cli
     from .engines.server_process import serve_args
 
     n = nodes(kwargs)
@@ -97,8 +98,7 @@ def worker_command(model: str, kwargs: Mapping[str, Any], node_rank: int) -> lis
                           "(rank 0 is the node that runs the Dagster run)")
     rest = {k: v for k, v in kwargs.items() if k not in ("node_rank", "headless")}
     # vLLM's own CLI entry point, on GPU and CPU installs alike (engines/vllm_cli.py says why).
-    return [sys.executable, "-m", "sparkbatch_dagster.engines.vllm_cli", "serve", model, *serve_args(rest),
-            "--node-rank", str(node_rank), "--headless"]
+    return vllm_cli.command("serve", model, *serve_args(rest), "--node-rank", str(node_rank), "--headless")
 
 
 def _listening(host: str, port: int) -> bool:
@@ -133,7 +133,7 @@ def serve_worker(cmd: list[str], master: tuple[str, int], once: bool = False,
                 time.sleep(poll_s)
         finally:
             _stop(child)
-        if once or not (seen or ended):
+        if once or not seen:
             return 0 if ended else int(child.returncode or 0)
 
 

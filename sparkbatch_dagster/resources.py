@@ -240,7 +240,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             return int(kwargs["data_parallel_size"])
         if multinode.nodes(kwargs) > 1:
             return 1
-        return len(settings.data_parallel_envs(self.data_parallel_size, self.tensor_parallel_size))
+        return len(settings.data_parallel_envs(self.data_parallel_size, multinode.local_share(kwargs)))
 
     def resolved_max_num_seqs(self) -> int:
         """``max_num_seqs``, or this platform's default for it (1024 on a GPU, 256 on the CPU)."""

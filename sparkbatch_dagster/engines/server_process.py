@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
+from . import vllm_cli
 
 
 def serve_args(kwargs: Mapping[str, Any]) -> list[str]:
@@ -57,9 +57,8 @@ class ServerProcess:
         # vLLM's `vllm serve` through vllm_cli (which runs it on CPU installs too), not the
         # deprecated api_server module: that one starts a single frontend whatever
         # --api-server-count says.
-        cmd = [sys.executable, "-m", "sparkbatch_dagster.engines.vllm_cli", "serve", model,
-               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", served_name,
-               "--enable-prompt-tokens-details", *args]
+        cmd = vllm_cli.command("serve", model, "--host", "127.0.0.1", "--port", str(self.port),
+                               "--served-model-name", served_name, "--enable-prompt-tokens-details", *args)
         started = time.perf_counter()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

