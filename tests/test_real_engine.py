@@ -108,6 +108,32 @@ def test_appended_rows_are_all_the_real_engine_generates(tmp_path, real_engine):
     assert all(r["reused"] and r["output_tokens"] == 0 for k, r in second.items() if k in first)
 
 
+def test_an_engine_core_gone_between_two_steps_is_an_engine_error(real_engine, monkeypatch):
+    """The core can die while this process adds the next chunk (not only inside step()): the run
+    must fail with an EngineError, never vLLM's own exception type (seen once in CI)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from sparkbatch_dagster import EngineError
+
+    engine = real_engine._llm.llm_engine
+    add, added = engine.add_request, []
+
+    def dies_on_the_fourth(*args, **kwargs):
+        if len(added) == 3:
+            raise EngineDeadError()
+        added.append(args[0])
+        return add(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", dies_on_the_fourth)
+    requests = [EngineRequest(f"r{i}", [{"role": "user", "content": f"Say {i}"}]) for i in range(10)]
+    with pytest.raises(EngineError, match="vLLM engine failed while generating"):
+        list(real_engine.generate(requests, SamplingSpec(max_tokens=2), OutputSpec(kind="text")))
+    monkeypatch.undo()
+    # The three requests it had added were aborted: the engine answers the next request alone.
+    (result,) = real_engine.generate(requests[:1], SamplingSpec(max_tokens=2), OutputSpec(kind="text"))
+    assert result.id == "r0" and result.error is None
+
+
 @pytest.mark.kills_real_engine
 def test_engine_that_dies_mid_run_fails_promptly(tmp_path, real_engine):
     """Runs after every other test (conftest): it kills the session engine's processes."""

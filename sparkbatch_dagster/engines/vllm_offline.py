@@ -118,17 +118,16 @@ class VLLMOfflineEngine(Engine):
                             )
                             continue
                         rid = f"sb-{next(self._ids)}"
-                        engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+                        with _engine_failure():  # the engine core may die between two steps
+                            engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
                         in_flight[rid] = req.id
                         prompt_lens[rid] = len(ids)
                 if not in_flight:
                     if exhausted:
                         return
                     continue
-                try:
+                with _engine_failure():
                     outputs = engine.step()
-                except Exception as exc:
-                    raise EngineError(f"vLLM engine failed while generating: {exc!r}") from exc
                 done = [out for out in outputs if out.finished]
                 texts = self._tokenizer.batch_decode(
                     [list(out.outputs[0].token_ids) for out in done], skip_special_tokens=True
@@ -163,6 +162,16 @@ class VLLMOfflineEngine(Engine):
         # Reap the exited engine-core process: a long-lived Dagster process that starts several
         # engines (an estimate comparing models) would otherwise keep one zombie per engine.
         multiprocessing.active_children()
+
+
+@contextlib.contextmanager
+def _engine_failure() -> Iterator[None]:
+    """Any failure inside vLLM while generating is the engine's: an EngineError, which fails the
+    run with every finished row on disk (never a vLLM exception type leaking to the caller)."""
+    try:
+        yield
+    except Exception as exc:
+        raise EngineError(f"vLLM engine failed while generating: {exc!r}") from exc
 
 
 def _explain_start_failure(model: str, kwargs: dict[str, Any], exc: Exception) -> str:
