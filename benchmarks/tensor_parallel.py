@@ -23,6 +23,7 @@ run's wall time and tokens/s, and the prediction's error.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,7 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=2, help="tensor_parallel_size")
     p.add_argument("--nnodes", type=int, default=1, help="machines the engine spans (vLLM multi-node)")
     p.add_argument("--gpu-memory-gb", type=float, default=141.0, help="memory per GPU for the estimate's options")
+    p.add_argument("--engine-kwargs", default="{}", metavar="JSON", help="more VLLMResource engine_kwargs")
     p.add_argument("--repeat", type=int, default=1, help="(h200.sh passes it; one run here)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -64,7 +66,8 @@ def main() -> None:
     model = args.model or str(dummy_model(args.shape or "tiny", home / f"llama-{args.shape}", args.tokenizer))
     spec = build_spec(args, home)
     resource: dict[str, Any] = {"model": model, "tensor_parallel_size": args.tp, "max_model_len": 2048,
-                                "engine_kwargs": {"load_format": args.load_format or "dummy"}}
+                                "engine_kwargs": {"load_format": args.load_format or "dummy",
+                                                  **json.loads(args.engine_kwargs)}}
     if args.gpu:
         resource.update(max_num_seqs=args.max_num_seqs or 256, gpu_memory_utilization=0.9)
     else:
@@ -102,7 +105,6 @@ def main() -> None:
 
 def run(cli: list[str], home: Path, env: dict[str, str], args: Any) -> dict[str, Any]:
     """The estimate (one option of one GPU, one of --tp GPUs), then `sparkbatch run`; their numbers."""
-    import json
 
     from sparkbatch_dagster.cli import load
     from sparkbatch_dagster.spec import EstimateSpec, NodeOption

@@ -58,10 +58,11 @@ def _offline(cfg: VLLMResource, model: str, kwargs: dict[str, Any], envs: list[d
     if len(envs) > 1:  # the same engine in a process per GPU group, one stream across them
         from .engines.data_parallel import DataParallelEngine, offline_worker
 
-        worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk}
+        worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk,
+                  "start_timeout_s": cfg.engine_start_timeout_s}
         return DataParallelEngine(offline_worker, worker, envs, window=window + 2 * chunk, batch=chunk)
     with settings.environment(envs[0]):  # the engine core and its workers inherit it (CPU core binding)
-        return VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk)
+        return VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk, start_timeout_s=cfg.engine_start_timeout_s)
 
 
 def api_key(cfg: VLLMResource) -> str | None:

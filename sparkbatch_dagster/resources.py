@@ -128,6 +128,10 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     server_start_timeout_s: float = Field(
         default=900.0, gt=0, description="Seconds a `vllm serve` started here may take to become healthy."
     )
+    engine_start_timeout_s: float = Field(
+        default=1800.0, gt=0, description="Offline: seconds the engine may take to start (loading, compiling and, "
+        "with nnodes, the other machines' workers joining); then it is stopped and the run fails, naming the fix.",
+    )
     keep_warm: bool = Field(
         default=False, description="Keep the engine running after a run, for the next run in this process "
         "with the same settings (notebooks, test sessions): one engine start instead of one per run.",

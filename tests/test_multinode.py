@@ -180,3 +180,39 @@ def test_a_job_runs_on_one_model_split_over_two_tensor_parallel_ranks(tmp_path, 
     assert sorted(r["row_id"] for r in out) == sorted(r["id"] for r in make_rows(40))
     assert all(r["output"] in LABELS for r in out)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # the ranks' core binding was the engine's alone
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_worker_node_that_never_joins_stops_the_start_with_the_fix(tmp_path, monkeypatch):
+    """No `sparkbatch worker-node` runs: vLLM's first node would wait for it forever (a run
+    billed for nothing); the start stops at engine_start_timeout_s, names the fix, and leaves
+    no vLLM process behind."""
+    if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
+        pytest.skip("SPARKBATCH_SKIP_REAL=1")
+    from sparkbatch_dagster import EngineError
+    from sparkbatch_dagster.testing import dummy_model
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    model = dummy_model("tiny", tmp_path / "llama-tiny")
+    port = free_port()
+    res = VLLMResource(model=str(model), tensor_parallel_size=2, kv_cache_memory_gb=0.25, max_num_seqs=16,
+                       max_model_len=512, engine_start_timeout_s=45,
+                       engine_kwargs={"load_format": "dummy", "enforce_eager": True, "nnodes": 2,
+                                      "master_addr": "127.0.0.1", "master_port": port})
+    before = {p.pid for p in psutil.process_iter() if p.pid != os.getpid()}
+    started = time.monotonic()
+    with pytest.raises(EngineError) as err:
+        res.get_engine()
+    waited = time.monotonic() - started
+    res.close()
+    text = str(err.value)
+    assert "within 45s (engine_start_timeout_s)" in text and "`sparkbatch worker-node --node-rank K`" in text
+    assert f"127.0.0.1:{port}" in text
+    assert 45 <= waited < 45 + 60, waited  # stopped at the deadline, not after vLLM's own (30 min) timeouts
+
+    def ours() -> list[psutil.Process]:  # vLLM names its processes VLLM::EngineCore, VLLM::Worker_TP0, ...
+        return [p for p in psutil.process_iter(["name", "cmdline"]) if p.pid not in before and (
+            "VLLM" in (p.info["name"] or "") or str(model) in " ".join(p.info["cmdline"] or []))]
+
+    _wait(lambda: not ours(), timeout=30)

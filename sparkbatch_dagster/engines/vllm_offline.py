@@ -45,14 +45,10 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
 class VLLMOfflineEngine(Engine):
     """In-process ``vllm.LLM``. ``llm_kwargs`` go to ``vllm.LLM`` unchanged."""
 
-    def __init__(self, model: str, llm_kwargs: dict[str, Any], window: int = 8192, chunk: int = 512) -> None:
-        from vllm import LLM
-
+    def __init__(self, model: str, llm_kwargs: dict[str, Any], window: int = 8192, chunk: int = 512,
+                 start_timeout_s: float | None = None) -> None:
         started = time.perf_counter()
-        try:
-            self._llm = LLM(model=model, **llm_kwargs)
-        except Exception as exc:  # vLLM raises many types; all mean "could not start"
-            raise EngineError(_explain_start_failure(model, llm_kwargs, exc)) from exc
+        self._llm = _start_llm(model, llm_kwargs, start_timeout_s)
         self.start_seconds = time.perf_counter() - started
         self.model_id = model
         self.model_path = model  # what was loaded; model_id may be renamed to a portable identity
@@ -162,6 +158,71 @@ class VLLMOfflineEngine(Engine):
         # Reap the exited engine-core process: a long-lived Dagster process that starts several
         # engines (an estimate comparing models) would otherwise keep one zombie per engine.
         multiprocessing.active_children()
+
+
+def _start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) -> Any:
+    """``vllm.LLM(model, **llm_kwargs)``, stopped after ``timeout_s``.
+
+    vLLM waits without limit for an engine core that never gets ready (a worker node that never
+    joins, a communicator that never forms): on a rented box that is hours billed for nothing.
+    At the deadline the engine core this start created is killed, which makes vLLM's own
+    startup wait fail, and the start fails with what to check.
+    """
+    import psutil
+    from vllm import LLM
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+    lock, done, expired = threading.Lock(), threading.Event(), threading.Event()
+
+    def stop_at_deadline() -> None:
+        if timeout_s is None or done.wait(timeout_s):
+            return
+        with lock:
+            if done.is_set():
+                return
+            expired.set()
+        # This start's engine core and its workers: all of them, since a worker blocked in a
+        # collective outlives its parent (and would keep holding its GPU).
+        tree = [p for p in me.children() if p.pid not in before]
+        for proc in tree + [d for p in tree for d in _descendants(p)]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+    threading.Thread(target=stop_at_deadline, name="sparkbatch-start-deadline", daemon=True).start()
+    try:
+        llm = LLM(model=model, **llm_kwargs)
+    except Exception as exc:  # vLLM raises many types; all mean "could not start"
+        why = _explain_start_timeout(model, llm_kwargs, timeout_s) if expired.is_set() else None
+        raise EngineError(why or _explain_start_failure(model, llm_kwargs, exc)) from exc
+    finally:
+        with lock:
+            done.set()
+    if expired.is_set():  # the deadline came as the start ended: its engine core is gone
+        raise EngineError(_explain_start_timeout(model, llm_kwargs, timeout_s))
+    return llm
+
+
+def _descendants(proc: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return list(proc.children(recursive=True))
+    except psutil.Error:  # already gone
+        return []
+
+
+def _explain_start_timeout(model: str, kwargs: dict[str, Any], timeout_s: float | None) -> str:
+    text = f"vLLM did not start model {model!r} within {timeout_s:g}s (engine_start_timeout_s) and was stopped. Fix: "
+    nnodes = int(kwargs.get("nnodes") or 1)
+    if nnodes > 1:
+        where = f"{kwargs.get('master_addr')}:{kwargs.get('master_port') or 'its default port'}"
+        return text + (f"the engine spans nnodes={nnodes} machines and waits for every one: check that "
+                       f"`sparkbatch worker-node --node-rank K` (K = 1 to {nnodes - 1}) runs on each other machine, "
+                       f"reaches {where}, and that its log shows its GPU workers loading the model; raise "
+                       "engine_start_timeout_s if the model needs longer to load")
+    return text + ("vLLM's log above shows the step it stopped at; raise engine_start_timeout_s if the model "
+                   "needs longer to load and compile")
 
 
 @contextlib.contextmanager

@@ -29,11 +29,11 @@ WorkerFactory = Callable[[dict[str, Any]], Engine]
 
 
 def offline_worker(settings: dict[str, Any]) -> Engine:
-    """The engine the single-GPU path builds: ``VLLMOfflineEngine(model, llm_kwargs, window, chunk)``."""
+    """The engine the single-GPU path builds: ``VLLMOfflineEngine`` with the same arguments."""
     from .vllm_offline import VLLMOfflineEngine
 
     return VLLMOfflineEngine(settings["model"], settings["llm_kwargs"], window=settings["window"],
-                             chunk=settings["chunk"])
+                             chunk=settings["chunk"], start_timeout_s=settings.get("start_timeout_s"))
 
 
 def worker_main(factory: WorkerFactory, settings: dict[str, Any], env: dict[str, str], inbox: Connection,
