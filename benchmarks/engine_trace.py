@@ -12,6 +12,10 @@ calls. Per arm this records:
   arm's start (before the first: rendering and prefill; after the last: finalize, Dagster);
 - ``finished_by_decile``: requests finished in each tenth of the arm's wall time (a batch that
   drains early shows as a thin tail);
+- ``first_step_s`` and ``start_by_second``: when the first ``step()`` call came, and for each of
+  the arm's first ``START_SECONDS`` seconds the step calls and finished requests in it (where an
+  arm's first answer comes later although its first step came sooner, the engine's early steps
+  are where it loses);
 - from vLLM's own metrics when it keeps them (``disable_log_stats=False``): engine steps,
   tokens per step (``iteration_tokens``) and preemptions over the arm.
 """
@@ -21,6 +25,9 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from typing import Any
+
+#: Seconds from an arm's start that ``start_by_second`` covers.
+START_SECONDS = 20
 
 #: vLLM metrics read before and after an arm: the delta is the arm's.
 METRICS = ("vllm:iteration_tokens_total", "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens",
@@ -85,8 +92,12 @@ def _summarize(calls: list[tuple[float, float, int]], t_start: float, wall: floa
     gaps = sorted((calls[i + 1][0] - calls[i][1] for i in range(len(calls) - 1)), reverse=True)
     with_output = [b for _, b, n in calls if n]
     deciles = [0] * 10
+    start = [[0, 0] for _ in range(START_SECONDS)]  # [step calls, finished requests] per second
     for _, b, n in calls:
         deciles[min(9, int((b - t_start) / wall * 10))] += n
+        if (second := int(b - t_start)) < START_SECONDS:
+            start[second][0] += 1
+            start[second][1] += n
     return {
         "wall_s": round(wall, 3), "steps": len(calls), "in_step_s": round(in_step, 3),
         "between_steps_s": round(sum(gaps), 3), "longest_gaps_s": [round(g, 3) for g in gaps[:5]],
@@ -94,4 +105,6 @@ def _summarize(calls: list[tuple[float, float, int]], t_start: float, wall: floa
         "first_output_s": round(with_output[0] - t_start, 3) if with_output else None,
         "last_output_s": round(with_output[-1] - t_start, 3) if with_output else None,
         "finished_by_decile": deciles,
+        "first_step_s": round(calls[0][0] - t_start, 3) if calls else None,
+        "start_by_second": start,
     }
