@@ -387,8 +387,6 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
     The server's prefix cache is reset before each round (``/reset_prefix_cache``, served with
     ``VLLM_SERVER_DEV_MODE``), as the offline arms reset theirs; ``times["server"]`` is the
     first variant's rounds, ``times["server:NAME"]`` each variant's."""
-    import urllib.request
-
     os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # inherited by each `vllm serve` started here
     groups: dict[str, list[str]] = {}
     for name, over in variants.items():
@@ -407,11 +405,7 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
         try:
             for n in range(repeat):
                 for name in names if n % 2 == 0 else names[::-1]:
-                    try:
-                        urllib.request.urlopen(urllib.request.Request(f"{url}/reset_prefix_cache", method="POST"),
-                                               timeout=60).close()
-                    except OSError as exc:
-                        print(f"warning: {url}/reset_prefix_cache: {exc}", file=sys.stderr)
+                    _reset_prefix_cache(url)
                     times.setdefault(f"server:{name}", []).append(server_round(clients[name], n, name))
         finally:
             for client in clients.values():
@@ -421,6 +415,15 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
     first = next(iter(variants))
     times["server"] = times[f"server:{first}"]
     totals["server_start_s"] = totals["server_variants"][first]["server_start_s"]
+
+
+def _reset_prefix_cache(url: str) -> None:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/reset_prefix_cache", method="POST"), timeout=60).close()
+    except OSError as exc:
+        print(f"warning: {url}/reset_prefix_cache: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

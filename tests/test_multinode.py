@@ -211,6 +211,7 @@ def test_a_worker_node_that_never_joins_stops_the_start_with_the_fix(tmp_path, m
     assert f"127.0.0.1:{port}" in text
     assert 45 <= waited < 45 + 60, waited  # stopped at the deadline, not after vLLM's own (30 min) timeouts
 
+    # Every process, not live_children(): a worker left behind is an orphan, no longer our descendant.
     def ours() -> list[psutil.Process]:  # vLLM names its processes VLLM::EngineCore, VLLM::Worker_TP0, ...
         return [p for p in psutil.process_iter(["name", "cmdline"]) if p.pid not in before and (
             "VLLM" in (p.info["name"] or "") or str(model) in " ".join(p.info["cmdline"] or []))]

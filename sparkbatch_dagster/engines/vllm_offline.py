@@ -172,24 +172,25 @@ def _start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) 
     from vllm import LLM
 
     me = psutil.Process()
-    before = {p.pid for p in me.children()}
+    before = {p.pid for p in me.children(recursive=True)}
     lock, done, expired = threading.Lock(), threading.Event(), threading.Event()
 
-    def stop_at_deadline() -> None:
-        if timeout_s is None or done.wait(timeout_s):
+    def stop_at_deadline(timeout_s: float) -> None:
+        if done.wait(timeout_s):
             return
         with lock:
             if done.is_set():
                 return
             expired.set()
-        # This start's engine core and its workers: all of them, since a worker blocked in a
-        # collective outlives its parent (and would keep holding its GPU).
-        tree = [p for p in me.children() if p.pid not in before]
-        for proc in tree + [d for p in tree for d in _descendants(p)]:
+        # This start's engine core and every worker under it, listed before any is killed: a
+        # worker blocked in a collective outlives its parent (and would keep holding its GPU).
+        for proc in [p for p in me.children(recursive=True) if p.pid not in before]:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
 
-    threading.Thread(target=stop_at_deadline, name="sparkbatch-start-deadline", daemon=True).start()
+    if timeout_s is not None:
+        threading.Thread(target=stop_at_deadline, args=(timeout_s,), name="sparkbatch-start-deadline",
+                         daemon=True).start()
     try:
         llm = LLM(model=model, **llm_kwargs)
     except Exception as exc:  # vLLM raises many types; all mean "could not start"
@@ -201,15 +202,6 @@ def _start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) 
     if expired.is_set():  # the deadline came as the start ended: its engine core is gone
         raise EngineError(_explain_start_timeout(model, llm_kwargs, timeout_s))
     return llm
-
-
-def _descendants(proc: Any) -> list[Any]:
-    import psutil
-
-    try:
-        return list(proc.children(recursive=True))
-    except psutil.Error:  # already gone
-        return []
 
 
 def _explain_start_timeout(model: str, kwargs: dict[str, Any], timeout_s: float | None) -> str:
