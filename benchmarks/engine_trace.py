@@ -16,6 +16,12 @@ calls. Per arm this records:
   the arm's first ``START_SECONDS`` seconds the step calls and finished requests in it (where an
   arm's first answer comes later although its first step came sooner, the engine's early steps
   are where it loses);
+- ``first_request_s`` / ``last_request_s``: when this process handed the engine its first and its
+  last request (before the first, the engine core idles: the arm's start-up cost);
+- ``occupancy_by_second``: batch occupancy over the arm, from the scheduler's own numbers that
+  come with each engine step's outputs (with stats on): per second of the arm, the mean requests
+  running and waiting and the mean KV-cache use (a batch below ``max_num_seqs`` while requests
+  wait, or no requests waiting while the batch drains, shows here);
 - from vLLM's own metrics when it keeps them (``disable_log_stats=False``): engine steps,
   tokens per step (``iteration_tokens``) and preemptions over the arm.
 """
@@ -62,7 +68,11 @@ def trace(llm: Any, enabled: bool = True) -> Any:
         return
     engine = llm.llm_engine
     calls: list[tuple[float, float, int]] = []  # (start, end, finished requests)
-    original = engine.step
+    adds: list[float] = []
+    sched: list[tuple[float, int, int, float]] = []  # (time, running, waiting, KV-cache use)
+    original, original_add = engine.step, engine.add_request
+    core = engine.engine_core
+    original_get = getattr(core, "get_output", None)
 
     def step() -> Any:
         t0 = time.perf_counter()
@@ -70,15 +80,33 @@ def trace(llm: Any, enabled: bool = True) -> Any:
         calls.append((t0, time.perf_counter(), sum(1 for o in outputs if o.finished)))
         return outputs
 
+    def add_request(*args: Any, **kwargs: Any) -> Any:
+        adds.append(time.perf_counter())
+        return original_add(*args, **kwargs)
+
+    def get_output() -> Any:
+        out = original_get()  # type: ignore[misc]
+        if (stats := getattr(out, "scheduler_stats", None)) is not None:
+            sched.append((time.perf_counter(), stats.num_running_reqs, stats.num_waiting_reqs,
+                          float(getattr(stats, "kv_cache_usage", 0.0))))
+        return out
+
     before = _metrics(llm)
     cpu0, t_start = time.process_time(), time.perf_counter()
-    engine.step = step
+    engine.step, engine.add_request = step, add_request
+    if original_get is not None:
+        core.get_output = get_output
     try:
         yield summary
     finally:
-        engine.step = original
+        engine.step, engine.add_request = original, original_add
+        if original_get is not None:
+            del core.get_output  # the instance attribute goes; the class's method shows again
         wall = time.perf_counter() - t_start
         summary.update(_summarize(calls, t_start, wall, time.process_time() - cpu0))
+        summary["first_request_s"] = round(adds[0] - t_start, 3) if adds else None
+        summary["last_request_s"] = round(adds[-1] - t_start, 3) if adds else None
+        summary["occupancy_by_second"] = _occupancy(sched, t_start)
         after = _metrics(llm)
         delta = {k: round(after[k] - before.get(k, 0), 3) for k in after}
         if delta:
@@ -108,3 +136,18 @@ def _summarize(calls: list[tuple[float, float, int]], t_start: float, wall: floa
         "first_step_s": round(calls[0][0] - t_start, 3) if calls else None,
         "start_by_second": start,
     }
+
+
+def _occupancy(sched: list[tuple[float, int, int, float]], t_start: float) -> list[list[float]]:
+    """Per second of the arm: [mean running, mean waiting, mean KV-cache use] over its engine steps."""
+    seconds: dict[int, list[tuple[int, int, float]]] = {}
+    for t, running, waiting, kv in sched:
+        seconds.setdefault(int(t - t_start), []).append((running, waiting, kv))
+    out = []
+    for second in range(max(seconds) + 1 if seconds else 0):
+        got = seconds.get(second, [])
+        n = len(got) or 1
+        out.append([round(sum(g[0] for g in got) / n, 1), round(sum(g[1] for g in got) / n, 1),
+                    round(sum(g[2] for g in got) / n, 3)])
+    return out
+

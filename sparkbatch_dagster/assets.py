@@ -194,13 +194,14 @@ def build_batch_assets(
     )
     def labeled_outputs(context: AssetExecutionContext) -> Iterator[Any]:
         resource: VLLMResource = getattr(context.resources, resource_key)
-        job.check_partitions(context.partition_keys)  # before any engine starts
+        keys = context.partition_keys  # each read asks the instance for the dynamic partitions
+        job.check_partitions(keys)  # before any engine starts
         model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
         version = job.version_for(model_id)
         # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
         engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))
         home.write_current(version, engine.model_id)
-        todo = [k for k in context.partition_keys if not home.is_done(version, k)]
+        todo = [k for k in keys if not home.is_done(version, k)]
         tags = {"dagster/code_version": code_version, "dagster/data_version_is_user_provided": "true",
                 **_input_provenance(context.instance, job.keys["input_shards"])}
         if context.run.tags.get("dagster/backfill"):
@@ -212,7 +213,7 @@ def build_batch_assets(
                                          tags={**tags, "dagster/data_version": data_version})
             yield from events.checks(labeled_key, spec, home, stats)
 
-        done = [k for k in context.partition_keys if k not in todo]
+        done = [k for k in keys if k not in todo]
         if done:
             context.log.info(f"{len(done)} partition(s) already done under version {version}: recorded as "
                              "reused (nothing generated, cost 0 in this run)")
@@ -240,10 +241,11 @@ def build_batch_assets(
     def run_metrics(context: AssetExecutionContext) -> MaterializeResult:
         version = job.current_version()
         committed = metrics.sync(home, version)
-        missing = [k for k in context.partition_keys if k not in committed]
+        keys = context.partition_keys
+        missing = [k for k in keys if k not in committed]
         if missing:
             raise SparkbatchError(f"no finished output for {missing}: materialize labeled_outputs for them first")
-        for k in context.partition_keys:
+        for k in keys:
             s = committed[k]
             context.add_asset_metadata({n: s.get(n, 0) for n in events.NUMBERS}, partition_key=k)
         check = metrics.prediction_check(home, version, list(committed.values()))

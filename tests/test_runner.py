@@ -167,3 +167,23 @@ def test_bar_redraws_in_place_on_a_terminal():
     frames = out.getvalue().split("\r")[1:]
     assert frames[0].startswith("[#######.") and "50/200 rows" in frames[0] and "1,234 tok/s" in frames[0]
     assert "ETA 1:15" in frames[0] and frames[1].endswith("200/200 rows  1,300 tok/s  ETA 0:00  shard-00001\n")
+
+
+def test_a_metrics_table_from_an_older_release_gains_the_new_columns(tmp_path):
+    import duckdb
+
+    from sparkbatch_dagster import metrics
+
+    home = JobHome(tmp_path / "job")
+    home.metrics_db.parent.mkdir(parents=True, exist_ok=True)
+    with duckdb.connect(str(home.metrics_db)) as con:  # the table as an older release made it
+        con.execute("CREATE TABLE run_metrics (partition VARCHAR, version VARCHAR, rows BIGINT, "
+                    "PRIMARY KEY (partition, version))")
+        con.execute("INSERT INTO run_metrics VALUES ('old', 'v0', 7)")
+    metrics.record(home, [{"partition": "shard-00000", "version": "v1", "rows": 3, "cost_usd": 0.5}])
+    metrics.record(home, [{"partition": "shard-00000", "version": "v1", "rows": 4, "cost_usd": 0.5}])
+    with duckdb.connect(str(home.metrics_db)) as con:
+        cols = [r[0] for r in con.execute("DESCRIBE run_metrics").fetchall()]
+        got = con.execute("SELECT partition, rows, cost_usd FROM run_metrics ORDER BY partition").fetchall()
+    assert set(cols) == {c for c, _ in metrics.METRIC_COLUMNS}
+    assert got == [("old", 7, None), ("shard-00000", 4, 0.5)]
