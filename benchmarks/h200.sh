@@ -3,7 +3,7 @@
 #   REPEAT=4 bash benchmarks/h200.sh 1b 16000 64      # shape, rows, output tokens (4 A-B/B-A rounds)
 #   REPEAT=2 bash benchmarks/h200.sh 1b 8000 64 synthetic --server   # more arguments go to throughput.py
 #   REPEAT=2 bash benchmarks/h200.sh 1b 8000 64 synthetic --no-generate --server-variants \
-#       '{"chat": {}, "ids": {"server_token_ids": true}, "api4": {"engine_kwargs": {"api_server_count": 4}}}'
+#       '{"ids": {}, "chat": {"server_token_ids": false}, "api4": {"engine_kwargs": {"api_server_count": 4}}}'
 #   BENCH=data_parallel REPEAT=2 bash benchmarks/h200.sh 1b 16000 64 synthetic --gpus 2   # 1 GPU vs 2 (2-GPU host)
 #   BENCH=tensor_parallel bash benchmarks/h200.sh 70b 2000 64 synthetic --tp 2 [--nnodes 2]  # 70B over 2 GPUs
 # with .gpu/common and .bench carried (the SmolLM2 tokenizer in .bench/tok, the Debian set in

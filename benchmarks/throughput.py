@@ -208,8 +208,8 @@ def main() -> None:
     p.add_argument("--server", action="store_true",
                    help="then run the pipeline again through `vllm serve` (same settings) and report server/offline")
     p.add_argument("--server-variants", default=None, metavar="JSON",
-                   help='instead of --server: several server-mode settings, A-B / B-A, e.g. \'{"chat": {}, "ids": '
-                        '{"server_token_ids": true}, "api4": {"engine_kwargs": {"api_server_count": 4}}}\' '
+                   help='instead of --server: several server-mode settings, A-B / B-A, e.g. \'{"ids": {}, "chat": '
+                        '{"server_token_ids": false}, "api4": {"engine_kwargs": {"api_server_count": 4}}}\' '
                         "(VLLMResource fields; the first is the baseline; variants whose server is the same share it)")
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
     p.add_argument("--trace", action="store_true",
@@ -399,9 +399,12 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
         engine = _ENGINE["e"] = owner.get_engine()
         start_s = time.perf_counter() - started
         url = engine.base_url  # type: ignore[attr-defined]
+        # Through server_url a client would take the default for someone else's server (chat
+        # bodies); this server was started here, so its clients get the started server's default.
+        started_here = {"server_token_ids": "chat_template" not in owner.engine_kwargs}
         clients = {names[0]: owner} | {name: VLLMResource(
             engine="server", server_url=url, **{**kw, "model": engine.served_name},  # type: ignore[attr-defined]
-            **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}) for name in names[1:]}
+            **{**started_here, **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}}) for name in names[1:]}
         try:
             for n in range(repeat):
                 for name in names if n % 2 == 0 else names[::-1]:

@@ -119,10 +119,12 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         default=None, ge=1, description="Server requests in flight, per server; None = 4 x max_num_seqs x its engines."
     )
     request_timeout_s: float = Field(default=600.0, gt=0, description="Server mode: seconds to wait for one answer.")
-    server_token_ids: bool = Field(
-        default=False, description="Server mode: apply the model's chat template and tokenizer in this process and "
+    server_token_ids: bool | None = Field(
+        default=None, description="Server mode: apply the model's chat template and tokenizer in this process and "
         "send token ids to /v1/completions (the server then neither renders nor tokenizes); needs the tokenizer "
-        "folder the server loaded (its /v1/models root) readable here. Off: messages to /v1/chat/completions.",
+        "folder the server loaded (its /v1/models root) readable here. Off: messages to /v1/chat/completions. "
+        "None: on for a `vllm serve` started here (unless engine_kwargs sets its chat_template), off for "
+        "server_url(s).",
     )
     max_retries: int = Field(default=5, ge=0, le=20, description="Server mode: retries on 429/5xx/connection errors.")
     server_start_timeout_s: float = Field(

@@ -95,6 +95,19 @@ def test_partition_completes_with_labels_and_error_rows(tmp_path, server_engine)
     assert all(r["output"] in spec.output.labels and r["prompt_tokens"] > 0 for r in good if not r["deduplicated"])
 
 
+def test_a_server_started_here_gets_token_ids_and_someone_elses_gets_chat_bodies(server_engine):
+    from sparkbatch_dagster.engine_start import client
+
+    # The module's server was started here: its rows above went as token ids to /v1/completions.
+    assert server_engine._path == "/v1/completions" and server_engine._tokenizer is not None
+    outside = VLLMResource(engine="server", server_url=server_engine.base_url, model=server_engine.served_name)
+    engine = client(outside, server_engine.base_url, server_engine.served_name, None)
+    try:
+        assert engine._path == "/v1/chat/completions" and engine._tokenizer is None
+    finally:
+        engine.close()
+
+
 def test_a_server_that_does_not_serve_the_configured_model_stops_the_run(tmp_path, server_engine):
     spec = make_spec(tmp_path, n=20, shards=1)
     job = build_batch_assets(spec=spec)
