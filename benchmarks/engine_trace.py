@@ -13,11 +13,10 @@ calls. Per arm this records:
 - ``finished_by_decile``: requests finished in each tenth of the arm's wall time (a batch that
   drains early shows as a thin tail);
 - ``first_step_s`` and ``start_by_second``: when the first ``step()`` call came, and for each of
-  the arm's first ``START_SECONDS`` seconds the step calls and finished requests in it (where an
-  arm's first answer comes later although its first step came sooner, the engine's early steps
-  are where it loses);
+  the arm's first ``START_SECONDS`` seconds the step calls and finished requests in it;
 - ``first_request_s`` / ``last_request_s``: when this process handed the engine its first and its
-  last request (before the first, the engine core idles: the arm's start-up cost);
+  last request. The engine starts at the first request, not at the first ``step()`` call (raw
+  ``LLM.chat`` calls ``step()`` only after adding every prompt): time the engine from here;
 - ``occupancy_by_second``: batch occupancy over the arm, from the scheduler's own numbers that
   come with each engine step's outputs (with stats on): per second of the arm, the mean requests
   running and waiting and the mean KV-cache use (a batch below ``max_num_seqs`` while requests
@@ -150,4 +149,3 @@ def _occupancy(sched: list[tuple[float, int, int, float]], t_start: float) -> li
         out.append([round(sum(g[0] for g in got) / n, 1), round(sum(g[1] for g in got) / n, 1),
                     round(sum(g[2] for g in got) / n, 3)])
     return out
-
