@@ -40,6 +40,7 @@ from engine_trace import trace  # noqa: E402
 from results_io import emit  # noqa: E402
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
+from sparkbatch_dagster.engine_start import default_token_ids  # noqa: E402
 from sparkbatch_dagster.engines.base import Engine  # noqa: E402
 from sparkbatch_dagster.results import ResultStore  # noqa: E402
 
@@ -401,7 +402,7 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
         url = engine.base_url  # type: ignore[attr-defined]
         # Through server_url a client would take the default for someone else's server (chat
         # bodies); this server was started here, so its clients get the started server's default.
-        started_here = {"server_token_ids": "chat_template" not in owner.engine_kwargs}
+        started_here = {"server_token_ids": default_token_ids(owner, started_here=True)}
         clients = {names[0]: owner} | {name: VLLMResource(
             engine="server", server_url=url, **{**kw, "model": engine.served_name},  # type: ignore[attr-defined]
             **{**started_here, **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}}) for name in names[1:]}

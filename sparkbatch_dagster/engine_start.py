@@ -75,18 +75,26 @@ def api_key(cfg: VLLMResource) -> str | None:
     return str(cfg.api_key)
 
 
+def default_token_ids(cfg: VLLMResource, started_here: bool) -> bool:
+    """What ``server_token_ids=None`` means for a server: on for one started here, off for others.
+
+    A server started here has its tokenizer folder on this machine and renders with the model's
+    own template (unless ``engine_kwargs`` gives it another), so the ids are the ones it would
+    make, and its one HTTP frontend process then neither renders nor tokenizes (on an H200, 1B
+    shape: 0.99 of the offline pipeline with ids, 0.70 with chat bodies, same run). Someone
+    else's server may not have its tokenizer here.
+    """
+    return started_here and "chat_template" not in cfg.engine_kwargs
+
+
 def client(cfg: VLLMResource, url: str | list[str], name: str, key: str | None, server: Any = None,
            engines: int = 1) -> VLLMServerEngine:
     """The server-mode client of ``url`` (one server or several), ``server`` the process we own."""
     from .engines.vllm_server import VLLMServerEngine
 
-    # Token ids by default to a server started here: its tokenizer folder is on this machine and it
-    # renders with the model's own template, so the ids are the ones it would make; its one HTTP
-    # frontend process then neither renders nor tokenizes (on an H200, 1B shape: 0.99 of the offline
-    # pipeline with ids, 0.70 with chat bodies, same run). Someone else's server may not be.
     token_ids = cfg.server_token_ids
     if token_ids is None:
-        token_ids = server is not None and "chat_template" not in cfg.engine_kwargs
+        token_ids = default_token_ids(cfg, started_here=server is not None)
     # The default keeps every engine's batch full (a server with data parallel has several).
     return VLLMServerEngine(url, name, api_key=key, max_in_flight=cfg.max_in_flight
                             or 4 * cfg.resolved_max_num_seqs() * engines, timeout_s=cfg.request_timeout_s,

@@ -57,11 +57,8 @@ def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
     with connect(home.metrics_db) as con:
         cols = ", ".join(f'"{c}" {t}' for c, t in METRIC_COLUMNS)
         con.execute(f"CREATE TABLE IF NOT EXISTS run_metrics ({cols}, PRIMARY KEY (partition, version))")
-        have = {row[0] for row in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'run_metrics'").fetchall()}
         for c, t in METRIC_COLUMNS:  # a table made by an older release gains the newer columns
-            if c not in have:
-                con.execute(f'ALTER TABLE run_metrics ADD COLUMN "{c}" {t}')
+            con.execute(f'ALTER TABLE run_metrics ADD COLUMN IF NOT EXISTS "{c}" {t}')
         placeholders = ", ".join("?" for _ in names)
         con.executemany(
             f"INSERT OR REPLACE INTO run_metrics ({', '.join(quote_ident(n) for n in names)}) VALUES ({placeholders})",
