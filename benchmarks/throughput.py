@@ -381,6 +381,13 @@ def server_variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {"server": {}} if args.server else {}
 
 
+def with_variant(kw: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's resource fields with a variant's on top; ``engine_kwargs`` merged, so a
+    variant's ``api_server_count`` keeps the run's ``load_format`` (dummy weights)."""
+    engine_kwargs = {**kw.get("engine_kwargs", {}), **over.get("engine_kwargs", {})}
+    return {**kw, **over, **({"engine_kwargs": engine_kwargs} if engine_kwargs else {})}
+
+
 def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any], repeat: int,
                         server_round: Any, times: dict[str, list[float]], totals: dict[str, Any]) -> None:
     """Each server once (started timed), its variants' pipeline rounds A-B / B-A against it.
@@ -396,7 +403,7 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
     totals["server_variants"] = {}
     for names in groups.values():
         started = time.perf_counter()
-        owner = VLLMResource(engine="server", **{**kw, **variants[names[0]]})
+        owner = VLLMResource(engine="server", **with_variant(kw, variants[names[0]]))
         engine = _ENGINE["e"] = owner.get_engine()
         start_s = time.perf_counter() - started
         url = engine.base_url  # type: ignore[attr-defined]
