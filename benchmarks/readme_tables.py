@@ -101,9 +101,10 @@ def throughput_table(results: Results) -> str:
         if "server_over_offline" in d:
             job += ", then server mode"
             pipeline = f"offline {pipeline}; server {num(d['server_tokens_per_s'])}"
-            ratio += f"; server / offline {d['server_over_offline']:.2f}"
-            variants = list(d.get("server_variants", {}).items())[1:]  # the first is the baseline above
-            ratio += "".join(f"; {name} {v['server_over_offline']:.2f}" for name, v in variants)
+            variants = d.get("server_variants", {})  # named: which one is the baseline differs by run
+            ratio += "; server / offline " + ("; ".join(f"{name} {v['server_over_offline']:.2f}"
+                                                     for name, v in variants.items())
+                                           if variants else f"{d['server_over_offline']:.2f}")
         generate, vs_generate = "-", "-"
         if "ratio_vs_generate" in d:
             generate = num(d["raw_generate_tokens_per_s"])
