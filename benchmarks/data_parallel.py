@@ -8,8 +8,8 @@ On the 2-GPU H200 host, as for h200.sh (``.gpu/common`` and ``.bench`` carried, 
 
 (result in ``$OUT/result-<shape>-synthetic-data_parallel.json``; rows enough that the 2-GPU arm
 runs some 40 s, so a second of run start and batch tail does not decide the ratio; ``--restart``
-gives each engine a whole GPU, as a user's run has it: the 8B arm kept warm at 0.45 of a GPU
-measured the 1-GPU arm slower than a whole-GPU engine, 2.22x on 10,000 rows). Directly:
+gives each engine a whole GPU, as a user's run has it: kept warm at 0.45 of a GPU, the 8B shape's
+1-GPU arm ran slower than a whole-GPU engine and the ratio came out at 2.22x). Directly:
 
     python benchmarks/data_parallel.py --model /tmp/llama-1b --load-format dummy --gpu --rows 32000 \
         --max-tokens 64 --repeat 2 --gpus 2 --out benchmarks/results/h200x2-1b-data-parallel.json
