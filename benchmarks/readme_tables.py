@@ -101,10 +101,9 @@ def throughput_table(results: Results) -> str:
         if "server_over_offline" in d:
             job += ", then server mode"
             pipeline = f"offline {pipeline}; server {num(d['server_tokens_per_s'])}"
-            variants = d.get("server_variants", {})  # named: which one is the baseline differs by run
-            ratio += "; server / offline " + ("; ".join(f"{name} {v['server_over_offline']:.2f}"
-                                                     for name, v in variants.items())
-                                           if variants else f"{d['server_over_offline']:.2f}")
+            # Each variant named: which one is the baseline differs by run.
+            shown = [f"{name} {v['server_over_offline']:.2f}" for name, v in d.get("server_variants", {}).items()]
+            ratio += "; server / offline " + ("; ".join(shown) or f"{d['server_over_offline']:.2f}")
         generate, vs_generate = "-", "-"
         if "ratio_vs_generate" in d:
             generate = num(d["raw_generate_tokens_per_s"])

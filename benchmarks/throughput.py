@@ -409,10 +409,10 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
         url = engine.base_url  # type: ignore[attr-defined]
         # Through server_url a client would take the default for someone else's server (chat
         # bodies); this server was started here, so its clients get the started server's default.
-        started_here = {"server_token_ids": default_token_ids(owner, started_here=True)}
-        clients = {names[0]: owner} | {name: VLLMResource(
-            engine="server", server_url=url, **{**kw, "model": engine.served_name},  # type: ignore[attr-defined]
-            **{**started_here, **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}}) for name in names[1:]}
+        served = {**kw, "model": engine.served_name,  # type: ignore[attr-defined]
+                  "server_token_ids": default_token_ids(owner, started_here=True)}
+        clients = {names[0]: owner} | {name: VLLMResource(engine="server", server_url=url, **{
+            **served, **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}}) for name in names[1:]}
         try:
             for n in range(repeat):
                 for name in names if n % 2 == 0 else names[::-1]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
+from ..prompts import chat_text
 
 
 def load_tokenizer(path: str) -> Any:
@@ -34,6 +35,6 @@ def load_tokenizer(path: str) -> Any:
 def token_body(tokenizer: Any, body: dict[str, Any]) -> dict[str, Any]:
     """A chat-completions body as a completions body: ``messages`` become ``prompt`` token ids."""
     out = dict(body)
-    text = tokenizer.apply_chat_template(out.pop("messages"), add_generation_prompt=True, tokenize=False)
-    out["prompt"] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    text, special = chat_text(tokenizer, out.pop("messages"))  # the text offline mode and preview use
+    out["prompt"] = list(tokenizer(text, add_special_tokens=special)["input_ids"])
     return out
