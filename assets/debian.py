@@ -78,7 +78,7 @@ def sample(records: list[dict[str, str]], rows: int) -> list[dict[str, str]]:
 def debian_packages(context: AssetExecutionContext) -> MaterializeResult:
     import pyarrow as pa
 
-    from sparkbatch_dagster.store import atomic_write_parquet
+    from sparkbatch_dagster.home import atomic_write_parquet
 
     if not INPUT.exists():
         rows = sample(read_apt_records(), ROWS)

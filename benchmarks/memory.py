@@ -50,8 +50,8 @@ def make_input(path: Path, rows: int) -> None:
 
 def _shard_child(input_path: str, home: str, shards: int, q: Any) -> None:
     from sparkbatch_dagster import JobSpec
-    from sparkbatch_dagster.shards import build_shards
-    from sparkbatch_dagster.store import JobHome
+    from sparkbatch_dagster.home import JobHome
+    from sparkbatch_dagster.inputs.shards import build_shards
 
     spec = JobSpec(name="mem", input=input_path, id_column="id", text_columns=["text"],
                    user_template="{{ text }}", shard_count=shards, home=home, gold_column="gold")
@@ -62,8 +62,8 @@ def _shard_child(input_path: str, home: str, shards: int, q: Any) -> None:
 
 def _sample_child(home: str, q: Any) -> None:
     from sparkbatch_dagster import EstimateSpec, JobSpec
-    from sparkbatch_dagster.estimate import draw_sample
-    from sparkbatch_dagster.store import JobHome
+    from sparkbatch_dagster.estimate.sample import draw_sample
+    from sparkbatch_dagster.home import JobHome
 
     spec = JobSpec(name="mem", input="unused", id_column="id", text_columns=["text"],
                    user_template="{{ text }}", home=home, gold_column="gold")
@@ -75,9 +75,9 @@ def _sample_child(home: str, q: Any) -> None:
 def _label_child(input_path: str, home: str, shards: int, q: Any) -> None:
     from sparkbatch_dagster import JobSpec
     from sparkbatch_dagster.engines import FakeEngine
-    from sparkbatch_dagster.runner import ShardRun
-    from sparkbatch_dagster.shards import build_shards
-    from sparkbatch_dagster.store import JobHome
+    from sparkbatch_dagster.home import JobHome
+    from sparkbatch_dagster.inputs.shards import build_shards
+    from sparkbatch_dagster.run.runner import ShardRun
 
     spec = JobSpec(name="mem", input=input_path, id_column="id", text_columns=["text"],
                    user_template="{{ text }}", shard_count=shards, home=home)

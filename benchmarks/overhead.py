@@ -55,9 +55,10 @@ def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
     from dagster import DagsterInstance, materialize
     from throughput import build_spec
 
-    from sparkbatch_dagster import build_batch_assets, metrics, runner
-    from sparkbatch_dagster import job as job_module
+    from sparkbatch_dagster import build_batch_assets
+    from sparkbatch_dagster.definitions import job as job_module
     from sparkbatch_dagster.engines.fake import FakeEngine
+    from sparkbatch_dagster.run import metrics, runner
     from sparkbatch_dagster.testing import FakeVLLMResource
 
     marks: dict[str, float] = {}

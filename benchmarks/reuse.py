@@ -32,7 +32,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from assets.debian import SECTIONS  # noqa: E402
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START  # noqa: E402
+from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START  # noqa: E402
 
 
 def _spec(src: Path, home: Path, shards: int) -> JobSpec:

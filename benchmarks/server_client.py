@@ -85,8 +85,8 @@ def main() -> None:
     from throughput import build_spec, conversations, synthetic_rows
 
     from sparkbatch_dagster.engines.base import EngineRequest
+    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, ensure_embedded
     from sparkbatch_dagster.engines.server_process import free_port
-    from sparkbatch_dagster.model import DEFAULT_MODEL_NAME, ensure_embedded
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--rows", type=int, default=8000, help="requests per arm (the H200 server run's 8,000)")

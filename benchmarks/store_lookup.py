@@ -28,9 +28,9 @@ from results_io import emit  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
-from sparkbatch_dagster import results  # noqa: E402
-from sparkbatch_dagster.results import ResultStore, prompt_key, split_key  # noqa: E402
-from sparkbatch_dagster.shards import connect  # noqa: E402
+from sparkbatch_dagster.inputs.shards import connect  # noqa: E402
+from sparkbatch_dagster.run import result_store as results  # noqa: E402
+from sparkbatch_dagster.run.result_store import ResultStore, prompt_key, split_key  # noqa: E402
 
 
 def segment_sizes(stored: int, shard_rows: int) -> list[tuple[int, int]]:

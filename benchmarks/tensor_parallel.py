@@ -106,9 +106,9 @@ def main() -> None:
 def run(cli: list[str], home: Path, env: dict[str, str], args: Any) -> dict[str, Any]:
     """The estimate (one option of one GPU, one of --tp GPUs), then `sparkbatch run`; their numbers."""
 
-    from sparkbatch_dagster.cli import load
+    from sparkbatch_dagster.cli.commands import load
+    from sparkbatch_dagster.home import JobHome
     from sparkbatch_dagster.spec import EstimateSpec, NodeOption
-    from sparkbatch_dagster.store import JobHome
 
     def sparkbatch(*a: str) -> dict[str, Any]:
         done = subprocess.run([*cli, *a, "-f", str(home / "defs.py")], env=env, capture_output=True, text=True)
@@ -118,7 +118,7 @@ def run(cli: list[str], home: Path, env: dict[str, str], args: Any) -> dict[str,
 
     os.environ.update(env)
     job, defs = load(str(home / "defs.py"), None)
-    from sparkbatch_dagster.shards import build_shards
+    from sparkbatch_dagster.inputs.shards import build_shards
 
     build_shards(job.spec, JobHome(job.spec.home_path))
     options = [NodeOption(name="1 GPU", hourly_usd=3.5, memory_gb=args.gpu_memory_gb),

@@ -40,9 +40,9 @@ from engine_trace import trace  # noqa: E402
 from results_io import emit  # noqa: E402
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
-from sparkbatch_dagster.engine_start import default_token_ids  # noqa: E402
 from sparkbatch_dagster.engines.base import Engine  # noqa: E402
-from sparkbatch_dagster.results import ResultStore  # noqa: E402
+from sparkbatch_dagster.engines.start import default_token_ids  # noqa: E402
+from sparkbatch_dagster.run.result_store import ResultStore  # noqa: E402
 
 DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
 _ENGINE: dict[str, Engine] = {}
@@ -104,7 +104,7 @@ def machine() -> str:
 
 
 def conversations(spec: JobSpec, rows: list[dict[str, Any]]) -> list[list[dict[str, str]]]:
-    from sparkbatch_dagster.prompts import render
+    from sparkbatch_dagster.spec.prompts import render
 
     return [render(spec.system_prompt, spec.user_template, {c: r[c] for c in spec.text_columns}).messages()
             for r in rows]
@@ -410,7 +410,7 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
         # Through server_url a client would take the default for someone else's server (chat
         # bodies); this server was started here, so its clients get the started server's default.
         served = {**kw, "model": engine.served_name,  # type: ignore[attr-defined]
-                  "server_token_ids": default_token_ids(owner, started_here=True)}
+                  "server_token_ids": default_token_ids(owner.engine_settings(), started_here=True)}
         clients = {names[0]: owner} | {name: VLLMResource(engine="server", server_url=url, **{
             **served, **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}}) for name in names[1:]}
         try:

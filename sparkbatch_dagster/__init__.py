@@ -14,14 +14,29 @@ Example::
 Or, with ``dg``, a folder with a defs.yaml (``type: sparkbatch_dagster.BatchInferenceComponent``,
 the same fields as attributes): see :class:`BatchInferenceComponent`.
 
-Importing this package loads neither vllm nor torch.
+Importing this package loads neither vllm nor torch. The code is laid out in rooms, one per
+layer, in the order data flows (each room's ``__init__`` says what it owns and may import):
+``spec`` -> ``home`` -> ``inputs`` -> ``engines`` -> ``run`` -> ``estimate`` -> ``definitions``
+-> ``cli``; ``errors`` is under them all and ``testing`` is the fake engine for users' tests.
 """
 
-from .assets import BatchJob, build_batch_assets
-from .component import BatchInferenceComponent
+from . import _moved
+from .definitions.component import BatchInferenceComponent
+from .definitions.factory import BatchJob, build_batch_assets
+from .definitions.resource import VLLMResource
 from .errors import ConfigError, EngineError, InputError, SparkbatchError
-from .resources import VLLMResource
 from .spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec
+
+_moved.install()
+
+
+def __getattr__(name: str) -> object:
+    """``sparkbatch_dagster.store`` and the other old module names, as attributes."""
+    if name in _moved.MOVED:
+        module = globals()[name] = _moved.load(name)  # warned once, then a plain attribute
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BatchInferenceComponent",

@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import Field
 
+from .definitions.resource import VLLMResource
 from .engines.base import Engine
 from .engines.settings import CPU_DEFAULTS, split_devices, visible_gpus
-from .resources import VLLMResource
 
 
 def fake_worker(settings: dict[str, Any]) -> Engine:
@@ -131,7 +131,7 @@ def dummy_model(shape: str, out: str | Path, tokenizer: str | Path | None = None
     if shape not in DUMMY_SHAPES:
         raise ValueError(f"unknown shape {shape!r}: choose from {sorted(DUMMY_SHAPES)}")
     if tokenizer is None:
-        from .model import DEFAULT_MODEL_NAME, ensure_embedded
+        from .engines.model import DEFAULT_MODEL_NAME, ensure_embedded
 
         tokenizer = ensure_embedded(DEFAULT_MODEL_NAME)
     src, folder = Path(tokenizer).expanduser(), Path(out)

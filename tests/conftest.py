@@ -16,8 +16,8 @@ import pytest
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.base import Engine
-from sparkbatch_dagster.shards import build_shards
-from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 LABELS = ["fruit", "vehicle", "animal"]

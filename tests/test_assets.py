@@ -6,7 +6,7 @@ from dagster import DagsterInstance, Definitions, materialize
 
 from conftest import fake_resource, make_spec
 from sparkbatch_dagster import build_batch_assets
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 
 
 def _setup(tmp_path, **kw):

@@ -1,7 +1,7 @@
 import pytest
 
-from sparkbatch_dagster.checkpoint import CheckpointWriter, finalize
 from sparkbatch_dagster.errors import IncompleteShardError
+from sparkbatch_dagster.run.checkpoint import CheckpointWriter, finalize
 
 
 def _row(i: int) -> dict:

@@ -89,7 +89,7 @@ def test_preview_shows_prompts_and_counts_without_an_engine(tmp_path):
 
 
 def test_preview_applies_the_models_chat_template_and_counts_tokens(tmp_path):
-    from sparkbatch_dagster.model import DEFAULT_MODEL_NAME, model_cache_dir
+    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, model_cache_dir
 
     if not (model_cache_dir() / DEFAULT_MODEL_NAME / "tokenizer_config.json").exists():
         pytest.skip("embedded SmolLM2 not converted (make model)")

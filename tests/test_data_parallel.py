@@ -260,7 +260,7 @@ def test_too_many_engines_stop_before_any_model_loads(monkeypatch):
 
 
 def test_data_parallel_size_changes_neither_identity_nor_code_version(tmp_path, monkeypatch):
-    from sparkbatch_dagster.assets import _model_config
+    from sparkbatch_dagster.definitions.factory import _model_config
 
     monkeypatch.setenv("SPARKBATCH_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "tiny-model"

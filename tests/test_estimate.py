@@ -18,16 +18,17 @@ from dagster import DagsterInstance, materialize
 from conftest import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
 from sparkbatch_dagster import estimate as E
-from sparkbatch_dagster.choice import advise, choose, rows_to_decide, tradeoff, verdict, wilson
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START, summary
-from sparkbatch_dagster.estimate import Sample, Stored, Timing, draw_sample, predict
-from sparkbatch_dagster.metrics import prediction_check
-from sparkbatch_dagster.model import weights_gb
-from sparkbatch_dagster.placement import gpus_needed
-from sparkbatch_dagster.shard_stats import shard_stats as _stats
-from sparkbatch_dagster.shards import build_shards
+from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, summary
+from sparkbatch_dagster.engines.model import weights_gb
+from sparkbatch_dagster.estimate.choice import advise, choose, rows_to_decide, tradeoff, verdict, wilson
+from sparkbatch_dagster.estimate.forecast import predict
+from sparkbatch_dagster.estimate.placement import gpus_needed
+from sparkbatch_dagster.estimate.sample import Sample, Stored, Timing, draw_sample
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.run.metrics import prediction_check
+from sparkbatch_dagster.run.shard_stats import shard_stats as _stats
 from sparkbatch_dagster.spec import EstimateSpec, NodeOption
-from sparkbatch_dagster.store import JobHome
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,7 +312,7 @@ def test_cli_estimate_prints_the_bill_then_run_shows_progress_and_the_check(tmp_
 
 
 def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
-    import sparkbatch_dagster.job as job_module
+    import sparkbatch_dagster.definitions.job as job_module
 
     monkeypatch.setattr(job_module, "on_cpu", lambda: False)  # what vLLM reports on a GPU box
     job = build_batch_assets(spec=make_spec(tmp_path, n=300, shards=3))
@@ -582,7 +583,7 @@ Description: no debtags at all
 def test_the_benchmark_builds_a_second_real_job_that_runs(tmp_path, monkeypatch):
     import importlib.util
 
-    from sparkbatch_dagster.cli import load
+    from sparkbatch_dagster.cli.commands import load
 
     spec_ = importlib.util.spec_from_file_location("estimate_accuracy", ROOT / "benchmarks" / "estimate_accuracy.py")
     bench = importlib.util.module_from_spec(spec_)

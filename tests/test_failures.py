@@ -10,12 +10,12 @@ from dagster import DagsterInstance, materialize
 
 from conftest import make_spec
 from sparkbatch_dagster import ConfigError, EngineError, VLLMResource, build_batch_assets
-from sparkbatch_dagster.cli import main as cli_main
+from sparkbatch_dagster.cli.commands import main as cli_main
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.settings import check_memory, on_cpu
-from sparkbatch_dagster.runner import label_shard
-from sparkbatch_dagster.shards import build_shards
-from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.run.runner import label_shard
 
 
 def test_model_path_that_does_not_exist(tmp_path):

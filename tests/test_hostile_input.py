@@ -11,10 +11,10 @@ import pytest
 from conftest import LABELS, WORDS, fake_resource, label_then_metrics, make_spec
 from sparkbatch_dagster import InputError
 from sparkbatch_dagster.engines import FakeEngine
+from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs import delimiter_hint
-from sparkbatch_dagster.runner import label_shard
-from sparkbatch_dagster.shards import build_shards
-from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.run.runner import label_shard
 
 V = "0123456789abcdef"
 

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from conftest import make_rows, make_spec, write_parquet
-from sparkbatch_dagster import digest, model
-from sparkbatch_dagster.digest import file_digest, info_checksum, object_digest, parquet_footer_digest
-from sparkbatch_dagster.model import model_identity
-from sparkbatch_dagster.shards import _signature, build_shards
-from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.engines import model
+from sparkbatch_dagster.engines.model import model_identity
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.home import digests as digest
+from sparkbatch_dagster.home.digests import file_digest, info_checksum, object_digest, parquet_footer_digest
+from sparkbatch_dagster.inputs.shards import _signature, build_shards
 
 
 @pytest.fixture(autouse=True)

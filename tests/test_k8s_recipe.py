@@ -18,7 +18,7 @@ from dagster import Definitions, define_asset_job, instance_for_test
 
 from conftest import make_spec
 from sparkbatch_dagster import VLLMResource, build_batch_assets
-from sparkbatch_dagster.deploy import (
+from sparkbatch_dagster.definitions.deploy import (
     GPU_POOL,
     K8S_CONFIG_TAG,
     gpu_pool_instance_config,

@@ -22,8 +22,8 @@ import pytest
 
 from conftest import LABELS, make_rows, write_parquet
 from sparkbatch_dagster import ConfigError, VLLMResource
+from sparkbatch_dagster.engines.multinode import check, serve_worker, worker_command
 from sparkbatch_dagster.engines.server_process import free_port
-from sparkbatch_dagster.multinode import check, serve_worker, worker_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

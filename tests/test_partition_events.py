@@ -18,8 +18,8 @@ from dagster import (
 
 from conftest import make_spec
 from sparkbatch_dagster import build_batch_assets
+from sparkbatch_dagster.definitions.events import ERROR_RATE, EXACTLY_ONCE
 from sparkbatch_dagster.errors import SparkbatchError
-from sparkbatch_dagster.events import ERROR_RATE, EXACTLY_ONCE
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 RANGE = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")

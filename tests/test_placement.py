@@ -1,9 +1,10 @@
 """How a node option runs a model (sparkbatch_dagster.placement): engines per option, the
 settings the estimate prints, options that cannot hold a model left unpriced."""
 
-from sparkbatch_dagster.choice import advise
-from sparkbatch_dagster.estimate import Sample, Timing, predict
-from sparkbatch_dagster.placement import gpus_needed, place
+from sparkbatch_dagster.estimate.choice import advise
+from sparkbatch_dagster.estimate.forecast import predict
+from sparkbatch_dagster.estimate.placement import gpus_needed, place
+from sparkbatch_dagster.estimate.sample import Sample, Timing
 from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 
 SPARK = NodeOption(name="1 node", hourly_usd=0.79)

@@ -1,7 +1,7 @@
 import pytest
 
 from sparkbatch_dagster.errors import ConfigError
-from sparkbatch_dagster.prompts import check_text, render
+from sparkbatch_dagster.spec.prompts import check_text, render
 
 
 def test_input_that_looks_like_template_syntax_stays_data():

@@ -8,12 +8,12 @@ from dagster import DagsterInstance, materialize
 
 from conftest import LABELS, REAL_SETTINGS, label_then_metrics, make_rows, make_spec, total, write_parquet
 from sparkbatch_dagster import OutputSpec, VLLMResource, build_batch_assets
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import EngineRequest
-from sparkbatch_dagster.runner import label_shard
-from sparkbatch_dagster.shards import build_shards
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import SamplingSpec
-from sparkbatch_dagster.store import JobHome
 
 pytestmark = pytest.mark.real
 

@@ -20,7 +20,7 @@ from sparkbatch_dagster.engines.base import EngineRequest
 from sparkbatch_dagster.engines.server_process import serve_args
 from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine, free_port
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
-from sparkbatch_dagster.runner import label_shard
+from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 
 V, KEY = "00000000000000aa", "shard-00000"
@@ -309,7 +309,7 @@ def test_materialize_with_server_urls_labels_every_partition(tmp_path, two):
     from dagster import DagsterInstance, Definitions, materialize
 
     from sparkbatch_dagster import build_batch_assets
-    from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+    from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 
     live, dying = two
     dying.fail_after = 3

@@ -14,7 +14,7 @@ from dagster import DagsterInstance, Definitions, EnvVar, materialize
 
 from conftest import make_spec
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
-from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import FakeEngine, settings
 from sparkbatch_dagster.engines.server_process import serve_args
 from sparkbatch_dagster.testing import FakeVLLMResource

@@ -15,10 +15,10 @@ from conftest import fake_resource, label_then_metrics, make_rows, make_spec, to
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, SparkbatchError, build_batch_assets
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.errors import PendingRowsError
-from sparkbatch_dagster.results import ResultStore
-from sparkbatch_dagster.runner import label_shard, read_shard
-from sparkbatch_dagster.shards import build_shards
-from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.run.result_store import ResultStore
+from sparkbatch_dagster.run.runner import label_shard, read_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,7 +181,7 @@ def test_broken_stats_part_and_store_files_are_recomputed_not_a_crash(tmp_path):
 
 
 def test_the_store_stays_a_few_files_and_finds_every_answer(tmp_path, monkeypatch):
-    import sparkbatch_dagster.results as results
+    import sparkbatch_dagster.run.result_store as results
 
     monkeypatch.setattr(results, "FAN_IN", 4)
     store = ResultStore(tmp_path / "store", "0123456789abcdef")

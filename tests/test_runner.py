@@ -7,9 +7,9 @@ import pytest
 from conftest import make_rows, make_spec, write_parquet
 from sparkbatch_dagster import EngineError, OutputSpec
 from sparkbatch_dagster.engines import FakeEngine
-from sparkbatch_dagster.runner import label_shard, parse_output
-from sparkbatch_dagster.shards import build_shards
-from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.run.runner import label_shard, parse_output
 
 V = "0123456789abcdef"
 
@@ -88,7 +88,7 @@ def test_engine_crash_keeps_finished_rows_and_resume_sends_only_the_rest(tmp_pat
 
 def _progress_reports(tmp_path, **settings) -> list[dict]:
     """60 rows through a slow fake engine, a report every 0.1 s; ``settings``: ShardRun attributes."""
-    from sparkbatch_dagster.runner import ShardRun
+    from sparkbatch_dagster.run.runner import ShardRun
 
     spec, home = _one_shard(tmp_path, make_rows(60))
     reports: list[dict] = []
@@ -119,7 +119,7 @@ def test_progress_quotes_the_estimates_rate_before_its_own(tmp_path):
 
 
 def test_stream_yields_each_shard_as_it_commits(tmp_path):
-    from sparkbatch_dagster.runner import ShardRun
+    from sparkbatch_dagster.run.runner import ShardRun
 
     spec = make_spec(tmp_path, n=60, shards=3)
     home = JobHome(spec.home_path)
@@ -134,7 +134,7 @@ def test_stream_yields_each_shard_as_it_commits(tmp_path):
 
 
 def test_relay_logs_at_a_steady_interval_and_feeds_listeners(monkeypatch):
-    from sparkbatch_dagster import progress
+    from sparkbatch_dagster.run import progress
 
     clock = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
@@ -154,7 +154,7 @@ def test_relay_logs_at_a_steady_interval_and_feeds_listeners(monkeypatch):
 def test_bar_redraws_in_place_on_a_terminal():
     import io
 
-    from sparkbatch_dagster.progress import Bar
+    from sparkbatch_dagster.run.progress import Bar
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -172,7 +172,7 @@ def test_bar_redraws_in_place_on_a_terminal():
 def test_a_metrics_table_from_an_older_release_gains_the_new_columns(tmp_path):
     import duckdb
 
-    from sparkbatch_dagster import metrics
+    from sparkbatch_dagster.run import metrics
 
     home = JobHome(tmp_path / "job")
     home.metrics_db.parent.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,9 @@ from dagster import DagsterInstance, materialize
 
 from conftest import REAL_SETTINGS, label_then_metrics, live_children, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import EngineError, VLLMResource, build_batch_assets
-from sparkbatch_dagster.runner import label_shard
-from sparkbatch_dagster.shards import build_shards
-from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.run.runner import label_shard
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -96,12 +96,12 @@ def test_partition_completes_with_labels_and_error_rows(tmp_path, server_engine)
 
 
 def test_a_server_started_here_gets_token_ids_and_someone_elses_gets_chat_bodies(server_engine):
-    from sparkbatch_dagster.engine_start import client
+    from sparkbatch_dagster.engines.start import client
 
     # The module's server was started here: its rows above went as token ids to /v1/completions.
     assert server_engine._path == "/v1/completions" and server_engine._tokenizer is not None
     outside = VLLMResource(engine="server", server_url=server_engine.base_url, model=server_engine.served_name)
-    engine = client(outside, server_engine.base_url, server_engine.served_name, None)
+    engine = client(outside.engine_settings(), server_engine.base_url, server_engine.served_name, None)
     try:
         assert engine._path == "/v1/chat/completions" and engine._tokenizer is None
     finally:

@@ -17,7 +17,7 @@ from conftest import LABELS, make_rows, make_spec, one_shard, written_parts
 from sparkbatch_dagster.engines.base import EngineRequest
 from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine, check_served, free_port, served_models
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
-from sparkbatch_dagster.runner import label_shard
+from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 
 V, KEY = "00000000000000aa", "shard-00000"
@@ -271,7 +271,7 @@ def _keyed_defs(tmp_path, stub):
 def _run(job, defs):
     from dagster import DagsterInstance, materialize
 
-    from sparkbatch_dagster.cli import RANGE_END, RANGE_START
+    from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 
     inst = DagsterInstance.get()
     assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=defs.resources,
@@ -304,7 +304,7 @@ def test_an_unset_api_key_variable_stops_the_run_before_any_request(tmp_path, st
 
 
 def test_the_cli_names_an_unset_api_key_variable_in_one_line(tmp_path, stub, monkeypatch, capsys):
-    from sparkbatch_dagster.cli import main as cli_main
+    from sparkbatch_dagster.cli.commands import main as cli_main
 
     monkeypatch.delenv("SB_TEST_KEY", raising=False)
     make_spec(tmp_path, n=30, shards=2)  # its input file

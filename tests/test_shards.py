@@ -5,8 +5,8 @@ import pytest
 
 from conftest import make_rows, make_spec, write_parquet
 from sparkbatch_dagster import InputError
-from sparkbatch_dagster.shards import build_shards
-from sparkbatch_dagster.store import JobHome
+from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.inputs.shards import build_shards
 
 
 def _all_rows(home: JobHome, manifest) -> list[dict]:

@@ -1,7 +1,16 @@
-"""Engines: one small interface (:class:`Engine`), several backends.
+"""Engines: one small interface (:class:`Engine`), several backends, and how one starts.
 
-Backends are imported lazily by :func:`sparkbatch_dagster.resources.VLLMResource` so that
-importing this package never loads vllm or torch.
+Owns the interface and the lazy wrapper (:mod:`.base`), the resolved settings an engine starts
+from and the start itself (:mod:`.start`: a client of running servers, a `vllm serve` started
+here, offline vLLM, one engine per data-parallel GPU group), the backends (:mod:`.vllm_offline`,
+:mod:`.data_parallel` + :mod:`.worker_process`, :mod:`.vllm_server` with :mod:`.endpoints`,
+:mod:`.replicas`, :mod:`.token_prompts`, :mod:`.server_process`, :mod:`.vllm_cli`; :mod:`.fake`
+for tests), the platform's defaults and memory check (:mod:`.settings`), the model (:mod:`.model`:
+embedded models, identity, weight sizes) and one engine over several machines
+(:mod:`.multinode`).
+
+May import: ``errors``, ``spec``, ``home``. Backends import vllm lazily, so importing this
+package never loads vllm or torch.
 """
 
 from .base import Engine, EngineRequest, EngineResult, LazyEngine

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from ..prompts import chat_text
+from ..spec.prompts import chat_text
 
 
 def load_tokenizer(path: str) -> Any:

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import EngineError
-from ..prompts import chat_text
 from ..spec import OutputSpec, SamplingSpec
+from ..spec.prompts import chat_text
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
 
 

@@ -1,9 +1,10 @@
-"""Hostile input: the slow path that turns a CSV, JSONL or Parquet input DuckDB could not read
-in one go into rows, one per line, each either good or carrying its reason.
+"""Reading and sharding inputs: from the user's files to one Parquet file per shard.
 
-``shards.build_shards`` reads the input with DuckDB first; a clean file never comes here. Only
-when that read fails (bytes that are not UTF-8, a broken JSON line, a ragged row, a stray quote,
-a Parquet string that is not UTF-8) is every file re-read here, line by line:
+Owns :func:`.shards.build_shards` (DuckDB reads the input, gives every row a stable id, splits
+the rows into shards by a hash of the id, writes the manifest) and the slow path for hostile
+files that DuckDB could not read in one go: a CSV, JSONL or Parquet input re-read line by line,
+every line becoming exactly one row, good or carrying its reason (:mod:`.csv_input`,
+:mod:`.json_input`, :mod:`.parquet_input`, staged by :mod:`.staging`; :mod:`.files` sniffs).
 
 - every physical data line (or quoted multi-line record) of a CSV/JSONL file becomes exactly one
   row: good rows keep their values, bad rows get ``_sb_error`` (``invalid_text: line N: ...`` or
@@ -12,6 +13,8 @@ a Parquet string that is not UTF-8) is every file re-read here, line by line:
   ``_sb_file`` / ``_sb_line``, so row order (and generated ids) follow the input lines;
 - a file that cannot be read at all (empty, binary, another format, another encoding, no
   readable row) raises :class:`InputError` with one line naming the file and the fix.
+
+May import: ``errors``, ``spec``, ``home``.
 """
 
 from .csv_input import stage_csv

@@ -1,0 +1,15 @@
+"""The command line: ``sparkbatch estimate / run / status / preview / sql / worker-node /
+prepare-model``, what a shell user sees.
+
+Owns the commands (:mod:`.commands`), the console contract (:mod:`.console`: one JSON line on
+stdout, one-line errors on stderr, ``--debug``), finding the jobs of a definitions file and the
+Dagster instance (:mod:`.locate`) and ``sparkbatch preview`` (:mod:`.preview`: a run's plan and
+rendered prompts, no engine).
+
+May import: every room; nothing imports it (``python -m sparkbatch_dagster.cli`` runs it).
+"""
+
+from .commands import RANGE_END, RANGE_START, main, summary
+from .locate import load
+
+__all__ = ["RANGE_END", "RANGE_START", "load", "main", "summary"]

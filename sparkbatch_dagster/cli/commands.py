@@ -1,0 +1,295 @@
+"""``sparkbatch``: drive a job's assets from a shell, filling only the gaps.
+
+    sparkbatch estimate -f definitions.py  time a sample: duration, cost per node option, model choice
+    sparkbatch run -f definitions.py       shard if needed, label missing partitions, analytics
+    sparkbatch run --range A:B             only partitions A..B (one process per GPU)
+    sparkbatch status -f definitions.py    which partitions are done, and what to run next
+    sparkbatch preview -f definitions.py   rendered prompts, token counts, what a run would generate
+    sparkbatch sql -f definitions.py "FROM label_distribution"   query the results with DuckDB
+    sparkbatch prepare-model [NAME ...]    convert embedded models once (default: SmolLM2)
+
+Stdout carries one JSON line, the result; logs, the progress bar and advice go to stderr, and
+an error is one ``sparkbatch:`` line with its fix (``--debug``: logs, warnings, tracebacks).
+
+Runs go through the Dagster instance in ``$DAGSTER_HOME`` (``./.dagster_home`` when unset), so
+what the CLI does shows in ``dagster dev`` and the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ..definitions.factory import BatchJob
+from ..definitions.resource import VLLMResource
+from ..errors import SparkbatchError
+from ..home import check_key
+from ..run.progress import Bar, listening
+from . import console
+from .locate import instance, load
+
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+#: What the CLI shows of each node option the estimate priced.
+OPTION_KEYS = ("name", "nodes", "gpus_per_node", "engines", "wall_s", "cost_usd", "how")
+
+
+def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py") -> dict[str, Any]:
+    """Partitions done and missing, and the command to run next."""
+    manifest = job.home.read_manifest()
+    keys = (manifest or {"keys": []})["keys"]
+    done = job.done_partitions(resource) if keys else []
+    missing = [k for k in keys if k not in done]
+    if manifest is None:
+        step = (f"nothing is sharded yet: `sparkbatch preview -f {file}` shows the prompts and counts, "
+                f"`sparkbatch estimate -f {file}` the bill, `sparkbatch run -f {file}` labels everything")
+    elif missing:
+        step = f"`sparkbatch run -f {file}` labels the {len(missing)} missing partition(s)"
+    else:
+        step = f"all done: `sparkbatch sql -f {file} \"FROM label_distribution\"` queries the results"
+    return {"sharded": manifest is not None, "partitions_total": len(keys), "partitions_done": len(done),
+            "missing": missing, "next": step}
+
+
+def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
+    """Materialize ``input_shards`` and what it depends on (reused when the input is unchanged);
+    return the instance and the assets to materialize the rest with."""
+    from dagster import AssetSelection, materialize
+
+    inst = instance()
+    assets = list(defs.assets or job.assets)
+    materialize(assets, selection=AssetSelection.assets(job.keys["input_shards"]).upstream(),
+                resources=defs.resources, instance=inst, run_config=console.run_config())
+    return inst, assets
+
+
+def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Shard (if needed), label the missing partitions in one run, refresh metrics and analytics.
+
+    ``only=(first, last)`` restricts the run to that range of partition keys (one GPU each).
+    The summary's ``timings_s`` says where the time went: ``startup`` (Python, imports, loading
+    the definitions: process start to this call), ``shard``, ``label`` (engine start included),
+    ``metrics``, ``analytics``.
+    """
+    from dagster import materialize
+
+    clock = _Clock()
+    inst, assets = shard(job, defs)
+    clock.lap("shard")
+    resources = defs.resources
+    resource: VLLMResource = resources[job.resource_key]
+    missing = status(job, resource)["missing"]
+    if only:
+        missing = [k for k in missing if only[0] <= k <= only[1]]
+    if missing:
+        # One run over the range from the first to the last gap: one engine start. Partitions
+        # in between that are already done are skipped inside the asset, not recomputed.
+        print(f"sparkbatch: labeling {len(missing)} partition(s) of {job.spec.name}", file=sys.stderr)
+        bar = Bar()
+        with listening(bar):
+            try:
+                materialize(assets, selection=[job.keys["labeled_outputs"]], resources=resources, instance=inst,
+                            run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+            finally:
+                bar.close()
+        clock.lap("label")
+        # Its own run, as a backfill in the UI runs it: labeled_outputs' run has no end-of-run output.
+        materialize(assets, selection=[job.keys["run_metrics"]], resources=resources, instance=inst,
+                    run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+        clock.lap("metrics")
+    after = status(job, resource)
+    result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
+                         run_config=console.run_config())
+    clock.lap("analytics")
+    return {**summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result),
+            "timings_s": clock.laps}
+
+
+class _Clock:
+    """Seconds per phase of a command; the first lap starts when the process did."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.laps: dict[str, float] = {}
+        self._last = time.time()
+        self.laps["startup"] = round(self._last - psutil.Process().create_time(), 2)
+
+    def lap(self, name: str) -> None:
+        now = time.time()
+        self.laps[name] = round(now - self._last, 2)
+        self._last = now
+
+
+def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Materialize the job's ``estimate`` asset (shards first if needed); return its report.
+
+    Costs (``cost_usd``, ``best_cost_usd``, ``chosen_cost_usd``) are the whole job's: engine
+    start + generation, for the prompts not already answered by the result store."""
+    from dagster import materialize
+
+    inst, assets = shard(job, defs)
+    op = "__".join(job.keys["estimate"].path)
+    materialize(assets, selection=[job.keys["estimate"]], resources=defs.resources, instance=inst,
+                run_config={"ops": {op: {"config": overrides}}})
+    report: dict[str, Any] = json.loads((job.home.estimate_dir / "estimate.json").read_text())
+    for line in report["advice"]:
+        print(f"sparkbatch: {line}", file=sys.stderr)
+    keep = ("sample_rows", "total_rows", "model", "engine_start_s", "predicted_wall_s", "predicted_tokens_per_hour",
+            "accuracy", "accuracy_low", "accuracy_high", "stored_rows", "prompts_to_generate", "best_option",
+            "best_cost_usd", "accuracy_bar", "chosen_model", "chosen_configured_as", "chosen_cost_usd", "chart", "json")
+    model_keys = ("model", "configured_as", "weights_gb", "sample_rows", "extra_rows", "accuracy", "accuracy_low",
+                  "accuracy_high", "stored_rows", "prompts_to_generate", "predicted_tokens_per_hour",
+                  "predicted_wall_s", "engine_start_s", "best_option", "best_cost_usd")
+    return {**{k: report.get(k) for k in keep},
+            "options": [{k: o.get(k) for k in OPTION_KEYS} for o in report["options"]],
+            "models": [{k: m.get(k) for k in model_keys}
+                       | {"cost_usd": {o["name"]: o["cost_usd"] for o in m["options"]}} for m in report["models"]],
+            "advice": report["advice"]}
+
+
+def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list[str], result: Any) -> dict[str, Any]:
+    """The run's last stdout line: totals of the whole version, plus what this run did
+    (``partitions_run``; ``generated``: prompts sent to the engine; ``reused``: rows answered
+    from the result store).
+
+    ``cost_usd`` is the whole bill: generation plus every engine start the version's runs paid
+    (``generation_cost_usd``, ``engine_start_s`` and ``engine_start_cost_usd`` split it), the
+    number the estimate predicts. ``wall_s`` and ``tokens_per_hour`` are generation alone, like
+    ``predicted_wall_s``; ``prediction_error_pct`` compares the two over the prompts generated."""
+    from ..run import metrics
+
+    version = job.output_version(resource)
+    committed = metrics.committed_stats(job.home, version)
+    stats = list(committed.values())
+    this_run = [committed[k] for k in ran if k in committed]
+    check = metrics.prediction_check(job.home, version, stats)
+    tokens = sum(s["input_tokens"] + s["output_tokens"] for s in stats)
+    wall = sum(s["wall_s"] for s in stats)
+    facts = metrics.analytics(job.spec, job.home, version)
+    return {
+        "job": job.spec.name, "partitions_total": st["partitions_total"], "partitions_done": st["partitions_done"],
+        "partitions_run": len(ran), "rows": facts["rows"], "labeled": facts["labeled"], "errors": facts["errors"],
+        "input_tokens": sum(s["input_tokens"] for s in stats), "output_tokens": sum(s["output_tokens"] for s in stats),
+        "wall_s": round(wall, 2), "tokens_per_hour": round(tokens / wall * 3600) if wall else 0,
+        "cost_usd": check.get("cost_usd", 0.0), "generation_cost_usd": check.get("generation_cost_usd", 0.0),
+        "engine_start_s": check.get("engine_start_s", 0.0),
+        "engine_start_cost_usd": check.get("engine_start_cost_usd", 0.0), "accuracy": facts["accuracy"],
+        "generated": sum(s.get("generated_requests", 0) for s in this_run),
+        "reused": sum(s.get("reused_rows", 0) for s in this_run),
+        **{k: v for k, v in check.items() if k in ("predicted_wall_s", "prediction_error_pct")},
+        "version": version, "home": str(job.home.root), "success": bool(result.success),
+    }
+
+
+def sql(job: BatchJob, resource: VLLMResource, query: str) -> dict[str, Any]:
+    """Run ``query`` on the job's DuckDB file after refreshing its views (``labeled``,
+    ``label_distribution``, ``run_metrics``); prints a table on stderr, returns the rows."""
+    from ..run import metrics
+
+    metrics.analytics(job.spec, job.home, job.output_version(resource))
+    with metrics.connect(job.home.metrics_db) as con:
+        try:
+            cur = con.execute(query)
+        except Exception as exc:  # a typo in the query: DuckDB's own message says where
+            raise SparkbatchError(f"query failed: {str(exc).splitlines()[0]}") from None
+        columns = [d[0] for d in cur.description or []]
+        rows = [list(r) for r in cur.fetchall()]
+    print("\t".join(columns), file=sys.stderr)
+    for r in rows[:200]:
+        print("\t".join("" if v is None else str(v) for v in r), file=sys.stderr)
+    return {"columns": columns, "rows": rows}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparkbatch", description=__doc__.splitlines()[0] if __doc__ else None)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show framework logs, warnings and tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("run", "label every partition not yet done"), ("status", "show done/missing partitions"),
+                       ("estimate", "time a sample; predict duration and cost; compare models"),
+                       ("preview", "show rendered prompts and per-shard counts, without an engine"),
+                       ("sql", "query the job's DuckDB views (labeled, label_distribution, run_metrics)"),
+                       ("worker-node", "join this machine to a multi-node engine (docs/multi-node.md)")):
+        p = sub.add_parser(name, help=text, parents=[common])
+        p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
+        p.add_argument("--job", help="job name, when the file defines several")
+        if name == "run":
+            p.add_argument("--range", help="only partitions FIRST:LAST, e.g. shard-00000:shard-00003")
+        if name == "estimate":
+            p.add_argument("--sample-rows", type=int, help="rows to time (default: the spec's, 80)")
+            p.add_argument("--models", help="candidate models to compare, comma-separated (e.g. gemma-3-270m)")
+            p.add_argument("--accuracy-bar", type=float, help="least sample accuracy a model needs")
+        if name == "preview":
+            p.add_argument("-n", type=int, default=5, help="prompts to show (default 5)")
+        if name == "sql":
+            p.add_argument("query", help='e.g. "FROM label_distribution"')
+        if name == "worker-node":
+            p.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 to nnodes-1")
+            p.add_argument("--once", action="store_true", help="serve one engine of the first node, then exit")
+            p.add_argument("--print", dest="print_only", action="store_true",
+                           help="print the vLLM command; start nothing")
+    p = sub.add_parser("prepare-model", help="convert embedded models once", parents=[common])
+    p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
+    return parser
+
+
+def _command(args: argparse.Namespace) -> dict[str, Any]:
+    if args.command == "prepare-model":
+        from ..engines.model import DEFAULT_MODEL_NAME, EMBEDDED, ensure_embedded
+
+        unknown = sorted(set(args.names) - set(EMBEDDED))
+        if unknown:
+            raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
+        return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
+    job, defs = load(args.file, args.job)
+    resource = defs.resources[job.resource_key]
+    if args.command == "status":
+        return status(job, resource, args.file)
+    if args.command == "worker-node":
+        from ..engines.multinode import worker_node
+
+        engine = resource.engine_settings()
+        return worker_node(engine.model_name(), engine.llm_kwargs, args.node_rank,
+                           tensor_parallel_size=engine.tensor_parallel_size,
+                           data_parallel_size=engine.data_parallel_size, once=args.once, print_only=args.print_only,
+                           log=lambda m: print(f"sparkbatch: {m}", file=sys.stderr))
+    if args.command == "sql":
+        return sql(job, resource, args.query)
+    if args.command == "preview":
+        from .preview import describe, preview
+
+        shard(job, defs)
+        report = preview(job, resource, args.n)
+        print("\n".join(describe(report)), file=sys.stderr)
+        return report
+    if args.command == "estimate":
+        overrides = {"sample_rows": args.sample_rows, "accuracy_bar": args.accuracy_bar,
+                     "models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None}
+        return estimate(job, defs, {k: v for k, v in overrides.items() if v is not None})
+    only = None
+    if args.range:
+        first, sep, last = args.range.partition(":")
+        if not sep:
+            raise SparkbatchError(f"--range {args.range!r} must look like shard-00000:shard-00003")
+        only = (check_key(first), check_key(last))
+    return run(job, defs, only)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console.configure(args.debug)
+    try:
+        with console.json_stdout() as emit:
+            emit(_command(args))
+        return 0
+    except Exception as exc:
+        line = console.error_line(exc)
+        if line is None or console.debugging():
+            raise
+        print(line, file=sys.stderr)
+        return 2 if isinstance(exc, SparkbatchError) else 1
+

@@ -1,0 +1,83 @@
+"""See before you pay: what a job would send to the engine, without starting one.
+
+Each shard is planned exactly as a run plans it (row checks, rendering, exact-duplicate
+grouping, the result-store lookup), so the counts are what a run would generate; a few
+prompts are shown as the model would see them (its chat template applied by its tokenizer,
+no engine) with their token counts.
+
+Example::
+
+    report = preview(job, VLLMResource(), show=3)
+    report["shards"][0]["to_generate"], report["prompts"][0]["text"]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..run.result_store import ResultStore, prompt_key
+from ..run.runner import plan_rows, read_shard
+from ..spec.prompts import chat_text
+
+
+def load_tokenizer(path: str) -> Any | None:
+    """The model's own tokenizer (transformers only, no engine); None when there is none here
+    (a server someone else runs, a hub name without a local copy, the fake engine)."""
+    from pathlib import Path
+
+    if not (Path(path) / "tokenizer_config.json").exists():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def preview(job: Any, resource: Any, show: int = 5) -> dict[str, Any]:
+    """Plan every shard of ``job`` as a run would; render the first ``show`` prompts to generate."""
+    spec, home = job.spec, job.home
+    manifest = home.read_manifest() or {"keys": [], "signature": None}
+    model = resource.model_identity()
+    store = ResultStore(spec.result_store_path, spec.answer_context(model))
+    shards: list[dict[str, Any]] = []
+    samples: list[tuple[str, list[dict[str, str]], list[str]]] = []
+    for key in manifest["keys"]:
+        rows = read_shard(home, key, manifest["signature"])
+        errors, groups = plan_rows(spec, rows, set())
+        keys = {g: prompt_key(p.system, p.user) for g, (p, _) in groups.items()}
+        stored = store.lookup(list(keys.values()))
+        todo = sorted(g for g in groups if keys[g] not in stored)
+        shards.append({"partition": key, "rows": len(rows), "error_rows": len(errors), "distinct_prompts": len(groups),
+                       "duplicate_rows": sum(len(ids) - 1 for _, ids in groups.values()),
+                       "stored_prompts": len(groups) - len(todo), "to_generate": len(todo)})
+        samples += [(key, groups[g][0].messages(), groups[g][1]) for g in todo[: max(0, show - len(samples))]]
+    path = resource.model_name()
+    tokenizer = load_tokenizer(path)
+    prompts = []
+    for key, messages, ids in samples:
+        text, special = chat_text(tokenizer, messages) if tokenizer else ("\n\n".join(m["content"] for m in messages),
+                                                                          True)
+        tokens = len(tokenizer(text, add_special_tokens=special)["input_ids"]) if tokenizer else None
+        prompts.append({"partition": key, "row_ids": ids[:3], "rows": len(ids), "messages": messages,
+                        "text": text, "tokens": tokens})
+    totals = {k: sum(s[k] for s in shards) for k in ("rows", "error_rows", "distinct_prompts", "duplicate_rows",
+                                                     "stored_prompts", "to_generate")}
+    return {"job": spec.name, "model": model, "chat_template": bool(tokenizer and tokenizer.chat_template),
+            "tokenizer": tokenizer is not None, **totals, "shards": shards, "prompts": prompts}
+
+
+def describe(report: dict[str, Any]) -> list[str]:
+    """Human lines for stderr: the prompts as the model sees them, then the counts."""
+    lines = []
+    for n, p in enumerate(report["prompts"], 1):
+        tokens = f"{p['tokens']} tokens" if p["tokens"] is not None else "tokens unknown (no local tokenizer)"
+        lines += [f"--- prompt {n} ({p['partition']}, {p['rows']} row(s): {', '.join(p['row_ids'])}; {tokens}) ---",
+                  p["text"]]
+    template = "its chat template" if report["chat_template"] else "no chat template (plain text)"
+    lines.append(f"--- {report['job']} on {report['model']} ({template}) ---")
+    for s in report["shards"]:
+        lines.append(f"{s['partition']}: {s['rows']} rows, {s['distinct_prompts']} distinct prompts "
+                     f"({s['duplicate_rows']} duplicate rows), {s['error_rows']} error rows, "
+                     f"{s['stored_prompts']} already answered, {s['to_generate']} to generate")
+    lines.append(f"total: {report['rows']} rows; {report['to_generate']} prompts to generate, "
+                 f"{report['stored_prompts']} already answered in the result store")
+    return lines

@@ -1,0 +1,93 @@
+"""Dagster events for one partition, emitted the moment its shard commits.
+
+Dagster's single-run backfills record every partition's materialization at the end of the run
+(dagster-io/dagster#21072), so a 10-hour backfill would show nothing for 10 hours and each
+partition would carry the run's totals. ``labeled_outputs`` instead yields, per committed
+shard, a materialization with that partition's own numbers and its two checks, so the
+partition bar fills shard by shard and a crash leaves the UI agreeing with the disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.parquet as pq
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetMaterialization,
+    MetadataValue,
+)
+
+from ..home import JobHome
+from ..spec import JobSpec
+
+EXACTLY_ONCE = "every_row_exactly_once"
+ERROR_RATE = "error_rate"
+#: What a partition's materialization carries; sums over materializations give the real bill.
+NUMBERS = ("rows", "labeled", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour",
+           "engine_start_s", "cost_usd", "generated_requests", "reused_rows")
+
+
+def materialization(key: AssetKey, stats: dict[str, Any], *, this_run: bool, tags: dict[str, str],
+                    home: JobHome) -> AssetMaterialization:
+    """The partition's own numbers. ``this_run=False``: it was already done under this version,
+    so this run generated nothing and spent nothing on it (cost 0, every row reused)."""
+    numbers = {k: stats.get(k, 0) for k in NUMBERS}
+    if not this_run:
+        numbers.update(wall_s=0.0, tokens_per_hour=0, engine_start_s=0.0, cost_usd=0.0, generated_requests=0,
+                       reused_rows=stats["rows"])
+    return AssetMaterialization(
+        asset_key=key, partition=stats["partition"], tags=tags,
+        metadata={**numbers, "error_rate": round(stats["errors"] / max(stats["rows"], 1), 4),
+                  "computed_in_this_run": this_run, "model": stats["model"], "version": stats["version"],
+                  "path": MetadataValue.path(str(home.labeled_path(stats["version"], stats["partition"])))},
+    )
+
+
+def exactly_once(home: JobHome, version: str, partition: str) -> tuple[bool, dict[str, Any]]:
+    """Read back from disk: does the labeled file hold every input row of the shard once, and nothing else?"""
+    want = pq.read_table(home.shard_path(partition), columns=["row_id"]).column("row_id").to_pylist()
+    got = pq.read_table(home.labeled_path(version, partition), columns=["row_id"]).column("row_id").to_pylist()
+    missing, extra = set(want) - set(got), set(got) - set(want)
+    duplicated = len(got) - len(set(got))
+    passed = not missing and not extra and not duplicated
+    return passed, {"input_rows": len(want), "output_rows": len(got), "missing": len(missing),
+                    "unexpected": len(extra), "duplicated": duplicated,
+                    **({"first_missing": sorted(missing)[:5]} if missing else {})}
+
+
+def checks(key: AssetKey, spec: JobSpec, home: JobHome, stats: dict[str, Any]) -> list[AssetCheckEvaluation]:
+    """The partition's two checks: every row exactly once (blocking: ``analytics`` is not built
+    on a partition that fails it) and the error rate (a warning above ``spec.max_error_rate``)."""
+    partition, version = stats["partition"], stats["version"]
+    passed, counts = exactly_once(home, version, partition)
+    rate = stats["errors"] / max(stats["rows"], 1)
+    return [
+        AssetCheckEvaluation(asset_key=key, check_name=EXACTLY_ONCE, passed=passed, partition=partition,
+                             metadata=counts, severity=AssetCheckSeverity.ERROR, blocking=True),
+        AssetCheckEvaluation(asset_key=key, check_name=ERROR_RATE, passed=rate <= spec.max_error_rate,
+                             partition=partition, severity=AssetCheckSeverity.WARN, blocking=False,
+                             metadata={"error_rate": round(rate, 4), "max_error_rate": spec.max_error_rate,
+                                       "error_reasons": MetadataValue.json(stats.get("error_reasons", {}))}),
+    ]
+
+
+def blocked(instance: Any, key: AssetKey, home: JobHome, version: str, partitions: list[str]) -> list[str]:
+    """Partitions that fail the blocking exactly-once check: as last recorded in the instance,
+    or, for a partition with no recorded evaluation (committed by an older release), on disk now."""
+    from dagster import AssetCheckKey
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        AssetCheckKey(key, EXACTLY_ONCE), limit=max(100, 4 * len(partitions)))
+    latest: dict[str, Any] = {}
+    for rec in records:  # newest first
+        data = rec.event.dagster_event.event_specific_data if rec.event and rec.event.dagster_event else None
+        part = getattr(data, "partition", None)
+        if part is not None and part not in latest:
+            latest[part] = rec.status
+    failed = AssetCheckExecutionRecordStatus.FAILED
+    return [p for p in partitions
+            if latest.get(p) == failed or (p not in latest and not exactly_once(home, version, p)[0])]

@@ -1,0 +1,313 @@
+"""The asset factory: one call turns a :class:`JobSpec` into partitioned Dagster assets.
+
+    input_shards -> labeled_outputs (one partition per shard) -> run_metrics -> analytics
+                 -> estimate (a timed sample: duration, cost per node option, model choice) -> run_metrics
+
+``labeled_outputs`` materializes each partition the moment its shard commits, with that
+partition's own numbers and checks (:mod:`.events`); ``run_metrics`` and ``analytics`` follow
+new labeled partitions by themselves (``AutomationCondition.eager``) and need no engine.
+"""
+
+
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
+
+from dagster import (
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    AssetSelection,
+    AssetSpec,
+    AutomationCondition,
+    BackfillPolicy,
+    Config,
+    DataVersion,
+    DynamicPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    multi_asset,
+)
+
+from ..engines.base import LazyEngine
+from ..engines.model import answer_settings
+from ..errors import SparkbatchError
+from ..home import JobHome
+from ..inputs.shards import build_shards
+from ..run import metrics
+from ..run.progress import Relay
+from ..run.runner import ShardRun
+from ..spec import EstimateSpec, JobSpec, fingerprint
+from . import events
+from .job import BatchJob
+from .resource import VLLMResource
+
+# One run per backfill is the point of this plugin (one engine start); Dagster marks these
+# parameters beta/preview, notices no user of these assets can act on.
+warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta")
+warnings.filterwarnings("ignore", message=r".*partitions_def.*AssetCheckSpec")
+
+__all__ = ["BatchJob", "build_batch_assets"]
+
+#: Every job built in this process, by its ``labeled_outputs`` key: how the CLI finds the jobs of
+#: a Definitions, those declared in YAML (``BatchInferenceComponent``) included.
+_JOBS: dict[AssetKey, BatchJob] = {}
+
+
+def find_job(key: AssetKey) -> BatchJob | None:
+    """The job whose ``labeled_outputs`` asset has this key (the last one built in this process)."""
+    return _JOBS.get(key)
+
+
+def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
+    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    return head + "\n".join("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
+
+
+def _bars(rows: Sequence[tuple[str, float]], width: int = 30) -> str:
+    """A bar chart in Markdown, which the Dagster UI shows in place (a PNG path it does not)."""
+    top = max((v for _, v in rows), default=0) or 1
+    return "\n".join(f"- `{name}` {'█' * max(1, round(width * v / top))} ${v:.4f}" for name, v in rows)
+
+
+class EstimateConfig(Config):
+    """Launchpad overrides of the job's ``estimate`` settings (unset: the spec's)."""
+
+    sample_rows: Optional[int] = None  # noqa: UP045 - Dagster reads these annotations at runtime
+    models: Optional[list[str]] = None  # noqa: UP045
+    accuracy_bar: Optional[float] = None  # noqa: UP045
+
+
+def _settings_line(resource: VLLMResource) -> str:
+    """The engine settings a log reader wants to see (what is set, no secrets)."""
+    shown = {k: v for k, v in resource.model_dump().items()
+             if v not in (None, {}, "") and k not in ("model", "keep_warm", "api_key")}
+    return "with " + json.dumps(shown, default=str)
+
+
+def _model_config(resource: VLLMResource | None) -> Any:
+    """The configured model and the settings that change its answers: part of the code version,
+    so switching models shows ``labeled_outputs`` as changed in the UI (the weights' own digest
+    goes into each partition's data version when it runs)."""
+    if resource is None:
+        return None
+    try:
+        cfg = resource.resolved()
+    except SparkbatchError:  # an EnvVar unset where the code loads: the run will say so
+        cfg = resource
+    # Where it runs (offline, which servers) is not here: the same model answers the same anywhere.
+    return {"model": cfg.model, **answer_settings(cfg.dtype, cfg.max_model_len, cfg.engine_kwargs)}
+
+
+def _input_provenance(instance: Any, key: AssetKey) -> dict[str, str]:
+    """The tags Dagster writes on a materialization to say which upstream version it was built
+    from; without them the UI calls every partition stale ("new dependency")."""
+    from dagster._core.definitions.data_version import get_input_data_version_tag, get_input_event_pointer_tag
+
+    records = instance.fetch_materializations(key, limit=1).records
+    if not records:
+        return {}
+    version = records[0].asset_materialization.tags.get("dagster/data_version")
+    return {get_input_data_version_tag(key): version, get_input_event_pointer_tag(key): str(records[0].storage_id)
+            } if version else {}
+
+
+def build_batch_assets(
+    *, spec: JobSpec, key_prefix: str | Sequence[str] | None = None, group_name: str | None = None,
+    resource_key: str = "vllm", upstream: Sequence[AssetsDefinition | AssetKey] = (),
+    pool: str | None = "gpu", resource: VLLMResource | None = None,
+    backfill_policy: BackfillPolicy | None = None,
+) -> BatchJob:
+    """Build the job's five assets and their checks.
+
+    Example::
+
+        vllm = VLLMResource()
+        job = build_batch_assets(spec=spec, resource=vllm)
+        defs = Definitions(assets=job.assets, resources={"vllm": vllm})
+
+    Args:
+        spec: the job.
+        key_prefix: asset key prefix (default: the job name).
+        group_name: Dagster asset group (default: the job name).
+        resource_key: key of the :class:`VLLMResource` in ``Definitions.resources``.
+        upstream: assets that produce the input files (``input_shards`` depends on them).
+        pool: Dagster concurrency pool of the assets that start an engine (``labeled_outputs``,
+            ``estimate``); limit it to the number of GPUs (``dagster instance concurrency set
+            gpu 1``) so two runs never start two engines on one GPU. None: no pool.
+        resource: the resource the job will run with, when known here: its model and settings
+            become part of ``labeled_outputs``' code version.
+        backfill_policy: ``labeled_outputs``' policy. Default ``BackfillPolicy.single_run()``: one
+            run and one engine start for a whole backfill. ``BackfillPolicy.multi_run(n)`` spreads a
+            backfill over runs of n partitions, e.g. one per GPU machine (docs/deploy-k8s.md).
+    """
+    labeled_policy = backfill_policy or BackfillPolicy.single_run()
+    # run_metrics must not share labeled_outputs' run (that run yields no output at its end, so
+    # a step after it would be skipped); a different policy keeps them in separate runs.
+    metrics_policy = BackfillPolicy.multi_run(max_partitions_per_run=1000)
+    if metrics_policy == labeled_policy:
+        metrics_policy = BackfillPolicy.multi_run(max_partitions_per_run=999)
+    prefix = [key_prefix] if isinstance(key_prefix, str) else list(key_prefix or [spec.name])
+    group = group_name or spec.name
+    home = JobHome(spec.home_path)
+    parts = DynamicPartitionsDefinition(name=f"{spec.name}_shards")
+    job = BatchJob(spec, home, parts, resource_key=resource_key)
+    names = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
+    job.keys = {n: AssetKey([*prefix, n]) for n in names}
+    labeled_key = job.keys["labeled_outputs"]
+    code_version = fingerprint({"prompt": spec.prompt_fingerprint(), "model": _model_config(resource)})[:16]
+
+    @asset(key=job.keys["input_shards"], deps=list(upstream), group_name=group, kinds={"duckdb", "parquet"},
+           description=f"{spec.input} split into shards by a hash of the row id.")
+    def input_shards(context: AssetExecutionContext) -> MaterializeResult:
+        manifest = build_shards(spec, home)
+        known = set(context.instance.get_dynamic_partitions(parts.name or ""))
+        new = [k for k in manifest["keys"] if k not in known]
+        if new:
+            context.instance.add_dynamic_partitions(parts.name or "", new)
+        for stale in sorted(known - set(manifest["keys"])):
+            context.instance.delete_dynamic_partition(parts.name or "", stale)
+        return MaterializeResult(data_version=DataVersion(manifest["signature"]), metadata={
+            "rows": manifest["rows"], "shards": manifest["shard_count"], "reused": manifest["reused"],
+            "path": MetadataValue.path(str(home.shards_dir)),
+        })
+
+    checks = [
+        AssetCheckSpec(events.EXACTLY_ONCE, asset=labeled_key, partitions_def=parts, blocking=True,
+                       description="Read back from disk: the labeled file holds every input row of the shard "
+                                   "exactly once (a label or an error row). analytics is not built on a failure."),
+        AssetCheckSpec(events.ERROR_RATE, asset=labeled_key, partitions_def=parts,
+                       description=f"Error rows are at most {spec.max_error_rate:.0%} of the partition."),
+    ]
+
+    # Skippable, and no output at the end: each partition's materialization is yielded as its
+    # shard commits (see events.py), so Dagster must not add a second one per partition.
+    @multi_asset(
+        name="__".join(labeled_key.path), partitions_def=parts, backfill_policy=labeled_policy,
+        required_resource_keys={resource_key}, check_specs=checks, can_subset=True, pool=pool,
+        specs=[AssetSpec(labeled_key, deps=[input_shards], skippable=True, group_name=group,
+                         kinds={"vllm", "parquet"}, code_version=code_version,
+                         description="One shard labeled by the model; every input row exactly once (a label or "
+                                     "an error). Each partition materializes as its shard commits.")],
+    )
+    def labeled_outputs(context: AssetExecutionContext) -> Iterator[Any]:
+        resource: VLLMResource = getattr(context.resources, resource_key)
+        keys = context.partition_keys  # each read asks the instance for the dynamic partitions
+        job.check_partitions(keys)  # before any engine starts
+        model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
+        version = job.version_for(model_id)
+        # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
+        engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))
+        home.write_current(version, engine.model_id)
+        todo = [k for k in keys if not home.is_done(version, k)]
+        tags = {"dagster/code_version": code_version, "dagster/data_version_is_user_provided": "true",
+                **_input_provenance(context.instance, job.keys["input_shards"])}
+        if context.run.tags.get("dagster/backfill"):
+            tags["dagster/backfill"] = context.run.tags["dagster/backfill"]
+
+        def emit(stats: dict[str, Any], this_run: bool) -> Iterator[Any]:
+            data_version = fingerprint([version, stats["partition"]])[:16]
+            yield events.materialization(labeled_key, stats, this_run=this_run, home=home,
+                                         tags={**tags, "dagster/data_version": data_version})
+            yield from events.checks(labeled_key, spec, home, stats)
+
+        done = [k for k in keys if k not in todo]
+        if done:
+            context.log.info(f"{len(done)} partition(s) already done under version {version}: recorded as "
+                             "reused (nothing generated, cost 0 in this run)")
+        for k in done:
+            yield from emit(json.loads(home.stats_path(version, k).read_text()), this_run=False)
+        home.remove_stale_parts(version)
+        if todo:
+            context.log.info(f"labeling {len(todo)} partition(s) with {engine.model_id}; the engine starts "
+                             "when the first prompt that is not in the result store needs it")
+            runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info))
+            runner.expected_rows_per_s = job.expected_rows_per_s(version)
+            for stats in runner.stream(todo):
+                context.log.info(f"{stats['partition']} committed: {stats['rows']} rows, {stats['errors']} errors, "
+                                 f"{stats['generated_requests']} prompts generated, {stats['reused_rows']} reused, "
+                                 f"${stats['cost_usd']:.4f}")
+                yield from emit(stats, this_run=True)
+
+    follow = AutomationCondition.eager().ignore(AssetSelection.assets(job.keys["estimate"]))
+
+    @asset(key=job.keys["run_metrics"], deps=[labeled_outputs, job.keys["estimate"]], partitions_def=parts,
+           backfill_policy=metrics_policy, group_name=group,
+           kinds={"duckdb"}, automation_condition=follow,
+           description="Rows, errors, tokens, time, tokens/hour and cost per partition, in metrics.duckdb; "
+                       "predicted vs actual generation time when an estimate was made.")
+    def run_metrics(context: AssetExecutionContext) -> MaterializeResult:
+        version = job.current_version()
+        committed = metrics.sync(home, version)
+        keys = context.partition_keys
+        missing = [k for k in keys if k not in committed]
+        if missing:
+            raise SparkbatchError(f"no finished output for {missing}: materialize labeled_outputs for them first")
+        for k in keys:
+            s = committed[k]
+            context.add_asset_metadata({n: s.get(n, 0) for n in events.NUMBERS}, partition_key=k)
+        check = metrics.prediction_check(home, version, list(committed.values()))
+        if "predicted_wall_s" in check:
+            context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
+        cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
+        return MaterializeResult(metadata={
+            "all_committed_partitions": MetadataValue.md(_md_table(list(committed.values()), cols)),
+            **{f"job_{k}": v for k, v in check.items() if v is not None},
+            "database": MetadataValue.path(str(home.metrics_db)),
+        })
+
+    @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"},
+           automation_condition=AutomationCondition.eager(),
+           description="Label distribution, accuracy against the gold column, cost per 1k rows (DuckDB views). "
+                       "Not built while a partition fails its every-row-exactly-once check.")
+    def analytics(context: AssetExecutionContext) -> MaterializeResult:
+        version = job.current_version()
+        committed = sorted(metrics.committed_stats(home, version))
+        bad = events.blocked(context.instance, labeled_key, home, version, committed)
+        if bad:
+            raise SparkbatchError(f"partition(s) {bad[:5]} failed the {events.EXACTLY_ONCE} check: analytics is "
+                                  "not built on them; materialize labeled_outputs for them again")
+        result = metrics.analytics(spec, home, version)
+        dist = [{"label": k, "rows": v} for k, v in result.pop("label_distribution").items()]
+        return MaterializeResult(metadata={
+            **{k: v for k, v in result.items() if v is not None},
+            "label_distribution": MetadataValue.md(_md_table(dist, ["label", "rows"])),
+            "database": MetadataValue.path(str(home.metrics_db)),
+        })
+
+    @asset(key=job.keys["estimate"], deps=[input_shards], group_name=group, kinds={"vllm"},
+           required_resource_keys={resource_key}, pool=pool,
+           description="Timed sample on the real engine: predicted duration, tokens/hour and cost per node "
+                       "option (engine start included), and the cheapest model whose accuracy interval clears "
+                       "the bar. Writes JSON + a chart.")
+    def estimate(context: AssetExecutionContext, config: EstimateConfig) -> MaterializeResult:
+        overrides = {k: v for k, v in config.model_dump().items() if v is not None}
+        est = EstimateSpec(**{**spec.estimate.model_dump(), **overrides})  # overrides validated like the spec
+        report = job.estimate(getattr(context.resources, resource_key), est, log=context.log.info)
+        for line in report["advice"]:
+            context.log.info(line)
+        table = [{"model": m["model"], "rows": m["sample_rows"], "accuracy": m["accuracy"],
+                  "95% interval": f"{m['accuracy_low']}-{m['accuracy_high']}" if m["accuracy"] is not None else "",
+                  "tokens/hour": m["predicted_tokens_per_hour"], "stored rows": m["stored_rows"],
+                  **{f"{o['name']} $": o["cost_usd"] for o in m["options"]}} for m in report["models"]]
+        return MaterializeResult(metadata={
+            **{k: report[k] for k in ("sample_rows", "total_rows", "predicted_wall_s", "predicted_tokens_per_hour",
+                                      "engine_start_s", "model", "stored_rows", "prompts_to_generate")},
+            **{f"cost_usd {o['name']}": o["cost_usd"] for o in report["options"] if o["cost_usd"] is not None},
+            "chosen_model": str(report["chosen_model"]),
+            **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
+            "models": MetadataValue.md(_md_table(table, list(table[0]))),
+            "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
+            "how_to_run": MetadataValue.md("\n".join(f"- '{o['name']}': {o['how']}" for o in report["options"])),
+            "cost_chart": MetadataValue.md(_bars([(f"{m['model']} {o['name']}", o["cost_usd"])
+                                                  for m in report["models"] for o in m["options"]
+                                                  if o["cost_usd"] is not None])),
+            "chart": MetadataValue.path(report["chart"]), "report": MetadataValue.path(report["json"]),
+        })
+
+    job.assets = [input_shards, labeled_outputs, run_metrics, analytics, estimate]
+    _JOBS[job.keys["labeled_outputs"]] = job
+    return job

@@ -1,0 +1,183 @@
+"""A built job: its spec, home and assets, and what code outside Dagster needs from it (the
+output version, the estimate, which partitions are done, the current outputs)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from dagster import AssetKey, AssetsDefinition, DynamicPartitionsDefinition
+
+from ..errors import SparkbatchError
+from ..home import JobHome, atomic_write_text
+from ..spec import EstimateSpec, JobSpec, fingerprint
+from .resource import VLLMResource, on_cpu
+
+
+@dataclass
+class BatchJob:
+    """What :func:`build_batch_assets` returns: the assets plus what a CLI needs to drive them."""
+
+    spec: JobSpec
+    home: JobHome
+    partitions_def: DynamicPartitionsDefinition
+    assets: list[AssetsDefinition] = field(default_factory=list)
+    keys: dict[str, AssetKey] = field(default_factory=dict)
+    resource_key: str = "vllm"
+
+    def output_version(self, resource: VLLMResource) -> str:
+        """Fingerprint of prompt + sampling + model + input shards: the output folder's name."""
+        return self.version_for(resource.model_identity())
+
+    def version_for(self, model_id: str) -> str:
+        """:meth:`output_version` for a model identity already known (a server asked once, not twice)."""
+        manifest = self.home.read_manifest()
+        if manifest is None:
+            shards = self.keys["input_shards"].to_user_string()
+            raise SparkbatchError(f"{self.home.root} has no shards yet: materialize {shards} first")
+        return fingerprint({"prompt": self.spec.prompt_fingerprint(), "model": model_id,
+                            "input": manifest["signature"]})
+
+    def estimate(self, resource: VLLMResource, est: EstimateSpec | None = None,
+                 log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+        """Time a sample on the configured model and on each candidate in ``est.models`` (one
+        engine at a time, open only while that model samples; a model whose accuracy interval
+        straddles the bar samples more rows first); count the rows the result store already
+        answers; predict duration and cost of the whole job (engine start included) per node
+        option; name the best buy; write JSON + chart; return the report.
+
+        Example::
+
+            report = job.estimate(VLLMResource(), EstimateSpec(models=["gemma-3-270m"], accuracy_bar=0.2))
+            report["predicted_wall_s"], report["chosen_model"], report["chart"]
+
+        ``log`` hears each step (sample drawn, each model's engine start and sample), so a
+        Dagster run's log is not silent for the minutes an estimate takes.
+        """
+        from .. import estimate as E
+        from ..engines.model import weights_gb
+        from ..estimate import choice as C
+        from ..run.result_store import ResultStore
+
+        est = est or self.spec.estimate
+        on_gpu = not on_cpu()
+        engines = resource.engine_count()
+        # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
+        batch = resource.resolved_max_num_seqs() * engines
+        if est.fill_batch and est.sample_rows < batch:
+            est = est.model_copy(update={"sample_rows": batch})
+        sample = E.draw_sample(self.spec, self.home, est)
+        log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,}; models: "
+            f"{[resource.model or 'default', *[m for m in est.models if m != resource.model]]}")
+        has_gold = self.spec.gold_column is not None
+        models: list[dict[str, Any]] = []
+        failed: list[dict[str, str]] = []
+        for candidate in [None, *[m for m in est.models if m != resource.model]]:
+            res = resource if candidate is None else resource.with_model(candidate)
+            try:  # one engine at a time: a small box holds one model's KV cache, not several
+                name = res.model_name()
+                log(f"estimate: starting {name} and timing the sample on it")
+                timing = E.sample_model(self.spec, self.home, est, sample, res.get_engine())
+            except SparkbatchError as exc:
+                if candidate is None:  # the job's own model must run; a candidate may fail alone
+                    raise
+                failed.append({"model": candidate, "error": str(exc)})
+                continue
+            finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
+                res.close() if candidate is None else res.shutdown()
+            model_id = res.model_identity()
+            store = ResultStore(self.spec.result_store_path, self.spec.answer_context(model_id))
+            stored = E.count_stored(self.spec, self.home, sample, store)
+            models.append({**E.predict(sample, timing, est.options, weights_gb(name), stored, engines),
+                           "configured_as": res.model})
+            m = models[-1]
+            log(f"estimate: {timing.model}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
+                f"predicted {m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']}")
+            atomic_write_text(self.home.prediction_path(self.version_for(model_id)), json.dumps({
+                "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
+                "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
+                "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
+                "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
+                "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }))
+        chosen = C.choose(models, est.accuracy_bar, has_gold)
+        primary = models[0]
+        report = {
+            "job": self.spec.name, "base_sample_rows": len(sample.rows), "sample_rows": len(sample.rows),
+            "total_rows": sample.total_rows, "distinct_prompts": sample.distinct_prompts, **primary,
+            "accuracy_bar": est.accuracy_bar, "max_sample_rows": est.max_sample_rows,
+            "chosen_model": chosen["model"] if chosen else None,
+            "chosen_configured_as": chosen["configured_as"] if chosen else None,
+            "chosen_cost_usd": chosen["best_cost_usd"] if chosen else None,
+            "models": models, "failed_models": failed,
+            # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
+            "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
+                               on_gpu=on_gpu, has_gold=has_gold, models=models, total_rows=sample.total_rows)
+            + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed],
+        }
+        return E.write_report(report, self.home.estimate_dir)
+
+    def done_partitions(self, resource: VLLMResource) -> list[str]:
+        manifest = self.home.read_manifest() or {"keys": []}
+        if not manifest["keys"]:
+            return []
+        version = self.output_version(resource)
+        return [k for k in manifest["keys"] if self.home.is_done(version, k)]
+
+    def check_partitions(self, keys: list[str]) -> None:
+        """Stop before any engine starts when a key is not a shard of the current manifest (a
+        partition added by hand in the UI, or one from before the input was re-sharded)."""
+        manifest = self.home.read_manifest()
+        shards = self.keys["input_shards"].to_user_string()
+        if manifest is None:
+            raise SparkbatchError(f"{self.home.root} has no shards yet: materialize {shards} first")
+        unknown = sorted(set(keys) - set(manifest["keys"]))
+        if unknown:
+            have = manifest["keys"]
+            span = f"{have[0]} .. {have[-1]}" if have else "none"
+            raise SparkbatchError(
+                f"partition(s) {unknown[:5]} are not shards of {self.home.root} (it has {len(have)}: {span}): "
+                f"pick partitions that {shards} registered, or materialize {shards} again if the input or "
+                "shard_count changed"
+            )
+
+    def current_version(self) -> str:
+        """The output version the latest ``labeled_outputs`` run wrote (no engine resource needed)."""
+        current = self.home.read_current()
+        if current is None:
+            raise SparkbatchError(f"{self.home.root} has no labeled outputs yet: materialize "
+                                  f"{self.keys['labeled_outputs'].to_user_string()} first")
+        return str(current["version"])
+
+    def read_outputs(self, partitions: list[str] | None = None) -> Any:
+        """The current labeled rows (every committed partition, or ``partitions``) as a pyarrow
+        Table: what a downstream asset reads, without an engine resource.
+
+        Example::
+
+            @asset(deps=[job.keys["labeled_outputs"]])
+            def label_counts() -> dict:
+                table = job.read_outputs()
+                return dict(Counter(table.column("output").to_pylist()))
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from ..run.checkpoint import OUTPUT_SCHEMA
+
+        version = self.current_version()
+        keys = partitions or (self.home.read_manifest() or {"keys": []})["keys"]
+        paths = [self.home.labeled_path(version, k) for k in keys if self.home.is_done(version, k)]
+        return pa.concat_tables([pq.read_table(p) for p in paths]) if paths else OUTPUT_SCHEMA.empty_table()
+
+    def expected_rows_per_s(self, version: str) -> float | None:
+        """The estimate's generation rate for this version, to quote an ETA before the run has its own."""
+        path = self.home.prediction_path(version)
+        if not path.exists():
+            return None
+        pred = json.loads(path.read_text())
+        rows = pred["total_rows"] - pred.get("stored_rows", 0)
+        return rows / pred["predicted_wall_s"] if pred.get("predicted_wall_s") else None

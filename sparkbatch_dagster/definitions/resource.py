@@ -1,0 +1,267 @@
+"""``VLLMResource``: owns the engine's lifecycle for one Dagster run, nothing else.
+
+The engine starts lazily on the first prompt that needs generating (a run whose partitions are
+all done, or whose answers are all in the result store, never pays the minute of engine
+start), is reused by every partition of the run, and is shut down in
+``teardown_after_execution`` (or kept warm for the next run in this process: ``keep_warm``).
+The resource stays plain settings: :meth:`VLLMResource.engine_settings` resolves them into the
+one frozen value the engines room starts from (``engines/start.py``); what they become for vLLM
+lives there too (``engines/settings.py``, ``engines/server_process.py``), model conversion and
+identity in ``engines/model.py``. Unit tests inject a fake engine with
+``sparkbatch_dagster.testing.FakeVLLMResource``, a class of its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+from typing import Any, Literal
+
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from pydantic import Field, PrivateAttr
+from typing_extensions import Self
+
+from ..engines import settings
+from ..engines.base import Engine
+from ..engines.endpoints import root_url
+from ..engines.model import THROUGHPUT_ONLY, answer_settings
+from ..engines.settings import on_cpu
+from ..engines.start import EngineSettings, start
+from ..errors import ConfigError
+
+__all__ = ["THROUGHPUT_ONLY", "VLLMResource", "close_warm_engines", "on_cpu"]
+
+#: Engines kept warm between runs of this process (``keep_warm``), by settings.
+_WARM: dict[str, Engine] = {}
+#: What ``EnvVar("X")`` and ``EnvVar.int("X")`` leave in a field until a run reads them.
+_ENV_VARS = (EnvVar, type(EnvVar.int("_")))
+
+
+@atexit.register
+def close_warm_engines() -> None:
+    """Shut down every engine kept warm by ``keep_warm=True`` resources (also run at exit)."""
+    while _WARM:
+        _WARM.popitem()[1].close()
+
+
+class VLLMResource(ConfigurableResource):  # type: ignore[misc]
+    """vLLM tuned for a dedicated box; one definition serves a GPU and the CPU backend alike
+    (settings left at None are resolved for the platform when the engine starts).
+
+    Example::
+
+        Definitions(assets=job.assets, resources={"vllm": VLLMResource(model=EnvVar("MY_MODEL"))})
+
+    ``model`` left unset uses the embedded SmolLM2-135M-Instruct.
+    """
+
+    model: str | None = Field(
+        default=None, description="Local HF folder, hub name, or embedded model name (SmolLM2-135M-Instruct, "
+        "gemma-3-270m); None = the embedded SmolLM2. From the environment: EnvVar(\"MY_MODEL\") or {{ env.MY_MODEL }}.",
+    )
+    engine: Literal["offline", "server"] = Field(
+        default="offline", description="offline: vllm.LLM in this process; server: an OpenAI-compatible endpoint "
+        "(server_url or server_urls, or `vllm serve` started here).",
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=0.98, description="Fraction of GPU memory (of RAM on the CPU backend) vLLM may use. "
+        "None = resolved when the engine starts: 0.9 on a GPU, 0.3 on the CPU backend.",
+    )
+    kv_cache_memory_gb: float | None = Field(
+        default=None, gt=0.0, description="Exact KV cache size in GiB; wins over gpu_memory_utilization."
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, le=16384, description="Sequences vLLM batches at once. None = resolved when the engine "
+        "starts: 1024 on a GPU (and for a server_url someone else runs), 256 on the CPU backend.",
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="Context length; None = the model's. Part of the model identity."
+    )
+    enable_prefix_caching: bool = Field(default=True, description="Reuse the KV cache of the shared template.")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one model is split over.")
+    data_parallel_size: int | None = Field(
+        default=None, ge=1, le=64, description="Engines this run drives, one per group of tensor_parallel_size GPUs. "
+        "Offline: each in its own process with its own CUDA_VISIBLE_DEVICES; the run's partitions stream across all "
+        "of them. A `vllm serve` started here: its --data-parallel-size (vLLM's own engines behind one endpoint). "
+        "None = one per visible GPU group (CUDA_VISIBLE_DEVICES, else every GPU), 1 on the CPU backend. Speed only: "
+        "the answers and the model identity stay the same.",
+    )
+    dtype: str = Field(default="auto", description="Weights' dtype for vLLM (auto, bfloat16, float16, ...).")
+    window: int | None = Field(
+        default=None, ge=1, description="Offline: requests queued in the engine; None = 16 x max_num_seqs."
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More vllm.LLM arguments (`vllm serve` flags in server mode), passed as "
+        "they are; keys outside THROUGHPUT_ONLY are part of the model identity.",
+    )
+    server_url: str | None = Field(
+        default=None, description="engine='server': a running server's base URL; None (and no server_urls) starts "
+        "`vllm serve` here."
+    )
+    server_urls: list[str] = Field(
+        default_factory=list, description="engine='server': several running servers' base URLs (one per GPU or "
+        "machine), all serving model=; instead of server_url. Each gets up to max_in_flight requests, the next one "
+        "goes to the server with the fewest in flight, and a server that dies mid-run has its rows re-sent to the "
+        "others.",
+    )
+    api_key: str | None = Field(
+        default=None, description="engine='server': the server's API key. Pass EnvVar(\"MY_KEY\") (Python) or "
+        "{{ env.MY_KEY }} (YAML); never a literal key in code.",
+    )
+    max_in_flight: int | None = Field(
+        default=None, ge=1, description="Server requests in flight, per server; None = 4 x max_num_seqs x its engines."
+    )
+    request_timeout_s: float = Field(default=600.0, gt=0, description="Server mode: seconds to wait for one answer.")
+    server_token_ids: bool | None = Field(
+        default=None, description="Server mode: apply the model's chat template and tokenizer in this process and "
+        "send token ids to /v1/completions (the server then neither renders nor tokenizes); needs the tokenizer "
+        "folder the server loaded (its /v1/models root) readable here. Off: messages to /v1/chat/completions. "
+        "None: on for a `vllm serve` started here (unless engine_kwargs sets its chat_template), off for "
+        "server_url(s).",
+    )
+    max_retries: int = Field(default=5, ge=0, le=20, description="Server mode: retries on 429/5xx/connection errors.")
+    server_start_timeout_s: float = Field(
+        default=900.0, gt=0, description="Seconds a `vllm serve` started here may take to become healthy."
+    )
+    engine_start_timeout_s: float = Field(
+        default=1800.0, gt=0, description="Offline: seconds the engine may take to start (loading, compiling and, "
+        "with nnodes, the other machines' workers joining); then it is stopped and the run fails, naming the fix.",
+    )
+    keep_warm: bool = Field(
+        default=False, description="Keep the engine running after a run, for the next run in this process "
+        "with the same settings (notebooks, test sessions): one engine start instead of one per run.",
+    )
+
+    _engine: Engine | None = PrivateAttr(default=None)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._engine = None
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        self.close()
+
+    def get_engine(self) -> Engine:
+        """The run's engine, started on first use (or the warm one, with ``keep_warm``)."""
+        if self._engine is None:
+            cfg = self.resolved()
+            warm = _WARM.get(cfg._warm_key()) if cfg.keep_warm else None
+            self._engine = warm or cfg._start()
+            if cfg.keep_warm:
+                _WARM[cfg._warm_key()] = self._engine
+        return self._engine
+
+    def close(self) -> None:
+        """End of a run: stop the engine, unless ``keep_warm`` keeps it for the next run."""
+        if self._engine is not None and not self.keep_warm:
+            self._engine.close()
+        self._engine = None
+
+    def shutdown(self) -> None:
+        """Stop the engine even when it is kept warm."""
+        engine = _WARM.pop(self.resolved()._warm_key(), None) or self._engine
+        self._engine = None
+        if engine is not None:
+            engine.close()
+
+    # --- who answers: what the engines room resolves from these settings ------------------------
+
+    def engine_settings(self) -> EngineSettings:
+        """These settings resolved for an engine start (EnvVars read, platform defaults applied):
+        the one value ``engines.start`` reads. Cheap: the model is resolved on use."""
+        cfg = self.resolved()
+        return EngineSettings(
+            mode=cfg.engine, model=cfg.model, endpoints=tuple(cfg._endpoints()), llm_kwargs=cfg.llm_kwargs(),
+            answer_settings=answer_settings(cfg.dtype, cfg.max_model_len, cfg.engine_kwargs),
+            engine_kwargs=dict(cfg.engine_kwargs), max_num_seqs=cfg.resolved_max_num_seqs(),
+            tensor_parallel_size=cfg.tensor_parallel_size, data_parallel_size=cfg.data_parallel_size,
+            window=cfg.window, api_key=None if cfg.api_key is None else str(cfg.api_key),
+            max_in_flight=cfg.max_in_flight, request_timeout_s=cfg.request_timeout_s, max_retries=cfg.max_retries,
+            server_token_ids=cfg.server_token_ids, server_start_timeout_s=cfg.server_start_timeout_s,
+            engine_start_timeout_s=cfg.engine_start_timeout_s,
+        )
+
+    def model_name(self) -> str:
+        """What the engine will load, resolved (the embedded default is converted if needed)."""
+        return self.engine_settings().model_name()
+
+    def model_identity(self) -> str:
+        """Who answers: ``<name>@<hash>`` over the weights, tokenizer, chat template and
+        output-affecting settings; for a server someone else runs, what its ``/v1/models``
+        says it serves. Computed without starting an engine, and again on every call: weights
+        copied over the same folder change it at once (file digests are cached, so it is cheap)."""
+        return self.engine_settings().model_identity()
+
+    def with_model(self, model: str) -> Self:
+        """The same settings with another model: a candidate in a model comparison."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self)(**{**fields, "model": model})
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The ``vllm.LLM`` arguments of the offline engine (``vllm serve`` flags in server mode)."""
+        return settings.llm_kwargs(
+            max_num_seqs=self.resolved_max_num_seqs(), gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_gb=self.kv_cache_memory_gb, max_model_len=self.max_model_len,
+            enable_prefix_caching=self.enable_prefix_caching, tensor_parallel_size=self.tensor_parallel_size,
+            dtype=self.dtype, engine_kwargs=self.engine_kwargs)
+
+    def engine_envs(self) -> list[dict[str, str]]:
+        """The environment of each engine a run starts here: one per data-parallel GPU group
+        (offline mode; one engine when it spans machines or is a server started here)."""
+        return self.engine_settings().engine_envs()
+
+    def engine_count(self) -> int:
+        """Engines a run of this resource drives at once: one per data-parallel GPU group (offline,
+        or inside a `vllm serve` started here), one per server of ``server_url(s)``."""
+        return self.engine_settings().engine_count
+
+    def resolved_max_num_seqs(self) -> int:
+        """``max_num_seqs``, or this platform's default for it (1024 on a GPU, 256 on the CPU)."""
+        cfg = self.resolved()
+        if cfg.max_num_seqs is not None:
+            return cfg.max_num_seqs
+        if cfg._endpoints():  # someone else's server: its platform, not ours
+            return int(settings.GPU_DEFAULTS["max_num_seqs"])
+        return int(settings.platform_default("max_num_seqs"))
+
+    def resolved(self) -> Self:
+        """This resource with the EnvVars it was given read, as Dagster reads them when a run
+        starts; for use outside a run (the CLI's status and preview, a notebook). Inside a run,
+        and with no EnvVar, it is the resource itself."""
+        env = {name: value for name in type(self).model_fields
+               if isinstance(value := getattr(self, name), _ENV_VARS)}
+        if not env:
+            return self
+        unset = [f"{name}=EnvVar({var.env_var_name!r})" for name, var in env.items() if var.get_value() is None]
+        if unset:
+            raise ConfigError(f"{type(self).__name__}({', '.join(unset)}) reads an environment variable that is not "
+                              "set: export it (or set the field another way)")
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self)(**{**fields, **{name: var.get_value() for name, var in env.items()}})
+
+    # --- start (one engine per run; the resource itself stays plain settings) -------------------
+
+    def _warm_key(self) -> str:
+        fields = {name: getattr(self, name) for name in type(self).model_fields if name != "keep_warm"}
+        text = json.dumps([type(self).__module__, type(self).__qualname__, fields], sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()  # no API key in plain text, even in memory
+
+    def _start(self) -> Engine:
+        return start(self.engine_settings())
+
+    def _endpoints(self) -> list[str]:
+        """engine='server': the running servers' base URLs (server_url or server_urls); [] when
+        `vllm serve` starts here (and in offline mode)."""
+        if self.engine != "server":
+            return []
+        if self.server_url and self.server_urls:
+            raise ConfigError("VLLMResource sets both server_url and server_urls: set server_urls only (a list of "
+                              "one is one server)")
+        urls = [self.server_url] if self.server_url else list(self.server_urls)
+        twice = sorted({u for u in urls if [root_url(v) for v in urls].count(root_url(u)) > 1})
+        if twice:
+            raise ConfigError(f"VLLMResource.server_urls lists {twice} more than once: list each server once "
+                              "(max_in_flight is per server)")
+        return urls

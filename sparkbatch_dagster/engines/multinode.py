@@ -1,0 +1,148 @@
+"""One engine over several machines, on vLLM's own multi-node mode (no scheduler of ours).
+
+The first node runs the Dagster run as usual, its resource naming the other nodes' count and its
+own address::
+
+    VLLMResource(model="/models/llama-70b", tensor_parallel_size=2,
+                 engine_kwargs={"nnodes": 2, "master_addr": "10.0.0.1"})
+
+and every other node runs ``sparkbatch worker-node --node-rank K`` (K = 1 .. nnodes-1) with the
+same definitions file: a headless vLLM (``vllm serve ... --node-rank K --headless``) whose
+workers join the first node's engine when it starts. A headless vLLM serves one engine: when the
+first node's engine stops (its run ended), this node's workers would wait forever, so
+``worker-node`` starts a fresh one for the next run. The recipe: ``docs/multi-node.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import ConfigError
+
+#: vLLM's default port for the first node's torch.distributed store (``master_port``).
+DEFAULT_MASTER_PORT = 29501
+
+
+def nodes(kwargs: Mapping[str, Any]) -> int:
+    """How many machines one engine spans (``nnodes`` in the engine arguments; 1 by default)."""
+    return int(kwargs.get("nnodes") or 1)
+
+
+def local_share(kwargs: Mapping[str, Any]) -> int:
+    """Devices one engine uses on this machine: its tensor x pipeline parallel size over its machines."""
+    gpus = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    return gpus // nodes(kwargs)
+
+
+def check(kwargs: Mapping[str, Any], tensor_parallel_size: int, data_parallel_size: int | None = None) -> None:
+    """Stop before any model loads when a multi-node setting cannot work, naming the fix."""
+    n = nodes(kwargs)
+    if n == 1:
+        return
+    if not kwargs.get("master_addr"):
+        raise ConfigError(f"engine_kwargs has nnodes={n} but no master_addr: set engine_kwargs['master_addr'] to "
+                          "the first node's address (the one that runs the Dagster run), reachable from the others")
+    gpus = tensor_parallel_size * int(kwargs.get("pipeline_parallel_size") or 1)
+    if gpus % n:
+        raise ConfigError(f"engine_kwargs has nnodes={n}, but tensor_parallel_size x pipeline_parallel_size = {gpus} "
+                          f"does not split evenly over {n} nodes: vLLM needs the same number of GPUs on each; "
+                          f"set tensor_parallel_size to a multiple of {n}")
+    if (data_parallel_size or 1) > 1:
+        raise ConfigError(f"data_parallel_size={data_parallel_size} with nnodes={n}: an engine over several machines "
+                          "runs alone (each worker node serves one engine); leave data_parallel_size unset, or run one "
+                          "engine per machine without nnodes")
+    if int(kwargs.get("node_rank") or 0) != 0:
+        raise ConfigError("engine_kwargs sets node_rank: the resource runs on the first node (rank 0); the other "
+                          "nodes run `sparkbatch worker-node --node-rank K` instead")
+
+
+def worker_node(model: str, kwargs: Mapping[str, Any], node_rank: int, *, tensor_parallel_size: int,
+                data_parallel_size: int | None = None, once: bool = False, print_only: bool = False,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+    """``sparkbatch worker-node``: serve this machine's share of the multi-node engine of
+    ``model`` and ``kwargs`` (``VLLMResource.engine_settings()``'s), engine after engine;
+    ``print_only`` only returns the command."""
+    check(kwargs, tensor_parallel_size, data_parallel_size)
+    cmd = worker_command(model, kwargs, node_rank)
+    log(shlex.join(cmd))
+    if print_only:
+        return {"command": cmd}
+    master = (str(kwargs["master_addr"]), int(kwargs.get("master_port") or DEFAULT_MASTER_PORT))
+    # A plain SIGTERM (systemd, Kubernetes, kill) ends the loop through its cleanup, vLLM included.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return {"command": cmd, "returncode": serve_worker(cmd, master, once=once, log=log)}
+
+
+def worker_command(model: str, kwargs: Mapping[str, Any], node_rank: int) -> list[str]:
+    """The headless ``vllm serve`` that joins node ``node_rank`` to the first node's engine,
+    with the same model and engine arguments."""
+    from . import vllm_cli
+    from .server_process import serve_args
+
+    n = nodes(kwargs)
+    if n == 1:
+        raise ConfigError("this job's resource runs on one machine (no nnodes in engine_kwargs): no worker node is "
+                          "needed; for one engine over N machines set engine_kwargs={'nnodes': N, "
+                          "'master_addr': '<first node>'} (docs/multi-node.md)")
+    if not 1 <= node_rank < n:
+        raise ConfigError(f"--node-rank {node_rank} is not a worker of nnodes={n}: use 1 to {n - 1} "
+                          "(rank 0 is the node that runs the Dagster run)")
+    rest = {k: v for k, v in kwargs.items() if k not in ("node_rank", "headless")}
+    # vLLM's own CLI entry point, on GPU and CPU installs alike (engines/vllm_cli.py says why).
+    return vllm_cli.command("serve", model, *serve_args(rest), "--node-rank", str(node_rank), "--headless")
+
+
+def _listening(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
+        return True
+    return False
+
+
+def serve_worker(cmd: list[str], master: tuple[str, int], once: bool = False,
+                 log: Callable[[str], None] = print, poll_s: float = 1.0) -> int:
+    """Run the headless worker ``cmd`` for one engine of the first node after another: each is
+    stopped (with its worker processes) once the first node's store at ``master`` has been up
+    and is gone again, and a fresh one started. Returns when ``cmd`` ends by itself before any
+    engine came up (a bad setting, a missing vLLM: its exit code), or after one engine (``once``)."""
+    from .server_process import die_with_parent
+
+    while True:
+        log(f"worker node: joins the engine at {master[0]}:{master[1]} when it starts")
+        # Its own process group, stopped with its workers; and stopped by the kernel if we die.
+        child = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509
+        seen = ended = False
+        try:
+            while child.poll() is None:
+                up = _listening(*master)
+                if up and not seen:
+                    log("worker node: the first node's engine is up")
+                seen = seen or up
+                if seen and not up:
+                    log("worker node: the first node's engine stopped")
+                    ended = True
+                    break
+                time.sleep(poll_s)
+        finally:
+            _stop(child)
+        if once or not seen:
+            return 0 if ended else int(child.returncode or 0)
+
+
+def _stop(child: subprocess.Popen[Any]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(10.0)
+    # Its worker processes may outlive it (they wait on a first node that is gone): the group goes too.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()

@@ -1,0 +1,83 @@
+"""From a timed sample to the whole job: predicted wall time, tokens per hour and cost on every
+node option (engine start included), and the report the ``estimate`` asset and ``sparkbatch
+estimate`` write (JSON + chart).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..home import atomic_write_text
+from ..spec import NodeOption
+from .choice import wilson
+from .placement import gpus_needed, place
+from .sample import Sample, Stored, Timing
+
+
+def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_gb: float | None,
+            stored: Stored | None = None, engines: int = 1) -> dict[str, Any]:
+    """Extrapolate one model's timed sample to the prompts the job still has to generate, and
+    price the whole job (engine start included) on every node option.
+
+    ``stored`` (default: nothing stored) says which prompts the result store already answers:
+    they are not predicted, and a job with nothing left to generate starts no engine.
+    ``engines``: how many engines timed the sample together (a data-parallel resource, several
+    servers): ``predicted_wall_s`` is this setup's, each option's is that of its own engines.
+    """
+    stored = stored or Stored(0, 0, sample.distinct_prompts)
+    tokens = timing.prompt_tokens + timing.output_tokens
+    tps = tokens / timing.seconds if timing.seconds > 0 else 0.0
+    # Per distinct prompt generated (error rows with 0 tokens stay in the mean); duplicates in
+    # a shard are generated once, stored prompts not at all.
+    per_request = tokens / max(timing.requests or timing.rows, 1)
+    predicted_tokens = per_request * stored.to_generate
+    wall = predicted_tokens / tps if tps else 0.0
+    start = timing.engine_start_s if stored.to_generate else 0.0
+    accuracy = low = high = None
+    if timing.correct is not None and timing.rows:
+        accuracy = timing.correct / timing.rows
+        low, high = wilson(timing.correct, timing.rows)
+    priced: list[dict[str, Any]] = []
+    for opt in options:
+        tp = gpus_needed(weights_gb, opt.memory_gb)
+        layout = place(tp, opt)
+        # Every engine the option holds labels its own share of the prompts, as fast as one of ours.
+        opt_wall = wall * engines / layout.engines if layout else None
+        priced.append({
+            "name": opt.name, "nodes": opt.nodes, "gpus_per_node": opt.gpus_per_node, "hourly_usd": opt.hourly_usd,
+            "tensor_parallel_size": tp, "fits": layout is not None,
+            "engines": layout.engines if layout else 0, "settings": layout.settings if layout else None,
+            "how": layout.how if layout else f"cannot hold the model: it needs {tp} GPUs of {opt.memory_gb:g} GB",
+            "wall_s": round(opt_wall, 1) if opt_wall is not None else None,
+            "cost_usd": round(opt.hourly_usd * (opt_wall + start) / 3600, 6) if opt_wall is not None else None,
+        })
+    best = min((o for o in priced if o["fits"]), key=lambda o: o["cost_usd"], default=None)
+    first_rows = timing.steps[0][0] if timing.steps else timing.rows
+    return {
+        "model": timing.model, "weights_gb": round(weights_gb, 3) if weights_gb is not None else None,
+        "engine_start_s": round(timing.engine_start_s, 1), "sample_rows": timing.rows,
+        "extra_rows": timing.rows - first_rows, "sample_steps": [list(s) for s in timing.steps],
+        "sample_correct": timing.correct, "sample_s": round(timing.seconds, 2), "sample_tokens": tokens,
+        "sample_errors": timing.errors,
+        "accuracy": round(accuracy, 4) if accuracy is not None else None,
+        "accuracy_low": round(low, 4) if low is not None else None,
+        "accuracy_high": round(high, 4) if high is not None else None,
+        "stored_rows": stored.rows, "stored_prompts": stored.prompts, "stored_exact": stored.exact,
+        "prompts_to_generate": stored.to_generate,
+        "predicted_tokens": round(predicted_tokens), "predicted_wall_s": round(wall, 1),
+        "predicted_tokens_per_hour": round(tps * 3600), "sample_engines": engines, "options": priced,
+        "best_option": best["name"] if best else None, "best_cost_usd": best["cost_usd"] if best else None,
+    }
+
+
+def write_report(report: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Write ``estimate.json`` and ``estimate.png`` into ``folder``; return the report with both paths."""
+    from .chart import write_chart
+
+    folder.mkdir(parents=True, exist_ok=True)
+    report = {**report, "json": str(folder / "estimate.json"), "chart": str(folder / "estimate.png")}
+    write_chart(report, Path(report["chart"]))
+    atomic_write_text(Path(report["json"]), json.dumps(report, indent=2))
+    return report

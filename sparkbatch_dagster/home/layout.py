@@ -1,0 +1,148 @@
+"""Where a job's files live: the layout of one job's home folder, and the paths built from keys.
+
+    <home>/shards/manifest.json            what was sharded, and how
+    <home>/shards/shard-00003.parquet      input rows of one shard
+    <home>/out/<version>/parts/shard-00003/part-000001.parquet   checkpoints
+    <home>/out/<version>/labeled/shard-00003.parquet             the finalized shard
+    <home>/out/<version>/stats/shard-00003.json                  its run statistics
+    <home>/out/<version>/prediction.json   the estimate's prediction for this version
+    <home>/estimate/estimate.json|png      the latest estimate (all models compared)
+    <home>/metrics.duckdb                  run metrics and analytics tables
+    <home>/results/<context>/seg-*.parquet the result store (``run/result_store.py``): every answer once
+
+``version`` is the output fingerprint (prompt, sampling, model, input shards): rows made under
+other settings live in another folder and are never mixed with these.
+
+Commit points are written through :mod:`.atomic` (after a power loss a file is either whole or
+absent); the locks that keep two runs off one shard are :mod:`.locks`. What is found broken anyway
+(a truncated part, an empty stats file) is logged and recomputed, never a crash.
+"""
+
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .atomic import atomic_write_text
+from .locks import FileLock
+
+_KEY_RE = re.compile(r"shard-[0-9]{5}")
+log = logging.getLogger("sparkbatch")
+
+
+def shard_key(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def check_key(key: str) -> str:
+    """Partition keys become file names: refuse anything but ``shard-NNNNN``."""
+    if not _KEY_RE.fullmatch(key):  # fullmatch: "$" would let a trailing newline through
+        raise ConfigError(f"partition key {key!r} is not a shard key like 'shard-00000'")
+    return key
+
+
+class JobHome:
+    """Paths of one job's files. Every path built from a key goes through :func:`check_key`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def shards_dir(self) -> Path:
+        return self.root / "shards"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.shards_dir / "manifest.json"
+
+    @property
+    def metrics_db(self) -> Path:
+        return self.root / "metrics.duckdb"
+
+    def shard_path(self, key: str) -> Path:
+        return self.shards_dir / f"{check_key(key)}.parquet"
+
+    def version_dir(self, version: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{16}", version):
+            raise ConfigError(f"output version {version!r} is not a fingerprint")
+        return self.root / "out" / version
+
+    def parts_dir(self, version: str, key: str) -> Path:
+        return self.version_dir(version) / "parts" / check_key(key)
+
+    def labeled_path(self, version: str, key: str) -> Path:
+        return self.version_dir(version) / "labeled" / f"{check_key(key)}.parquet"
+
+    def stats_path(self, version: str, key: str) -> Path:
+        return self.version_dir(version) / "stats" / f"{check_key(key)}.json"
+
+    @property
+    def estimate_dir(self) -> Path:
+        """The latest estimate report (JSON + chart), all models compared."""
+        return self.root / "estimate"
+
+    @property
+    def current_path(self) -> Path:
+        """Which output version is current: written by each ``labeled_outputs`` run."""
+        return self.root / "current.json"
+
+    def write_current(self, version: str, model: str) -> None:
+        atomic_write_text(self.current_path, json.dumps({"version": version, "model": model}))
+
+    def read_current(self) -> dict[str, Any] | None:
+        return json.loads(self.current_path.read_text()) if self.current_path.exists() else None
+
+    def prediction_path(self, version: str) -> Path:
+        """What the estimate predicted for the run that produces ``version``."""
+        return self.version_dir(version) / "prediction.json"
+
+    def remove_stale_parts(self, version: str) -> None:
+        """Drop part files of shards already committed (a crash right after a commit leaves them)."""
+        parts = self.version_dir(version) / "parts"
+        for folder in parts.glob("shard-*") if parts.exists() else []:
+            if self.is_done(version, folder.name):
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def partition_lock(self, version: str, key: str) -> FileLock:
+        return FileLock(self.version_dir(version) / "locks" / f"{check_key(key)}.lock")
+
+    def shards_lock(self) -> FileLock:
+        return FileLock(self.root / ".shards.lock")
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        """The shard manifest, or None when there is none (or it is unreadable: re-shard)."""
+        try:
+            return dict(json.loads(self.manifest_path.read_text()))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("%s is unreadable (%s): the input will be sharded again", self.manifest_path, exc)
+            return None
+
+    def is_done(self, version: str, key: str) -> bool:
+        """True when the shard's labeled file and stats are both whole.
+
+        A committed shard whose files are found broken (truncated by a crash of the disk, not of
+        this process: commits are fsynced) is un-committed here, with a log line, so the next
+        run recomputes it; its answers come back from the result store, not the engine.
+        """
+        labeled, stats = self.labeled_path(version, key), self.stats_path(version, key)
+        if not labeled.exists():
+            return False
+        try:
+            import pyarrow.parquet as pq
+
+            pq.read_metadata(labeled)
+            json.loads(stats.read_text())["rows"]
+            return True
+        except Exception as exc:  # any unreadable file means the same thing: recompute the shard
+            log.warning("%s of version %s is broken (%s): recomputing it", key, version, exc)
+            labeled.unlink(missing_ok=True)
+            stats.unlink(missing_ok=True)
+            return False

@@ -1,0 +1,134 @@
+"""Row-level checkpoints: finished rows leave memory in small Parquet part files, and a shard
+is finalized only when every input row is present exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import IncompleteShardError
+from ..home import atomic_write_parquet, failpoint
+
+log = logging.getLogger("sparkbatch")
+
+#: The columns of every output row. ``prompt_key`` names the rendered prompt in the result
+#: store (null for rows that never had one: input errors); ``reused`` marks answers taken from
+#: the store instead of the engine; ``fingerprint`` is the output version.
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("row_id", pa.string()),
+        ("output", pa.string()),
+        ("error", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("deduplicated", pa.bool_()),
+        ("reused", pa.bool_()),
+        ("prompt_key", pa.string()),
+        ("fingerprint", pa.string()),
+        ("model", pa.string()),
+    ]
+)
+
+
+class CheckpointWriter:
+    """Buffers finished rows and appends them to part files every ``every_rows`` rows or
+    ``every_seconds`` seconds, whichever comes first. A crash loses at most that much.
+    """
+
+    def __init__(self, parts_dir: Path, every_rows: int, every_seconds: float) -> None:
+        self.parts_dir = parts_dir
+        self.every_rows = every_rows
+        self.every_seconds = every_seconds
+        self._buffer: list[dict[str, Any]] = []
+        self._last_flush = time.monotonic()
+        self._seq = 0
+        self.rows_written = 0
+        self.flushes = 0
+
+    def existing(self) -> pa.Table:
+        """Rows already checkpointed by earlier attempts (temporary files of a crash ignored)."""
+        if not self.parts_dir.exists():
+            return OUTPUT_SCHEMA.empty_table()
+        for stale in self.parts_dir.glob(".part-*"):
+            stale.unlink(missing_ok=True)
+        files = sorted(self.parts_dir.glob("part-*.parquet"))
+        if not files:
+            return OUTPUT_SCHEMA.empty_table()
+        self._seq = max(int(f.stem.split("-")[1]) for f in files)
+        tables = []
+        for f in files:
+            try:
+                tables.append(pq.read_table(f, schema=OUTPUT_SCHEMA))
+            except Exception as exc:  # truncated by a disk crash: its rows are simply not done yet
+                log.warning("checkpoint %s is unreadable (%s): its rows will be recomputed", f, exc)
+                f.unlink(missing_ok=True)
+        return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._buffer.append(row)
+        if self.due():
+            self.flush()
+
+    def due(self) -> bool:
+        if not self._buffer:
+            return False
+        return (
+            len(self._buffer) >= self.every_rows
+            or time.monotonic() - self._last_flush >= self.every_seconds
+        )
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._buffer:
+            return
+        self._seq += 1
+        table = pa.Table.from_pylist(self._buffer, schema=OUTPUT_SCHEMA)
+        atomic_write_parquet(self.parts_dir / f"part-{self._seq:06d}.parquet", table)
+        self.rows_written += len(self._buffer)
+        self.flushes += 1
+        self._buffer.clear()
+
+
+def assemble(parts_dir: Path, expected_ids: Iterable[str], name: str) -> pa.Table:
+    """Join the part files into the shard's output, in input order, every input row once.
+
+    Raises :class:`IncompleteShardError` naming missing or unexpected ids; the parts stay on
+    disk so a rerun can complete them.
+    """
+    table = CheckpointWriter(parts_dir, 1, 1.0).existing()
+    ids = table.column("row_id").to_pylist()
+    expected = list(expected_ids)
+    first: dict[str, int] = {}
+    for n, row_id in enumerate(ids):
+        first.setdefault(row_id, n)  # a row written twice keeps its first copy
+    missing = [i for i in expected if i not in first]
+    extra = sorted(set(first) - set(expected))
+    if missing or extra:
+        raise IncompleteShardError(
+            f"{name}: {len(missing)} rows missing (e.g. {missing[:5]}), "
+            f"{len(extra)} not in the shard (e.g. {extra[:5]}); rerun the partition to fill the gap"
+        )
+    return table.take([first[row_id] for row_id in expected])
+
+
+def commit(parts_dir: Path, table: pa.Table, final_path: Path) -> None:
+    """The shard's commit point: the final file appears atomically, then the parts go."""
+    atomic_write_parquet(final_path, table)
+    failpoint("finalize:committed")
+    shutil.rmtree(parts_dir, ignore_errors=True)
+
+
+def finalize(parts_dir: Path, expected_ids: Iterable[str], final_path: Path) -> pa.Table:
+    """:func:`assemble` then :func:`commit`."""
+    table = assemble(parts_dir, expected_ids, final_path.stem)
+    commit(parts_dir, table, final_path)
+    return table

@@ -1,0 +1,175 @@
+"""Run metrics and analytics in the job's DuckDB file.
+
+DuckDB allows one writing process per file, and several GPUs mean several processes: every
+connection here is short-lived and retried while another process holds the lock.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..errors import SparkbatchError
+from ..home import JobHome
+from ..inputs.shards import quote_ident
+from ..spec import JobSpec
+
+METRIC_COLUMNS = [
+    ("partition", "VARCHAR"), ("version", "VARCHAR"), ("model", "VARCHAR"), ("rows", "BIGINT"),
+    ("labeled", "BIGINT"), ("errors", "BIGINT"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
+    ("wall_s", "DOUBLE"), ("engine_s", "DOUBLE"), ("tokens_per_hour", "DOUBLE"), ("cost_usd", "DOUBLE"),
+    ("prefix_cache_hit_rate", "DOUBLE"), ("resumed_rows", "BIGINT"), ("deduplicated_rows", "BIGINT"),
+    ("finished_at", "VARCHAR"), ("generated_requests", "BIGINT"), ("reused_rows", "BIGINT"),
+    ("engine_start_s", "DOUBLE"), ("generation_cost_usd", "DOUBLE"),
+]
+
+
+@contextmanager
+def connect(path: Path, timeout_s: float = 120.0) -> Iterator[Any]:
+    """Open the DuckDB file, waiting (with jitter) while another process holds its lock."""
+    import duckdb
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            con = duckdb.connect(str(path))
+            break
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                raise SparkbatchError(f"cannot open {path}: {exc}") from exc
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 1.0)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
+    """Upsert per-partition statistics into ``run_metrics``."""
+    names = [c for c, _ in METRIC_COLUMNS]
+    with connect(home.metrics_db) as con:
+        cols = ", ".join(f'"{c}" {t}' for c, t in METRIC_COLUMNS)
+        con.execute(f"CREATE TABLE IF NOT EXISTS run_metrics ({cols}, PRIMARY KEY (partition, version))")
+        for c, t in METRIC_COLUMNS:  # a table made by an older release gains the newer columns
+            con.execute(f'ALTER TABLE run_metrics ADD COLUMN IF NOT EXISTS "{c}" {t}')
+        placeholders = ", ".join("?" for _ in names)
+        con.executemany(
+            f"INSERT OR REPLACE INTO run_metrics ({', '.join(quote_ident(n) for n in names)}) VALUES ({placeholders})",
+            [[s.get(c) for c in names] for s in stats],
+        )
+
+
+def committed_stats(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
+    """Statistics of every committed shard of ``version``, by partition key."""
+    import json
+
+    stats_dir = home.version_dir(version) / "stats"
+    return {p.stem: json.loads(p.read_text()) for p in sorted(stats_dir.glob("shard-*.json"))
+            if home.is_done(version, p.stem)}
+
+
+def sync(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
+    """Mirror every committed shard's stats file into ``run_metrics``; return those stats.
+
+    The stats files are the source of truth; this makes the table whole again after a crash
+    between a shard's commit and its metrics step.
+    """
+    stats = committed_stats(home, version)
+    if stats:
+        record(home, list(stats.values()))
+    return stats
+
+
+def prediction_check(home: JobHome, version: str, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The bill of the committed shards and, when an estimate was made, predicted vs actual
+    generation time.
+
+    The bill: ``cost_usd`` is everything the box was rented for, generation plus every engine
+    start a run paid (each run charges its start to one shard's stats), the number the
+    estimate's ``cost_usd`` predicts; ``generation_cost_usd`` and ``engine_start_s`` /
+    ``engine_start_cost_usd`` split it. (Stats written before the start was recorded apart
+    count it inside ``wall_s``.)
+
+    The check compares like with like: generation time, engine start left out of both sides,
+    over the same prompts. The estimate predicted the prompts a run sends to the engine (those
+    whose answer the result store already held cost nothing and were not predicted); the
+    prediction is scaled to the prompts the committed shards actually generated
+    (``generated_requests``), so a partial run, a resumed shard or answers reused since the
+    estimate still compare fairly. Estimates or stats from older releases scale by rows.
+    """
+    import json
+
+    if not stats:
+        return {}
+    total = sum(s["cost_usd"] for s in stats)
+    generation = sum(s.get("generation_cost_usd", s["cost_usd"]) for s in stats)
+    out: dict[str, Any] = {
+        "cost_usd": round(total, 6), "generation_cost_usd": round(generation, 6),
+        "engine_start_s": round(sum(s.get("engine_start_s", 0.0) for s in stats), 2),
+        "engine_start_cost_usd": round(total - generation, 6),
+    }
+    path = home.prediction_path(version)
+    if not path.exists():
+        return out
+    pred = json.loads(path.read_text())
+    actual = sum(s["wall_s"] for s in stats)
+    if pred.get("predicted_prompts") is not None and all("generated_requests" in s for s in stats):
+        generated = sum(s["generated_requests"] for s in stats)
+        share = generated / pred["predicted_prompts"] if pred["predicted_prompts"] else 0.0
+    else:
+        share = sum(s["rows"] for s in stats) / max(pred["total_rows"], 1)
+    predicted = pred["predicted_wall_s"] * share
+    return {**out, "predicted_wall_s": round(predicted, 1), "actual_wall_s": round(actual, 1),
+            "prediction_error_pct": round((predicted - actual) / actual * 100, 1) if actual else None}
+
+
+def _sql_path(p: Path) -> str:
+    return str(p).replace("'", "''")
+
+
+def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
+    """Refresh the DuckDB views over the labeled output and return the headline numbers.
+
+    Views: ``labeled`` (output rows joined with their input), ``label_distribution``.
+    """
+    labeled_glob = home.version_dir(version) / "labeled" / "*.parquet"
+    sync(home, version)
+    if not any(labeled_glob.parent.glob("*.parquet")):
+        return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}}
+    gold = f", s.{quote_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
+    with connect(home.metrics_db) as con:
+        con.execute(
+            f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
+            f"FROM read_parquet('{_sql_path(labeled_glob)}') o "
+            f"JOIN read_parquet('{_sql_path(home.shards_dir / 'shard-*.parquet')}') s USING (row_id)"
+        )
+        con.execute(
+            "CREATE OR REPLACE VIEW label_distribution AS SELECT output AS label, count(*) AS rows "
+            "FROM labeled WHERE error IS NULL GROUP BY ALL ORDER BY rows DESC, label"
+        )
+        rows, errors, correct = con.execute(
+            "SELECT count(*), count(error), count(*) FILTER (WHERE error IS NULL AND output = gold) FROM labeled"
+        ).fetchone()
+        dist = dict(con.execute("SELECT label, rows FROM label_distribution").fetchall())
+        cost = con.execute(
+            "SELECT sum(cost_usd), sum(rows) FROM run_metrics WHERE version = ?", [version]
+        ).fetchone() if _has_table(con, "run_metrics") else (None, None)
+    return {
+        "rows": rows, "labeled": rows - errors, "errors": errors,
+        "accuracy": round(correct / rows, 4) if spec.gold_column and rows else None,
+        "label_distribution": dist,
+        "cost_per_1k_rows_usd": round(cost[0] / cost[1] * 1000, 6) if cost[0] and cost[1] else None,
+    }
+
+
+def _has_table(con: Any, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0])
+
+

@@ -1,0 +1,160 @@
+"""The result store: every generated answer is stored once, under what determined it, and
+any later run (another version, another shard layout, appended input) reuses it instead of
+paying the engine again.
+
+    <store>/<context>/seg-L<level>-<id>.parquet     k1, k2, output, error, prompt_tokens,
+                                                    output_tokens, model, created_at
+
+``context`` is :meth:`JobSpec.answer_context`: model identity + sampling + output spec. Within
+it an answer is keyed by 128 bits of sha256 of the rendered prompt (system and user text), as
+two BIGINT columns: a lookup reads 16 bytes a stored row, and DuckDB joins a shard's keys
+against them. Open it with anything that reads Parquet::
+
+    duckdb -c "FROM '.sparkbatch/tickets/results/*/*.parquet' LIMIT 5"
+
+Segments are written once (a temporary name, fsync, rename) and merged by level, 16 at a time,
+so a store of 10M answers stays a few dozen files. Readers hold a shared lock on the context
+folder while they read; a merge takes it exclusively only to swap files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..home import FileLock, atomic_write_parquet
+
+log = logging.getLogger("sparkbatch")
+
+SCHEMA = pa.schema([
+    ("k1", pa.int64()), ("k2", pa.int64()), ("output", pa.string()), ("error", pa.string()),
+    ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()), ("model", pa.string()),
+    ("created_at", pa.string()),
+])
+#: Segments of one level merged into one of the next level.
+FAN_IN = 16
+
+
+def prompt_key(system: str, user: str) -> str:
+    """32 hex characters naming a rendered prompt (what the output rows carry as ``prompt_key``)."""
+    return hashlib.sha256(f"{system}\x1e{user}".encode()).hexdigest()[:32]
+
+
+def split_key(key: str) -> tuple[int, int]:
+    """A prompt key as the store's two signed 64-bit columns."""
+    raw = bytes.fromhex(key)
+    return int.from_bytes(raw[:8], "big", signed=True), int.from_bytes(raw[8:16], "big", signed=True)
+
+
+class ResultStore:
+    """Stored answers of one context (one model, sampling and output spec).
+
+    Example::
+
+        store = ResultStore(spec.result_store_path, spec.answer_context(model_id))
+        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error)}
+        store.add(rows)                            # dicts with prompt_key, output, error, tokens, model
+    """
+
+    def __init__(self, root: Path, context: str) -> None:
+        self.dir = root / context
+        self._lock = FileLock(self.dir / ".lock")
+
+    def segments(self) -> list[Path]:
+        return sorted(self.dir.glob("seg-*.parquet")) if self.dir.exists() else []
+
+    def lookup(self, keys: list[str]) -> dict[str, tuple[str | None, str | None]]:
+        """Stored (output, error) of each key that has an answer; keys without one are absent."""
+        if not keys or not self.dir.exists():
+            return {}
+        try:
+            return self._lookup(keys)
+        except Exception as exc:  # a broken segment must cost a recompute, never the run
+            if not self._quarantine_broken():
+                raise
+            log.warning("result store %s had a broken segment (%s): set aside, looking up again", self.dir, exc)
+            return self._lookup(keys)
+
+    def _lookup(self, keys: list[str]) -> dict[str, tuple[str | None, str | None]]:
+        from ..inputs.shards import connect
+
+        pairs = [split_key(k) for k in keys]
+        probe = pa.table({"i": pa.array(range(len(keys)), pa.int64()),
+                          "k1": pa.array([p[0] for p in pairs], pa.int64()),
+                          "k2": pa.array([p[1] for p in pairs], pa.int64())})
+        with self._lock.held(shared=True):
+            files = [str(f) for f in self.segments()]
+            if not files:
+                return {}
+            con = connect()
+            try:
+                con.register("probe", probe)
+                hits = con.execute(
+                    "SELECT p.i, any_value(r.output), any_value(r.error) FROM probe p "
+                    "JOIN read_parquet(?) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i", [files]
+                ).fetchall()
+            finally:
+                con.close()
+        return {keys[i]: (output, error) for i, output, error in hits}
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        """Store newly generated answers as one segment, then merge segments that piled up."""
+        if not rows:
+            return
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        pairs = [split_key(r["prompt_key"]) for r in rows]
+        table = pa.table({
+            "k1": [p[0] for p in pairs], "k2": [p[1] for p in pairs],
+            "output": [r["output"] for r in rows], "error": [r["error"] for r in rows],
+            "prompt_tokens": [r["prompt_tokens"] for r in rows], "output_tokens": [r["output_tokens"] for r in rows],
+            "model": [r["model"] for r in rows], "created_at": [now] * len(rows),
+        }, schema=SCHEMA)
+        atomic_write_parquet(self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet", table)
+        self.compact()
+
+    def compact(self) -> None:
+        """Merge ``FAN_IN`` segments of a level into one of the next, level by level.
+
+        One process merges at a time (a non-blocking lock: a busy merger means someone else
+        is on it). The merged file is written first; the swap (rename in, delete inputs) waits
+        for readers, so a lookup never sees a half-merged store.
+        """
+        merger = FileLock(self.dir / ".merge.lock")
+        if not merger.acquire(wait=False):
+            return
+        try:
+            level = 0
+            while True:
+                batch = sorted(self.dir.glob(f"seg-L{level}-*.parquet"))[:FAN_IN]
+                if len(batch) < FAN_IN:
+                    return
+                merged = pa.concat_tables([pq.read_table(f, schema=SCHEMA) for f in batch])
+                tmp = self.dir / f".merge-{uuid.uuid4().hex}.parquet"
+                atomic_write_parquet(tmp, merged)
+                with self._lock.held():
+                    os.replace(tmp, self.dir / f"seg-L{level + 1}-{uuid.uuid4().hex}.parquet")
+                    for f in batch:
+                        f.unlink(missing_ok=True)
+                level += 1
+        finally:
+            merger.release()
+
+    def _quarantine_broken(self) -> bool:
+        """Rename unreadable segments out of the lookup's way; True when one was found."""
+        found = False
+        with self._lock.held():
+            for f in self.segments():
+                try:
+                    pq.read_metadata(f)
+                except Exception:  # truncated or not Parquet: either way unusable
+                    f.rename(f.with_name(f.name + ".broken"))
+                    found = True
+        return found

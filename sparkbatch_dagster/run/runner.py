@@ -1,0 +1,311 @@
+"""Label shards: check rows, render prompts, dedupe them, answer what the result store already
+holds, order the rest and stream them through one engine, checkpoint finished rows, store the
+new answers, finalize each shard. Knows nothing of Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ..engines.base import Engine, EngineRequest, EngineResult
+from ..errors import ConfigError, PendingRowsError, SparkbatchError
+from ..home import JobHome, atomic_write_text, failpoint
+from ..spec import JobSpec
+from ..spec.prompts import RenderedPrompt, check_text, render
+from .checkpoint import CheckpointWriter, assemble, commit
+from .result_store import ResultStore, prompt_key
+from .shard_stats import progress_report, shard_stats
+
+#: Row errors that the same prompt under the same settings would get again: stored for reuse.
+#: Anything else (a sporadic HTTP 400) is retried by a later version instead of remembered.
+_STORED_ERRORS = ("prompt_too_long", "bad_output")
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def parse_output(text: str, spec: JobSpec) -> tuple[str | None, str | None]:
+    """(output, error) for one generated text, checked against the declared output kind."""
+    kind = spec.output.kind
+    if kind == "label":
+        label = text.strip()
+        if label in spec.output.labels:
+            return label, None
+        return None, f"bad_output: {label[:80]!r} is not one of the declared labels"
+    if kind == "json":
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return None, f"bad_output: not valid JSON ({exc.msg} at char {exc.pos})"
+        if not isinstance(value, dict):
+            return None, f"bad_output: expected a JSON object, got {type(value).__name__}"
+        return json.dumps(value, sort_keys=True), None
+    return text, None
+
+
+def _row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
+         res: EngineResult | None = None, dedup: bool = False, key: str | None = None,
+         reused: bool = False) -> dict[str, Any]:
+    # Tokens are counted once per generation: fanned-out duplicates and reused answers carry zeros.
+    fresh = None if dedup else res
+    return {
+        "row_id": row_id, "output": output, "error": error,
+        "prompt_tokens": fresh.prompt_tokens if fresh else 0,
+        "output_tokens": fresh.output_tokens if fresh else 0,
+        "cached_tokens": fresh.cached_tokens if fresh else 0,
+        "deduplicated": dedup, "reused": reused, "prompt_key": key, "fingerprint": fp, "model": model,
+    }
+
+
+def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
+              ) -> tuple[dict[str, str], dict[str, tuple[RenderedPrompt, list[str]]]]:
+    """Split pending rows into error rows {id: reason} and unique prompts {key: (prompt, ids)}."""
+    errors: dict[str, str] = {}
+    groups: dict[str, tuple[RenderedPrompt, list[str]]] = {}
+    for row in rows:
+        rid = row["row_id"]
+        if rid in skip:
+            continue
+        reason = row.get("_input_error") or next(
+            (r for c in spec.text_columns if (r := check_text(row[c], c, spec.max_input_chars))), None
+        )
+        if reason:
+            errors[rid] = reason
+            continue
+        try:
+            prompt = render(spec.system_prompt, spec.user_template, {c: row[c] for c in spec.text_columns})
+        except ConfigError as exc:
+            errors[rid] = f"render_error: {exc}"
+            continue
+        groups.setdefault(prompt.key, (prompt, []))[1].append(rid)
+    return errors, groups
+
+
+def read_shard(home: JobHome, key: str, signature: str | None) -> list[dict[str, Any]]:
+    """A shard's input rows, read from the manifest the run planned with.
+
+    Re-sharding takes the shards lock exclusively; reading under the shared lock, after
+    checking the manifest is the one this run's output version was computed from, means rows
+    of a new input can never land in the old version's folder.
+    """
+    with home.shards_lock().held(shared=True):
+        current = (home.read_manifest() or {}).get("signature")
+        if signature is not None and current != signature:
+            raise SparkbatchError(
+                f"the input was sharded again while this run was labeling (manifest {current}, run planned on "
+                f"{signature}): run again; rows already finished are kept"
+            )
+        return list(pq.read_table(home.shard_path(key)).to_pylist())
+
+
+class _Shard:
+    """One shard in flight: its writer, its unique prompts, and how many are still out."""
+
+    def __init__(self, run: ShardRun, key: str) -> None:
+        spec, version, model = run.spec, run.version, run.engine.model_id
+        self.key, self.version, self.model = key, version, model
+        self.rows = read_shard(run.home, key, run.signature)
+        self.writer = CheckpointWriter(run.home.parts_dir(version, key), spec.checkpoint_rows, spec.checkpoint_seconds)
+        done = set(self.writer.existing().column("row_id").to_pylist())
+        self.resumed = len(done)
+        errors, self.groups = plan_rows(spec, self.rows, done)
+        for rid, reason in errors.items():
+            self.writer.add(_row(rid, version, model, error=reason))
+        self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
+        self._reuse(run.store)
+        # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
+        self.order = sorted(self.groups)
+        self.outstanding = len(self.order)
+        self.done = len(self.rows) - sum(len(ids) for _, ids in self.groups.values())  # resumed, reused, errors
+        self.pending = 0  # rows whose prompt got only transient failures: nothing written for them
+        self.fresh_tokens = 0
+        self.first_sent: float | None = None
+
+    def _reuse(self, store: ResultStore) -> None:
+        """Write the rows whose answer is already stored; they leave the prompts to generate."""
+        found = store.lookup(list(self.keys.values()))
+        for group in [g for g in self.groups if self.keys[g] in found]:
+            stored_output, stored_error = found[self.keys[group]]
+            for i, rid in enumerate(self.groups.pop(group)[1]):
+                self.writer.add(_row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
+                                     key=self.keys[group], reused=True))
+
+    def release(self) -> None:
+        """Drop the rows once committed, so a run's memory does not grow with its shard count."""
+        self.rows, self.groups, self.order, self.keys = [], {}, [], {}
+
+
+class ShardRun:
+    """Label several shards through one engine without draining it between shards.
+
+    Requests of shard k+1 are queued behind those of shard k, so the engine keeps a full
+    batch while shard k's last rows finish; each shard is finalized as soon as its own last
+    row is in. ``on_done`` receives each shard's statistics as it finalizes.
+    """
+
+    def __init__(self, spec: JobSpec, home: JobHome, version: str, engine: Engine,
+                 progress: ProgressFn | None = None, progress_every_s: float = 1.0) -> None:
+        self.spec, self.home, self.version, self.engine = spec, home, version, engine
+        self.progress, self.progress_every_s = progress, progress_every_s
+        self.signature = (home.read_manifest() or {}).get("signature")
+        self.store = ResultStore(spec.result_store_path, spec.answer_context(engine.model_id))
+        self._pending_reason = ""
+        self.shards: list[_Shard] = []
+        self.stats: list[dict[str, Any]] = []
+        self._last_end = time.perf_counter()
+        self._start_paid = engine.start_seconds  # an engine started before this run is not this run's bill
+        self._rows_done = 0  # rows with a result: generated, fanned out, error rows, resumed
+        self._rows_free = 0  # of those, resumed and error rows: done at once, so not in the ETA's rate
+        self._ready: list[dict[str, Any]] = []  # shards finalized since the caller last heard
+        #: Rows per second to quote an ETA with before this run has measured its own (the estimate's).
+        self.expected_rows_per_s: float | None = None
+        self.rate_window_s = 10.0  # seconds of answers before the run's own rate is trusted
+        # The rate is measured from the first answer: before it the engine was starting, and a
+        # rate over that minute would quote an ETA of hours for a job of minutes.
+        self._first_answer: float | None = None
+        self._done_at_first = 0
+        self._sizes: dict[str, int] = {}
+
+    def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
+        for stats in self.stream(keys):
+            if on_done:
+                on_done(stats)
+        return self.stats
+
+    def stream(self, keys: list[str]) -> Iterator[dict[str, Any]]:
+        """Label ``keys``, yielding each shard's statistics as soon as it is committed (the engine
+        keeps generating the next shards' rows meanwhile)."""
+        locks = [self.home.partition_lock(self.version, k) for k in keys]
+        try:
+            for key, lock in zip(keys, locks, strict=True):
+                if not lock.acquire(wait=False):
+                    raise SparkbatchError(
+                        f"partition {key} is being written by another run (pid {lock.holder()}): "
+                        "wait for that run to finish, or run the other partitions"
+                    )
+            yield from self._generate(keys)
+        finally:
+            # Whatever stopped us, finished rows still in memory go to disk first.
+            for shard in self.shards:
+                shard.writer.flush()
+            for lock in locks:
+                lock.release()
+
+    def _drain(self) -> Iterator[dict[str, Any]]:
+        while self._ready:
+            yield self._ready.pop(0)
+
+    def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
+        self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys}
+        total = sum(self._sizes.values())
+        last_report = time.perf_counter()
+        for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
+            if self._first_answer is None:
+                self._first_answer = time.perf_counter()
+                self._done_at_first = self._rows_done - self._rows_free
+            idx, _, n = res.id.partition(":")
+            shard = self.shards[int(idx)]
+            group = shard.order[int(n)]
+            ids = shard.groups[group][1]
+            shard.outstanding -= 1
+            if res.retryable:  # not the row's fault: write nothing, so the next run retries it
+                shard.pending += len(ids)
+                self._pending_reason = res.error or "transient failure"
+            else:
+                ok = res.error is None and res.text is not None
+                output, error = parse_output(res.text or "", self.spec) if ok else (None, res.error)
+                for i, rid in enumerate(ids):
+                    shard.writer.add(_row(rid, self.version, self.engine.model_id, output, error, res,
+                                          dedup=i > 0, key=shard.keys[group]))
+                self._rows_done += len(ids)
+                shard.done += len(ids)
+                shard.fresh_tokens += res.prompt_tokens + res.output_tokens
+            if shard.writer.due():
+                shard.writer.flush()
+            if shard.outstanding == 0 and shard.pending == 0:
+                self._finish(shard)
+            now = time.perf_counter()
+            if self.progress and now - last_report >= self.progress_every_s:
+                last_report = now
+                self._report(shard, total)
+            yield from self._drain()
+        yield from self._drain()
+        if self.progress and self.shards:
+            self._report(self.shards[-1], total)
+        pending = {s.key: s.pending for s in self.shards if s.pending}
+        if pending:
+            raise PendingRowsError(
+                f"{sum(pending.values())} rows in {sorted(pending)} got only transient failures "
+                f"({self._pending_reason[:200]}); nothing was committed for them: run again to retry exactly those rows"
+            )
+
+    def _report(self, shard: _Shard, total: int) -> None:
+        assert self.progress is not None
+        first = self._first_answer
+        seconds = time.perf_counter() - first if first is not None else 0.0
+        tokens = sum(s.fresh_tokens for s in self.shards)
+        # Rows done at once (resumed, reused, error rows) say nothing about the engine's pace.
+        measured = self._rows_done - self._rows_free - (self._done_at_first if first is not None else 0)
+        report = progress_report(shard.key, self._rows_done, total, tokens, seconds, measured,
+                           self.expected_rows_per_s, self.rate_window_s)
+        report.update(partition_rows_done=shard.done, partition_rows_total=self._sizes.get(shard.key, 0))
+        self.progress(report)
+
+    def _requests(self, keys: list[str]) -> Iterator[EngineRequest]:
+        for key in keys:
+            shard = _Shard(self, key)
+            idx = len(self.shards)
+            self.shards.append(shard)
+            free = len(shard.rows) - sum(len(ids) for _, ids in shard.groups.values())
+            self._rows_done += free
+            self._rows_free += free
+            if shard.outstanding == 0:  # nothing to generate (all resumed or error rows)
+                self._finish(shard)
+            for n, group in enumerate(shard.order):
+                shard.first_sent = shard.first_sent or time.perf_counter()
+                yield EngineRequest(f"{idx}:{n}", shard.groups[group][0].messages())
+
+    def _finish(self, shard: _Shard) -> None:
+        shard.writer.flush()
+        table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key)
+        now = time.perf_counter()
+        # Shards overlap in the engine; each is charged the time since the previous one finished
+        # (the first: since this ShardRun was made), so per-shard wall times add up to the run's. An engine
+        # started during the run is charged once, to the first shard finished after it started,
+        # whose window holds it; shard_stats keeps it apart from generation.
+        wall = now - self._last_end
+        start_s, self._start_paid = self.engine.start_seconds - self._start_paid, self.engine.start_seconds
+        self._last_end = now
+        engine_s = now - shard.first_sent if shard.first_sent else 0.0
+        stats = shard_stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
+                       resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens,
+                       engine_start_s=start_s)
+        # Stats and new answers first, then the labeled file (the commit point): a done shard
+        # always has stats, and its answers are in the store for any later layout or version.
+        atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
+        failpoint("finalize:stats")
+        self.store.add(_new_answers(table))
+        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
+        shard.release()
+        self.stats.append(stats)
+        self._ready.append(stats)
+
+
+def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
+                progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Label every row of one shard and finalize it; return the shard's statistics."""
+    return ShardRun(spec, home, version, engine, progress).run([key])[0]
+
+
+def _new_answers(table: Any) -> list[dict[str, Any]]:
+    """The shard's rows that the engine answered in this version (one per prompt) and that the
+    same prompt would get again: what the result store keeps."""
+    cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated"]
+    return [r for r in table.select(cols).to_pylist()
+            if r["prompt_key"] and not r["reused"] and not r["deduplicated"]
+            and (r["error"] is None or r["error"].startswith(_STORED_ERRORS))]

@@ -1,0 +1,13 @@
+"""The job spec: what a job is, validated before anything runs.
+
+Owns :class:`JobSpec` and its parts (:class:`OutputSpec`, :class:`SamplingSpec`,
+:class:`EstimateSpec`, :class:`NodeOption`), the fingerprints that name outputs
+(:func:`fingerprint`), and the prompt templates: sandboxed Jinja over each row and the per-row
+text checks that turn bad input into error rows (:mod:`.prompts`).
+
+May import: ``errors``. The bottom room: everything else builds on it.
+"""
+
+from .job_spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, fingerprint
+
+__all__ = ["EstimateSpec", "JobSpec", "NodeOption", "OutputSpec", "SamplingSpec", "fingerprint"]

@@ -1,0 +1,256 @@
+"""The job spec: what to read, how to prompt, what to produce, and what it costs.
+
+A spec is plain, validated data. Everything downstream (sharding, rendering, the engine,
+checkpoints, metrics) reads it and nothing else, so a spec fully describes a job.
+
+Example::
+
+    spec = JobSpec(
+        name="tickets",
+        input="data/tickets/*.parquet",
+        id_column="ticket_id",
+        text_columns=["subject", "body"],
+        user_template="Subject: {{ subject }}\\n{{ body }}\\nWhich team should handle it?",
+        output=OutputSpec(kind="label", labels=["billing", "tech", "sales"]),
+        gold_column="team",
+    )
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import ConfigError
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class _Checked(BaseModel):
+    """Settings whose validation errors become a :class:`ConfigError` naming field and fix."""
+
+    _owner: ClassVar[str] = "settings"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc, self._owner)) from None
+
+
+class OutputSpec(BaseModel):
+    """What the model must produce for each row.
+
+    - ``label``: exactly one of ``labels``, enforced by vLLM structured outputs.
+    - ``json``: an object matching ``json_schema``, enforced the same way.
+    - ``text``: free text, optionally constrained by ``regex``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["label", "json", "text"] = "text"
+    labels: list[str] = Field(default_factory=list, description="Allowed labels (kind='label').")
+    json_schema: dict[str, Any] | None = Field(default=None, description="JSON schema (kind='json').")
+    regex: str | None = Field(default=None, description="Optional regex for kind='text'.")
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> OutputSpec:
+        if self.kind == "label":
+            if len(self.labels) < 2:
+                raise ValueError("output.kind='label' needs at least two labels: set output.labels")
+            if len(set(self.labels)) != len(self.labels):
+                raise ValueError("output.labels has duplicates: list each label once")
+        if self.kind == "json" and not self.json_schema:
+            raise ValueError("output.kind='json' needs output.json_schema (a JSON schema dict)")
+        if self.regex is not None:
+            re.compile(self.regex)
+        return self
+
+
+class SamplingSpec(BaseModel):
+    """Sampling settings; part of the fingerprint, so changing them starts a new output version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(default=64, ge=1, le=32768)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int = 0
+    ignore_eos: bool = Field(default=False, description="Always generate max_tokens (benchmarks).")
+
+
+class NodeOption(BaseModel):
+    """One way to rent the box. ``hourly_usd`` is the price of all ``nodes`` together; the
+    estimate prices a model only on options whose GPUs hold it, and says how to run each
+    (``sparkbatch_dagster.placement``). Example, a 2-GPU H200 host::
+
+        NodeOption(name="2x H200", hourly_usd=7.0, gpus_per_node=2, memory_gb=141)
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    hourly_usd: float = Field(ge=0.0)
+    nodes: int = Field(default=1, ge=1, le=64)
+    gpus_per_node: int = Field(default=1, ge=1, le=16, description="GPUs in each node (a DGX Spark: 1).")
+    memory_gb: float = Field(default=128.0, gt=0.0, description="Memory per GPU (a DGX Spark: its 128 GB, "
+                             "unified; an H200: 141).")
+
+
+class EstimateSpec(_Checked):
+    """How ``sparkbatch estimate`` samples, prices and compares models for a job.
+
+    Example::
+
+        JobSpec(..., estimate=EstimateSpec(sample_rows=100, models=["gemma-3-270m"], accuracy_bar=0.3))
+
+    The chosen model is the cheapest (predicted cost of the whole job, engine start included, on
+    its cheapest node option) whose accuracy interval clears ``accuracy_bar``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    _owner: ClassVar[str] = "estimate"
+
+    sample_rows: int = Field(default=80, ge=10, le=100_000, description="Rows timed on the real engine.")
+    fill_batch: bool = Field(
+        default=True, description="Time at least one full batch (max_num_seqs rows): a smaller sample leaves "
+        "the engine part idle and overstates the time (H200: +38% at 80 rows, +2.5% at 1024).",
+    )
+    strata: int = Field(default=5, ge=1, le=100, description="Input-length bands the sample is spread over.")
+    warmup_rows: int = Field(default=8, ge=0, le=10_000, description="Untimed rows run first (other rows).")
+    seed: int = 0
+    options: list[NodeOption] = Field(min_length=1, default_factory=lambda: [
+        NodeOption(name="1 node", hourly_usd=0.79, nodes=1),
+        NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2),
+    ])
+    models: list[str] = Field(default_factory=list, description="Candidates compared with the configured model.")
+    accuracy_bar: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Least accuracy a model needs: the LOWER bound of its 95% "
+        "(Wilson) interval on the sample must reach it.",
+    )
+    max_sample_rows: int = Field(
+        default=400, ge=10, le=100_000, description="While a model's accuracy interval straddles accuracy_bar, "
+        "its sample is doubled (new rows, same engine) up to this many rows; no growth when sample_rows is "
+        "already at or above it.",
+    )
+
+
+class JobSpec(_Checked):
+    """A batch job: one fixed prompt over every row of an input.
+
+    Attributes are validated on construction; a bad value raises :class:`ConfigError`
+    naming the field and the fix.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    _owner: ClassVar[str] = "JobSpec"
+
+    name: str = Field(description="Job name: lowercase letters, digits, '_'. Used in asset keys.")
+    input: str = Field(description="Path, glob or fsspec URL of Parquet, CSV or JSONL files.")
+    input_format: Literal["auto", "parquet", "csv", "json"] = "auto"
+    csv_delimiter: str | None = Field(
+        default=None, min_length=1, max_length=1, description="CSV field delimiter; None lets DuckDB detect it."
+    )
+    id_column: str | None = Field(
+        default=None, description="Column with a unique row id; None generates ids by input order."
+    )
+    text_columns: list[str] = Field(description="Columns the template may use.")
+    system_prompt: str = ""
+    user_template: str = Field(description="Jinja template rendered in a sandbox, one per row.")
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    shard_count: int | None = Field(default=None, ge=1, le=100_000)
+    shard_size: int | None = Field(default=None, ge=1, description="Rows per shard (approximate).")
+    gold_column: str | None = Field(default=None, description="Column holding the right answer.")
+    hourly_rate_usd: float = Field(default=0.79, ge=0.0, description="Price of the box per hour.")
+    home: str | None = Field(
+        default=None, description="Folder for shards, outputs, metrics; None = .sparkbatch/<name>, one per job."
+    )
+    result_store: str | None = Field(
+        default=None, description="Folder of stored answers, reused by every run; None = <home>/results. "
+        "Point several jobs at one folder to share answers between them.",
+    )
+    max_input_chars: int = Field(default=20_000, ge=1, description="Longer texts become error rows.")
+    checkpoint_rows: int = Field(default=256, ge=1, description="Flush finished rows every N rows...")
+    checkpoint_seconds: float = Field(default=5.0, gt=0.0, description="...or every T seconds.")
+    max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Asset check bar.")
+    estimate: EstimateSpec = Field(default_factory=EstimateSpec, description="`sparkbatch estimate` settings.")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"name={v!r} must match [a-z][a-z0-9_]*, e.g. 'debian_sections'")
+        return v
+
+    @field_validator("text_columns")
+    @classmethod
+    def _check_text_columns(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("text_columns is empty: name at least one input column")
+        return v
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> JobSpec:
+        if self.shard_count is not None and self.shard_size is not None:
+            raise ValueError("set shard_count or shard_size, not both")
+        from .prompts import check_template  # local: prompts imports jinja2 only when needed
+
+        check_template(self.user_template, self.text_columns, "user_template")
+        check_template(self.system_prompt, self.text_columns, "system_prompt")
+        return self
+
+    @property
+    def home_path(self) -> Path:
+        """The job's folder. The default is per job name, so two jobs never share files."""
+        return Path(self.home or Path(".sparkbatch") / self.name).expanduser().resolve()
+
+    @property
+    def result_store_path(self) -> Path:
+        return Path(self.result_store).expanduser().resolve() if self.result_store else self.home_path / "results"
+
+    def answer_context(self, model: str) -> str:
+        """Everything besides the rendered prompt that determines a generated answer: the
+        model identity, sampling and the output spec. Names the result store's folder."""
+        return fingerprint({"model": model, "output": self.output.model_dump(), "sampling": self.sampling.model_dump()})
+
+    def shards_for(self, rows: int) -> int:
+        """Number of shards for an input of ``rows`` rows."""
+        if self.shard_count is not None:
+            return self.shard_count
+        size = self.shard_size or 10_000
+        return max(1, -(-rows // size))
+
+    def prompt_fingerprint(self) -> str:
+        """Hash of everything that shapes an output row except the model and the input."""
+        payload = {
+            "system": self.system_prompt,
+            "user": self.user_template,
+            "text_columns": self.text_columns,
+            "output": self.output.model_dump(),
+            "sampling": self.sampling.model_dump(),
+            "max_input_chars": self.max_input_chars,
+        }
+        return fingerprint(payload)
+
+
+def fingerprint(payload: Any) -> str:
+    """A short stable hash of JSON-serializable data."""
+    raw = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _explain(exc: ValidationError, owner: str) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "spec"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"{owner}.{where}: {msg}{shown}")
+    return f"invalid {owner} settings:\n  " + "\n  ".join(lines)
