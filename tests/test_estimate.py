@@ -17,9 +17,9 @@ from dagster import DagsterInstance, materialize
 
 from conftest import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
-from sparkbatch_dagster import estimate as E
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, summary
 from sparkbatch_dagster.engines.model import weights_gb
+from sparkbatch_dagster.estimate import sample as E
 from sparkbatch_dagster.estimate.choice import advise, choose, rows_to_decide, tradeoff, verdict, wilson
 from sparkbatch_dagster.estimate.forecast import predict
 from sparkbatch_dagster.estimate.placement import gpus_needed

@@ -1,6 +1,6 @@
 """benchmarks/results: every file is one JSON object a benchmark script wrote, with the keys its
-kind needs and derived figures that agree with the measurements they come from; the README's
-benchmark tables are exactly what benchmarks/readme_tables.py renders from those files."""
+kind needs and derived figures that agree with the measurements they come from; the benchmark
+tables of docs/ are exactly what benchmarks/doc_tables.py renders from those files."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import readme_tables  # noqa: E402
+import doc_tables  # noqa: E402
 
 FILES = sorted(RESULTS.glob("*.json"))
 
@@ -155,20 +155,23 @@ def test_a_server_variant_adds_engine_arguments_to_the_runs_own():
     assert "engine_kwargs" not in throughput.with_variant({"model": "m"}, {"max_in_flight": 64})
 
 
-def test_readme_tables_are_rendered_from_the_result_files():
-    text = (ROOT / "README.md").read_text()
-    for name in readme_tables.TABLES:
-        assert f"<!-- table:{name}" in text, f"README.md lost the marker of table {name!r}"
-    rendered = readme_tables.render_readme(text, readme_tables.load_results(RESULTS))
-    assert rendered == text, "README.md's benchmark tables are stale: python benchmarks/readme_tables.py --write"
+def test_the_docs_tables_are_rendered_from_the_result_files():
+    where = doc_tables.tables_in()
+    assert {name: len(pages) for name, pages in where.items()} == {name: 1 for name in doc_tables.TABLES}, \
+        f"every table in exactly one page (README.md or docs/*.md): {where}"
+    results = doc_tables.load_results(RESULTS)
+    for page in doc_tables.PAGES:
+        text = page.read_text()
+        assert doc_tables.render_page(text, results) == text, \
+            f"{page.name}'s benchmark tables are stale: python benchmarks/doc_tables.py --write"
 
 
 def test_every_table_file_is_rendered_or_left_out_for_a_reason():
-    results = readme_tables.load_results(RESULTS)
+    results = doc_tables.load_results(RESULTS)
     tabled = {"throughput", "estimate_accuracy", "estimate_accuracy_round", "estimate_gpu", "memory"}
-    text = (ROOT / "README.md").read_text()
+    text = "".join(page.read_text() for page in doc_tables.PAGES)
     for name, d in results.items():
         if d.get("benchmark") in tabled:
-            assert (f"`{name}`" in text) != (name in readme_tables.NOT_RENDERED), name
-    for name, why in readme_tables.NOT_RENDERED.items():
+            assert (f"`{name}`" in text) != (name in doc_tables.NOT_RENDERED), name
+    for name, why in doc_tables.NOT_RENDERED.items():
         assert name in results and why

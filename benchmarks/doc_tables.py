@@ -1,12 +1,13 @@
-"""The README's benchmark tables, rendered from ``benchmarks/results/*.json``: every figure in
-them comes from a result file a benchmark script wrote.
+"""The benchmark tables of ``docs/``, rendered from ``benchmarks/results/*.json``: every figure
+in them comes from a result file a benchmark script wrote.
 
-    python benchmarks/readme_tables.py            # print the tables
-    python benchmarks/readme_tables.py --write    # rewrite them in README.md
-    python benchmarks/readme_tables.py --check    # exit 1 when README.md's tables differ
+    python benchmarks/doc_tables.py            # print the tables
+    python benchmarks/doc_tables.py --write    # rewrite them in the docs pages that hold them
+    python benchmarks/doc_tables.py --check    # exit 1 when a page's tables differ
 
-In README.md each table sits between ``<!-- table:NAME ... -->`` and ``<!-- /table -->``;
-``tests/test_results_files.py`` fails when they differ from what this script renders.
+In a page (README.md or docs/*.md) each table sits between ``<!-- table:NAME ... -->`` and
+``<!-- /table -->``; ``tests/test_results_files.py`` fails when one differs from what this script
+renders, or when a table is in no page or in two.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
+#: The pages that may hold tables.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: Result files the tables leave out, and why (the test requires a reason for each).
 NOT_RENDERED = {
@@ -187,32 +189,46 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "overhead": overhead_table}
 
 
-def render_readme(text: str, results: Results) -> str:
+def render_page(text: str, results: Results, page: str = "page") -> str:
     """``text`` with every marked table replaced by its rendering."""
     def one(m: re.Match[str]) -> str:
         if m.group(2) not in TABLES:
-            raise SystemExit(f"README.md: unknown table {m.group(2)!r}; known: {sorted(TABLES)}")
+            raise SystemExit(f"{page}: unknown table {m.group(2)!r}; known: {sorted(TABLES)}")
         return m.group(1) + "\n" + TABLES[m.group(2)](results) + "\n" + m.group(4)
 
     return MARKER.sub(one, text)
 
 
+def tables_in(pages: list[Path] = PAGES) -> dict[str, list[str]]:
+    """Each table's name -> the pages (relative paths) whose text marks it."""
+    found: dict[str, list[str]] = {name: [] for name in TABLES}
+    for page in pages:
+        for m in MARKER.finditer(page.read_text()):
+            found.setdefault(m.group(2), []).append(str(page.relative_to(ROOT)))
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--write", action="store_true", help="rewrite the tables in README.md")
-    ap.add_argument("--check", action="store_true", help="exit 1 when README.md's tables are not what is rendered")
+    ap.add_argument("--write", action="store_true", help="rewrite the tables in the pages that hold them")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a page's tables are not what is rendered")
     args = ap.parse_args()
     results = load_results()
     if not (args.write or args.check):
         for name, render in TABLES.items():
             print(f"<!-- table:{name} -->\n{render(results)}")
         return
-    text = README.read_text()
-    rendered = render_readme(text, results)
-    if args.check:
-        sys.exit(0 if rendered == text else "README.md's benchmark tables differ from benchmarks/results: "
-                                             "run python benchmarks/readme_tables.py --write")
-    README.write_text(rendered)
+    stale = []
+    for page in PAGES:
+        text = page.read_text()
+        rendered = render_page(text, results, str(page.relative_to(ROOT)))
+        if rendered != text:
+            stale.append(str(page.relative_to(ROOT)))
+            if args.write:
+                page.write_text(rendered)
+    if args.check and stale:
+        sys.exit(f"{', '.join(stale)}: benchmark tables differ from benchmarks/results: "
+                 "run python benchmarks/doc_tables.py --write")
 
 
 if __name__ == "__main__":
