@@ -50,7 +50,7 @@ ENGINE: dict[str, Any] = {"kv_cache_memory_gb": 1.0, "max_num_seqs": 1, "max_mod
 PER_PARTITION_EVENTS = True
 MIN_GAP_S = 0.15
 #: Declared in a defs.yaml when the component exists; else the same job in Python.
-YAML = importlib.util.find_spec("sparkbatch_dagster.component") is not None
+YAML = importlib.util.find_spec("sparkbatch_dagster.definitions.component") is not None
 #: Under make (``make test`` installs chromium first) a missing browser is a failure, not a skip.
 REQUIRED = "MAKELEVEL" in os.environ or os.environ.get("SPARKBATCH_REQUIRE_BROWSER") == "1"
 SAVE = os.environ.get("SPARKBATCH_SAVE_SCREENSHOTS") == "1"
@@ -169,6 +169,7 @@ class Server:
     shots: Path
     defs_yaml: Path | None
     log: Path
+    home: Path
     timings: dict[str, float] = field(default_factory=dict)
 
     def gql(self, query: str, **variables: Any) -> dict[str, Any]:
@@ -194,6 +195,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = root / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    # As the instance `make ui` sets up: one engine-starting run at a time.
+    subprocess.run([str(Path(sys.executable).parent / "dagster"), "instance", "concurrency", "set", "gpu", "1"],
+                   env={**os.environ, "DAGSTER_HOME": str(home)}, check=True, capture_output=True)
     shots = root / "screenshots"
     shots.mkdir()
     port = _port()
@@ -206,7 +210,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             env=env, cwd=defs.parent, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=_default_signals,
         )
-    srv = Server(f"http://127.0.0.1:{port}", proc, shots, defs_yaml, log)
+    srv = Server(f"http://127.0.0.1:{port}", proc, shots, defs_yaml, log, root / "home")
     print(f"\nbrowser test: screenshots in {shots}, dagster dev log {log}")
     try:
         _wait_for_definitions(srv, time.monotonic() + 180)
@@ -307,8 +311,9 @@ def _run_messages(server: Server, run_id: str) -> str:
     return "\n".join(e.get("message", "") for e in data["logsForRun"]["events"])[-6000:]
 
 
-def _launch_backfill(server: Server, pg: Any, selection: str, shot: str) -> str:
-    """On labeled_outputs: Materialize... -> `selection` (Missing, All) -> Launch backfill; its id."""
+def _launch_backfill(server: Server, pg: Any, selection: str, shot: str, keys: list[str] | None = None) -> str:
+    """On labeled_outputs: Materialize... -> `selection` (Missing, All) -> Launch backfill; its id.
+    ``keys``: the partitions the dialog must list (default: all of them)."""
     from playwright.sync_api import expect
 
     _open(server, pg, "/assets/things/labeled_outputs")
@@ -316,9 +321,10 @@ def _launch_backfill(server: Server, pg: Any, selection: str, shot: str) -> str:
     dialog = pg.get_by_role("dialog")
     expect(dialog.get_by_text("Launch runs to materialize things / labeled_outputs")).to_be_visible()
     dialog.get_by_role("button", name=selection, exact=True).click()
-    expect(dialog.get_by_text(f"{SHARDS} partitions", exact=True)).to_be_visible()
-    for i in range(SHARDS):
-        expect(dialog.get_by_text(f"shard-{i:05d}").first).to_be_visible()
+    keys = keys or [f"shard-{i:05d}" for i in range(SHARDS)]
+    expect(dialog.get_by_text(f"{len(keys)} partitions", exact=True)).to_be_visible()
+    for key in keys:
+        expect(dialog.get_by_text(key).first).to_be_visible()
     expect(dialog.get_by_text("Backfills all partitions in a single run.")).to_be_visible()
     _shot(server, pg, shot)
     dialog.get_by_role("button", name="Launch backfill").click()
@@ -509,3 +515,47 @@ def test_a_backfill_from_the_materialize_dialog(page: Any, server: Server) -> No
         docs.mkdir(parents=True, exist_ok=True)
         for src, dst in picks.items():
             shutil.copyfile(server.shots / src, docs / dst)
+
+
+def _backfill_runs(server: Server, backfill: str) -> list[dict[str, Any]]:
+    data = server.gql("""query($id: String!) { partitionBackfillOrError(backfillId: $id) { __typename
+        ... on PartitionBackfill { status runs(limit: 10) { runId status startTime endTime } } } }""", id=backfill)
+    return data["partitionBackfillOrError"]["runs"]
+
+
+def test_a_scattered_backfill_costs_one_engine_start(page: Any, server: Server) -> None:
+    """(f) after the first backfill: shards 0 and 2 lost (their labeled files, stats and every
+    stored answer), so Materialize... -> Missing is two ranges, two runs to Dagster; the first
+    labels both on one engine, the second finds its shard done and starts none."""
+    from playwright.sync_api import expect
+
+    [version] = [p for p in (server.home / "out").iterdir() if p.is_dir()]
+    lost = ["shard-00000", "shard-00002"]
+    for key in lost:
+        (version / "labeled" / f"{key}.parquet").unlink()
+        (version / "stats" / f"{key}.json").unlink()
+    shutil.rmtree(server.home / "results")  # no stored answer either: the engine must run
+    t0 = time.monotonic()
+    backfill = _launch_backfill(server, page, "Missing", "f1-scattered-backfill-dialog.png", keys=lost)
+    runs: list[dict[str, Any]] = []
+    while time.monotonic() - t0 < 360:
+        runs = _backfill_runs(server, backfill)
+        if len(runs) == 2 and all(r["status"] in TERMINAL for r in runs) and _partition_statuses(server) == (SHARDS, 0):
+            break
+        assert server.proc.poll() is None, f"dagster dev exited:\n{server.log_tail()}"
+        time.sleep(0.5)
+    server.timings["scattered_backfill_s"] = round(time.monotonic() - t0, 1)
+    assert len(runs) == 2, f"Dagster made {len(runs)} runs of the two ranges: {runs}"
+    assert all(r["status"] == "SUCCESS" for r in runs), "\n".join(_run_messages(server, r["runId"]) for r in runs)
+    logs = {r["runId"]: _run_messages(server, r["runId"]) for r in runs}
+    started = [run for run, text in logs.items() if "engine loading" in text]
+    assert len(started) == 1, f"{len(started)} engine starts for one backfill: {logs}"
+    mats = [m for m in _materializations(server, "labeled_outputs") if m["run"] in logs]
+    fresh = sorted(m["partition"] for m in mats if m["md"]["computed_in_this_run"])
+    assert fresh == lost and {m["run"] for m in mats if m["md"]["computed_in_this_run"]} == set(started)
+    assert all(m["md"]["generated_requests"] > 0 for m in mats if m["md"]["computed_in_this_run"])
+    _open(server, page, "/assets/things/labeled_outputs")
+    page.get_by_role("tab", name="Partitions").click()
+    expect(page.get_by_text(re.compile(r"^Materialized \(\d+\)$"))).to_have_text(f"Materialized ({SHARDS})")
+    _shot(server, page, "f2-partitions-green.png")
+    assert not _engines(server.proc.pid), "the engine outlived its run"

@@ -2,6 +2,7 @@
 then run again. Every input row must end up exactly once, and the restart may regenerate no
 more than one checkpoint interval of rows. Also: two runs at once."""
 
+import json
 import os
 import signal
 import subprocess
@@ -107,9 +108,16 @@ def test_kill_during_generation_loses_at_most_one_checkpoint(tmp_path):
     proc.wait()
     generated, persisted = job.traced("t1"), job.persisted()
     assert generated - persisted <= EVERY  # what the crash cost
-    job.finish("t2")
+    done = job.finish("t2")
     assert job.traced("t2") == N - persisted  # only the missing rows were sent again
     job.assert_every_row_once()
+    # The killed attempt is billed too: found by the rerun (its lock free, no end written).
+    summary = json.loads(done.stdout.splitlines()[-1])
+    records = [json.loads(f.read_text()) for f in (job.version_dir() / "attempts").glob("*.json")]
+    killed, clean = sorted(records, key=lambda r: r["started"])
+    assert killed["outcome"] == "killed" and clean["outcome"] == "succeeded"
+    assert killed["rows_committed"] == 0 and clean["rows_committed"] == N
+    assert summary["attempts"] == 2 and summary["wasted_usd"] >= killed["wasted_usd"]
 
 
 def test_kill_between_partitions_keeps_finished_shards(tmp_path):

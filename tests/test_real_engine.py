@@ -39,6 +39,23 @@ def test_json_schema_output(real_engine):
     assert set(value) >= {"name", "legs"} and isinstance(value["legs"], int)
 
 
+def test_the_engine_says_when_an_answer_hit_max_tokens(tmp_path, real_engine):
+    reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Tell me a long story about {w}."}])
+            for i, w in enumerate(["apples", "trucks", "dogs"])]
+    cut = list(real_engine.generate(reqs, SamplingSpec(max_tokens=3), OutputSpec(kind="text")))
+    assert all(r.finish_reason == "length" and r.output_tokens == 3 for r in cut)
+    out = OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"])
+    whole = list(real_engine.generate(reqs, SamplingSpec(max_tokens=5), out))
+    assert all(r.finish_reason == "stop" and r.text in out.labels for r in whole)
+    # Through a shard: the cut text is kept, marked and counted.
+    spec = make_spec(tmp_path, n=12, shards=1, output=OutputSpec(kind="text"), sampling=SamplingSpec(max_tokens=2))
+    home = JobHome(spec.home_path)
+    build_shards(spec, home)
+    stats = label_shard(spec, home, "00000000000000ae", "shard-00000", real_engine)
+    rows = pq.read_table(home.labeled_path("00000000000000ae", "shard-00000")).to_pylist()
+    assert stats["truncated_rows"] == 12 and all(r["truncated"] and r["output"] for r in rows)
+
+
 def test_prompt_longer_than_context_is_an_error_row(tmp_path, real_engine):
     rows = make_rows(12)
     rows[5]["text"] = "word " * 3000  # ~3000 tokens > max_model_len 1024, < max_input_chars

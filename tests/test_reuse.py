@@ -18,7 +18,8 @@ from sparkbatch_dagster.errors import PendingRowsError
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run.result_store import ResultStore
-from sparkbatch_dagster.run.runner import label_shard, read_shard
+from sparkbatch_dagster.run.rows import read_shard
+from sparkbatch_dagster.run.runner import label_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,8 @@ from sparkbatch_dagster import EngineError, OutputSpec
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
-from sparkbatch_dagster.run.runner import label_shard, parse_output
+from sparkbatch_dagster.run.rows import parse_output
+from sparkbatch_dagster.run.runner import label_shard
 
 V = "0123456789abcdef"
 

@@ -95,6 +95,19 @@ def test_partition_completes_with_labels_and_error_rows(tmp_path, server_engine)
     assert all(r["output"] in spec.output.labels and r["prompt_tokens"] > 0 for r in good if not r["deduplicated"])
 
 
+def test_the_server_says_when_an_answer_hit_max_tokens(server_engine):
+    from sparkbatch_dagster import OutputSpec, SamplingSpec
+    from sparkbatch_dagster.engines import EngineRequest
+
+    reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Tell me a long story about {w}."}])
+            for i, w in enumerate(["apples", "trucks"])]
+    cut = list(server_engine.generate(reqs, SamplingSpec(max_tokens=3), OutputSpec(kind="text")))
+    assert sorted(r.finish_reason for r in cut) == ["length", "length"]
+    whole = list(server_engine.generate(reqs, SamplingSpec(max_tokens=5),
+                                        OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"])))
+    assert sorted(r.finish_reason for r in whole) == ["stop", "stop"]
+
+
 def test_a_server_started_here_gets_token_ids_and_someone_elses_gets_chat_bodies(server_engine):
     from sparkbatch_dagster.engines.start import client
 
@@ -128,8 +141,55 @@ def test_a_server_that_does_not_serve_the_configured_model_stops_the_run(tmp_pat
     assert right.model_identity().startswith(server_engine.served_name + "@")
 
 
-def test_killed_server_fails_promptly_and_a_rerun_resumes(tmp_path, server_engine, real_engine):
-    """Runs last in this module: it kills the module's server."""
+def _with_generation_config(folder, config):
+    """The embedded SmolLM2 (weights linked, not copied) with ``config`` as its generation_config.json."""
+    import json
+    import shutil
+
+    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, ensure_embedded
+
+    src = ensure_embedded(DEFAULT_MODEL_NAME)
+    folder.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            (folder / f.name).symlink_to(f)
+        elif f.is_file():
+            shutil.copy(f, folder / f.name)
+    (folder / "generation_config.json").write_text(json.dumps(
+        {**json.loads((src / "generation_config.json").read_text()), **config}))
+    return folder
+
+
+def test_offline_and_a_started_server_answer_alike_when_the_model_sets_sampling_defaults(tmp_path):
+    """vLLM's server fills repetition_penalty, top_k and min_p from generation_config.json; offline
+    SamplingParams would not: both modes apply them, so one identity means one answer."""
+    from sparkbatch_dagster import OutputSpec, SamplingSpec
+    from sparkbatch_dagster.engines import EngineRequest
+    from sparkbatch_dagster.engines.model import generation_defaults
+
+    defaults = {"repetition_penalty": 1.3, "top_k": 20, "min_p": 0.1}
+    model = _with_generation_config(tmp_path / "SmolLM2-135M-Instruct", defaults)
+    assert generation_defaults(str(model)) == defaults
+    words = ["apples", "trucks", "dogs", "rivers", "songs", "bread", "winter", "clocks"] * 3
+    reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Write one sentence about {w} (#{i})."}])
+            for i, w in enumerate(words)]
+    sampling, text = SamplingSpec(max_tokens=24), OutputSpec(kind="text")
+    settings = {**REAL_SETTINGS, "model": str(model), "keep_warm": False}
+    answers, identities = {}, {}
+    for mode in ("offline", "server"):
+        res = VLLMResource(engine=mode, **settings)
+        try:
+            identities[mode] = res.model_identity()
+            answers[mode] = {r.id: r.text for r in res.get_engine().generate(reqs, sampling, text)}
+        finally:
+            res.close()
+    assert identities["offline"] == identities["server"]
+    assert len(answers["offline"]) == 24 and answers["offline"] == answers["server"]
+
+
+def test_killed_server_fails_promptly_is_stopped_whole_and_a_rerun_resumes(tmp_path, server_engine, real_engine):
+    """Runs last in this module: it kills the module's server, its leader alone (as the OOM killer
+    would), leaving the engine core and frontend children it started."""
     spec = make_spec(tmp_path, n=300, shards=1, checkpoint_rows=5, checkpoint_seconds=0.2)
     home = JobHome(spec.home_path)
     build_shards(spec, home)
@@ -149,12 +209,16 @@ def test_killed_server_fails_promptly_and_a_rerun_resumes(tmp_path, server_engin
     while not list(parts.glob("part-*")) and time.monotonic() < deadline:
         time.sleep(0.05)
     server = psutil.Process(server_engine.server.proc.pid)
-    for p in [server, *server.children(recursive=True)]:
-        p.kill()
+    children = server.children(recursive=True)
+    assert children  # vLLM's engine core at least
+    server.kill()
     killed = time.monotonic()
     thread.join(timeout=60)
     assert not thread.is_alive(), "the run hung after the server died"
     assert isinstance(outcome.get("error"), EngineError) and time.monotonic() - killed < 60
+    assert any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children)  # orphans, still alive
+    server_engine.server.stop()
+    assert not [p.pid for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     kept = sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*"))
     assert kept >= 5
     # The rerun (here on the offline engine, same model) sends only the rows not yet written.

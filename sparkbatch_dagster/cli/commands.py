@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from ..definitions.factory import BatchJob
+from ..definitions.labeling import pool_limit
 from ..definitions.resource import VLLMResource
 from ..errors import SparkbatchError
 from ..home import check_key
@@ -50,8 +51,13 @@ def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py") 
         step = f"`sparkbatch run -f {file}` labels the {len(missing)} missing partition(s)"
     else:
         step = f"all done: `sparkbatch sql -f {file} \"FROM label_distribution\"` queries the results"
+    limit = pool_limit(instance(), job.pool) if job.pool else None
+    warnings = [] if limit is not None or not job.pool else [
+        f"the Dagster instance in $DAGSTER_HOME sets no limit on the {job.pool!r} pool: two runs at once (two "
+        "backfills, or one backfill's runs) would each start an engine on the same GPUs; run "
+        f"`dagster instance concurrency set {job.pool} 1`"]
     return {"sharded": manifest is not None, "partitions_total": len(keys), "partitions_done": len(done),
-            "missing": missing, "next": step}
+            "missing": missing, "next": step, "pool_limit": limit, "warnings": warnings}
 
 
 def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
@@ -159,14 +165,18 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
     ``cost_usd`` is the whole bill: generation plus every engine start the version's runs paid
     (``generation_cost_usd``, ``engine_start_s`` and ``engine_start_cost_usd`` split it), the
     number the estimate predicts. ``wall_s`` and ``tokens_per_hour`` are generation alone, like
-    ``predicted_wall_s``; ``prediction_error_pct`` compares the two over the prompts generated."""
-    from ..run import metrics
+    ``predicted_wall_s``; ``prediction_error_pct`` compares the two over the prompts generated.
+    ``attempts`` counts the version's run attempts, ``attempts_cost_usd`` is what they cost (the
+    box's time, failed and killed attempts included) and ``wasted_usd`` the part of it that
+    bought no committed shard."""
+    from ..run import attempts, metrics
 
     version = job.output_version(resource)
     committed = metrics.committed_stats(job.home, version)
     stats = list(committed.values())
     this_run = [committed[k] for k in ran if k in committed]
     check = metrics.prediction_check(job.home, version, stats)
+    bill = attempts.bill(metrics.sync_attempts(job.home, version))
     tokens = sum(s["input_tokens"] + s["output_tokens"] for s in stats)
     wall = sum(s["wall_s"] for s in stats)
     facts = metrics.analytics(job.spec, job.home, version)
@@ -181,6 +191,7 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
         "generated": sum(s.get("generated_requests", 0) for s in this_run),
         "reused": sum(s.get("reused_rows", 0) for s in this_run),
         **{k: v for k, v in check.items() if k in ("predicted_wall_s", "prediction_error_pct")},
+        **bill,
         "version": version, "home": str(job.home.root), "success": bool(result.success),
     }
 
@@ -248,7 +259,10 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
     job, defs = load(args.file, args.job)
     resource = defs.resources[job.resource_key]
     if args.command == "status":
-        return status(job, resource, args.file)
+        report = status(job, resource, args.file)
+        for line in report["warnings"]:
+            print(f"sparkbatch: warning: {line}", file=sys.stderr)
+        return report
     if args.command == "worker-node":
         from ..engines.multinode import worker_node
 

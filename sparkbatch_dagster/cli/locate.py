@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..definitions.deploy import GPU_POOL
 from ..definitions.factory import BatchJob
+from ..definitions.labeling import pool_limit
 from ..errors import SparkbatchError
 from ..home import FileLock
 
@@ -65,7 +67,8 @@ def instance() -> Any:
     """
     from dagster import DagsterInstance
 
-    if not os.environ.get("DAGSTER_HOME"):
+    default = not os.environ.get("DAGSTER_HOME")
+    if default:
         os.environ["DAGSTER_HOME"] = str(Path(".dagster_home").resolve())
     home = Path(os.environ["DAGSTER_HOME"])
     home.mkdir(parents=True, exist_ok=True)
@@ -76,6 +79,10 @@ def instance() -> Any:
         inst.get_runs(limit=1)
         inst.get_dynamic_partitions("sparkbatch-init")
         inst.all_instigator_state()
+        if default and pool_limit(inst, GPU_POOL) is None:
+            # The instance this CLI sets up runs one engine-starting run at a time: one run drives
+            # every GPU of the box (one engine per GPU), so a second one at once would fight it.
+            inst.event_log_storage.set_concurrency_slots(GPU_POOL, 1)
         return inst
     finally:
         lock.release()

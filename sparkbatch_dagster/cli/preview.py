@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..run.result_store import ResultStore, prompt_key
-from ..run.runner import plan_rows, read_shard
+from ..run.rows import plan_rows, read_shard
 from ..spec.prompts import chat_text
 
 
@@ -62,7 +62,20 @@ def preview(job: Any, resource: Any, show: int = 5) -> dict[str, Any]:
     totals = {k: sum(s[k] for s in shards) for k in ("rows", "error_rows", "distinct_prompts", "duplicate_rows",
                                                      "stored_prompts", "to_generate")}
     return {"job": spec.name, "model": model, "chat_template": bool(tokenizer and tokenizer.chat_template),
-            "tokenizer": tokenizer is not None, **totals, "shards": shards, "prompts": prompts}
+            "tokenizer": tokenizer is not None, **totals, "shards": shards, "prompts": prompts,
+            "warnings": label_warnings(spec, tokenizer)}
+
+
+def label_warnings(spec: Any, tokenizer: Any | None) -> list[str]:
+    """A label longer (in the model's tokens) than ``max_tokens`` could never be answered whole."""
+    if tokenizer is None or spec.output.kind != "label":
+        return []
+    longest = max(spec.output.labels, key=lambda label: len(tokenizer(label, add_special_tokens=False)["input_ids"]))
+    tokens = len(tokenizer(longest, add_special_tokens=False)["input_ids"])
+    if tokens <= spec.sampling.max_tokens:
+        return []
+    return [f"sampling.max_tokens={spec.sampling.max_tokens} is below the longest label's {tokens} tokens "
+            f"({longest!r}): its answers would be cut and become error rows; raise sampling.max_tokens to {tokens}"]
 
 
 def describe(report: dict[str, Any]) -> list[str]:
@@ -80,4 +93,4 @@ def describe(report: dict[str, Any]) -> list[str]:
                      f"{s['stored_prompts']} already answered, {s['to_generate']} to generate")
     lines.append(f"total: {report['rows']} rows; {report['to_generate']} prompts to generate, "
                  f"{report['stored_prompts']} already answered in the result store")
-    return lines
+    return lines + [f"warning: {w}" for w in report["warnings"]]

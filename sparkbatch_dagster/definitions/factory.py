@@ -32,17 +32,15 @@ from dagster import (
     multi_asset,
 )
 
-from ..engines.base import LazyEngine
 from ..engines.model import answer_settings
 from ..errors import SparkbatchError
 from ..home import JobHome
 from ..inputs.shards import build_shards
-from ..run import metrics
-from ..run.progress import Relay
-from ..run.runner import ShardRun
+from ..run import attempts, metrics
 from ..spec import EstimateSpec, JobSpec, fingerprint
 from . import events
 from .job import BatchJob
+from .labeling import label_partitions
 from .resource import VLLMResource
 
 # One run per backfill is the point of this plugin (one engine start); Dagster marks these
@@ -81,13 +79,6 @@ class EstimateConfig(Config):
     accuracy_bar: Optional[float] = None  # noqa: UP045
 
 
-def _settings_line(resource: VLLMResource) -> str:
-    """The engine settings a log reader wants to see (what is set, no secrets)."""
-    shown = {k: v for k, v in resource.model_dump().items()
-             if v not in (None, {}, "") and k not in ("model", "keep_warm", "api_key")}
-    return "with " + json.dumps(shown, default=str)
-
-
 def _model_config(resource: VLLMResource | None) -> Any:
     """The configured model and the settings that change its answers: part of the code version,
     so switching models shows ``labeled_outputs`` as changed in the UI (the weights' own digest
@@ -100,19 +91,6 @@ def _model_config(resource: VLLMResource | None) -> Any:
         cfg = resource
     # Where it runs (offline, which servers) is not here: the same model answers the same anywhere.
     return {"model": cfg.model, **answer_settings(cfg.dtype, cfg.max_model_len, cfg.engine_kwargs)}
-
-
-def _input_provenance(instance: Any, key: AssetKey) -> dict[str, str]:
-    """The tags Dagster writes on a materialization to say which upstream version it was built
-    from; without them the UI calls every partition stale ("new dependency")."""
-    from dagster._core.definitions.data_version import get_input_data_version_tag, get_input_event_pointer_tag
-
-    records = instance.fetch_materializations(key, limit=1).records
-    if not records:
-        return {}
-    version = records[0].asset_materialization.tags.get("dagster/data_version")
-    return {get_input_data_version_tag(key): version, get_input_event_pointer_tag(key): str(records[0].storage_id)
-            } if version else {}
 
 
 def build_batch_assets(
@@ -154,7 +132,7 @@ def build_batch_assets(
     group = group_name or spec.name
     home = JobHome(spec.home_path)
     parts = DynamicPartitionsDefinition(name=f"{spec.name}_shards")
-    job = BatchJob(spec, home, parts, resource_key=resource_key)
+    job = BatchJob(spec, home, parts, resource_key=resource_key, pool=pool)
     names = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
     job.keys = {n: AssetKey([*prefix, n]) for n in names}
     labeled_key = job.keys["labeled_outputs"]
@@ -194,43 +172,7 @@ def build_batch_assets(
                                      "an error). Each partition materializes as its shard commits.")],
     )
     def labeled_outputs(context: AssetExecutionContext) -> Iterator[Any]:
-        resource: VLLMResource = getattr(context.resources, resource_key)
-        keys = context.partition_keys  # each read asks the instance for the dynamic partitions
-        job.check_partitions(keys)  # before any engine starts
-        model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
-        version = job.version_for(model_id)
-        # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
-        engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))
-        home.write_current(version, engine.model_id)
-        todo = [k for k in keys if not home.is_done(version, k)]
-        tags = {"dagster/code_version": code_version, "dagster/data_version_is_user_provided": "true",
-                **_input_provenance(context.instance, job.keys["input_shards"])}
-        if context.run.tags.get("dagster/backfill"):
-            tags["dagster/backfill"] = context.run.tags["dagster/backfill"]
-
-        def emit(stats: dict[str, Any], this_run: bool) -> Iterator[Any]:
-            data_version = fingerprint([version, stats["partition"]])[:16]
-            yield events.materialization(labeled_key, stats, this_run=this_run, home=home,
-                                         tags={**tags, "dagster/data_version": data_version})
-            yield from events.checks(labeled_key, spec, home, stats)
-
-        done = [k for k in keys if k not in todo]
-        if done:
-            context.log.info(f"{len(done)} partition(s) already done under version {version}: recorded as "
-                             "reused (nothing generated, cost 0 in this run)")
-        for k in done:
-            yield from emit(json.loads(home.stats_path(version, k).read_text()), this_run=False)
-        home.remove_stale_parts(version)
-        if todo:
-            context.log.info(f"labeling {len(todo)} partition(s) with {engine.model_id}; the engine starts "
-                             "when the first prompt that is not in the result store needs it")
-            runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info))
-            runner.expected_rows_per_s = job.expected_rows_per_s(version)
-            for stats in runner.stream(todo):
-                context.log.info(f"{stats['partition']} committed: {stats['rows']} rows, {stats['errors']} errors, "
-                                 f"{stats['generated_requests']} prompts generated, {stats['reused_rows']} reused, "
-                                 f"${stats['cost_usd']:.4f}")
-                yield from emit(stats, this_run=True)
+        yield from label_partitions(context, job, getattr(context.resources, resource_key), code_version, pool)
 
     follow = AutomationCondition.eager().ignore(AssetSelection.assets(job.keys["estimate"]))
 
@@ -249,7 +191,8 @@ def build_batch_assets(
         for k in keys:
             s = committed[k]
             context.add_asset_metadata({n: s.get(n, 0) for n in events.NUMBERS}, partition_key=k)
-        check = metrics.prediction_check(home, version, list(committed.values()))
+        check = {**metrics.prediction_check(home, version, list(committed.values())),
+                 **attempts.bill(attempts.load(home, version))}
         if "predicted_wall_s" in check:
             context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]

@@ -27,6 +27,8 @@ class BatchJob:
     assets: list[AssetsDefinition] = field(default_factory=list)
     keys: dict[str, AssetKey] = field(default_factory=dict)
     resource_key: str = "vllm"
+    #: The concurrency pool of the assets that start an engine (``build_batch_assets(pool=)``).
+    pool: str | None = "gpu"
 
     def output_version(self, resource: VLLMResource) -> str:
         """Fingerprint of prompt + sampling + model + input shards: the output folder's name."""
@@ -171,7 +173,9 @@ class BatchJob:
         version = self.current_version()
         keys = partitions or (self.home.read_manifest() or {"keys": []})["keys"]
         paths = [self.home.labeled_path(version, k) for k in keys if self.home.is_done(version, k)]
-        return pa.concat_tables([pq.read_table(p) for p in paths]) if paths else OUTPUT_SCHEMA.empty_table()
+        # With the schema: files written before a column existed read with it null.
+        tables = [pq.read_table(p, schema=OUTPUT_SCHEMA) for p in paths]
+        return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
 
     def expected_rows_per_s(self, version: str) -> float | None:
         """The estimate's generation rate for this version, to quote an ETA before the run has its own."""

@@ -26,7 +26,8 @@ class EngineResult:
 
     ``retryable`` marks a transient failure (5xx, timeout, reset after every retry): it is not
     the row's fault, so nothing is written for it; the row stays pending and the next run
-    retries it.
+    retries it. ``finish_reason`` is the engine's own (``stop``, ``length`` when the answer hit
+    ``max_tokens``); None when it gave none.
     """
 
     id: str
@@ -36,6 +37,7 @@ class EngineResult:
     cached_tokens: int = 0
     error: str | None = None
     retryable: bool = False
+    finish_reason: str | None = None
 
 
 def structured_outputs(output: OutputSpec) -> dict[str, Any] | None:

@@ -55,6 +55,10 @@ class FakeEngine(Engine):
                 continue
             prompt = "\n".join(m["content"] for m in req.messages)
             text = self.answer if self.answer is not None else _answer(prompt, output)
+            words = text.split(" ")
+            cut = len(words) > sampling.max_tokens  # a word a token: an answer longer than max_tokens is cut
+            if cut:
+                text = " ".join(words[: sampling.max_tokens])
             if self._trace:
                 self._trace.write(req.id + "\n")
             yield EngineResult(
@@ -62,6 +66,7 @@ class FakeEngine(Engine):
                 text=text,
                 prompt_tokens=len(prompt.split()) + 4,
                 output_tokens=max(1, len(text.split())),
+                finish_reason="length" if cut else "stop",
             )
 
 

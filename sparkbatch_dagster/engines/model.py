@@ -120,6 +120,23 @@ def answer_settings(dtype: str, max_model_len: int | None, engine_kwargs: Mappin
     return {"dtype": dtype, "max_model_len": max_model_len, **extra}
 
 
+#: What vLLM's server takes from a model's ``generation_config.json`` (``--generation-config auto``)
+#: when a request leaves it out, and the job's ``SamplingSpec`` does not set.
+GENERATION_DEFAULTS = ("repetition_penalty", "top_k", "min_p")
+
+
+def generation_defaults(resolved: str) -> dict[str, Any]:
+    """The sampling defaults of a model folder's ``generation_config.json`` that vLLM's server
+    would apply by itself: applied, and sent, in both modes, so that offline and server answers
+    under one model identity are the same answers (the file is part of that identity)."""
+    path = Path(resolved) / "generation_config.json"
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}): fix or remove it") from exc
+    return {k: config[k] for k in GENERATION_DEFAULTS if config.get(k) is not None}
+
+
 #: Top-level files whose bytes decide a model's answers: weights, configs, tokenizer and chat template.
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 _MODEL_FILES = (

@@ -95,13 +95,31 @@ class ServerProcess:
             return ""
 
     def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        """Stop the whole process group: the leader and every child it started (engine cores,
+        API servers), also when the leader already exited alone (OOM-killed) and left them
+        holding the GPU's memory."""
+        group = self.proc.pid  # start_new_session: the leader's pid is the group's id
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            _signal_group(group, sig)
+            deadline = time.monotonic() + wait_s
+            while _group_alive(group) and time.monotonic() < deadline:
+                self.proc.poll()  # reaps the leader: a zombie would keep the group alive
+                time.sleep(0.1)
+            if not _group_alive(group):
+                return
+
+
+def _signal_group(group: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, sig)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the group is left (a dead leader not yet reaped counts, as a zombie)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

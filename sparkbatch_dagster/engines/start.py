@@ -122,6 +122,15 @@ class EngineSettings:
 
         return model_identity(self.model_name(), dict(self.answer_settings))
 
+    def sampling_defaults(self) -> dict[str, Any]:
+        """What the model's own generation config adds to every request (both modes apply it);
+        nothing for servers someone else runs, whose own config and identity are theirs."""
+        if self.endpoints:
+            return {}
+        from .model import generation_defaults
+
+        return generation_defaults(self.model_name())
+
 
 def start(cfg: EngineSettings) -> Engine:
     """The engine ``cfg`` describes, started."""
@@ -163,11 +172,12 @@ def _offline(cfg: EngineSettings, model: str, kwargs: dict[str, Any], envs: list
         from .data_parallel import DataParallelEngine, offline_worker
 
         worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk,
-                  "start_timeout_s": cfg.engine_start_timeout_s}
+                  "start_timeout_s": cfg.engine_start_timeout_s, "sampling_defaults": cfg.sampling_defaults()}
         return DataParallelEngine(offline_worker, worker, envs, window=window + 2 * chunk, batch=chunk)
     with settings.environment(envs[0]):  # the engine core and its workers inherit it (CPU core binding)
         return VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk,
-                                 start_timeout_s=cfg.engine_start_timeout_s)
+                                 start_timeout_s=cfg.engine_start_timeout_s,
+                                 sampling_defaults=cfg.sampling_defaults())
 
 
 def default_token_ids(cfg: EngineSettings, started_here: bool) -> bool:
@@ -193,4 +203,5 @@ def client(cfg: EngineSettings, url: str | list[str], name: str, key: str | None
     # The default keeps every engine's batch full (a server with data parallel has several).
     return VLLMServerEngine(url, name, api_key=key, max_in_flight=cfg.max_in_flight
                             or 4 * cfg.max_num_seqs * engines, timeout_s=cfg.request_timeout_s,
-                            max_retries=cfg.max_retries, server=server, token_ids=token_ids)
+                            max_retries=cfg.max_retries, server=server, token_ids=token_ids,
+                            sampling_defaults=cfg.sampling_defaults() if server is not None else {})

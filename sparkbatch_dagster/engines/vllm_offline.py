@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ..errors import EngineError
@@ -20,8 +20,10 @@ from ..spec.prompts import chat_text
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
 
 
-def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
-    """vLLM ``SamplingParams`` for a job, structured outputs included."""
+def sampling_params(sampling: SamplingSpec, output: OutputSpec, defaults: Mapping[str, Any] | None = None) -> Any:
+    """vLLM ``SamplingParams`` for a job, structured outputs included; ``defaults``: the model's
+    own sampling defaults (:func:`.model.generation_defaults`), which a `vllm serve` applies by
+    itself and ``SamplingParams`` would not."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -34,6 +36,7 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec) -> Any:
         seed=sampling.seed,
         ignore_eos=sampling.ignore_eos,
         structured_outputs=structured,
+        **(defaults or {}),
         # Only finished requests come back from step(), as token ids: the engine skips
         # per-step incremental detokenization, and each result is decoded once here, in
         # batches. That keeps this process ahead of the GPU, so the queue never runs dry.
@@ -46,12 +49,13 @@ class VLLMOfflineEngine(Engine):
     """In-process ``vllm.LLM``. ``llm_kwargs`` go to ``vllm.LLM`` unchanged."""
 
     def __init__(self, model: str, llm_kwargs: dict[str, Any], window: int = 8192, chunk: int = 512,
-                 start_timeout_s: float | None = None) -> None:
+                 start_timeout_s: float | None = None, sampling_defaults: Mapping[str, Any] | None = None) -> None:
         started = time.perf_counter()
         self._llm = _start_llm(model, llm_kwargs, start_timeout_s)
         self.start_seconds = time.perf_counter() - started
         self.model_id = model
         self.model_path = model  # what was loaded; model_id may be renamed to a portable identity
+        self.sampling_defaults = dict(sampling_defaults or {})
         self.window = window
         self.chunk = min(chunk, window)
         self._tokenizer = self._llm.get_tokenizer()
@@ -92,7 +96,7 @@ class VLLMOfflineEngine(Engine):
     ) -> Iterator[EngineResult]:
         from vllm.inputs import TokensPrompt
 
-        params = sampling_params(sampling, output)
+        params = sampling_params(sampling, output, self.sampling_defaults)
         engine = self._llm.llm_engine
         source = iter(requests)
         in_flight: dict[str, str] = {}
@@ -137,6 +141,7 @@ class VLLMOfflineEngine(Engine):
                         prompt_tokens=n_prompt,
                         output_tokens=len(out.outputs[0].token_ids),
                         cached_tokens=int(out.num_cached_tokens or 0),
+                        finish_reason=out.outputs[0].finish_reason,
                     )
         finally:
             if in_flight:  # the caller stopped early: leave the engine clean for the next shard

@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError, EngineError
@@ -47,12 +47,14 @@ _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 _HOLD = 8
 
 
-def request_body(model: str, messages: list[dict[str, str]], sampling: SamplingSpec, output: OutputSpec) -> dict:
-    """The chat-completions payload, structured outputs included."""
+def request_body(model: str, messages: list[dict[str, str]], sampling: SamplingSpec, output: OutputSpec,
+                 defaults: Mapping[str, Any] | None = None) -> dict:
+    """The chat-completions payload, structured outputs included; ``defaults``: the sampling
+    defaults offline mode applies too, sent so that the server applies exactly those."""
     body: dict[str, Any] = {
         "model": model, "messages": messages, "max_tokens": sampling.max_tokens,
         "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
-        "ignore_eos": sampling.ignore_eos,
+        "ignore_eos": sampling.ignore_eos, **(defaults or {}),
     }
     fields = structured_outputs(output)
     if fields:
@@ -85,10 +87,12 @@ class VLLMServerEngine(Engine):
 
     def __init__(self, base_url: str | Sequence[str], model_name: str, api_key: str | None = None,
                  max_in_flight: int = 1024, timeout_s: float = 600.0, max_retries: int = 5, backoff_s: float = 0.5,
-                 server: ServerProcess | None = None, token_ids: bool = False) -> None:
+                 server: ServerProcess | None = None, token_ids: bool = False,
+                 sampling_defaults: Mapping[str, Any] | None = None) -> None:
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         # What requests ask for; ``model_id`` (what rows record) may be renamed to an identity.
         self.served_name = self.model_id = model_name
+        self.sampling_defaults = dict(sampling_defaults or {})
         self.max_in_flight = max_in_flight
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.server = server
@@ -205,7 +209,7 @@ class VLLMServerEngine(Engine):
             pool.summary()
 
     def _body(self, req: EngineRequest, sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
-        body = request_body(self.served_name, req.messages, sampling, output)
+        body = request_body(self.served_name, req.messages, sampling, output, self.sampling_defaults)
         return body if self._tokenizer is None else token_body(self._tokenizer, body)
 
     def _next_done(self, done: queue.Queue[cf.Future]) -> cf.Future:
@@ -271,7 +275,7 @@ class VLLMServerEngine(Engine):
         return EngineResult(
             row_id, (choice["text"] if "text" in choice else choice["message"].get("content")) or "",
             prompt_tokens=int(usage.get("prompt_tokens", 0)), output_tokens=int(usage.get("completion_tokens", 0)),
-            cached_tokens=int(details.get("cached_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=choice.get("finish_reason"),
         )
 
     def _check_server(self) -> None:

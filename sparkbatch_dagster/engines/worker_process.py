@@ -33,7 +33,8 @@ def offline_worker(settings: dict[str, Any]) -> Engine:
     from .vllm_offline import VLLMOfflineEngine
 
     return VLLMOfflineEngine(settings["model"], settings["llm_kwargs"], window=settings["window"],
-                             chunk=settings["chunk"], start_timeout_s=settings.get("start_timeout_s"))
+                             chunk=settings["chunk"], start_timeout_s=settings.get("start_timeout_s"),
+                             sampling_defaults=settings.get("sampling_defaults"))
 
 
 def worker_main(factory: WorkerFactory, settings: dict[str, Any], env: dict[str, str], inbox: Connection,
@@ -104,7 +105,7 @@ def _serve(engine: Engine, gen: int, sampling: SamplingSpec, output: OutputSpec,
     try:
         for r in results:
             out.put(("result", gen, (r.id, r.text, r.prompt_tokens, r.output_tokens, r.cached_tokens, r.error,
-                                     r.retryable)))
+                                     r.retryable, r.finish_reason)))
             if gen in stopping or "stop" in stopping:
                 break
     finally:

@@ -34,7 +34,7 @@ from ..engines.base import Engine, EngineRequest
 from ..errors import SparkbatchError
 from ..home import JobHome
 from ..run.result_store import ResultStore, prompt_key
-from ..run.runner import parse_output, plan_rows, read_shard
+from ..run.rows import parse_output, plan_rows, read_shard
 from ..spec import EstimateSpec, JobSpec
 from .choice import verdict
 

@@ -25,10 +25,11 @@ import json
 import logging
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SparkbatchError
 from .atomic import atomic_write_text
 from .locks import FileLock
 
@@ -98,6 +99,11 @@ class JobHome:
     def read_current(self) -> dict[str, Any] | None:
         return json.loads(self.current_path.read_text()) if self.current_path.exists() else None
 
+    def has_commits(self, version: str) -> bool:
+        """Whether ``version`` has a committed shard."""
+        labeled = self.version_dir(version) / "labeled"
+        return labeled.exists() and any(labeled.glob("shard-*.parquet"))
+
     def prediction_path(self, version: str) -> Path:
         """What the estimate predicted for the run that produces ``version``."""
         return self.version_dir(version) / "prediction.json"
@@ -126,23 +132,49 @@ class JobHome:
             return None
 
     def is_done(self, version: str, key: str) -> bool:
-        """True when the shard's labeled file and stats are both whole.
+        """True when the shard's labeled file and stats are both whole. Only reads.
 
         A committed shard whose files are found broken (truncated by a crash of the disk, not of
-        this process: commits are fsynced) is un-committed here, with a log line, so the next
-        run recomputes it; its answers come back from the result store, not the engine.
+        this process: commits are fsynced) is not done: the next run that holds the shard's lock
+        sets its files aside (:meth:`set_aside_broken`) and recomputes it, its answers coming back
+        from the result store, not the engine. A read that fails (shared storage away for a
+        moment) is not a broken file: it raises, naming the file, and nothing is touched.
         """
-        labeled, stats = self.labeled_path(version, key), self.stats_path(version, key)
-        if not labeled.exists():
-            return False
-        try:
-            import pyarrow.parquet as pq
+        return self.labeled_path(version, key).exists() and self.broken(version, key) is None
 
+    def broken(self, version: str, key: str) -> str | None:
+        """Why a committed shard's files do not parse (None when whole, or not committed)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        labeled, stats = self.labeled_path(version, key), self.stats_path(version, key)
+        path = labeled
+        try:
+            if not labeled.exists():
+                return None
             pq.read_metadata(labeled)
+            path = stats
             json.loads(stats.read_text())["rows"]
-            return True
-        except Exception as exc:  # any unreadable file means the same thing: recompute the shard
-            log.warning("%s of version %s is broken (%s): recomputing it", key, version, exc)
-            labeled.unlink(missing_ok=True)
-            stats.unlink(missing_ok=True)
+            return None
+        except FileNotFoundError:  # a labeled file without its stats (written first): not whole
+            return f"{path.name} is missing"
+        except (ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:  # the bytes are there, and wrong
+            return f"{path.name}: {exc}"
+        except OSError as exc:
+            if exc.errno is None:  # pyarrow's own "cannot deserialize" (no errno): a file that parses wrong
+                return f"{path.name}: {exc}"
+            raise SparkbatchError(f"cannot read {path} ({exc}): nothing was changed; check the storage and "
+                                  "run again") from exc
+
+    def set_aside_broken(self, version: str, key: str) -> bool:
+        """Move a committed shard's broken files aside (``<name>.broken-<time>``, kept for a
+        look) so that it is recomputed; for a run that holds the shard's lock. True if it did."""
+        why = self.broken(version, key)
+        if why is None:
             return False
+        log.warning("%s of version %s is broken (%s): set aside and recomputed", key, version, why)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for path in (self.labeled_path(version, key), self.stats_path(version, key)):
+            if path.exists():
+                path.rename(path.with_name(f"{path.name}.broken-{stamp}"))
+        return True

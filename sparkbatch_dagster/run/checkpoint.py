@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ log = logging.getLogger("sparkbatch")
 
 #: The columns of every output row. ``prompt_key`` names the rendered prompt in the result
 #: store (null for rows that never had one: input errors); ``reused`` marks answers taken from
-#: the store instead of the engine; ``fingerprint`` is the output version.
+#: the store instead of the engine; ``fingerprint`` is the output version; ``finish_reason`` is
+#: the engine's (null for rows it did not answer), ``truncated`` marks an answer cut at
+#: ``max_tokens``. Files written before the last two existed read with them null.
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
@@ -35,6 +38,8 @@ OUTPUT_SCHEMA = pa.schema(
         ("prompt_key", pa.string()),
         ("fingerprint", pa.string()),
         ("model", pa.string()),
+        ("finish_reason", pa.string()),
+        ("truncated", pa.bool_()),
     ]
 )
 
@@ -42,13 +47,18 @@ OUTPUT_SCHEMA = pa.schema(
 class CheckpointWriter:
     """Buffers finished rows and appends them to part files every ``every_rows`` rows or
     ``every_seconds`` seconds, whichever comes first. A crash loses at most that much.
+
+    Thread-safe: the run adds rows while its flush timer (:class:`FlushTimer`) writes out any
+    shard whose rows have waited ``every_seconds``, whether or not more rows come for it.
     """
 
     def __init__(self, parts_dir: Path, every_rows: int, every_seconds: float) -> None:
         self.parts_dir = parts_dir
         self.every_rows = every_rows
         self.every_seconds = every_seconds
+        self._lock = threading.Lock()
         self._buffer: list[dict[str, Any]] = []
+        self.on_flush: Callable[[], None] = lambda: None  # the attempt's heartbeat: "alive at this checkpoint"
         self._last_flush = time.monotonic()
         self._seq = 0
         self.rows_written = 0
@@ -74,11 +84,28 @@ class CheckpointWriter:
         return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
 
     def add(self, row: dict[str, Any]) -> None:
-        self._buffer.append(row)
-        if self.due():
-            self.flush()
+        with self._lock:
+            self._buffer.append(row)
+            if self._due():
+                self._flush()
 
     def due(self) -> bool:
+        with self._lock:
+            return self._due()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def flush_if_due(self) -> bool:
+        """Flush when rows have waited long enough (or are many enough); True if it wrote."""
+        with self._lock:
+            if not self._due():
+                return False
+            self._flush()
+            return True
+
+    def _due(self) -> bool:
         if not self._buffer:
             return False
         return (
@@ -86,7 +113,7 @@ class CheckpointWriter:
             or time.monotonic() - self._last_flush >= self.every_seconds
         )
 
-    def flush(self) -> None:
+    def _flush(self) -> None:
         self._last_flush = time.monotonic()
         if not self._buffer:
             return
@@ -96,6 +123,44 @@ class CheckpointWriter:
         self.rows_written += len(self._buffer)
         self.flushes += 1
         self._buffer.clear()
+        self.on_flush()
+
+
+class FlushTimer:
+    """Checkpoints every open writer whose rows have waited ``every_seconds``, from a thread:
+    with several shards in flight, a shard waiting on its slow tail (or an engine that goes
+    quiet) would otherwise hold finished rows until its next result. ``check()`` re-raises, in
+    the run's thread, a write that failed here."""
+
+    def __init__(self, every_seconds: float, on_tick: Callable[[], None] = lambda: None) -> None:
+        self.writers: list[CheckpointWriter] = []
+        self._on_tick = on_tick  # the attempt's heartbeat
+        self._interval = min(max(0.02, every_seconds / 4), 1.0)  # also the heartbeat's clock
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="sparkbatch-flush", daemon=True)
+
+    def __enter__(self) -> FlushTimer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                for writer in list(self.writers):
+                    writer.flush_if_due()
+                self._on_tick()
+            except BaseException as exc:  # a full disk: the run's thread raises it
+                self._error = exc
+                return
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
 
 
 def assemble(parts_dir: Path, expected_ids: Iterable[str], name: str) -> pa.Table:

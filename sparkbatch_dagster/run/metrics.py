@@ -24,7 +24,7 @@ METRIC_COLUMNS = [
     ("wall_s", "DOUBLE"), ("engine_s", "DOUBLE"), ("tokens_per_hour", "DOUBLE"), ("cost_usd", "DOUBLE"),
     ("prefix_cache_hit_rate", "DOUBLE"), ("resumed_rows", "BIGINT"), ("deduplicated_rows", "BIGINT"),
     ("finished_at", "VARCHAR"), ("generated_requests", "BIGINT"), ("reused_rows", "BIGINT"),
-    ("engine_start_s", "DOUBLE"), ("generation_cost_usd", "DOUBLE"),
+    ("engine_start_s", "DOUBLE"), ("generation_cost_usd", "DOUBLE"), ("truncated_rows", "BIGINT"),
 ]
 
 
@@ -53,17 +53,32 @@ def connect(path: Path, timeout_s: float = 120.0) -> Iterator[Any]:
 
 def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
     """Upsert per-partition statistics into ``run_metrics``."""
-    names = [c for c, _ in METRIC_COLUMNS]
+    _upsert(home, "run_metrics", METRIC_COLUMNS, ("partition", "version"), stats)
+
+
+def _upsert(home: JobHome, table: str, columns: list[tuple[str, str]], key: tuple[str, ...],
+            rows: list[dict[str, Any]]) -> None:
+    names = [c for c, _ in columns]
     with connect(home.metrics_db) as con:
-        cols = ", ".join(f'"{c}" {t}' for c, t in METRIC_COLUMNS)
-        con.execute(f"CREATE TABLE IF NOT EXISTS run_metrics ({cols}, PRIMARY KEY (partition, version))")
-        for c, t in METRIC_COLUMNS:  # a table made by an older release gains the newer columns
-            con.execute(f'ALTER TABLE run_metrics ADD COLUMN IF NOT EXISTS "{c}" {t}')
+        cols = ", ".join(f'"{c}" {t}' for c, t in columns)
+        con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols}, PRIMARY KEY ({', '.join(key)}))")
+        for c, t in columns:  # a table made by an older release gains the newer columns
+            con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{c}" {t}')
         placeholders = ", ".join("?" for _ in names)
         con.executemany(
-            f"INSERT OR REPLACE INTO run_metrics ({', '.join(quote_ident(n) for n in names)}) VALUES ({placeholders})",
-            [[s.get(c) for c in names] for s in stats],
+            f"INSERT OR REPLACE INTO {table} ({', '.join(quote_ident(n) for n in names)}) VALUES ({placeholders})",
+            [[r.get(c) for c in names] for r in rows],
         )
+
+
+def sync_attempts(home: JobHome, version: str) -> list[dict[str, Any]]:
+    """Mirror every attempt of ``version`` (``attempts.py``) into the ``attempts`` table; return them."""
+    from .attempts import COLUMNS, load
+
+    records = load(home, version)
+    if records:
+        _upsert(home, "attempts", COLUMNS, ("attempt",), records)
+    return records
 
 
 def committed_stats(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
@@ -84,6 +99,7 @@ def sync(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
     stats = committed_stats(home, version)
     if stats:
         record(home, list(stats.values()))
+    sync_attempts(home, version)
     return stats
 
 
@@ -147,7 +163,7 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     with connect(home.metrics_db) as con:
         con.execute(
             f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
-            f"FROM read_parquet('{_sql_path(labeled_glob)}') o "
+            f"FROM read_parquet('{_sql_path(labeled_glob)}', union_by_name = true) o "
             f"JOIN read_parquet('{_sql_path(home.shards_dir / 'shard-*.parquet')}') s USING (row_id)"
         )
         con.execute(

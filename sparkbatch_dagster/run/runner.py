@@ -7,99 +7,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from ..engines.base import Engine, EngineRequest, EngineResult
-from ..errors import ConfigError, PendingRowsError, SparkbatchError
+from ..engines.base import Engine, EngineRequest
+from ..errors import PendingRowsError, SparkbatchError
 from ..home import JobHome, atomic_write_text, failpoint
 from ..spec import JobSpec
-from ..spec.prompts import RenderedPrompt, check_text, render
-from .checkpoint import CheckpointWriter, assemble, commit
+from .attempts import Attempt
+from .checkpoint import CheckpointWriter, FlushTimer, assemble, commit
 from .result_store import ResultStore, prompt_key
+from .rows import STORED_ERRORS, outcome, plan_rows, read_shard, row
 from .shard_stats import progress_report, shard_stats
 
-#: Row errors that the same prompt under the same settings would get again: stored for reuse.
-#: Anything else (a sporadic HTTP 400) is retried by a later version instead of remembered.
-_STORED_ERRORS = ("prompt_too_long", "bad_output")
-
 ProgressFn = Callable[[dict[str, Any]], None]
-
-
-def parse_output(text: str, spec: JobSpec) -> tuple[str | None, str | None]:
-    """(output, error) for one generated text, checked against the declared output kind."""
-    kind = spec.output.kind
-    if kind == "label":
-        label = text.strip()
-        if label in spec.output.labels:
-            return label, None
-        return None, f"bad_output: {label[:80]!r} is not one of the declared labels"
-    if kind == "json":
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return None, f"bad_output: not valid JSON ({exc.msg} at char {exc.pos})"
-        if not isinstance(value, dict):
-            return None, f"bad_output: expected a JSON object, got {type(value).__name__}"
-        return json.dumps(value, sort_keys=True), None
-    return text, None
-
-
-def _row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
-         res: EngineResult | None = None, dedup: bool = False, key: str | None = None,
-         reused: bool = False) -> dict[str, Any]:
-    # Tokens are counted once per generation: fanned-out duplicates and reused answers carry zeros.
-    fresh = None if dedup else res
-    return {
-        "row_id": row_id, "output": output, "error": error,
-        "prompt_tokens": fresh.prompt_tokens if fresh else 0,
-        "output_tokens": fresh.output_tokens if fresh else 0,
-        "cached_tokens": fresh.cached_tokens if fresh else 0,
-        "deduplicated": dedup, "reused": reused, "prompt_key": key, "fingerprint": fp, "model": model,
-    }
-
-
-def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
-              ) -> tuple[dict[str, str], dict[str, tuple[RenderedPrompt, list[str]]]]:
-    """Split pending rows into error rows {id: reason} and unique prompts {key: (prompt, ids)}."""
-    errors: dict[str, str] = {}
-    groups: dict[str, tuple[RenderedPrompt, list[str]]] = {}
-    for row in rows:
-        rid = row["row_id"]
-        if rid in skip:
-            continue
-        reason = row.get("_input_error") or next(
-            (r for c in spec.text_columns if (r := check_text(row[c], c, spec.max_input_chars))), None
-        )
-        if reason:
-            errors[rid] = reason
-            continue
-        try:
-            prompt = render(spec.system_prompt, spec.user_template, {c: row[c] for c in spec.text_columns})
-        except ConfigError as exc:
-            errors[rid] = f"render_error: {exc}"
-            continue
-        groups.setdefault(prompt.key, (prompt, []))[1].append(rid)
-    return errors, groups
-
-
-def read_shard(home: JobHome, key: str, signature: str | None) -> list[dict[str, Any]]:
-    """A shard's input rows, read from the manifest the run planned with.
-
-    Re-sharding takes the shards lock exclusively; reading under the shared lock, after
-    checking the manifest is the one this run's output version was computed from, means rows
-    of a new input can never land in the old version's folder.
-    """
-    with home.shards_lock().held(shared=True):
-        current = (home.read_manifest() or {}).get("signature")
-        if signature is not None and current != signature:
-            raise SparkbatchError(
-                f"the input was sharded again while this run was labeling (manifest {current}, run planned on "
-                f"{signature}): run again; rows already finished are kept"
-            )
-        return list(pq.read_table(home.shard_path(key)).to_pylist())
 
 
 class _Shard:
@@ -114,7 +37,7 @@ class _Shard:
         self.resumed = len(done)
         errors, self.groups = plan_rows(spec, self.rows, done)
         for rid, reason in errors.items():
-            self.writer.add(_row(rid, version, model, error=reason))
+            self.writer.add(row(rid, version, model, error=reason))
         self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
         self._reuse(run.store)
         # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
@@ -131,7 +54,7 @@ class _Shard:
         for group in [g for g in self.groups if self.keys[g] in found]:
             stored_output, stored_error = found[self.keys[group]]
             for i, rid in enumerate(self.groups.pop(group)[1]):
-                self.writer.add(_row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
+                self.writer.add(row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
                                      key=self.keys[group], reused=True))
 
     def release(self) -> None:
@@ -148,7 +71,7 @@ class ShardRun:
     """
 
     def __init__(self, spec: JobSpec, home: JobHome, version: str, engine: Engine,
-                 progress: ProgressFn | None = None, progress_every_s: float = 1.0) -> None:
+                 progress: ProgressFn | None = None, progress_every_s: float = 1.0, run_id: str | None = None) -> None:
         self.spec, self.home, self.version, self.engine = spec, home, version, engine
         self.progress, self.progress_every_s = progress, progress_every_s
         self.signature = (home.read_manifest() or {}).get("signature")
@@ -169,6 +92,9 @@ class ShardRun:
         self._first_answer: float | None = None
         self._done_at_first = 0
         self._sizes: dict[str, int] = {}
+        self._timer = FlushTimer(spec.checkpoint_seconds)
+        self.run_id = run_id
+        self.attempt: Attempt | None = None
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
@@ -177,18 +103,31 @@ class ShardRun:
                 on_done(stats)
         return self.stats
 
-    def stream(self, keys: list[str]) -> Iterator[dict[str, Any]]:
+    def stream(self, keys: list[str], optional: Collection[str] = ()) -> Iterator[dict[str, Any]]:
         """Label ``keys``, yielding each shard's statistics as soon as it is committed (the engine
-        keeps generating the next shards' rows meanwhile)."""
+        keeps generating the next shards' rows meanwhile). A key of ``optional`` that another
+        run is writing is left to it; any other such key stops the run before anything starts."""
         locks = [self.home.partition_lock(self.version, k) for k in keys]
+        # The attempt is billed from here, whatever its end; its heartbeat rides the flush timer.
+        attempt = self.attempt = Attempt(self.home, self.version, self.spec.hourly_rate_usd, self.run_id,
+                                         beat_every_s=1.0)
+        self._timer = FlushTimer(self.spec.checkpoint_seconds, on_tick=attempt.beat)
         try:
             for key, lock in zip(keys, locks, strict=True):
                 if not lock.acquire(wait=False):
+                    if key in optional:
+                        continue
                     raise SparkbatchError(
                         f"partition {key} is being written by another run (pid {lock.holder()}): "
                         "wait for that run to finish, or run the other partitions"
                     )
-            yield from self._generate(keys)
+                if key in optional and self.home.is_done(self.version, key):  # committed by its own run since
+                    lock.release()
+                    continue
+                self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
+            mine = [k for k, lock in zip(keys, locks, strict=True) if lock.held_here()]
+            with attempt, self._timer:
+                yield from self._generate(mine)
         finally:
             # Whatever stopped us, finished rows still in memory go to disk first.
             for shard in self.shards:
@@ -204,6 +143,8 @@ class ShardRun:
         self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys}
         total = sum(self._sizes.values())
         last_report = time.perf_counter()
+        attempt, start_paid = self.attempt, self._start_paid
+        assert attempt is not None
         for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
             if self._first_answer is None:
                 self._first_answer = time.perf_counter()
@@ -211,22 +152,21 @@ class ShardRun:
             idx, _, n = res.id.partition(":")
             shard = self.shards[int(idx)]
             group = shard.order[int(n)]
+            attempt.update(prompts=1, engine_start_s=self.engine.start_seconds - start_paid)
             ids = shard.groups[group][1]
             shard.outstanding -= 1
             if res.retryable:  # not the row's fault: write nothing, so the next run retries it
                 shard.pending += len(ids)
                 self._pending_reason = res.error or "transient failure"
             else:
-                ok = res.error is None and res.text is not None
-                output, error = parse_output(res.text or "", self.spec) if ok else (None, res.error)
+                output, error = outcome(res, self.spec)
                 for i, rid in enumerate(ids):
-                    shard.writer.add(_row(rid, self.version, self.engine.model_id, output, error, res,
+                    shard.writer.add(row(rid, self.version, self.engine.model_id, output, error, res,
                                           dedup=i > 0, key=shard.keys[group]))
                 self._rows_done += len(ids)
                 shard.done += len(ids)
                 shard.fresh_tokens += res.prompt_tokens + res.output_tokens
-            if shard.writer.due():
-                shard.writer.flush()
+            self._timer.check()  # the other shards' rows are flushed on time by the timer
             if shard.outstanding == 0 and shard.pending == 0:
                 self._finish(shard)
             now = time.perf_counter()
@@ -261,6 +201,9 @@ class ShardRun:
             shard = _Shard(self, key)
             idx = len(self.shards)
             self.shards.append(shard)
+            self._timer.writers.append(shard.writer)
+            if self.attempt is not None:
+                shard.writer.on_flush = self.attempt.beat
             free = len(shard.rows) - sum(len(ids) for _, ids in shard.groups.values())
             self._rows_done += free
             self._rows_free += free
@@ -272,6 +215,7 @@ class ShardRun:
 
     def _finish(self, shard: _Shard) -> None:
         shard.writer.flush()
+        self._timer.writers.remove(shard.writer)
         table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key)
         now = time.perf_counter()
         # Shards overlap in the engine; each is charged the time since the previous one finished
@@ -292,6 +236,8 @@ class ShardRun:
         self.store.add(_new_answers(table))
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
         shard.release()
+        if self.attempt is not None:
+            self.attempt.update(committed=stats)
         self.stats.append(stats)
         self._ready.append(stats)
 
@@ -305,7 +251,9 @@ def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: En
 def _new_answers(table: Any) -> list[dict[str, Any]]:
     """The shard's rows that the engine answered in this version (one per prompt) and that the
     same prompt would get again: what the result store keeps."""
-    cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated"]
+    cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
+            "truncated"]
+    # A cut answer is not kept: the store holds answers, and a reuse would lose the mark.
     return [r for r in table.select(cols).to_pylist()
-            if r["prompt_key"] and not r["reused"] and not r["deduplicated"]
-            and (r["error"] is None or r["error"].startswith(_STORED_ERRORS))]
+            if r["prompt_key"] and not r["reused"] and not r["deduplicated"] and not r["truncated"]
+            and (r["error"] is None or r["error"].startswith(STORED_ERRORS))]

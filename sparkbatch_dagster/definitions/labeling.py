@@ -1,0 +1,146 @@
+"""What one run of ``labeled_outputs`` does: label its partitions on one engine and yield each
+partition's materialization and checks the moment its shard commits.
+
+A backfill of scattered partitions (Materialize... -> Missing after a partial failure, say 1, 4
+and 6 of 8) is several runs to Dagster, one per contiguous range of partitions
+(``BackfillPolicy.single_run`` makes one run per range), and each run would start its own engine.
+So the first run of a backfill to start also labels the backfill's other missing partitions,
+on the same engine, and materializes them as they commit; the backfill's later runs, queued
+behind it in the ``gpu`` pool, find their partitions done and record them as reused, starting
+no engine. A partition another run is writing at that moment is left to it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from dagster import AssetExecutionContext, AssetKey
+
+from ..engines.base import LazyEngine
+from ..run.progress import Relay
+from ..run.runner import ShardRun
+from ..spec import JobSpec, fingerprint
+from . import events
+
+if TYPE_CHECKING:
+    from .job import BatchJob
+    from .resource import VLLMResource
+
+
+def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource,
+                     code_version: str, pool: str | None) -> Iterator[Any]:
+    """The body of ``labeled_outputs``: the run's partitions, then the rest of its backfill's gaps."""
+    spec, home, key = job.spec, job.home, job.keys["labeled_outputs"]
+    keys = context.partition_keys  # each read asks the instance for the dynamic partitions
+    job.check_partitions(keys)  # before any engine starts
+    model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
+    version = job.version_for(model_id)
+    # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
+    engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))
+    # Downstream assets read the current version: it moves to this one only once it has a
+    # committed partition, so a run that fails under new settings never empties them.
+    current = home.has_commits(version)
+    if current:
+        home.write_current(version, engine.model_id)
+    todo = [k for k in keys if not home.is_done(version, k)]
+    tags = {"dagster/code_version": code_version, "dagster/data_version_is_user_provided": "true",
+            **_input_provenance(context.instance, job.keys["input_shards"])}
+    if context.run.tags.get("dagster/backfill"):
+        tags["dagster/backfill"] = context.run.tags["dagster/backfill"]
+
+    def emit(stats: dict[str, Any], this_run: bool) -> Iterator[Any]:
+        data_version = fingerprint([version, stats["partition"]])[:16]
+        yield events.materialization(key, stats, this_run=this_run, home=home,
+                                     tags={**tags, "dagster/data_version": data_version})
+        yield from events.checks(key, spec, home, stats)
+
+    done = [k for k in keys if k not in todo]
+    if done:
+        context.log.info(f"{len(done)} partition(s) already done under version {version}: recorded as "
+                         "reused (nothing generated, cost 0 in this run)")
+    for k in done:
+        yield from emit(json.loads(home.stats_path(version, k).read_text()), this_run=False)
+    home.remove_stale_parts(version)
+    gaps = [k for k in backfill_partitions(context, key, pool) if k not in keys and not home.is_done(version, k)]
+    if todo and gaps:
+        context.log.info(f"this backfill also misses {len(gaps)} partition(s) outside this run ({_span(gaps)}): "
+                         "labeled here on the same engine; their own runs will find them done")
+    if todo:
+        context.log.info(f"labeling {len(todo) + len(gaps)} partition(s) with {engine.model_id}; the engine starts "
+                         "when the first prompt that is not in the result store needs it")
+        runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info), run_id=context.run_id)
+        runner.expected_rows_per_s = job.expected_rows_per_s(version)
+        for stats in runner.stream(todo + gaps, optional=set(gaps)):
+            if not current:  # this version's first commit
+                home.write_current(version, engine.model_id)
+                current = True
+            context.log.info(f"{stats['partition']} committed: {stats['rows']} rows, {stats['errors']} errors, "
+                             f"{stats['generated_requests']} prompts generated, {stats['reused_rows']} reused, "
+                             f"${stats['cost_usd']:.4f}{_truncation_note(spec, stats)}")
+            yield from emit(stats, this_run=True)
+
+
+def backfill_partitions(context: AssetExecutionContext, key: AssetKey, pool: str | None) -> list[str]:
+    """The partitions of ``key`` that this run's backfill targets, in the order they were
+    registered; [] outside a backfill (or for one Dagster stored in an older form), and [] unless
+    the ``gpu`` pool runs one run at a time: then the backfill's runs never race for a partition."""
+    backfill_id = context.run.tags.get("dagster/backfill")
+    if not backfill_id:
+        return []
+    if pool is None or pool_limit(context.instance, pool) != 1:
+        context.log.info(f"this run is one of its backfill's runs, each with its own engine start: limit the "
+                         f"{pool!r} pool to one run at a time (dagster instance concurrency set {pool or 'gpu'} 1) "
+                         "and the first run labels every gap of the backfill on one engine")
+        return []
+    backfill = context.instance.get_backfill(backfill_id)
+    data = getattr(backfill, "asset_backfill_data", None)
+    if data is None or key not in data.target_subset.asset_keys:
+        return []
+    targets = set(data.target_subset.get_partitions_subset(key).get_partition_keys())
+    order = context.instance.get_dynamic_partitions(context.assets_def.partitions_def.name)  # type: ignore[union-attr]
+    return [k for k in order if k in targets]
+
+
+def pool_limit(instance: Any, pool: str) -> int | None:
+    """How many steps the instance lets into ``pool`` at once (its own limit, or the instance's
+    ``concurrency.pools.default_limit``); None: no limit."""
+    try:
+        limit = instance.event_log_storage.get_concurrency_info(pool).limit
+    except Exception:  # an instance storage without concurrency support: no limit it can enforce
+        return None
+    return None if limit is None else int(limit)
+
+
+def _span(keys: list[str]) -> str:
+    return ", ".join(keys) if len(keys) <= 4 else f"{keys[0]}, {keys[1]} .. {keys[-1]}"
+
+
+def _truncation_note(spec: JobSpec, stats: dict[str, Any]) -> str:
+    """What a run's log line says of answers cut at max_tokens, with the fix."""
+    cut = stats.get("truncated_rows", 0) + stats.get("error_reasons", {}).get("truncated", 0)
+    if not cut:
+        return ""
+    return (f"; {cut} answers hit max_tokens={spec.sampling.max_tokens} (cut; labels and JSON became error rows): "
+            "raise sampling.max_tokens")
+
+
+def _settings_line(resource: VLLMResource) -> str:
+    """The engine settings a log reader wants to see (what is set, no secrets)."""
+    shown = {k: v for k, v in resource.model_dump().items()
+             if v not in (None, {}, "") and k not in ("model", "keep_warm", "api_key")}
+    return "with " + json.dumps(shown, default=str)
+
+
+def _input_provenance(instance: Any, key: AssetKey) -> dict[str, str]:
+    """The tags Dagster writes on a materialization to say which upstream version it was built
+    from; without them the UI calls every partition stale ("new dependency")."""
+    from dagster._core.definitions.data_version import get_input_data_version_tag, get_input_event_pointer_tag
+
+    records = instance.fetch_materializations(key, limit=1).records
+    if not records:
+        return {}
+    version = records[0].asset_materialization.tags.get("dagster/data_version")
+    return {get_input_data_version_tag(key): version, get_input_event_pointer_tag(key): str(records[0].storage_id)
+            } if version else {}

@@ -1,0 +1,153 @@
+"""Every attempt billed: one record per run attempt of a version, whatever its end.
+
+    <home>/out/<version>/attempts/<id>.json    started, ended, outcome, seconds, rows, cost
+
+The box is rented for the whole attempt, so an attempt's ``cost_usd`` is its wall time (engine
+start, generation, its end) at the hourly rate, whether it committed anything or not. Its
+``committed_cost_usd`` is the part its committed shards carry in their stats; the difference is
+``wasted_usd``: what a crash, a kill or a failure cost the user.
+
+The file is written when the attempt starts, again at every heartbeat (``beat``: each checkpoint
+interval and each commit) and when it ends (``succeeded`` / ``failed``). An attempt killed with
+SIGKILL cannot write its end: it holds a lock while it runs, so a later reader finds the lock
+free and the outcome still ``running``, and counts it ``killed``, ended at its last heartbeat;
+the next run records that in its file. The files are the truth; ``metrics.sync`` mirrors them
+into the ``attempts`` table of ``metrics.duckdb``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..home import FileLock, JobHome, atomic_write_text
+
+COLUMNS = [
+    ("attempt", "VARCHAR"), ("version", "VARCHAR"), ("run_id", "VARCHAR"), ("started", "VARCHAR"),
+    ("ended", "VARCHAR"), ("outcome", "VARCHAR"), ("error", "VARCHAR"), ("wall_s", "DOUBLE"),
+    ("engine_start_s", "DOUBLE"), ("generation_s", "DOUBLE"), ("prompts_generated", "BIGINT"),
+    ("rows_committed", "BIGINT"), ("partitions_committed", "BIGINT"), ("cost_usd", "DOUBLE"),
+    ("committed_cost_usd", "DOUBLE"), ("wasted_usd", "DOUBLE"),
+]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def folder(home: JobHome, version: str) -> Path:
+    return home.version_dir(version) / "attempts"
+
+
+class Attempt:
+    """One run attempt's record, kept current while it runs (``with Attempt(...) as a:``)."""
+
+    def __init__(self, home: JobHome, version: str, hourly_rate_usd: float, run_id: str | None = None,
+                 beat_every_s: float = 5.0) -> None:
+        self.id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        self.path = folder(home, version) / f"{self.id}.json"
+        self._lock = FileLock(folder(home, version) / f".{self.id}.lock")
+        self.rate, self.beat_every_s = hourly_rate_usd, beat_every_s
+        self._clock = time.monotonic()
+        self._last_beat = 0.0
+        self._mutex = threading.Lock()
+        self.record: dict[str, Any] = {
+            "attempt": self.id, "version": version, "run_id": run_id, "pid": os.getpid(), "started": _now(),
+            "ended": None, "outcome": "running", "error": None, "wall_s": 0.0, "engine_start_s": 0.0,
+            "generation_s": 0.0, "prompts_generated": 0, "rows_committed": 0, "partitions_committed": 0,
+            "cost_usd": 0.0, "committed_cost_usd": 0.0, "wasted_usd": 0.0,
+        }
+        self._home, self._version = home, version
+
+    def __enter__(self) -> Attempt:
+        record_killed(self._home, self._version)  # what an earlier attempt could not write itself
+        self._lock.acquire(wait=True)
+        self._write()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        self.record["outcome"] = "succeeded" if kind is None else "failed"
+        if kind is GeneratorExit:
+            self.record["error"] = "stopped before its end by its caller"
+        elif exc is not None:
+            self.record["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        self.record["ended"] = _now()
+        self._write()
+        self._lock.release()
+
+    def update(self, *, engine_start_s: float | None = None, prompts: int = 0,
+               committed: dict[str, Any] | None = None) -> None:
+        """Count what happened; ``committed``: the stats of a shard just committed."""
+        with self._mutex:
+            r = self.record
+            if engine_start_s is not None:
+                r["engine_start_s"] = round(engine_start_s, 3)
+            r["prompts_generated"] += prompts
+            if committed is not None:
+                r["rows_committed"] += committed["rows"]
+                r["partitions_committed"] += 1
+                r["committed_cost_usd"] = round(r["committed_cost_usd"] + committed["cost_usd"], 6)
+        if committed is not None:
+            self.beat(force=True)
+
+    def beat(self, force: bool = False) -> None:
+        """Write the record now if a heartbeat is due (or ``force``): a kill loses at most one interval."""
+        if force or time.monotonic() - self._last_beat >= self.beat_every_s:
+            self._write()
+
+    def _write(self) -> None:
+        with self._mutex:
+            r = self.record
+            wall = time.monotonic() - self._clock
+            r.update(wall_s=round(wall, 3), generation_s=round(max(wall - r["engine_start_s"], 0.0), 3),
+                     last_beat=_now(), cost_usd=round(wall / 3600 * self.rate, 6))
+            r["wasted_usd"] = round(max(r["cost_usd"] - r["committed_cost_usd"], 0.0), 6)
+            self._last_beat = time.monotonic()
+            text = json.dumps(r, indent=2)
+        atomic_write_text(self.path, text)
+
+
+def load(home: JobHome, version: str) -> list[dict[str, Any]]:
+    """Every attempt of ``version``, oldest first; one whose process died mid-run (its lock
+    free, its outcome still ``running``) as ``killed``, ended at its last heartbeat."""
+    out = []
+    for path in sorted(folder(home, version).glob("*.json")) if folder(home, version).exists() else []:
+        try:
+            record = json.loads(path.read_text())
+        except ValueError:  # half a file cannot happen (atomic writes); a foreign one is not ours
+            continue
+        if record.get("outcome") == "running" and _dead(path):
+            record.update(outcome="killed", ended=record.get("last_beat"),
+                          error="the process was killed (no end was written): billed up to its last heartbeat")
+        out.append(record)
+    return sorted(out, key=lambda r: r["started"])
+
+
+def record_killed(home: JobHome, version: str) -> list[dict[str, Any]]:
+    """Write ``killed`` into the files of attempts that died without writing their end."""
+    killed = [r for r in load(home, version) if r["outcome"] == "killed"]
+    for r in killed:
+        path = folder(home, version) / f"{r['attempt']}.json"
+        if json.loads(path.read_text()).get("outcome") == "running":
+            atomic_write_text(path, json.dumps(r, indent=2))
+    return killed
+
+
+def _dead(path: Path) -> bool:
+    lock = FileLock(path.with_name(f".{path.stem}.lock"))
+    if not lock.acquire(wait=False):
+        return False  # its process still holds it: running
+    lock.release()
+    return True
+
+
+def bill(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The totals a summary shows: attempts, what they cost, and what was paid for nothing."""
+    return {"attempts": len(records), "attempts_cost_usd": round(sum(r["cost_usd"] for r in records), 6),
+            "wasted_usd": round(sum(r["wasted_usd"] for r in records), 6)}

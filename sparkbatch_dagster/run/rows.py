@@ -1,0 +1,109 @@
+"""One row's way through a run: checked and rendered into a prompt (or an error row), its
+answer parsed against the declared output, and the output row that records it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ..engines.base import EngineResult
+from ..errors import ConfigError, SparkbatchError
+from ..home import JobHome
+from ..spec import JobSpec
+from ..spec.prompts import RenderedPrompt, check_text, render
+
+#: Row errors that the same prompt under the same settings would get again: stored for reuse.
+#: Anything else (a sporadic HTTP 400) is retried by a later version instead of remembered.
+STORED_ERRORS = ("prompt_too_long", "bad_output")
+
+
+def parse_output(text: str, spec: JobSpec) -> tuple[str | None, str | None]:
+    """(output, error) for one generated text, checked against the declared output kind."""
+    kind = spec.output.kind
+    if kind == "label":
+        label = text.strip()
+        if label in spec.output.labels:
+            return label, None
+        return None, f"bad_output: {label[:80]!r} is not one of the declared labels"
+    if kind == "json":
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return None, f"bad_output: not valid JSON ({exc.msg} at char {exc.pos})"
+        if not isinstance(value, dict):
+            return None, f"bad_output: expected a JSON object, got {type(value).__name__}"
+        return json.dumps(value, sort_keys=True), None
+    if spec.output.regex and not re.fullmatch(spec.output.regex, text):
+        return None, f"bad_output: {text[:80]!r} does not match the output regex"
+    return text, None
+
+
+def outcome(res: EngineResult, spec: JobSpec) -> tuple[str | None, str | None]:
+    """(output, error) of one engine result. A label or JSON answer cut at ``max_tokens`` is an
+    error row (half a label is no label); a cut text keeps its text, marked ``truncated``."""
+    if res.error is not None or res.text is None:
+        return None, res.error
+    if res.finish_reason == "length" and spec.output.kind != "text":
+        return None, f"truncated: hit max_tokens={spec.sampling.max_tokens}; raise sampling.max_tokens"
+    return parse_output(res.text, spec)
+
+
+def row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
+         res: EngineResult | None = None, dedup: bool = False, key: str | None = None,
+         reused: bool = False) -> dict[str, Any]:
+    # Tokens are counted once per generation: fanned-out duplicates and reused answers carry zeros.
+    fresh = None if dedup else res
+    finish = res.finish_reason if res else None
+    return {
+        "row_id": row_id, "output": output, "error": error,
+        "prompt_tokens": fresh.prompt_tokens if fresh else 0,
+        "output_tokens": fresh.output_tokens if fresh else 0,
+        "cached_tokens": fresh.cached_tokens if fresh else 0,
+        "deduplicated": dedup, "reused": reused, "prompt_key": key, "fingerprint": fp, "model": model,
+        "finish_reason": finish, "truncated": finish == "length",
+    }
+
+
+def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
+              ) -> tuple[dict[str, str], dict[str, tuple[RenderedPrompt, list[str]]]]:
+    """Split pending rows into error rows {id: reason} and unique prompts {key: (prompt, ids)}."""
+    errors: dict[str, str] = {}
+    groups: dict[str, tuple[RenderedPrompt, list[str]]] = {}
+    for row in rows:
+        rid = row["row_id"]
+        if rid in skip:
+            continue
+        reason = row.get("_input_error") or next(
+            (r for c in spec.text_columns if (r := check_text(row[c], c, spec.max_input_chars))), None
+        )
+        if reason:
+            errors[rid] = reason
+            continue
+        try:
+            prompt = render(spec.system_prompt, spec.user_template, {c: row[c] for c in spec.text_columns})
+        except ConfigError as exc:
+            errors[rid] = f"render_error: {exc}"
+            continue
+        groups.setdefault(prompt.key, (prompt, []))[1].append(rid)
+    return errors, groups
+
+
+def read_shard(home: JobHome, key: str, signature: str | None) -> list[dict[str, Any]]:
+    """A shard's input rows, read from the manifest the run planned with.
+
+    Re-sharding takes the shards lock exclusively; reading under the shared lock, after
+    checking the manifest is the one this run's output version was computed from, means rows
+    of a new input can never land in the old version's folder.
+    """
+    with home.shards_lock().held(shared=True):
+        current = (home.read_manifest() or {}).get("signature")
+        if signature is not None and current != signature:
+            raise SparkbatchError(
+                f"the input was sharded again while this run was labeling (manifest {current}, run planned on "
+                f"{signature}): run again; rows already finished are kept"
+            )
+        return list(pq.read_table(home.shard_path(key)).to_pylist())
