@@ -34,8 +34,13 @@ install: $(STAMP)
 model: $(STAMP)
 	$(BIN)/sparkbatch prepare-model SmolLM2-135M-Instruct gemma-3-270m
 
-$(DAGSTER_HOME):
+# The instance `make ui`, `make demo` and the CLI share: one engine-starting run at a time (the
+# `gpu` pool). One run drives every GPU of the box (one engine per GPU), so a second run at once
+# would start engines on GPUs already taken; and a backfill's runs, queued one by one, share one
+# engine start (docs/assets.md).
+$(DAGSTER_HOME): | $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
+	$(BIN)/dagster instance concurrency set gpu 1 >/dev/null
 
 demo: model $(DAGSTER_HOME)
 	$(BIN)/sparkbatch run -f definitions.py

@@ -58,9 +58,10 @@ def make_spec(tmp_path: Path, n: int = 120, shards: int = 4, **overrides: Any) -
     return JobSpec(**fields)
 
 
-def one_shard(tmp_path: Path, rows: list[dict[str, Any]]) -> tuple[JobSpec, JobHome]:
+def one_shard(tmp_path: Path, rows: list[dict[str, Any]], **overrides: Any) -> tuple[JobSpec, JobHome]:
     """A job over ``rows`` in a single shard, sharded: its spec and home."""
-    spec = make_spec(tmp_path, input=str(write_parquet(tmp_path / "in" / "rows.parquet", rows)), shards=1)
+    src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
+    spec = make_spec(tmp_path, input=str(src), shards=1, **overrides)
     home = JobHome(spec.home_path)
     build_shards(spec, home)
     return spec, home

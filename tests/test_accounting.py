@@ -12,10 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
+from conftest import fake_resource, label_then_metrics, make_rows, make_spec, one_shard
 from sparkbatch_dagster import OutputSpec, SamplingSpec, SparkbatchError, build_batch_assets
-from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
+from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, status
+from sparkbatch_dagster.cli.locate import instance
 from sparkbatch_dagster.cli.preview import label_warnings
+from sparkbatch_dagster.definitions.labeling import pool_limit
 from sparkbatch_dagster.engines import Engine, EngineResult, FakeEngine
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
@@ -90,17 +92,9 @@ def test_a_broken_commit_is_kept_by_readers_set_aside_by_the_run_and_recomputed_
 # --- truncation ------------------------------------------------------------------------------
 
 
-def _one_shard(tmp_path, rows, **spec):
-    src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
-    spec = make_spec(tmp_path, input=str(src), shards=1, **spec)
-    home = JobHome(spec.home_path)
-    build_shards(spec, home)
-    return spec, home
-
-
 def test_a_label_cut_at_max_tokens_is_an_error_row_and_never_stored(tmp_path):
     labels = ["a very long label", "b"]
-    spec, home = _one_shard(tmp_path, make_rows(60), output=OutputSpec(kind="label", labels=labels),
+    spec, home = one_shard(tmp_path, make_rows(60), output=OutputSpec(kind="label", labels=labels),
                             sampling=SamplingSpec(max_tokens=2))
     stats = label_shard(spec, home, V, "shard-00000", FakeEngine())
     rows = pq.read_table(home.labeled_path(V, "shard-00000")).to_pylist()
@@ -116,7 +110,7 @@ def test_a_label_cut_at_max_tokens_is_an_error_row_and_never_stored(tmp_path):
 
 
 def test_a_text_cut_at_max_tokens_keeps_its_text_marked_and_counted(tmp_path):
-    spec, home = _one_shard(tmp_path, make_rows(20), output=OutputSpec(kind="text"),
+    spec, home = one_shard(tmp_path, make_rows(20), output=OutputSpec(kind="text"),
                             sampling=SamplingSpec(max_tokens=3))
     stats = label_shard(spec, home, V, "shard-00000", FakeEngine(answer="one two three four five"))
     rows = pq.read_table(home.labeled_path(V, "shard-00000")).to_pylist()
@@ -127,7 +121,7 @@ def test_a_text_cut_at_max_tokens_keeps_its_text_marked_and_counted(tmp_path):
 
 
 def test_a_text_that_does_not_match_the_regex_is_a_bad_output_row(tmp_path):
-    spec, home = _one_shard(tmp_path, make_rows(10), output=OutputSpec(kind="text", regex=r"answer-[0-9]+"))
+    spec, home = one_shard(tmp_path, make_rows(10), output=OutputSpec(kind="text", regex=r"answer-[0-9]+"))
     assert label_shard(spec, home, V, "shard-00000", FakeEngine())["errors"] == 0  # "answer-N" matches
     label_shard(spec, home, "00000000000000ac", "shard-00000", FakeEngine("other-model", answer="nope"))
     rows = pq.read_table(home.labeled_path("00000000000000ac", "shard-00000")).to_pylist()
@@ -191,7 +185,7 @@ class _Stalling(Engine):
 
 def test_every_shard_in_flight_is_checkpointed_within_checkpoint_seconds(tmp_path):
     rows = [{**r, "text": f"{r['text']} #{r['id']}"} for r in make_rows(80)]
-    spec, home = _one_shard(tmp_path, rows, checkpoint_rows=10_000, checkpoint_seconds=0.2)
+    spec, home = one_shard(tmp_path, rows, checkpoint_rows=10_000, checkpoint_seconds=0.2)
     spec = spec.model_copy(update={"shard_count": 2})
     build_shards(spec, home)
     sizes = {k: pq.read_metadata(home.shard_path(k)).num_rows for k in ("shard-00000", "shard-00001")}
@@ -271,3 +265,25 @@ def test_an_attempt_still_running_is_not_taken_for_killed(tmp_path):
         assert seen["outcome"] == "running" and seen["attempt"] == live.id
     [ended] = attempts.load(home, V)
     assert ended["outcome"] == "succeeded" and ended["ended"]
+
+
+# --- one engine-starting run at a time ------------------------------------------------------
+
+
+def test_status_warns_when_the_instance_does_not_limit_the_gpu_pool(tmp_path):
+    job = build_batch_assets(spec=make_spec(tmp_path, n=20, shards=2))
+    res, _ = fake_resource()
+    report = status(job, res)
+    assert report["pool_limit"] is None and "`dagster instance concurrency set gpu 1`" in report["warnings"][0]
+    DagsterInstance.get().event_log_storage.set_concurrency_slots("gpu", 1)
+    report = status(job, res)
+    assert report["pool_limit"] == 1 and report["warnings"] == []
+
+
+def test_the_clis_own_instance_lets_one_engine_starting_run_in_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.delenv("DAGSTER_HOME")
+    monkeypatch.chdir(tmp_path)
+    assert pool_limit(instance(), "gpu") == 1 and (tmp_path / ".dagster_home").is_dir()
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "someone_elses"))  # an instance the user set up: theirs
+    (tmp_path / "someone_elses").mkdir()
+    assert pool_limit(instance(), "gpu") is None

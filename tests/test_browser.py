@@ -524,9 +524,10 @@ def _backfill_runs(server: Server, backfill: str) -> list[dict[str, Any]]:
 
 
 def test_a_scattered_backfill_costs_one_engine_start(page: Any, server: Server) -> None:
-    """(f) after the first backfill: shards 0 and 2 lost (their labeled files, stats and every
-    stored answer), so Materialize... -> Missing is two ranges, two runs to Dagster; the first
-    labels both on one engine, the second finds its shard done and starts none."""
+    """(f) after the first backfill: shards 0 and 2 lost (their labeled files, stats, every stored
+    answer, and their materializations wiped), so Materialize... -> Missing is two ranges, two
+    runs to Dagster; the first labels both on one engine, the second finds its shard done and
+    starts none."""
     from playwright.sync_api import expect
 
     [version] = [p for p in (server.home / "out").iterdir() if p.is_dir()]
@@ -535,6 +536,11 @@ def test_a_scattered_backfill_costs_one_engine_start(page: Any, server: Server) 
         (version / "labeled" / f"{key}.parquet").unlink()
         (version / "stats" / f"{key}.json").unlink()
     shutil.rmtree(server.home / "results")  # no stored answer either: the engine must run
+    # What a user does in the UI after losing them (Wipe materializations): Dagster calls them missing.
+    from dagster import AssetKey, DagsterInstance
+
+    DagsterInstance.from_config(str(server.home.parent / "dagster_home")).wipe_asset_partitions(
+        AssetKey(["things", "labeled_outputs"]), lost)
     t0 = time.monotonic()
     backfill = _launch_backfill(server, page, "Missing", "f1-scattered-backfill-dialog.png", keys=lost)
     runs: list[dict[str, Any]] = []

@@ -45,7 +45,7 @@ def test_the_engine_says_when_an_answer_hit_max_tokens(tmp_path, real_engine):
     cut = list(real_engine.generate(reqs, SamplingSpec(max_tokens=3), OutputSpec(kind="text")))
     assert all(r.finish_reason == "length" and r.output_tokens == 3 for r in cut)
     out = OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"])
-    whole = list(real_engine.generate(reqs, SamplingSpec(max_tokens=5), out))
+    whole = list(real_engine.generate(reqs, SamplingSpec(max_tokens=16), out))
     assert all(r.finish_reason == "stop" and r.text in out.labels for r in whole)
     # Through a shard: the cut text is kept, marked and counted.
     spec = make_spec(tmp_path, n=12, shards=1, output=OutputSpec(kind="text"), sampling=SamplingSpec(max_tokens=2))
@@ -54,6 +54,15 @@ def test_the_engine_says_when_an_answer_hit_max_tokens(tmp_path, real_engine):
     stats = label_shard(spec, home, "00000000000000ae", "shard-00000", real_engine)
     rows = pq.read_table(home.labeled_path("00000000000000ae", "shard-00000")).to_pylist()
     assert stats["truncated_rows"] == 12 and all(r["truncated"] and r["output"] for r in rows)
+    # A declared label is whole even when the engine stopped at max_tokens before its end token.
+    spec = make_spec(tmp_path / "labels", n=12, shards=1, sampling=SamplingSpec(max_tokens=4))
+    home = JobHome(spec.home_path)
+    build_shards(spec, home)
+    stats = label_shard(spec, home, "00000000000000af", "shard-00000", real_engine)
+    rows = pq.read_table(home.labeled_path("00000000000000af", "shard-00000")).to_pylist()
+    print({(r["finish_reason"], r["output"], r["error"]) for r in rows})
+    assert all(r["output"] in spec.output.labels and not r["truncated"] for r in rows)
+    assert stats["errors"] == 0 and stats["truncated_rows"] == 0
 
 
 def test_prompt_longer_than_context_is_an_error_row(tmp_path, real_engine):

@@ -103,7 +103,7 @@ def test_the_server_says_when_an_answer_hit_max_tokens(server_engine):
             for i, w in enumerate(["apples", "trucks"])]
     cut = list(server_engine.generate(reqs, SamplingSpec(max_tokens=3), OutputSpec(kind="text")))
     assert sorted(r.finish_reason for r in cut) == ["length", "length"]
-    whole = list(server_engine.generate(reqs, SamplingSpec(max_tokens=5),
+    whole = list(server_engine.generate(reqs, SamplingSpec(max_tokens=16),
                                         OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"])))
     assert sorted(r.finish_reason for r in whole) == ["stop", "stop"]
 

@@ -42,29 +42,36 @@ def parse_output(text: str, spec: JobSpec) -> tuple[str | None, str | None]:
     return text, None
 
 
-def outcome(res: EngineResult, spec: JobSpec) -> tuple[str | None, str | None]:
-    """(output, error) of one engine result. A label or JSON answer cut at ``max_tokens`` is an
-    error row (half a label is no label); a cut text keeps its text, marked ``truncated``."""
+def outcome(res: EngineResult, spec: JobSpec) -> tuple[str | None, str | None, bool]:
+    """(output, error, truncated) of one engine result.
+
+    An answer that hit ``max_tokens`` is cut unless it is whole anyway: a declared label or a
+    JSON object that parses is (the engine stopped at the limit before its end-of-text token,
+    with nothing left to say). A cut label or JSON is an error row, ``truncated`` (half a label
+    is no label); a cut text keeps its text, marked ``truncated``.
+    """
     if res.error is not None or res.text is None:
-        return None, res.error
-    if res.finish_reason == "length" and spec.output.kind != "text":
-        return None, f"truncated: hit max_tokens={spec.sampling.max_tokens}; raise sampling.max_tokens"
-    return parse_output(res.text, spec)
+        return None, res.error, False
+    output, error = parse_output(res.text, spec)
+    if res.finish_reason != "length" or (error is None and spec.output.kind != "text"):
+        return output, error, False
+    if spec.output.kind == "text":
+        return output, error, True
+    return None, f"truncated: hit max_tokens={spec.sampling.max_tokens}; raise sampling.max_tokens", True
 
 
 def row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
          res: EngineResult | None = None, dedup: bool = False, key: str | None = None,
-         reused: bool = False) -> dict[str, Any]:
+         reused: bool = False, truncated: bool = False) -> dict[str, Any]:
     # Tokens are counted once per generation: fanned-out duplicates and reused answers carry zeros.
     fresh = None if dedup else res
-    finish = res.finish_reason if res else None
     return {
         "row_id": row_id, "output": output, "error": error,
         "prompt_tokens": fresh.prompt_tokens if fresh else 0,
         "output_tokens": fresh.output_tokens if fresh else 0,
         "cached_tokens": fresh.cached_tokens if fresh else 0,
         "deduplicated": dedup, "reused": reused, "prompt_key": key, "fingerprint": fp, "model": model,
-        "finish_reason": finish, "truncated": finish == "length",
+        "finish_reason": res.finish_reason if res else None, "truncated": truncated,
     }
 
 

@@ -159,10 +159,10 @@ class ShardRun:
                 shard.pending += len(ids)
                 self._pending_reason = res.error or "transient failure"
             else:
-                output, error = outcome(res, self.spec)
+                output, error, cut = outcome(res, self.spec)
                 for i, rid in enumerate(ids):
                     shard.writer.add(row(rid, self.version, self.engine.model_id, output, error, res,
-                                          dedup=i > 0, key=shard.keys[group]))
+                                         dedup=i > 0, key=shard.keys[group], truncated=cut))
                 self._rows_done += len(ids)
                 shard.done += len(ids)
                 shard.fresh_tokens += res.prompt_tokens + res.output_tokens
