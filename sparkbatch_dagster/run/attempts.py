@@ -22,6 +22,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ class Attempt:
             "cost_usd": 0.0, "committed_cost_usd": 0.0, "wasted_usd": 0.0,
         }
         self._home, self._version = home, version
+        #: The run's own counters, read at each write (not pushed per row: the run's hot loop
+        #: stays free of locks): ``prompts_generated`` and ``engine_start_s``.
+        self.progress: Callable[[], dict[str, Any]] = dict
 
     def __enter__(self) -> Attempt:
         record_killed(self._home, self._version)  # what an earlier attempt could not write itself
@@ -81,20 +85,14 @@ class Attempt:
         self._write()
         self._lock.release()
 
-    def update(self, *, engine_start_s: float | None = None, prompts: int = 0,
-               committed: dict[str, Any] | None = None) -> None:
-        """Count what happened; ``committed``: the stats of a shard just committed."""
+    def committed(self, stats: dict[str, Any]) -> None:
+        """A shard of this attempt committed (its stats): counted, and written at once."""
         with self._mutex:
             r = self.record
-            if engine_start_s is not None:
-                r["engine_start_s"] = round(engine_start_s, 3)
-            r["prompts_generated"] += prompts
-            if committed is not None:
-                r["rows_committed"] += committed["rows"]
-                r["partitions_committed"] += 1
-                r["committed_cost_usd"] = round(r["committed_cost_usd"] + committed["cost_usd"], 6)
-        if committed is not None:
-            self.beat(force=True)
+            r["rows_committed"] += stats["rows"]
+            r["partitions_committed"] += 1
+            r["committed_cost_usd"] = round(r["committed_cost_usd"] + stats["cost_usd"], 6)
+        self.beat(force=True)
 
     def beat(self, force: bool = False) -> None:
         """Write the record now if a heartbeat is due (or ``force``): a kill loses at most one interval."""
@@ -104,6 +102,7 @@ class Attempt:
     def _write(self) -> None:
         with self._mutex:
             r = self.record
+            r.update(self.progress())
             wall = time.monotonic() - self._clock
             r.update(wall_s=round(wall, 3), generation_s=round(max(wall - r["engine_start_s"], 0.0), 3),
                      last_beat=_now(), cost_usd=round(wall / 3600 * self.rate, 6))

@@ -143,8 +143,10 @@ class ShardRun:
         self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys}
         total = sum(self._sizes.values())
         last_report = time.perf_counter()
-        attempt, start_paid = self.attempt, self._start_paid
+        attempt, start_paid, answered = self.attempt, self._start_paid, [0]
         assert attempt is not None
+        attempt.progress = lambda: {"prompts_generated": answered[0],
+                                    "engine_start_s": round(max(self.engine.start_seconds - start_paid, 0.0), 3)}
         for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
             if self._first_answer is None:
                 self._first_answer = time.perf_counter()
@@ -152,7 +154,7 @@ class ShardRun:
             idx, _, n = res.id.partition(":")
             shard = self.shards[int(idx)]
             group = shard.order[int(n)]
-            attempt.update(prompts=1, engine_start_s=self.engine.start_seconds - start_paid)
+            answered[0] += 1
             ids = shard.groups[group][1]
             shard.outstanding -= 1
             if res.retryable:  # not the row's fault: write nothing, so the next run retries it
@@ -237,7 +239,7 @@ class ShardRun:
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
         shard.release()
         if self.attempt is not None:
-            self.attempt.update(committed=stats)
+            self.attempt.committed(stats)
         self.stats.append(stats)
         self._ready.append(stats)
 
