@@ -145,6 +145,7 @@ OLD = {
     "sparkbatch_dagster.deploy": ("sparkbatch_dagster.definitions.deploy", "k8s_gpu_tags"),
     "sparkbatch_dagster.engine_start": ("sparkbatch_dagster.engines.start", "start"),
     "sparkbatch_dagster.shards": ("sparkbatch_dagster.inputs.shards", "build_shards"),
+    "sparkbatch_dagster.runner": ("sparkbatch_dagster.run.runner", "parse_output"),
 }
 
 

@@ -19,8 +19,11 @@ from ..spec import JobSpec
 from .attempts import Attempt
 from .checkpoint import CheckpointWriter, FlushTimer, assemble, commit
 from .result_store import ResultStore, prompt_key
-from .rows import STORED_ERRORS, outcome, plan_rows, read_shard, row
+from .rows import STORED_ERRORS, outcome, parse_output, plan_rows, read_shard, row
 from .shard_stats import progress_report, shard_stats
+
+# parse_output, plan_rows and read_shard live in rows.py; named here too, where they were before.
+__all__ = ["ProgressFn", "ShardRun", "label_shard", "parse_output", "plan_rows", "read_shard"]
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
