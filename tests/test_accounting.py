@@ -59,7 +59,8 @@ def test_a_read_error_fails_status_naming_the_file_and_removes_nothing(tmp_path,
         return real_read(self, *a, **kw)
 
     monkeypatch.setattr(Path, "read_text", flaky)
-    readers = (lambda: job.done_partitions(res), job.read_outputs, lambda: metrics.committed_stats(job.home, version))
+    readers = (lambda: status(job, res), lambda: job.done_partitions(res), job.read_outputs,  # status: the CLI's
+               lambda: metrics.committed_stats(job.home, version))
     for read in readers:
         with pytest.raises(SparkbatchError, match=r"cannot read .*shard-00001\.json .*Input/output error"):
             read()
