@@ -92,9 +92,9 @@ def backfill_partitions(context: AssetExecutionContext, key: AssetKey, pool: str
     if pool is None:
         return []
     if pool_limit(context.instance, pool) != 1:
-        context.log.info(f"this run is one of its backfill's runs, each with its own engine start: limit the "
-                         f"{pool!r} pool to one run at a time (dagster instance concurrency set {pool} 1) and the "
-                         "first run labels every gap of the backfill on one engine")
+        context.log.info(f"this run is one of its backfill's runs, each with its own engine start: on one "
+                         f"machine, limit the {pool!r} pool to one run at a time (dagster instance concurrency set "
+                         f"{pool} 1) and the first run labels every gap of the backfill on one engine")
         return []
     backfill = context.instance.get_backfill(backfill_id)
     data = getattr(backfill, "asset_backfill_data", None)
