@@ -108,8 +108,8 @@ class Attempt:
                      last_beat=_now(), cost_usd=round(wall / 3600 * self.rate, 6))
             r["wasted_usd"] = round(max(r["cost_usd"] - r["committed_cost_usd"], 0.0), 6)
             self._last_beat = time.monotonic()
-            text = json.dumps(r, indent=2)
-        atomic_write_text(self.path, text)
+            # Under the lock: the timer's heartbeat and a commit share one temporary file name.
+            atomic_write_text(self.path, json.dumps(r, indent=2))
 
 
 def load(home: JobHome, version: str) -> list[dict[str, Any]]:
