@@ -1,7 +1,8 @@
 """The Dagster surface: what a job looks like to Dagster and ``dg``.
 
 Owns the asset factory (:mod:`.factory`: :func:`build_batch_assets`, the five assets and their
-checks), :class:`BatchJob` (:mod:`.job`: output version, estimate, done partitions,
+checks), what one ``labeled_outputs`` run does, its backfill's other gaps included
+(:mod:`.labeling`), :class:`BatchJob` (:mod:`.job`: output version, estimate, done partitions,
 ``read_outputs``), the per-partition materializations and checks (:mod:`.events`), the engine
 resource (:mod:`.resource`: :class:`VLLMResource`, the engine's settings and lifecycle), the
 ``defs.yaml`` component and its scaffold (:mod:`.component`, :mod:`.scaffold`) and the run-pod

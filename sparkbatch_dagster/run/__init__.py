@@ -1,11 +1,13 @@
 """Running shards: from a shard's rows to its committed labeled file and its numbers.
 
-Owns the runner (:mod:`.runner`: check rows, render prompts, drop duplicates, answer what the
-result store holds, stream the rest through one engine, commit each shard), the row-level
-checkpoints and the every-row-exactly-once finalize (:mod:`.checkpoint`), the result store that
-pays once per answer (:mod:`.result_store`), each shard's statistics and the run's progress
-reports (:mod:`.shard_stats`, :mod:`.progress`), and the run metrics and analytics views in the
-job's DuckDB file (:mod:`.metrics`). Knows nothing of Dagster.
+Owns the runner (:mod:`.runner`: drop duplicates, answer what the result store holds, stream
+the rest through one engine, commit each shard), one row's way (:mod:`.rows`: checked and
+rendered, its answer parsed, truncation, the output row), the row-level checkpoints, the flush
+timer and the every-row-exactly-once finalize (:mod:`.checkpoint`), every attempt's bill
+(:mod:`.attempts`), the result store that pays once per answer (:mod:`.result_store`), each
+shard's statistics and the run's progress reports (:mod:`.shard_stats`, :mod:`.progress`), and
+the run metrics and analytics views in the job's DuckDB file (:mod:`.metrics`). Knows nothing
+of Dagster.
 
 May import: ``errors``, ``spec``, ``home``, ``inputs``, ``engines``.
 """
