@@ -17,7 +17,7 @@ from sparkbatch_dagster import OutputSpec, SamplingSpec, SparkbatchError, build_
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, status
 from sparkbatch_dagster.cli.locate import instance
 from sparkbatch_dagster.cli.preview import label_warnings
-from sparkbatch_dagster.definitions.labeling import pool_limit
+from sparkbatch_dagster.definitions.deploy import pool_limit
 from sparkbatch_dagster.engines import Engine, EngineResult, FakeEngine
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards

@@ -23,8 +23,8 @@ import sys
 import time
 from typing import Any
 
+from ..definitions.deploy import pool_limit
 from ..definitions.factory import BatchJob
-from ..definitions.labeling import pool_limit
 from ..definitions.resource import VLLMResource
 from ..errors import SparkbatchError
 from ..home import check_key
@@ -38,8 +38,9 @@ RANGE_END = "dagster/asset_partition_range_end"
 OPTION_KEYS = ("name", "nodes", "gpus_per_node", "engines", "wall_s", "cost_usd", "how")
 
 
-def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py") -> dict[str, Any]:
-    """Partitions done and missing, and the command to run next."""
+def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", inst: Any = None) -> dict[str, Any]:
+    """Partitions done and missing, and the command to run next (``inst``: the Dagster instance,
+    when the caller has it open)."""
     manifest = job.home.read_manifest()
     keys = (manifest or {"keys": []})["keys"]
     done = job.done_partitions(resource) if keys else []
@@ -51,7 +52,7 @@ def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py") 
         step = f"`sparkbatch run -f {file}` labels the {len(missing)} missing partition(s)"
     else:
         step = f"all done: `sparkbatch sql -f {file} \"FROM label_distribution\"` queries the results"
-    limit = pool_limit(instance(), job.pool) if job.pool else None
+    limit = pool_limit(inst or instance(), job.pool) if job.pool else None
     warnings = [] if limit is not None or not job.pool else [
         f"the Dagster instance in $DAGSTER_HOME sets no limit on the {job.pool!r} pool: two runs at once (two "
         "backfills, or one backfill's runs) would each start an engine on the same GPUs; run "
@@ -87,7 +88,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
     clock.lap("shard")
     resources = defs.resources
     resource: VLLMResource = resources[job.resource_key]
-    missing = status(job, resource)["missing"]
+    missing = status(job, resource, inst=inst)["missing"]
     if only:
         missing = [k for k in missing if only[0] <= k <= only[1]]
     if missing:
@@ -106,7 +107,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
         materialize(assets, selection=[job.keys["run_metrics"]], resources=resources, instance=inst,
                     run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
         clock.lap("metrics")
-    after = status(job, resource)
+    after = status(job, resource, inst=inst)
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
                          run_config=console.run_config())
     clock.lap("analytics")

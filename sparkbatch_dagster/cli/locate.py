@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..definitions.deploy import GPU_POOL
+from ..definitions.deploy import GPU_POOL, pool_limit
 from ..definitions.factory import BatchJob
-from ..definitions.labeling import pool_limit
 from ..errors import SparkbatchError
 from ..home import FileLock
 

@@ -95,3 +95,13 @@ def gpu_pool_instance_config() -> dict[str, Any]:
     all taken stays queued (no pod, no GPU node held) until one is free. The limit itself is
     set once per instance: ``dagster instance concurrency set gpu <GPU machines>``."""
     return {"concurrency": {"pools": {"granularity": "run"}}}
+
+
+def pool_limit(instance: Any, pool: str) -> int | None:
+    """How many steps the instance lets into ``pool`` at once (its own limit, or the instance's
+    ``concurrency.pools.default_limit``); None: no limit."""
+    try:
+        limit = instance.event_log_storage.get_concurrency_info(pool).limit
+    except Exception:  # an instance storage without concurrency support: no limit it can enforce
+        return None
+    return None if limit is None else int(limit)

@@ -192,7 +192,7 @@ def build_batch_assets(
             s = committed[k]
             context.add_asset_metadata({n: s.get(n, 0) for n in events.NUMBERS}, partition_key=k)
         check = {**metrics.prediction_check(home, version, list(committed.values())),
-                 **attempts.bill(attempts.load(home, version))}
+                 **attempts.bill(metrics.sync_attempts(home, version))}
         if "predicted_wall_s" in check:
             context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]

@@ -23,6 +23,7 @@ from ..run.progress import Relay
 from ..run.runner import ShardRun
 from ..spec import JobSpec, fingerprint
 from . import events
+from .deploy import pool_limit
 
 if TYPE_CHECKING:
     from .job import BatchJob
@@ -105,23 +106,13 @@ def backfill_partitions(context: AssetExecutionContext, key: AssetKey, pool: str
     return [k for k in order if k in targets]
 
 
-def pool_limit(instance: Any, pool: str) -> int | None:
-    """How many steps the instance lets into ``pool`` at once (its own limit, or the instance's
-    ``concurrency.pools.default_limit``); None: no limit."""
-    try:
-        limit = instance.event_log_storage.get_concurrency_info(pool).limit
-    except Exception:  # an instance storage without concurrency support: no limit it can enforce
-        return None
-    return None if limit is None else int(limit)
-
-
 def _span(keys: list[str]) -> str:
     return ", ".join(keys) if len(keys) <= 4 else f"{keys[0]}, {keys[1]} .. {keys[-1]}"
 
 
 def _truncation_note(spec: JobSpec, stats: dict[str, Any]) -> str:
     """What a run's log line says of answers cut at max_tokens, with the fix."""
-    cut = stats.get("truncated_rows", 0) + stats.get("error_reasons", {}).get("truncated", 0)
+    cut = stats.get("truncated_rows", 0)
     if not cut:
         return ""
     return (f"; {cut} answers hit max_tokens={spec.sampling.max_tokens} (cut; labels and JSON became error rows): "

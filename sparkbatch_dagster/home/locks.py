@@ -46,10 +46,6 @@ class FileLock:
         finally:
             self.release()
 
-    def held_here(self) -> bool:
-        """Whether this object holds the lock now."""
-        return self._fh is not None
-
     def holder(self) -> str:
         try:
             return self.path.read_text().strip() or "?"

@@ -99,7 +99,6 @@ def sync(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
     stats = committed_stats(home, version)
     if stats:
         record(home, list(stats.values()))
-    sync_attempts(home, version)
     return stats
 
 

@@ -95,7 +95,7 @@ class ShardRun:
         self._first_answer: float | None = None
         self._done_at_first = 0
         self._sizes: dict[str, int] = {}
-        self._timer = FlushTimer(spec.checkpoint_seconds)
+        self._timer: FlushTimer  # made by stream(), with this attempt's heartbeat
         self.run_id = run_id
         self.attempt: Attempt | None = None
 
@@ -115,6 +115,7 @@ class ShardRun:
         attempt = self.attempt = Attempt(self.home, self.version, self.spec.hourly_rate_usd, self.run_id,
                                          beat_every_s=1.0)
         self._timer = FlushTimer(self.spec.checkpoint_seconds, on_tick=attempt.beat)
+        mine: list[str] = []
         try:
             for key, lock in zip(keys, locks, strict=True):
                 if not lock.acquire(wait=False):
@@ -128,7 +129,7 @@ class ShardRun:
                     lock.release()
                     continue
                 self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
-            mine = [k for k, lock in zip(keys, locks, strict=True) if lock.held_here()]
+                mine.append(key)
             with attempt, self._timer:
                 yield from self._generate(mine)
         finally:

@@ -46,7 +46,7 @@ def shard_stats(spec: JobSpec, key: str, version: str, model: str, table: Any, w
         "resumed_rows": resumed, "generated_requests": generated,
         "reused_rows": sum(1 for r in table.column("reused").to_pylist() if r),
         "deduplicated_rows": sum(1 for d in cols["deduplicated"] if d),
-        # Text answers cut at max_tokens (kept, marked); cut labels and JSON are error rows (``truncated``).
+        # Answers cut at max_tokens: texts kept and marked, labels and JSON as ``truncated`` error rows.
         "truncated_rows": sum(1 for t in table.column("truncated").to_pylist() if t)
         if "truncated" in table.column_names else 0,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
