@@ -76,6 +76,20 @@ def server_engine():
     assert not engine.server.alive()
 
 
+def test_a_server_started_here_batches_like_the_offline_engine(server_engine):
+    """vLLM gives `vllm serve` half the offline max_num_batched_tokens (H200: 8192 vs 16384; this
+    CPU: 2048 vs 4096); a batch job's server gets the offline defaults (0.83 -> ~1 of offline on an H200)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    tokens, seqs = EngineArgs.get_batch_defaults(1)  # this process: vLLM's own, unpatched tables
+    assert tokens[UsageContext.OPENAI_API_SERVER] < tokens[UsageContext.LLM_CLASS]
+    log = server_engine.server.log_path.read_text(errors="replace")
+    assert (f"offline batch defaults: max_num_batched_tokens={tokens[UsageContext.LLM_CLASS]} "
+            f"max_num_seqs={seqs[UsageContext.LLM_CLASS]} (its server defaults: "
+            f"{tokens[UsageContext.OPENAI_API_SERVER]} and {seqs[UsageContext.OPENAI_API_SERVER]})") in log
+
+
 def test_partition_completes_with_labels_and_error_rows(tmp_path, server_engine):
     rows = make_rows(60)
     rows[4]["text"] = "word " * 3000  # longer than max_model_len: the server refuses this row alone

@@ -57,8 +57,10 @@ class ServerProcess:
         # vLLM's `vllm serve` through vllm_cli (which runs it on CPU installs too), not the
         # deprecated api_server module: that one starts a single frontend whatever
         # --api-server-count says.
+        # A batch job's server: vLLM's offline batch defaults, not its interactive ones (vllm_cli).
         cmd = vllm_cli.command("serve", model, "--host", "127.0.0.1", "--port", str(self.port),
-                               "--served-model-name", served_name, "--enable-prompt-tokens-details", *args)
+                               "--served-model-name", served_name, "--enable-prompt-tokens-details", *args,
+                               offline_batch_defaults=True)
         started = time.perf_counter()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
