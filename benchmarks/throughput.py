@@ -80,6 +80,8 @@ def build_spec(args: argparse.Namespace, home: Path) -> JobSpec:
             sampling=SamplingSpec(max_tokens=args.max_tokens, ignore_eos=True), shard_count=args.shards,
         )
     rows, labels = debian_rows(args.rows, Path(args.data))
+    if args.mode == "summary":  # the first line of a Debian description is the package's summary
+        rows = [{**r, "description": (r["description"] or "").split("\n")[0]} for r in rows]
     pq.write_table(pa.Table.from_pylist(rows), src)
     # Description only: the set's duplicate descriptions (5.6%) are then exact duplicate prompts.
     return JobSpec(
@@ -149,7 +151,8 @@ def raw_generate_tokens(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) 
 def arg_parser(doc: str | None, mode: str, rows: int) -> argparse.ArgumentParser:
     """The job and engine options every benchmark here shares."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
-    p.add_argument("--mode", choices=["synthetic", "debian"], default=mode)
+    p.add_argument("--mode", choices=["synthetic", "debian", "summary"], default=mode,
+                   help="summary: the Debian set's one-line summaries (short prompts) -> section")
     p.add_argument("--rows", type=int, default=rows)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
@@ -159,6 +162,8 @@ def arg_parser(doc: str | None, mode: str, rows: int) -> argparse.ArgumentParser
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--home", default=None)
     p.add_argument("--data", default=str(DEBIAN), help="the Debian parquet (debian mode)")
+    p.add_argument("--engine-kwargs", default=None, metavar="JSON",
+                   help='more VLLMResource.engine_kwargs, e.g. \'{"quantization": "fp8"}\'')
     return p
 
 
@@ -176,6 +181,8 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
     kw["data_parallel_size"] = 1  # one engine in this process, on one GPU (data_parallel.py compares N)
     if args.load_format:
         kw["engine_kwargs"] = {"load_format": args.load_format}
+    if getattr(args, "engine_kwargs", None):
+        kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), **json.loads(args.engine_kwargs)}
     if getattr(args, "trace", False):  # vLLM keeps its step metrics only with stats on
         kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), "disable_log_stats": False}
     started = time.perf_counter()
@@ -344,6 +351,7 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
         "ratio": round(raw_s / pipe_s, 4),
         "labeling_s": secs(times["labeling"][:n]), "labeling_ratio": round(raw_s / label_s, 4),
         "prefilled_store_answers": args.prefill_store,
+        **({"engine_kwargs": json.loads(args.engine_kwargs)} if getattr(args, "engine_kwargs", None) else {}),
     }
     if times.get("generate"):
         gen_s = sum(times["generate"])

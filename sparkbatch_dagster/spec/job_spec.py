@@ -118,8 +118,9 @@ class EstimateSpec(_Checked):
 
     sample_rows: int = Field(default=80, ge=10, le=100_000, description="Rows timed on the real engine.")
     fill_batch: bool = Field(
-        default=True, description="Time at least one full batch (max_num_seqs rows): a smaller sample leaves "
-        "the engine part idle and overstates the time (H200: +38% at 80 rows, +2.5% at 1024).",
+        default=True, description="Time at least one full batch (max_num_seqs rows; two when the job holds 8 or "
+        "more): a smaller sample leaves the engine part idle and overstates the time (H200: +38% at 80 rows, +2.5% "
+        "at 1024); the second batch streams as the run does, and its rate is the one extrapolated.",
     )
     strata: int = Field(default=5, ge=1, le=100, description="Input-length bands the sample is spread over.")
     warmup_rows: int = Field(default=8, ge=0, le=10_000, description="Untimed rows run first (other rows).")
