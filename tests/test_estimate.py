@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -300,8 +299,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_cli_estimate_prints_the_bill_then_run_shows_progress_and_the_check(tmp_path):
     est = json.loads(_cli(tmp_path, "estimate", "--sample-rows", "40").stdout.strip().splitlines()[-1])
-    # Two full batches of max_num_seqs=32 (the job holds more than 4x that): the second streams, as the run does.
-    assert est["sample_rows"] == 64 and est["predicted_wall_s"] > 0 and est["predicted_tokens_per_hour"] > 0
+    assert est["sample_rows"] == 40 and est["predicted_wall_s"] > 0 and est["predicted_tokens_per_hour"] > 0
     assert [o["name"] for o in est["options"]] == ["1 node", "2-node cluster"]
     assert all(o["cost_usd"] > 0 for o in est["options"])
     assert Path(est["chart"]).exists() and est["chosen_model"] == "fake-model"
@@ -387,9 +385,9 @@ def test_an_interval_that_straddles_the_bar_gets_more_rows_up_to_the_cap(tmp_pat
     timed: list[list[str]] = []
     texts: list[set[str]] = []
     real_time_rows = E.time_rows
-    monkeypatch.setattr(E, "time_rows", lambda spec, rows, engine, batch=None: (
-        timed.append([r["row_id"] for r in rows]), texts.append({r["text"] for r in rows}),
-        real_time_rows(spec, rows, engine, batch))[2])
+    monkeypatch.setattr(E, "time_rows", lambda spec, rows, engine: (timed.append([r["row_id"] for r in rows]),
+                                                                    texts.append({r["text"] for r in rows}),
+                                                                    real_time_rows(spec, rows, engine))[2])
     _, engine = fake_resource()
     timing = E.sample_model(spec, home, est, sample, engine)  # hash answers: about 1/3 right, on the bar
     assert [len(t) for t in timed][0] == 40 and len(timed) == 3  # 40, then up to 80, then up to 160
@@ -624,22 +622,3 @@ def test_a_run_on_a_warm_engine_pays_no_engine_start(tmp_path, monkeypatch):
     assert starts[0]["job_engine_start_s"].value >= 1.0 and starts[1]["job_engine_start_s"].value < 0.5
     assert starts[1]["job_cost_usd"].value == pytest.approx(starts[1]["job_generation_cost_usd"].value, abs=2e-6)
     assert starts[1]["wall_s"].value > 0  # generation time kept whole, nothing taken off for a start not paid
-
-
-def test_the_streaming_rate_comes_from_the_second_batch_and_the_fill_up_is_paid_once():
-    # 8 answers, batch 4: the first batch lands together at t=10 (prefill, then decode: the slow
-    # start), the second streams in over 4 s (100 tokens each).
-    finished = [(10.0, 100)] * 4 + [(11.0, 100), (12.0, 100), (13.0, 100), (14.0, 100)]
-    assert E.steady_window(finished, 4) == (4.0, 400)
-    assert E.steady_window(finished[:5], 4) == (0.0, 0)  # under 1.5 batches: no second wave to time
-    assert E.steady_window(finished, None) == (0.0, 0)
-    sample = E.Sample(rows=[], warmup=[], total_rows=80, distinct_prompts=80)
-    timing = E.Timing(model="m", engine_start_s=0.0, seconds=14.0, rows=8, prompt_tokens=720, output_tokens=80,
-                      errors=0, correct=None, requests=8, steady_s=4.0, steady_tokens=400)
-    report = predict(sample, timing, [NodeOption(name="box", hourly_usd=1.0)], None)
-    # 100 tokens/s streaming; the first batch took 14 - 800/100 = 6 s more than that, once.
-    assert report["predicted_wall_s"] == round(6.0 + 80 * 100 / 100, 1)
-    # Without the second wave: the whole draw's rate, as before (800 tokens in 14 s).
-    plain = predict(sample, replace(timing, steady_s=0.0, steady_tokens=0), [NodeOption(name="box", hourly_usd=1.0)],
-                    None)
-    assert plain["predicted_wall_s"] == round(80 * 100 / (800 / 14.0), 1)

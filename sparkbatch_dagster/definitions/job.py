@@ -69,10 +69,8 @@ class BatchJob:
         engines = resource.engine_count()
         # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
         batch = resource.resolved_max_num_seqs() * engines
-        # A big job gets two batches, so the sample streams as the run does (sample.steady_window).
-        full = 2 * batch if 2 * batch <= (self.home.read_manifest() or {}).get("rows", 0) // 4 else batch
-        if est.fill_batch and est.sample_rows < full:
-            est = est.model_copy(update={"sample_rows": full})
+        if est.fill_batch and est.sample_rows < batch:
+            est = est.model_copy(update={"sample_rows": batch})
         sample = E.draw_sample(self.spec, self.home, est)
         log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,}; models: "
             f"{[resource.model or 'default', *[m for m in est.models if m != resource.model]]}")
@@ -84,7 +82,7 @@ class BatchJob:
             try:  # one engine at a time: a small box holds one model's KV cache, not several
                 name = res.model_name()
                 log(f"estimate: starting {name} and timing the sample on it")
-                timing = E.sample_model(self.spec, self.home, est, sample, res.get_engine(), batch)
+                timing = E.sample_model(self.spec, self.home, est, sample, res.get_engine())
             except SparkbatchError as exc:
                 if candidate is None:  # the job's own model must run; a candidate may fail alone
                     raise

@@ -34,11 +34,6 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
     per_request = tokens / max(timing.requests or timing.rows, 1)
     predicted_tokens = per_request * stored.to_generate
     wall = predicted_tokens / tps if tps else 0.0
-    if timing.steady_s > 0 and timing.steady_tokens:
-        # Two batches timed: the streaming rate of the second, plus the first's fill-up, once.
-        tps = timing.steady_tokens / timing.steady_s
-        fill = max(0.0, timing.seconds - tokens / tps)
-        wall = fill + predicted_tokens / tps if stored.to_generate else 0.0
     start = timing.engine_start_s if stored.to_generate else 0.0
     accuracy = low = high = None
     if timing.correct is not None and timing.rows:

@@ -67,10 +67,6 @@ class Timing:
     correct: int | None  # None without a gold column
     requests: int | None = None  # distinct prompts generated (None: one per row)
     steps: list[tuple[int, int]] = field(default_factory=list)  # (rows, correct) after each draw
-    #: The streaming rate: seconds and tokens of the requests that finished after the first
-    #: ``batch`` did (0 when the draw was not two batches): see :func:`steady_window`.
-    steady_s: float = 0.0
-    steady_tokens: int = 0
 
 
 @dataclass
@@ -131,43 +127,18 @@ def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
     return Sample(rows, rest[: est.warmup_rows], total, int(distinct or 0))
 
 
-def _run(engine: Engine, spec: JobSpec, rows: list[dict[str, Any]],
-         finished: list[tuple[float, int]] | None = None) -> tuple[dict[str, Any], dict[str, str], Any]:
-    """Generate ``rows``' distinct prompts; ``finished`` collects (time, tokens) of each answer
-    as it arrives."""
+def _run(engine: Engine, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str], Any]:
     errors, groups = plan_rows(spec, rows, set())
     requests = [EngineRequest(key, prompt.messages()) for key, (prompt, _) in groups.items()]
-    results = {}
-    for r in engine.generate(requests, spec.sampling, spec.output):
-        results[r.id] = r
-        if finished is not None:
-            finished.append((time.perf_counter(), r.prompt_tokens + r.output_tokens))
+    results = {r.id: r for r in engine.generate(requests, spec.sampling, spec.output)}
     return results, errors, groups
 
 
-def steady_window(finished: list[tuple[float, int]], batch: int | None) -> tuple[float, int]:
-    """Seconds and tokens of the answers that arrived after the first ``batch`` of them.
-
-    A one-batch draw prefills every prompt, then decodes them all: the engine never overlaps the
-    two, as a streaming run does once its requests finish at different times (short prompts lose
-    most: +11% on the debtags job). In a draw of two batches, the second one enters as the first
-    leaves, as in the run, so its rate is the run's; the first batch's extra time (filling the
-    engine) is paid once per run. (0, 0) when the draw is under 1.5 batches: no second wave."""
-    if not batch or len(finished) < 1.5 * batch:
-        return 0.0, 0
-    times = sorted(finished)
-    start = times[batch - 1][0]
-    return times[-1][0] - start, sum(tokens for _, tokens in times[batch:])
-
-
-def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine, batch: int | None = None) -> Timing:
-    """Time ``rows`` through ``engine`` with the job's settings (no warm-up) and score them;
-    ``batch`` (the sequences the engines run at once) sets the streaming window (steady_window)."""
-    finished: list[tuple[float, int]] = []
+def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine) -> Timing:
+    """Time ``rows`` through ``engine`` with the job's settings (no warm-up) and score them."""
     started = time.perf_counter()
-    results, errors, groups = _run(engine, spec, rows, finished)
+    results, errors, groups = _run(engine, spec, rows)
     seconds = time.perf_counter() - started
-    steady_s, steady_tokens = steady_window(finished, batch)
     outputs: dict[str, str | None] = {}
     for key, (_, ids) in groups.items():
         res = results[key]
@@ -183,15 +154,14 @@ def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine, batch: 
         output_tokens=sum(r.output_tokens for r in results.values()),
         errors=len(errors) + sum(1 for v in outputs.values() if v is None), correct=correct,
         requests=len(groups), steps=[(len(rows), correct or 0)] if correct is not None else [],
-        steady_s=steady_s, steady_tokens=steady_tokens,
     )
 
 
-def time_sample(spec: JobSpec, sample: Sample, engine: Engine, batch: int | None = None) -> Timing:
+def time_sample(spec: JobSpec, sample: Sample, engine: Engine) -> Timing:
     """Warm up on other rows, then time the sample through ``engine`` with the job's settings."""
     if sample.warmup:
         _run(engine, spec, sample.warmup)
-    return time_rows(spec, sample.rows, engine, batch)
+    return time_rows(spec, sample.rows, engine)
 
 
 def merge(a: Timing, b: Timing, first_rows: int) -> Timing:
@@ -208,29 +178,37 @@ def merge(a: Timing, b: Timing, first_rows: int) -> Timing:
         output_tokens=a.output_tokens + (b.output_tokens if fast else 0),
         requests=(a.requests or a.rows) + ((b.requests or b.rows) if fast else 0),
         steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [],
-        steady_s=a.steady_s + (b.steady_s if fast and b.steady_s else 0.0),
-        steady_tokens=a.steady_tokens + (b.steady_tokens if fast and b.steady_s else 0),
     )
 
 
-def sample_model(spec: JobSpec, home: JobHome, est: EstimateSpec, sample: Sample, engine: Engine,
-                 batch: int | None = None) -> Timing:
+def sample_model(spec: JobSpec, home: JobHome, est: EstimateSpec, sample: Sample, engine: Engine) -> Timing:
     """Time and score the sample on ``engine``; while the accuracy interval straddles
-    ``est.accuracy_bar``, double the sample (new rows of the same stratified draw, never a
-    warm-up or already timed row) and time those on the same engine, until the interval is
-    decided or ``est.max_sample_rows`` rows are reached. ``batch``: see :func:`time_rows`."""
-    timing = time_sample(spec, sample, engine, batch)
+    ``est.accuracy_bar``, or the timed rows took less than ``est.min_sample_seconds``, double
+    the sample (new rows of the same stratified draw, never a warm-up or already timed row) and
+    time those on the same engine (see :func:`_grown` for the caps)."""
+    timing = time_sample(spec, sample, engine)
     seen = {r["row_id"] for r in (*sample.rows, *sample.warmup)}
     size = len(sample.rows)
-    while (verdict(timing.correct, timing.rows, est.accuracy_bar) == "straddles"
-           and size < min(est.max_sample_rows, sample.total_rows)):
-        size = min(size * 2, est.max_sample_rows)
+    while (grown := _grown(timing, est, size, sample.total_rows)) is not None:
+        size = grown
         bigger = draw_sample(spec, home, est.model_copy(update={"sample_rows": size}))
         more = [r for r in bigger.rows if r["row_id"] not in seen]
         if more:
             seen.update(r["row_id"] for r in more)
-            timing = merge(timing, time_rows(spec, more, engine, batch), len(sample.rows))
+            timing = merge(timing, time_rows(spec, more, engine), len(sample.rows))
     return timing
+
+
+def _grown(timing: Timing, est: EstimateSpec, size: int, total: int) -> int | None:
+    """The sample's next size, or None when it is done: doubled while the accuracy interval
+    straddles the bar (up to ``max_sample_rows``), or while the timed rows ran shorter than
+    ``min_sample_seconds`` (up to a quarter of the job: a one-second timing is noise)."""
+    if verdict(timing.correct, timing.rows, est.accuracy_bar) == "straddles" and size < min(est.max_sample_rows,
+                                                                                             total):
+        return min(size * 2, est.max_sample_rows)
+    if timing.seconds < est.min_sample_seconds and size < total // 4:
+        return min(size * 2, total // 4)
+    return None
 
 
 def _prompt_rows(spec: JobSpec, rows: list[dict[str, Any]]) -> dict[str, int]:

@@ -118,9 +118,14 @@ class EstimateSpec(_Checked):
 
     sample_rows: int = Field(default=80, ge=10, le=100_000, description="Rows timed on the real engine.")
     fill_batch: bool = Field(
-        default=True, description="Time at least one full batch (max_num_seqs rows; two when the job holds 8 or "
-        "more): a smaller sample leaves the engine part idle and overstates the time (H200: +38% at 80 rows, +2.5% "
-        "at 1024); the second batch streams as the run does, and its rate is the one extrapolated.",
+        default=True, description="Time at least one full batch (max_num_seqs rows): a smaller sample leaves "
+        "the engine part idle and overstates the time (H200: +38% at 80 rows, +2.5% at 1024).",
+    )
+    min_sample_seconds: float = Field(
+        default=5.0, ge=0.0, le=3600.0, description="While the timed rows took less than this, more rows "
+        "(the sample doubled, new rows, same engine) are timed, up to a quarter of the job: on an H200 one "
+        "batch of short prompts takes under a second, and two such samples of one job were -2% and +28% off. "
+        "0: no time floor.",
     )
     strata: int = Field(default=5, ge=1, le=100, description="Input-length bands the sample is spread over.")
     warmup_rows: int = Field(default=8, ge=0, le=10_000, description="Untimed rows run first (other rows).")
