@@ -31,6 +31,7 @@ REQUIRED = {
     "estimate_accuracy_round": {"date", "rows", "sample_rows", "model", "predicted_wall_s", "actual_wall_s",
                                 "error_pct", "models"},
     "estimate_gpu": {"date", "machine", "model", "rows", "actual_wall_s", "samples"},
+    "memory_reserve": {"date", "machine", "rows", "run_peak_rss_mb", "run_tree_peak_rss_mb", "dagster_dev_rss_mb"},
     "memory": {"date", "rows", "shards", "sharding_s", "sharding_peak_rss_mb", "estimate_sample_s",
                "estimate_sample_peak_rss_mb", "writer_peak_rss_mb_4_shards", "writer_peak_rss_mb_64_shards"},
     "reuse": {"machine", "rows", "rounds", "appended_generated", "appended_s"},

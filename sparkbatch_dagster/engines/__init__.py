@@ -5,9 +5,10 @@ from and the start itself (:mod:`.start`: a client of running servers, a `vllm s
 here, offline vLLM, one engine per data-parallel GPU group), the backends (:mod:`.vllm_offline`,
 :mod:`.data_parallel` + :mod:`.worker_process`, :mod:`.vllm_server` with :mod:`.endpoints`,
 :mod:`.replicas`, :mod:`.token_prompts`, :mod:`.server_process`, :mod:`.vllm_cli`; :mod:`.fake`
-for tests), the platform's defaults and memory check (:mod:`.settings`), the model (:mod:`.model`:
-embedded models, identity, weight sizes) and one engine over several machines
-(:mod:`.multinode`).
+for tests), the platform's defaults and memory check (:mod:`.settings`), memory on a unified-memory
+GPU such as the DGX Spark's GB10, sized from what is free when the engine starts (:mod:`.memory`),
+the model (:mod:`.model`: embedded models, identity, weight sizes) and one engine over several
+machines (:mod:`.multinode`).
 
 May import: ``errors``, ``spec``, ``home``. Backends import vllm lazily, so importing this
 package never loads vllm or torch.

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..spec import OutputSpec, SamplingSpec
+from . import memory
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class Engine(abc.ABC):
     model_id: str = ""
     #: Seconds spent starting the engine (kept out of throughput numbers).
     start_seconds: float = 0.0
+    #: How the start sized its memory, for the log (unified memory); empty elsewhere.
+    memory_note: str = ""
 
     @abc.abstractmethod
     def generate(
@@ -106,12 +109,20 @@ class LazyEngine(Engine):
         if first is None:
             return
         if self.started is None:
+            before = memory.host()  # what was free, so the log shows what the start took
             if self._log:
-                self._log(f"engine loading: {self.model_id} {self._settings}".rstrip())
+                self._log(f"engine loading: {self.model_id} {self._settings} ({memory.free_line(before)})")
             began = time.perf_counter()
             self.started = self._start()
             # What this run paid to get an engine: a cold start in full, a warm one (keep_warm) nothing.
             self.start_seconds = time.perf_counter() - began
             if self._log:
-                self._log(f"engine ready in {self.start_seconds:.1f} s")
+                self._log(self._ready_line(before))
         yield from self.started.generate(itertools.chain([first], source), sampling, output)
+
+    def _ready_line(self, before: memory.Host) -> str:
+        after = memory.host()
+        note = f"; {self.started.memory_note}" if self.started is not None and self.started.memory_note else ""
+        return (f"engine ready in {self.start_seconds:.1f} s; MemAvailable {memory.gib(before.available)} GiB before "
+                f"the start, {memory.gib(after.available)} GiB after ({memory.gib(before.available - after.available)}"
+                f" GiB taken){note}")

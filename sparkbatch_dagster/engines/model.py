@@ -174,7 +174,8 @@ def _identity(name: str, settings_json: str, stamps: tuple[tuple[str, int, int],
     from ..home.digests import file_digest
 
     # Names relative to the folder: the same model copied elsewhere gets the same identity.
-    digests = {Path(f).name: file_digest(Path(f)) for f, _size, _mtime in stamps}
+    # drop_cache: a cold hash must not fill the page cache of the memory vLLM measures next.
+    digests = {Path(f).name: file_digest(Path(f), drop_cache=True) for f, _size, _mtime in stamps}
     return f"{name}@{_short_hash(json.dumps({'files': digests, 'settings': settings_json}, sort_keys=True))}"
 
 
@@ -186,6 +187,8 @@ def weights_gb(resolved: str) -> float | None:
     """Size of a model's weights in GB: its weight files, else estimated from config.json
     (a ``load_format="dummy"`` folder has none). None when neither is readable."""
     path = Path(resolved)
+    if path.is_file():  # a single weights file (a GGUF)
+        return path.stat().st_size / 1e9
     files = [f for pat in ("*.safetensors", "*.bin", "*.pt") for f in path.glob(pat)]
     if files:
         return sum(f.stat().st_size for f in files) / 1e9

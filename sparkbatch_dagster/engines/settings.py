@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import ConfigError
+from . import memory
 
 #: Defaults for settings left at None, by platform: a dedicated GPU box (DGX Spark, H200) gets most
 #: of its memory and many sequences; the CPU backend a RAM fraction that leaves room for Dagster.
@@ -54,36 +55,37 @@ def llm_kwargs(
     kwargs["gpu_memory_utilization"] = gpu_memory_utilization or platform_default("gpu_memory_utilization")
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
-    clash = sorted(set(engine_kwargs) & {"model", *kwargs})
+    # kv_cache_memory_bytes too: the engine's start may size it (unified memory).
+    clash = sorted(set(engine_kwargs) & {"model", "kv_cache_memory_bytes", *kwargs})
     if clash:
-        raise ConfigError(f"engine_kwargs sets {clash}, which VLLMResource has as fields: set the fields instead")
+        raise ConfigError(f"engine_kwargs sets {clash}, which VLLMResource has as fields (kv_cache_memory_bytes: "
+                          "kv_cache_memory_gb): set the fields instead")
     return {**kwargs, **engine_kwargs}
 
 
 def check_memory(kwargs: Mapping[str, Any], copies: int = 1) -> None:
     """On the CPU backend, refuse a KV-cache size this machine cannot give, before vLLM
     spends a minute loading the model only to fail (``copies``: engines that each take it,
-    ``data_parallel_size``). On a GPU, vLLM checks this itself."""
+    ``data_parallel_size``). On a GPU, vLLM checks this itself (and on unified memory
+    :func:`.memory.size_unified` does, before it)."""
     if not on_cpu():
         return
-    import psutil
-
-    mem = psutil.virtual_memory()
+    mem = memory.host()
     times = f" x {copies} engines" if copies > 1 else ""
+    free_what = "are free on this machine (MemAvailable)"
     want = kwargs.get("kv_cache_memory_bytes")
-    if want is not None and want * copies > mem.available:
-        raise ConfigError(
-            f"kv_cache_memory_gb={want / 2**30:.1f}{times} is more than this machine has free "
-            f"({mem.available / 2**30:.1f} GiB): lower VLLMResource.kv_cache_memory_gb"
-            + (" or data_parallel_size" if copies > 1 else "")
-        )
+    if want is not None:
+        memory.refuse_unless_free(f"kv_cache_memory_gb={want / 2**30:.1f}{times}", want * copies, mem.available,
+                                  free_what, "lower VLLMResource.kv_cache_memory_gb"
+                                  + (" or data_parallel_size" if copies > 1 else ""))
+        return
     frac = kwargs.get("gpu_memory_utilization")
-    if want is None and frac is not None and frac * copies * mem.total > mem.available:
-        raise ConfigError(
-            f"gpu_memory_utilization={frac}{times} asks for {frac * copies * mem.total / 2**30:.1f} GiB of RAM on "
-            f"the CPU backend but {mem.available / 2**30:.1f} GiB are free: lower VLLMResource.gpu_memory_utilization "
-            f"(e.g. {max(0.05, round(mem.available / mem.total * 0.8 / copies, 2))}) or set kv_cache_memory_gb"
-        )
+    if frac is not None:
+        memory.refuse_unless_free(
+            f"gpu_memory_utilization={frac}{times} (a fraction of RAM on the CPU backend)",
+            int(frac * copies * mem.total), mem.available, free_what,
+            f"lower VLLMResource.gpu_memory_utilization (e.g. "
+            f"{max(0.05, round(mem.available / mem.total * 0.8 / copies, 2))}) or set kv_cache_memory_gb")
 
 
 def visible_gpus() -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigError
-from . import multinode, settings
+from . import memory, multinode, settings
 from .base import Engine
 
 if TYPE_CHECKING:
@@ -80,6 +80,11 @@ class EngineSettings:
     server_token_ids: bool | None = None
     server_start_timeout_s: float = 900.0
     engine_start_timeout_s: float = 1800.0
+    #: As configured (None: the platform's default, already in :attr:`llm_kwargs`): on unified
+    #: memory a configured fraction is checked against the free memory, an unset one is sized.
+    gpu_memory_utilization: float | None = None
+    #: GiB kept out of an engine's reach on unified memory; None = ``memory.DEFAULT_RESERVE_GB``.
+    memory_reserve_gb: float | None = None
 
     @property
     def engine_count(self) -> int:
@@ -150,16 +155,41 @@ def start(cfg: EngineSettings) -> Engine:
     settings.check_memory(kwargs, copies=engines)
     settings.prepare_platform()
     name = cfg.model_identity()  # rows name the model the same way on every machine
+    # Memory is read last, right before loading: the identity's hashing (a cold one reads every
+    # weight file) leaves no page cache behind (home/digests.py), and nothing else runs between.
+    kwargs, note = sized_memory(cfg, kwargs, model, engines)
     if cfg.mode == "server":
         from .server_process import ServerProcess, serve_args
 
         serve = {**kwargs, "data_parallel_size": engines} if engines > 1 else kwargs
         with settings.environment(envs[0]):  # `vllm serve` inherits it (CPU core binding)
             server = ServerProcess(model, name, serve_args(serve), cfg.server_start_timeout_s)
-        return client(cfg, server.url, name, key, server, engines)
+        served = client(cfg, server.url, name, key, server, engines)
+        served.memory_note = note
+        return served
     offline = _offline(cfg, model, kwargs, envs)
-    offline.model_id = name
+    offline.model_id, offline.memory_note = name, note
     return offline
+
+
+def sized_memory(cfg: EngineSettings, kwargs: dict[str, Any], model: str, copies: int) -> tuple[dict[str, Any], str]:
+    """``kwargs`` with the KV cache sized in bytes from the free memory on a unified-memory GPU
+    (:func:`.memory.size_unified`), and the log line saying how; elsewhere as they are (a
+    discrete GPU checks itself, the CPU backend was checked by ``settings.check_memory``)."""
+    if settings.on_cpu():
+        return kwargs, ""
+    dev = memory.device()
+    if dev is None or not dev.integrated:
+        return kwargs, ""
+    from .model import weights_gb
+
+    size = weights_gb(model)
+    weights = None if size is None else int(size * 1e9 / multinode.nodes(kwargs))  # this machine's share
+    kv = kwargs.get("kv_cache_memory_bytes")
+    plan = memory.size_unified(dev, memory.host(), weights, reserve_gb=cfg.memory_reserve_gb,
+                               fraction=cfg.gpu_memory_utilization, kv_cache_gb=None if kv is None else kv / memory.GIB,
+                               copies=copies, ranks=multinode.local_share(kwargs))
+    return plan.kwargs(kwargs), plan.note
 
 
 def _offline(cfg: EngineSettings, model: str, kwargs: dict[str, Any], envs: list[dict[str, str]]) -> Engine:

@@ -240,7 +240,8 @@ def _explain_start_failure(model: str, kwargs: dict[str, Any], exc: Exception) -
         hint = (
             f"gpu_memory_utilization={kwargs.get('gpu_memory_utilization')} / "
             f"kv_cache_memory_bytes={kwargs.get('kv_cache_memory_bytes')} cannot be met on this machine: "
-            "lower gpu_memory_utilization (or kv_cache_memory_gb), or lower max_model_len / max_num_seqs"
+            "lower gpu_memory_utilization (or kv_cache_memory_gb), or lower max_model_len / max_num_seqs (on a "
+            "unified-memory GPU such as the DGX Spark: raise memory_reserve_gb)"
         )
     elif "does not exist" in low or "not found" in low or "no such file" in low or "repo" in low:
         hint = f"model={model!r} cannot be loaded: give a local Hugging Face folder or leave model unset"
