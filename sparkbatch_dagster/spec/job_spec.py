@@ -185,6 +185,13 @@ class EstimateSpec(_Checked):
             return value
         return [ModelCandidate.parse(v) if isinstance(v, str) and "@" in v else v for v in value]
 
+    @field_validator("sample_hardware")
+    @classmethod
+    def _known_kind(cls, value: str | None) -> str | None:
+        if value is not None and value not in {*PRESETS, "cpu", "gpu"}:
+            raise ValueError(f"unknown sample_hardware {value!r}: choose from {[*PRESETS, 'cpu', 'gpu']}")
+        return value
+
     def candidates(self) -> list[ModelCandidate]:
         """``models`` as candidates (a plain model name is one without engine settings)."""
         return [m if isinstance(m, ModelCandidate) else ModelCandidate(model=m) for m in self.models]
