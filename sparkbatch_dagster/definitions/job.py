@@ -104,7 +104,8 @@ class BatchJob:
             model_id = res.model_identity()
             store = ResultStore(self.spec.result_store_path, self.spec.answer_context(model_id))
             stored = E.count_stored(self.spec, self.home, sample, store)
-            models.append(_priced(E.predict, sample, timing, options, stored, engines, machine, res, name, candidate))
+            priced = _priced(E.predict, sample, timing, options, stored, engines, machine, res, name, candidate)
+            models.append({**priced, "identity": model_id})
             m = models[-1]
             log(f"estimate: {m['model']}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
                 f"predicted {m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']} "
@@ -224,5 +225,4 @@ def _priced(predict: Callable[..., dict[str, Any]], sample: Any, timing: Any, op
     m = predict(sample, timing, options, size, stored, engines, machine=machine, shape=shape, concurrency=concurrency)
     settings = candidate.engine_kwargs if candidate is not None else {}
     label = f"{timing.model} ({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})" if settings else None
-    return {**m, "model": label or timing.model, "identity": timing.model, "configured_as": res.model,
-            "engine_kwargs": settings}
+    return {**m, "model": label or timing.model, "configured_as": res.model, "engine_kwargs": settings}
