@@ -184,9 +184,25 @@ def overhead_table(results: Results) -> str:
                   "run_metrics run", "fixed cost", "per-row work (overlaps the engine)", "file"], rows)
 
 
+def roofline_table(results: Results) -> str:
+    """The estimate's roofline projection (hardware figures alone) against H200 measurements."""
+    rows = []
+    for name, d in of_kind(results, "roofline"):
+        for j in d["jobs"]:
+            job = f"{j['shape']}, {j['mode']}, {num(j['rows'])} x {j['max_tokens']} tokens"
+            rows.append([d["date"], job, f"{j['projected_low_s']:.1f}-{j['projected_high_s']:.1f} s",
+                         f"{j['measured_raw_s']:.1f} s ({pct(j['raw_error_low_pct'])} / "
+                         f"{pct(j['raw_error_high_pct'])})",
+                         f"{j['measured_pipeline_s']:.1f} s ({pct(j['pipeline_error_low_pct'])} / "
+                         f"{pct(j['pipeline_error_high_pct'])})", f"{j['raw_efficiency']:.0%}", f"`{j['file']}`",
+                         f"`{name}`"])
+    return table(["date", "job (one H200)", "projected", "measured, plain vLLM (error of fast / slow end)",
+                  "measured, sparkbatch (same)", "share of peak reached", "measurement", "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
-    "overhead": overhead_table}
+    "overhead": overhead_table, "roofline": roofline_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:

@@ -124,7 +124,9 @@ def one_round(job: str, args: argparse.Namespace, text: str) -> dict[str, Any]:
         defs = ROOT / "definitions.py"
     else:
         defs = write_debtags_job(folder, text, args.rows, args.shards, args.models.split(","), args.debtags_bar)
-    extra = ["--sample-rows", str(args.sample_rows)] if args.sample_rows else []
+    # The run bills this machine's time at the job's rate: compare it with the estimate's price of
+    # this machine at that rate (measured), not with a projected Spark price.
+    extra = ["--hourly-rate", "0.79", *(["--sample-rows", str(args.sample_rows)] if args.sample_rows else [])]
     t = time.perf_counter()
     est = sparkbatch(env, defs, "estimate", *extra)
     estimate_s = time.perf_counter() - t
@@ -132,7 +134,7 @@ def one_round(job: str, args: argparse.Namespace, text: str) -> dict[str, Any]:
     run = sparkbatch(env, defs, "run")
     run_s = time.perf_counter() - t
     primary = est["models"][0]
-    one_node = next((o for o in est["options"] if o["nodes"] == 1), est["options"][0])
+    one_node = next(o for o in est["options"] if o["name"] == "this machine")
     billed = run["cost_usd"]
     acc = run.get("accuracy")
     lo, hi = primary.get("accuracy_low"), primary.get("accuracy_high")

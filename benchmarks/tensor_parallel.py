@@ -121,9 +121,10 @@ def run(cli: list[str], home: Path, env: dict[str, str], args: Any) -> dict[str,
     from sparkbatch_dagster.inputs.shards import build_shards
 
     build_shards(job.spec, JobHome(job.spec.home_path))
-    options = [NodeOption(name="1 GPU", hourly_usd=3.5, memory_gb=args.gpu_memory_gb),
+    # hardware="h200": the sample runs on one of these H200s, so both options are priced as measured.
+    options = [NodeOption(name="1 GPU", hourly_usd=3.5, memory_gb=args.gpu_memory_gb, hardware="h200"),
                NodeOption(name=f"{args.tp} GPUs", hourly_usd=3.5 * args.tp, gpus_per_node=args.tp,
-                          memory_gb=args.gpu_memory_gb)]
+                          memory_gb=args.gpu_memory_gb, hardware="h200")]
     resource = defs.resources[job.resource_key]
     started = time.perf_counter()
     report = job.estimate(resource, EstimateSpec(sample_rows=min(256, args.rows), options=options))

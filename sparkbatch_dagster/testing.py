@@ -25,6 +25,7 @@ from pydantic import Field
 
 from .definitions.resource import VLLMResource
 from .engines.base import Engine
+from .engines.model import answer_settings
 from .engines.settings import CPU_DEFAULTS, split_devices, visible_gpus
 
 
@@ -79,7 +80,11 @@ class FakeVLLMResource(VLLMResource):
 
         cfg = self.resolved()
         name = cfg.model_name()
-        return name if cfg.answer is None else f"{name}@{fingerprint(cfg.answer)[:12]}"
+        # Engine settings that change answers (a quantization) make another model, as for the real one.
+        settings = answer_settings(cfg.dtype, cfg.max_model_len, cfg.engine_kwargs)
+        extra = {k: v for k, v in settings.items() if k not in ("dtype", "max_model_len")}
+        key = [cfg.answer, extra] if extra else cfg.answer
+        return name if key is None else f"{name}@{fingerprint(key)[:12]}"
 
     def resolved_max_num_seqs(self) -> int:
         return self.resolved().max_num_seqs or int(CPU_DEFAULTS["max_num_seqs"])  # no platform to ask

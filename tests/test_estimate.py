@@ -22,6 +22,7 @@ from sparkbatch_dagster.engines.model import weights_gb
 from sparkbatch_dagster.estimate import sample as E
 from sparkbatch_dagster.estimate.choice import advise, choose, rows_to_decide, tradeoff, verdict, wilson
 from sparkbatch_dagster.estimate.forecast import predict
+from sparkbatch_dagster.estimate.machine import Machine
 from sparkbatch_dagster.estimate.placement import gpus_needed
 from sparkbatch_dagster.estimate.sample import Sample, Stored, Timing, draw_sample
 from sparkbatch_dagster.home import JobHome
@@ -33,6 +34,8 @@ from sparkbatch_dagster.testing import FakeVLLMResource
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = EstimateSpec().options
+#: The sample as if measured on a DGX Spark (no GB10 is lent here): its options are priced as measured.
+SPARK = Machine("dgx-spark", "NVIDIA GB10")
 
 
 def _varied_rows(n: int) -> list[dict]:
@@ -78,7 +81,7 @@ def _timing(**kw):
 
 def test_prediction_scales_the_measured_rate_to_the_job_and_prices_each_option():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=10_000, distinct_prompts=9_000)
-    p = predict(sample, _timing(), OPTIONS, weights_gb=0.3)
+    p = predict(sample, _timing(), OPTIONS, weights_gb=0.3, machine=SPARK)
     assert p["predicted_tokens"] == 200 * 9_000  # 10,000 tokens / 50 rows x distinct prompts
     assert p["predicted_tokens_per_hour"] == 1000 * 3600
     assert p["predicted_wall_s"] == pytest.approx(1800.0)
@@ -90,17 +93,17 @@ def test_prediction_scales_the_measured_rate_to_the_job_and_prices_each_option()
     assert p["accuracy"] == 0.5 and p["accuracy_low"] == pytest.approx(0.3664, abs=1e-3)
     assert p["accuracy_high"] == pytest.approx(0.6336, abs=1e-3)
     # Per distinct prompt generated: 40 prompts for 50 sample rows (duplicates generated once).
-    per_prompt = predict(sample, _timing(requests=40), OPTIONS, weights_gb=0.3)
+    per_prompt = predict(sample, _timing(requests=40), OPTIONS, weights_gb=0.3, machine=SPARK)
     assert per_prompt["predicted_tokens"] == 250 * 9_000
 
 
 def test_prompts_already_in_the_store_are_not_predicted_and_cost_nothing():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=10_000, distinct_prompts=9_000)
-    p = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=4_400, prompts=4_000, to_generate=5_000))
+    p = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=4_400, prompts=4_000, to_generate=5_000), machine=SPARK)
     assert p["predicted_tokens"] == 200 * 5_000 and p["predicted_wall_s"] == pytest.approx(1000.0)
     assert p["stored_rows"] == 4_400 and p["prompts_to_generate"] == 5_000
     assert p["best_cost_usd"] == pytest.approx(0.79 * (1000 + 60) / 3600, abs=1e-6)
-    free = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=10_000, prompts=9_000, to_generate=0))
+    free = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=10_000, prompts=9_000, to_generate=0), machine=SPARK)
     assert free["predicted_wall_s"] == 0 and free["best_cost_usd"] == 0  # nothing to generate: no engine start
     text = " ".join(advise(free, free, EstimateSpec(), 50, batch=64, on_gpu=False, has_gold=True, total_rows=10_000))
     assert "10,000 of 10,000 rows already have m@1's answer in the result store" in text
@@ -125,7 +128,7 @@ def test_wilson_interval_where_the_normal_approximation_breaks():
 
 def test_advice_says_one_node_is_cheaper_for_a_model_that_fits():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=100_000, distinct_prompts=100_000)
-    p = predict(sample, _timing(), OPTIONS, weights_gb=16.0)
+    p = predict(sample, _timing(), OPTIONS, weights_gb=16.0, machine=SPARK)
     text = " ".join(advise(p, p, EstimateSpec(), 50, batch=1024, on_gpu=True, has_gold=True))
     assert "fits one node" in text and "raise the cost" in text
     assert re.search(r"\+1[34]%", text)  # 1.79 / (2 x 0.79): 13% more per generated token, start aside
@@ -141,7 +144,7 @@ def test_a_model_too_big_for_one_node_needs_tensor_parallelism(tmp_path):
     assert size is not None and 135 < size < 150  # a 70B model in bf16
     assert gpus_needed(size, 128.0) == 2 and gpus_needed(0.3, 128.0) == 1
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=1000, distinct_prompts=1000)
-    p = predict(sample, _timing(), OPTIONS, weights_gb=size)
+    p = predict(sample, _timing(), OPTIONS, weights_gb=size, machine=SPARK)
     one, two = p["options"]
     assert not one["fits"] and one["cost_usd"] is None
     assert two["fits"] and two["tensor_parallel_size"] == 2 and two["wall_s"] == p["predicted_wall_s"]
@@ -160,7 +163,8 @@ def _model(name, correct, rows, seconds, start=60.0, weights=0.3, total=2000):
     sample = Sample(rows=[{}] * rows, warmup=[], total_rows=total, distinct_prompts=total)
     timing = _timing(model=name, correct=correct, rows=rows, seconds=seconds, engine_start_s=start,
                      steps=[(rows, correct)])
-    return {**predict(sample, timing, OPTIONS[:1], weights_gb=weights), "configured_as": name.split("@")[0]}
+    priced = predict(sample, timing, OPTIONS[:1], weights_gb=weights, machine=SPARK)
+    return {**priced, "configured_as": name.split("@")[0]}
 
 
 def test_choose_the_cheapest_model_whose_interval_clears_not_the_smallest():
@@ -235,7 +239,8 @@ def test_bad_estimate_settings_name_the_value(tmp_path):
 
 
 def test_estimate_asset_then_run_metrics_show_predicted_vs_actual(tmp_path):
-    spec = make_spec(tmp_path, n=300, shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4, fill_batch=False))
+    spec = make_spec(tmp_path, n=300, shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4, fill_batch=False,
+                                                                  sample_hardware="dgx-spark"))
     job = build_batch_assets(spec=spec)
     res = {"vllm": fake_resource(delay_s=0.005)[0]}
     inst = DagsterInstance.get()
@@ -298,10 +303,17 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_estimate_prints_the_bill_then_run_shows_progress_and_the_check(tmp_path):
-    est = json.loads(_cli(tmp_path, "estimate", "--sample-rows", "40").stdout.strip().splitlines()[-1])
+    proc = _cli(tmp_path, "estimate", "--sample-rows", "40", "--hourly-rate", "0.5")
+    est = json.loads(proc.stdout.strip().splitlines()[-1])
     assert est["sample_rows"] == 40 and est["predicted_wall_s"] > 0 and est["predicted_tokens_per_hour"] > 0
-    assert [o["name"] for o in est["options"]] == ["1 node", "2-node cluster"]
-    assert all(o["cost_usd"] > 0 for o in est["options"])
+    # On this CPU: the Spark options are never priced at the CPU's speed; the fake model has no size to
+    # project from, so they are unknown; --hourly-rate prices this machine as measured.
+    assert [(o["name"], o["speed_basis"]) for o in est["options"]] == [
+        ("1 node", "unknown"), ("2-node cluster", "unknown"), ("this machine", "measured")]
+    assert [o["cost_usd"] is None for o in est["options"]] == [True, True, False]
+    assert est["best_option"] == "this machine" and est["best_speed_basis"] == "measured"
+    assert "CPU" in est["measured_on"] and est["measured_tokens_per_s"] > 0
+    assert f"Measured on {est['measured_on']}" in proc.stderr and "'1 node' is not priced" in proc.stderr
     assert Path(est["chart"]).exists() and est["chosen_model"] == "fake-model"
     run = _cli(tmp_path, "run")
     bars = [line for line in run.stderr.splitlines() if line.startswith("[")]
@@ -331,9 +343,10 @@ def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
 def test_with_two_engines_the_sample_fills_both_and_each_option_gets_its_own_speed(tmp_path):
     job = build_batch_assets(spec=make_spec(tmp_path, n=300, shards=3))
     build_shards(job.spec, JobHome(job.spec.home_path))
-    options = [NodeOption(name="1 GPU", hourly_usd=1.0), NodeOption(name="2 GPUs", hourly_usd=2.0, gpus_per_node=2)]
+    options = [NodeOption(name="1 GPU", hourly_usd=1.0, hardware="h200"),
+               NodeOption(name="2 GPUs", hourly_usd=2.0, gpus_per_node=2, hardware="h200")]
     resource = FakeVLLMResource(max_num_seqs=100, data_parallel_size=2)  # two fake engines in worker processes
-    report = job.estimate(resource, EstimateSpec(sample_rows=40, options=options))
+    report = job.estimate(resource, EstimateSpec(sample_rows=40, options=options, sample_hardware="h200"))
     assert report["sample_rows"] == 200 and report["sample_engines"] == 2  # a full batch on each engine
     one, two = report["options"]
     assert two["engines"] == 2 and two["wall_s"] == report["predicted_wall_s"]  # as sampled: two engines
@@ -345,7 +358,7 @@ def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path
     monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: VLLMResource(model=model))
     job = build_batch_assets(spec=make_spec(tmp_path, n=120, shards=2))
     build_shards(job.spec, JobHome(job.spec.home_path))
-    est = EstimateSpec(sample_rows=20, models=[str(tmp_path / "no-such-model")])
+    est = EstimateSpec(sample_rows=20, models=[str(tmp_path / "no-such-model")], sample_hardware="dgx-spark")
     report = job.estimate(FakeVLLMResource(), est)
     assert [m["model"] for m in report["models"]] == ["fake-model"] and report["chosen_model"] == "fake-model"
     [failed] = report["failed_models"]
@@ -355,8 +368,9 @@ def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path
 
 def test_advice_tells_how_to_switch_to_the_chosen_model():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=1000, distinct_prompts=1000)
-    primary = predict(sample, _timing(model="big@1", correct=10), OPTIONS, weights_gb=16.0)
-    small = {**predict(sample, _timing(model="small@2", correct=45, seconds=8.0), OPTIONS, weights_gb=0.5),
+    primary = predict(sample, _timing(model="big@1", correct=10), OPTIONS, weights_gb=16.0, machine=SPARK)
+    small = {**predict(sample, _timing(model="small@2", correct=45, seconds=8.0), OPTIONS, weights_gb=0.5,
+                         machine=SPARK),
              "configured_as": "small"}
     assert choose([primary, small], 0.5) is small
     text = " ".join(advise(primary, small, EstimateSpec(accuracy_bar=0.5), 50, batch=64, on_gpu=False, has_gold=True,
@@ -432,7 +446,8 @@ def test_the_estimate_picks_a_cheaper_more_accurate_candidate_and_prices_its_eng
         model=model, answer="fruit", delay_s=0.002))
     resource = FakeVLLMResource(delay_s=0.004)
     est = EstimateSpec(sample_rows=60, models=["sharp"], accuracy_bar=0.5,
-                       options=[NodeOption(name="1 node", hourly_usd=3600.0)])  # $1 a second: readable costs
+                       options=[NodeOption(name="1 node", hourly_usd=3600.0, hardware="dgx-spark")],  # $1 a second
+                       sample_hardware="dgx-spark")
     report = job.estimate(resource, est)
     primary, sharp = report["models"]
     assert report["chosen_model"] == "sharp" and report["chosen_cost_usd"] == sharp["best_cost_usd"]
@@ -454,7 +469,8 @@ def test_without_a_gold_column_the_cheapest_model_is_named_and_quality_is_not_cl
     monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: FakeVLLMResource(
         model=model, delay_s=0.001))
     report = job.estimate(FakeVLLMResource(delay_s=0.004),
-                          EstimateSpec(sample_rows=40, models=["quick"], accuracy_bar=0.9, fill_batch=False))
+                          EstimateSpec(sample_rows=40, models=["quick"], accuracy_bar=0.9, fill_batch=False,
+                                       hourly_rate_usd=1.0))
     assert report["chosen_model"] == "quick" and all(m["accuracy"] is None for m in report["models"])
     assert all(m["sample_rows"] == 40 for m in report["models"])  # nothing to straddle
     text = " ".join(report["advice"])
@@ -467,7 +483,8 @@ def test_the_estimate_predicts_only_prompts_the_store_does_not_hold(tmp_path):
     for r in rows:  # one prompt per row: no prompt shared between shards
         r["text"] = f"{r['text']} (#{r['id']})"
     src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
-    spec = make_spec(tmp_path, input=str(src), shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4))
+    spec = make_spec(tmp_path, input=str(src), shards=3,
+                     estimate=EstimateSpec(sample_rows=30, warmup_rows=4, sample_hardware="dgx-spark"))
     job = build_batch_assets(spec=spec)
     res = {"vllm": fake_resource(delay_s=0.002)[0]}
     inst = DagsterInstance.get()
@@ -529,7 +546,8 @@ def test_the_bill_and_the_check_compare_like_with_like(tmp_path):
 
 
 def test_the_runs_bill_includes_its_engine_start(tmp_path, monkeypatch):
-    spec = make_spec(tmp_path, n=120, shards=3, estimate=EstimateSpec(sample_rows=30, warmup_rows=4))
+    spec = make_spec(tmp_path, n=120, shards=3,
+                     estimate=EstimateSpec(sample_rows=30, warmup_rows=4, sample_hardware="dgx-spark"))
     job = build_batch_assets(spec=spec)
     _slow_start(monkeypatch, {"fake-model": 1.0}, sleep=True)
     resource = FakeVLLMResource(delay_s=0.001)

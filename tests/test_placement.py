@@ -3,14 +3,18 @@ settings the estimate prints, options that cannot hold a model left unpriced."""
 
 from sparkbatch_dagster.estimate.choice import advise
 from sparkbatch_dagster.estimate.forecast import predict
+from sparkbatch_dagster.estimate.machine import Machine
 from sparkbatch_dagster.estimate.placement import gpus_needed, place
 from sparkbatch_dagster.estimate.sample import Sample, Timing
 from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 
-SPARK = NodeOption(name="1 node", hourly_usd=0.79)
-SPARK2 = NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2)
-H200X2 = NodeOption(name="2x H200", hourly_usd=7.0, gpus_per_node=2, memory_gb=141)
+SPARK = NodeOption(name="1 node", hourly_usd=0.79, hardware="dgx-spark")
+SPARK2 = NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2, hardware="dgx-spark")
+H200 = NodeOption(name="1x H200", hourly_usd=3.5, hardware="h200")
+H200X2 = NodeOption(name="2x H200", hourly_usd=7.0, gpus_per_node=2, hardware="h200")
 H200X8X2 = NodeOption(name="2 nodes of 8 H200", hourly_usd=60.0, nodes=2, gpus_per_node=8, memory_gb=141)
+#: Samples as if timed on one H200 / one DGX Spark: options of that kind are priced as measured.
+ON_H200, ON_SPARK = Machine("h200", "NVIDIA H200"), Machine("dgx-spark", "NVIDIA GB10")
 
 
 def test_a_model_that_fits_one_gpu_runs_one_engine_per_gpu():
@@ -45,16 +49,17 @@ def test_the_estimate_prices_each_option_by_its_engines_and_leaves_out_what_cann
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=1000, distinct_prompts=1000)
     timing = Timing(model="m@1", rows=50, requests=50, seconds=10.0, prompt_tokens=5000, output_tokens=500,
                     engine_start_s=30.0, correct=None, errors=0)
-    small = predict(sample, timing, [SPARK, H200X2], weights_gb=16.0)
-    spark, host = small["options"]
-    assert host["engines"] == 2 and host["wall_s"] == round(spark["wall_s"] / 2, 1)
+    small = predict(sample, timing, [H200, H200X2], weights_gb=16.0, machine=ON_H200)
+    one, host = small["options"]
+    assert host["engines"] == 2 and host["wall_s"] == round(one["wall_s"] / 2, 1)
     text = " ".join(advise(small, small, EstimateSpec(), 50, batch=50, on_gpu=True, has_gold=False))
     assert "'2x H200' would finish in" in text and "so more GPUs raise the cost" in text
     seventy = 140.0  # a 70B model in bf16
     assert gpus_needed(seventy, 141) == 2
-    big = predict(sample, timing, [SPARK, H200X2, SPARK2], weights_gb=seventy)
+    big = predict(sample, timing, [SPARK, H200X2, SPARK2], weights_gb=seventy, machine=ON_SPARK)
     spark, host, cluster = big["options"]
     assert not spark["fits"] and spark["cost_usd"] is None and spark["engines"] == 0
     assert host["fits"] and host["settings"] == {"tensor_parallel_size": 2}
     assert cluster["fits"] and cluster["settings"]["engine_kwargs"]["nnodes"] == 2
-    assert big["best_option"] == "2-node cluster"  # $1.79/h beats $7/h at the same single engine
+    assert host["speed_basis"] == "unknown" and host["cost_usd"] is None  # no model size to project an H200 from
+    assert big["best_option"] == "2-node cluster"

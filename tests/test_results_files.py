@@ -39,6 +39,7 @@ REQUIRED = {
     "tensor_parallel": {"date", "machine", "shape", "rows", "tensor_parallel_size", "nnodes", "estimate_options",
                         "rows_labeled", "run_wall_s"},
     "overhead": {"date", "machine", "rows", "shards", "rounds", "now", "now_rounds"},
+    "roofline": {"date", "machine", "hardware", "efficiency", "command", "jobs"},
     "server_client": {"date", "machine", "rows", "rounds", "chat", "token_ids"},
     "data_parallel": {"date", "machine", "model", "shape", "rows", "rounds", "gpus", "speedup", "single_s",
                       "parallel_s", "tokens"},
@@ -169,7 +170,7 @@ def test_the_docs_tables_are_rendered_from_the_result_files():
 
 def test_every_table_file_is_rendered_or_left_out_for_a_reason():
     results = doc_tables.load_results(RESULTS)
-    tabled = {"throughput", "estimate_accuracy", "estimate_accuracy_round", "estimate_gpu", "memory"}
+    tabled = {"throughput", "estimate_accuracy", "estimate_accuracy_round", "estimate_gpu", "memory", "roofline"}
     text = "".join(page.read_text() for page in doc_tables.PAGES)
     for name, d in results.items():
         if d.get("benchmark") in tabled:

@@ -35,7 +35,8 @@ from .locate import instance, load
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
 #: What the CLI shows of each node option the estimate priced.
-OPTION_KEYS = ("name", "nodes", "gpus_per_node", "engines", "wall_s", "cost_usd", "how")
+OPTION_KEYS = ("name", "nodes", "gpus_per_node", "engines", "hardware", "speed_basis", "wall_s", "wall_low_s",
+               "cost_usd", "cost_low_usd", "how", "why")
 
 
 def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", inst: Any = None) -> dict[str, Any]:
@@ -145,17 +146,19 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
     report: dict[str, Any] = json.loads((job.home.estimate_dir / "estimate.json").read_text())
     for line in report["advice"]:
         print(f"sparkbatch: {line}", file=sys.stderr)
-    keep = ("sample_rows", "total_rows", "model", "engine_start_s", "predicted_wall_s", "predicted_tokens_per_hour",
+    keep = ("sample_rows", "total_rows", "model", "measured_on", "measured_tokens_per_s", "engine_start_s",
+            "predicted_wall_s", "predicted_tokens_per_hour", "best_speed_basis",
             "accuracy", "accuracy_low", "accuracy_high", "stored_rows", "prompts_to_generate", "best_option",
             "best_cost_usd", "accuracy_bar", "chosen_model", "chosen_configured_as", "chosen_cost_usd", "chart", "json")
     model_keys = ("model", "configured_as", "weights_gb", "sample_rows", "extra_rows", "accuracy", "accuracy_low",
                   "accuracy_high", "stored_rows", "prompts_to_generate", "predicted_tokens_per_hour",
-                  "predicted_wall_s", "engine_start_s", "best_option", "best_cost_usd")
+                  "predicted_wall_s", "engine_start_s", "best_option", "best_cost_usd", "best_speed_basis",
+                  "engine_kwargs")
     return {**{k: report.get(k) for k in keep},
             "options": [{k: o.get(k) for k in OPTION_KEYS} for o in report["options"]],
             "models": [{k: m.get(k) for k in model_keys}
                        | {"cost_usd": {o["name"]: o["cost_usd"] for o in m["options"]}} for m in report["models"]],
-            "advice": report["advice"]}
+            "unrunnable_models": report.get("unrunnable_models", []), "advice": report["advice"]}
 
 
 def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list[str], result: Any) -> dict[str, Any]:
@@ -233,7 +236,10 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--range", help="only partitions FIRST:LAST, e.g. shard-00000:shard-00003")
         if name == "estimate":
             p.add_argument("--sample-rows", type=int, help="rows to time (default: the spec's, 80)")
-            p.add_argument("--models", help="candidate models to compare, comma-separated (e.g. gemma-3-270m)")
+            p.add_argument("--models", help="candidates to compare, comma-separated; engine settings after '@', "
+                           "joined by '+' (e.g. gemma-3-270m,/models/qwen-8b@quantization=fp8)")
+            p.add_argument("--hourly-rate", type=float, metavar="USD",
+                           help="this machine's price per hour: adds the option 'this machine' at the measured speed")
             p.add_argument("--accuracy-bar", type=float, help="least sample accuracy a model needs")
         if name == "preview":
             p.add_argument("-n", type=int, default=5, help="prompts to show (default 5)")
@@ -283,6 +289,7 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         return report
     if args.command == "estimate":
         overrides = {"sample_rows": args.sample_rows, "accuracy_bar": args.accuracy_bar,
+                     "hourly_rate_usd": args.hourly_rate,
                      "models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None}
         return estimate(job, defs, {k: v for k, v in overrides.items() if v is not None})
     only = None

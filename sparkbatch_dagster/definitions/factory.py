@@ -71,12 +71,22 @@ def _bars(rows: Sequence[tuple[str, float]], width: int = 30) -> str:
     return "\n".join(f"- `{name}` {'█' * max(1, round(width * v / top))} ${v:.4f}" for name, v in rows)
 
 
+def _price(option: dict[str, Any]) -> str:
+    """An option's cost in a table cell: a point when measured, a range when projected."""
+    if option["cost_usd"] is None:
+        return f"not priced ({option['speed_basis']})"
+    if option["speed_basis"] == "projected":
+        return f"{option['cost_low_usd']:.4f}-{option['cost_usd']:.4f} (projected)"
+    return f"{option['cost_usd']:.4f} (measured)"
+
+
 class EstimateConfig(Config):
     """Launchpad overrides of the job's ``estimate`` settings (unset: the spec's)."""
 
     sample_rows: Optional[int] = None  # noqa: UP045 - Dagster reads these annotations at runtime
-    models: Optional[list[str]] = None  # noqa: UP045
+    models: Optional[list[str]] = None  # noqa: UP045 - 'model' or 'model@quantization=fp8'
     accuracy_bar: Optional[float] = None  # noqa: UP045
+    hourly_rate_usd: Optional[float] = None  # noqa: UP045 - adds 'this machine' at the measured speed
 
 
 def _model_config(resource: VLLMResource | None) -> Any:
@@ -235,16 +245,19 @@ def build_batch_assets(
         table = [{"model": m["model"], "rows": m["sample_rows"], "accuracy": m["accuracy"],
                   "95% interval": f"{m['accuracy_low']}-{m['accuracy_high']}" if m["accuracy"] is not None else "",
                   "tokens/hour": m["predicted_tokens_per_hour"], "stored rows": m["stored_rows"],
-                  **{f"{o['name']} $": o["cost_usd"] for o in m["options"]}} for m in report["models"]]
+                  **{f"{o['name']} $": _price(o) for o in m["options"]}} for m in report["models"]]
         return MaterializeResult(metadata={
             **{k: report[k] for k in ("sample_rows", "total_rows", "predicted_wall_s", "predicted_tokens_per_hour",
                                       "engine_start_s", "model", "stored_rows", "prompts_to_generate")},
             **{f"cost_usd {o['name']}": o["cost_usd"] for o in report["options"] if o["cost_usd"] is not None},
+            **{f"speed_basis {o['name']}": o["speed_basis"] for o in report["options"]},
+            "measured_on": report["measured_on"], "measured_tokens_per_s": report["measured_tokens_per_s"],
             "chosen_model": str(report["chosen_model"]),
             **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
             "models": MetadataValue.md(_md_table(table, list(table[0]))),
             "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
-            "how_to_run": MetadataValue.md("\n".join(f"- '{o['name']}': {o['how']}" for o in report["options"])),
+            "how_to_run": MetadataValue.md("\n".join(f"- '{o['name']}' ({o['hardware']}, {o['speed_basis']}): "
+                                                     f"{o['how']}" for o in report["options"])),
             "cost_chart": MetadataValue.md(_bars([(f"{m['model']} {o['name']}", o["cost_usd"])
                                                   for m in report["models"] for o in m["options"]
                                                   if o["cost_usd"] is not None])),

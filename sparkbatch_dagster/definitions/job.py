@@ -11,9 +11,9 @@ from typing import Any
 
 from dagster import AssetKey, AssetsDefinition, DynamicPartitionsDefinition
 
-from ..errors import SparkbatchError
+from ..errors import ConfigError, SparkbatchError
 from ..home import JobHome, atomic_write_text
-from ..spec import EstimateSpec, JobSpec, fingerprint
+from ..spec import THIS_MACHINE, EstimateSpec, JobSpec, ModelCandidate, NodeOption, fingerprint
 from .resource import VLLMResource, on_cpu
 
 
@@ -60,25 +60,36 @@ class BatchJob:
         Dagster run's log is not silent for the minutes an estimate takes.
         """
         from .. import estimate as E
-        from ..engines.model import weights_gb
         from ..estimate import choice as C
+        from ..estimate.machine import cannot_run, sample_machine
         from ..run.result_store import ResultStore
 
         est = est or self.spec.estimate
         on_gpu = not on_cpu()
+        own = cannot_run(resource.engine_kwargs, on_cpu=not on_gpu)
+        if own:  # the job's own model must run: stop before any engine starts
+            raise ConfigError(f"VLLMResource(engine_kwargs={resource.engine_kwargs!r}) {own}")
+        machine = sample_machine(est.sample_hardware, on_cpu=not on_gpu,
+                                 remote=bool(resource.engine_settings().endpoints))
+        options = est.options + ([NodeOption(name="this machine", hourly_usd=est.hourly_rate_usd,
+                                             hardware=THIS_MACHINE)] if est.hourly_rate_usd is not None else [])
         engines = resource.engine_count()
         # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
         batch = resource.resolved_max_num_seqs() * engines
         if est.fill_batch and est.sample_rows < batch:
             est = est.model_copy(update={"sample_rows": batch})
         sample = E.draw_sample(self.spec, self.home, est)
-        log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,}; models: "
-            f"{[resource.model or 'default', *[m for m in est.models if m != resource.model]]}")
+        candidates = [c for c in est.candidates() if c.model != resource.model or c.engine_kwargs]
+        unrunnable = [{"model": c.label, "error": why} for c in candidates
+                      if (why := cannot_run(c.engine_kwargs, on_cpu=not on_gpu))]
+        runnable = [c for c in candidates if not cannot_run(c.engine_kwargs, on_cpu=not on_gpu)]
+        log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,} on {machine.description}; models: "
+            f"{[resource.model or 'default', *[c.label for c in runnable]]}")
         has_gold = self.spec.gold_column is not None
         models: list[dict[str, Any]] = []
         failed: list[dict[str, str]] = []
-        for candidate in [None, *[m for m in est.models if m != resource.model]]:
-            res = resource if candidate is None else resource.with_model(candidate)
+        for candidate in [None, *runnable]:
+            res = resource if candidate is None else _candidate_resource(resource, candidate)
             try:  # one engine at a time: a small box holds one model's KV cache, not several
                 name = res.model_name()
                 log(f"estimate: starting {name} and timing the sample on it")
@@ -86,18 +97,19 @@ class BatchJob:
             except SparkbatchError as exc:
                 if candidate is None:  # the job's own model must run; a candidate may fail alone
                     raise
-                failed.append({"model": candidate, "error": str(exc)})
+                failed.append({"model": candidate.label, "error": str(exc)})
                 continue
             finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
                 res.close() if candidate is None else res.shutdown()
             model_id = res.model_identity()
             store = ResultStore(self.spec.result_store_path, self.spec.answer_context(model_id))
             stored = E.count_stored(self.spec, self.home, sample, store)
-            models.append({**E.predict(sample, timing, est.options, weights_gb(name), stored, engines),
-                           "configured_as": res.model})
+            priced = _priced(E.predict, sample, timing, options, stored, engines, machine, res, name, candidate)
+            models.append({**priced, "identity": model_id})
             m = models[-1]
-            log(f"estimate: {timing.model}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
-                f"predicted {m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']}")
+            log(f"estimate: {m['model']}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
+                f"predicted {m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']} "
+                f"({m['best_speed_basis']})")
             atomic_write_text(self.home.prediction_path(self.version_for(model_id)), json.dumps({
                 "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
                 "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
@@ -114,11 +126,12 @@ class BatchJob:
             "chosen_model": chosen["model"] if chosen else None,
             "chosen_configured_as": chosen["configured_as"] if chosen else None,
             "chosen_cost_usd": chosen["best_cost_usd"] if chosen else None,
-            "models": models, "failed_models": failed,
+            "models": models, "failed_models": failed, "unrunnable_models": unrunnable,
             # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
             "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
                                on_gpu=on_gpu, has_gold=has_gold, models=models, total_rows=sample.total_rows)
-            + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed],
+            + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed]
+            + [f"Candidate {u['model']!r} is listed, not timed: {u['error']}." for u in unrunnable],
         }
         return E.write_report(report, self.home.estimate_dir)
 
@@ -185,3 +198,31 @@ class BatchJob:
         pred = json.loads(path.read_text())
         rows = pred["total_rows"] - pred.get("stored_rows", 0)
         return rows / pred["predicted_wall_s"] if pred.get("predicted_wall_s") else None
+
+
+def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VLLMResource:
+    """The job's resource with the candidate's model (and its engine settings merged in)."""
+    if not candidate.engine_kwargs:
+        return resource.with_model(candidate.model)
+    return resource.with_model(candidate.model, candidate.engine_kwargs)
+
+
+def _priced(predict: Callable[..., dict[str, Any]], sample: Any, timing: Any, options: list[NodeOption],
+            stored: Any, engines: int, machine: Any, res: VLLMResource, name: str,
+            candidate: ModelCandidate | None) -> dict[str, Any]:
+    """One model's prediction, sized by its precision (fp8 weights are 1 byte a parameter), named in
+    the report by its identity plus any engine settings of its own (fp8 and bf16 of one model
+    differ in the hash alone)."""
+    from ..engines.model import weights_gb
+    from ..engines.settings import GPU_DEFAULTS
+    from ..estimate.roofline import model_shape
+
+    cfg = res.resolved()
+    shape = model_shape(name, cfg.engine_kwargs, cfg.dtype)
+    size = shape.weights_gb if shape is not None else weights_gb(name)
+    # Projected hardware is a GPU box: the GPU default batch unless the resource sets one.
+    concurrency = cfg.max_num_seqs or int(GPU_DEFAULTS["max_num_seqs"])
+    m = predict(sample, timing, options, size, stored, engines, machine=machine, shape=shape, concurrency=concurrency)
+    settings = candidate.engine_kwargs if candidate is not None else {}
+    label = f"{timing.model} ({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})" if settings else None
+    return {**m, "model": label or timing.model, "configured_as": res.model, "engine_kwargs": settings}

@@ -204,10 +204,12 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         copied over the same folder change it at once (file digests are cached, so it is cheap)."""
         return self.engine_settings().model_identity()
 
-    def with_model(self, model: str) -> Self:
-        """The same settings with another model: a candidate in a model comparison."""
+    def with_model(self, model: str, engine_kwargs: dict[str, Any] | None = None) -> Self:
+        """The same settings with another model: a candidate in a model comparison;
+        ``engine_kwargs`` (a precision: ``{"quantization": "fp8"}``) merge over this resource's."""
         fields = {name: getattr(self, name) for name in type(self).model_fields}
-        return type(self)(**{**fields, "model": model})
+        merged = {**self.engine_kwargs, **(engine_kwargs or {})}
+        return type(self)(**{**fields, "model": model, "engine_kwargs": merged})
 
     def llm_kwargs(self) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments of the offline engine (``vllm serve`` flags in server mode)."""

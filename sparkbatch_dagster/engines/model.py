@@ -183,22 +183,18 @@ def _short_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def weights_gb(resolved: str) -> float | None:
-    """Size of a model's weights in GB: its weight files, else estimated from config.json
-    (a ``load_format="dummy"`` folder has none). None when neither is readable."""
-    path = Path(resolved)
-    if path.is_file():  # a single weights file (a GGUF)
-        return path.stat().st_size / 1e9
-    files = [f for pat in ("*.safetensors", "*.bin", "*.pt") for f in path.glob(pat)]
-    if files:
-        return sum(f.stat().st_size for f in files) / 1e9
+def model_config(resolved: str) -> dict[str, Any] | None:
+    """A model folder's ``config.json`` (its ``text_config`` for a multimodal one); None when unreadable."""
     try:
-        import json
-
-        cfg = json.loads((path / "config.json").read_text())
+        cfg = json.loads((Path(resolved) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    cfg = cfg.get("text_config", cfg)
+    return cfg.get("text_config", cfg) if isinstance(cfg, dict) else None
+
+
+def param_count(cfg: Mapping[str, Any]) -> int | None:
+    """Parameters of a dense decoder from its config (attention, MLP, embeddings); None when the
+    config lacks the sizes."""
     try:
         h, layers, inter, vocab = (int(cfg[k]) for k in ("hidden_size", "num_hidden_layers",
                                                           "intermediate_size", "vocab_size"))
@@ -208,5 +204,24 @@ def weights_gb(resolved: str) -> float | None:
     kv = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or h // heads)
     attn = 2 * h * heads * head_dim + 2 * h * kv * head_dim  # q, o, k, v projections
-    params = layers * (attn + 3 * h * inter) + vocab * h * (1 if cfg.get("tie_word_embeddings", True) else 2)
-    return params * 2 / 1e9  # bf16
+    return layers * (attn + 3 * h * inter) + vocab * h * (1 if cfg.get("tie_word_embeddings", True) else 2)
+
+
+def weight_file_bytes(resolved: str) -> int:
+    """Bytes of a model's weight files (0 for a ``load_format="dummy"`` folder); a single file
+    (a GGUF) is its own size."""
+    path = Path(resolved)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for pat in ("*.safetensors", "*.bin", "*.pt") for f in path.glob(pat))
+
+
+def weights_gb(resolved: str) -> float | None:
+    """Size of a model's weights in GB: its weight files, else estimated from config.json
+    (a ``load_format="dummy"`` folder has none). None when neither is readable."""
+    size = weight_file_bytes(resolved)
+    if size:
+        return size / 1e9
+    cfg = model_config(resolved)
+    params = param_count(cfg) if cfg is not None else None
+    return params * 2 / 1e9 if params is not None else None  # bf16

@@ -67,7 +67,9 @@ def clears(model: dict[str, Any], bar: float) -> bool:
 def choose(models: list[dict[str, Any]], bar: float, has_gold: bool = True) -> dict[str, Any] | None:
     """The best buy: the cheapest model (whole job, engine start included, on its cheapest node
     option) whose accuracy interval clears ``bar``; on equal cost the more accurate one. Without
-    a gold column, the cheapest model. None when no model qualifies (or none fits an option)."""
+    a gold column, the cheapest model. None when no model qualifies (or none has a priced option).
+    A projected price counts at its range's slow end (``cost_usd``): the hours a rented box may
+    take, so a choice never rests on the hope of the fast end; an unknown one not at all."""
     ok = [m for m in models if m.get("best_cost_usd") is not None and (not has_gold or clears(m, bar))]
     return min(ok, key=lambda m: (m["best_cost_usd"], -(m["accuracy"] or 0.0), m["weights_gb"] or math.inf),
                default=None)
@@ -75,6 +77,32 @@ def choose(models: list[dict[str, Any]], bar: float, has_gold: bool = True) -> d
 
 def _hm(seconds: float) -> str:
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m{int(seconds % 60):02d}s"
+
+
+def _when(o: dict[str, Any]) -> str:
+    """An option's duration and cost, saying where the speed comes from."""
+    if o["speed_basis"] == "projected":
+        return (f"projected for {o['hardware']} from its declared figures: {_hm(o['wall_low_s'])}-{_hm(o['wall_s'])}, "
+                f"${o['cost_low_usd']:.4f}-${o['cost_usd']:.4f}")
+    return f"measured on this kind of machine: {_hm(o['wall_s'])}, ${o['cost_usd']:.4f}"
+
+
+def _basis(m: dict[str, Any]) -> str:
+    return ", projected: the range's slow end" if m.get("best_speed_basis") == "projected" else ""
+
+
+def measured_line(m: dict[str, Any]) -> str:
+    """What was measured where, and which prices are not this machine's speed."""
+    text = (f"Measured on {m['measured_on']}: {m['measured_tokens_per_s']:,.0f} tokens/s of {m['model']} "
+            f"({m['sample_tokens']:,} tokens in {m['sample_s']} s).")
+    projected = [o["name"] for o in m["options"] if o["speed_basis"] == "projected"]
+    unknown = [o for o in m["options"] if o["speed_basis"] == "unknown"]
+    if projected:
+        text += (f" {', '.join(repr(n) for n in projected)}: other hardware, so projected from its declared "
+                 "figures (roofline model, a range; the slow end is priced), not this machine's speed at its rate.")
+    for o in unknown:
+        text += f" '{o['name']}' is not priced: {o['why']}."
+    return text
 
 
 def _interval(m: dict[str, Any]) -> str:
@@ -133,24 +161,28 @@ def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: Estimate
     bar = est.accuracy_bar
     out = []
     opts = primary["options"]
+    out.append(measured_line(primary))
     size = f"{primary['weights_gb']} GB of weights" if primary["weights_gb"] is not None else "weight size unknown"
     one = next((o for o in opts if o["fits"] and o["tensor_parallel_size"] == 1 and o["nodes"] == 1), None)
-    cheapest = min((o for o in opts if o["fits"]), key=lambda o: o["cost_usd"], default=None)
-    if one is not None:
-        out.append(f"{primary['model']} ({size}) fits one node: run it on "
-                   f"'{one['name']}' ({_hm(one['wall_s'])}, ${one['cost_usd']:.4f} engine start included): "
-                   f"{one['how']}.")
-        for o in opts:
-            if o is not one and o["fits"] and o["cost_usd"] > one["cost_usd"]:
+    priced = [o for o in opts if o["cost_usd"] is not None]
+    cheapest = min(priced, key=lambda o: o["cost_usd"], default=None)
+    if one is not None and one["cost_usd"] is None:
+        out.append(f"{primary['model']} ({size}) fits one node, but '{one['name']}' is not priced: {one['why']}.")
+    elif one is not None:
+        out.append(f"{primary['model']} ({size}) fits one node: run it on '{one['name']}' ({_when(one)}, engine "
+                   f"start included): {one['how']}.")
+        for o in priced:
+            if o is not one and o["cost_usd"] > one["cost_usd"] and o["tensor_parallel_size"] is not None:
                 more = (o["cost_usd"] / one["cost_usd"] - 1) * 100 if one["cost_usd"] else 0.0
                 more_of = "nodes" if o["nodes"] > 1 else "GPUs"
                 out.append(f"'{o['name']}' would finish in {_hm(o['wall_s'])} but cost ${o['cost_usd']:.4f} "
-                           f"(+{more:.0f}%): this job is throughput-bound, so more {more_of} raise the cost "
-                           "without raising tokens per dollar; rent them only to meet a deadline.")
+                           f"(+{more:.0f}%{', projected' if o['speed_basis'] == 'projected' else ''}): this job is "
+                           f"throughput-bound, so more {more_of} raise the cost without raising tokens per dollar; "
+                           "rent them only to meet a deadline.")
     else:
-        tp = max(o["tensor_parallel_size"] for o in opts)
-        where = (f"the cheapest option that holds it is '{cheapest['name']}' ({_hm(cheapest['wall_s'])}, "
-                 f"${cheapest['cost_usd']:.4f}): {cheapest['how']}" if cheapest else
+        tp = max(o["tensor_parallel_size"] or 1 for o in opts)
+        where = (f"the cheapest option that holds it is '{cheapest['name']}' ({_when(cheapest)}): {cheapest['how']}"
+                 if cheapest else
                  "no listed option holds it: add one with enough GPUs (NodeOption(nodes=..., gpus_per_node=...))")
         out.append(f"{primary['model']} ({size}) does not fit one GPU's memory: it needs {tp} GPUs "
                    f"(tensor_parallel_size={tp}); {where}. A smaller model avoids that.")
@@ -171,18 +203,20 @@ def advise(primary: dict[str, Any], chosen: dict[str, Any] | None, est: Estimate
         if has_gold and m.get("extra_rows") and m.get("sample_steps"):
             out.append(_widened(m, bar, est.max_sample_rows))
     switch = "" if chosen is None or chosen is primary else (
-        f"; the job runs {primary['model']} now: set VLLMResource(model={chosen.get('configured_as')!r}) to switch")
+        f"; the job runs {primary['model']} now: set VLLMResource(model={chosen.get('configured_as')!r}"
+        + (f", engine_kwargs={chosen['engine_kwargs']!r}" if chosen.get("engine_kwargs") else "") + ") to switch")
     if not has_gold:
         if chosen is not None:
             out.append(f"No gold_column: quality was not measured, so the model is chosen by cost alone: "
-                       f"{chosen['model']} (${chosen['best_cost_usd']:.4f} on '{chosen['best_option']}'){switch}. "
+                       f"{chosen['model']} (${chosen['best_cost_usd']:.4f} on '{chosen['best_option']}'"
+                       f"{_basis(chosen)}){switch}. "
                        "Add a gold column to compare accuracy.")
         else:
             out.append("No gold_column: quality was not measured, and no model fits a listed node option.")
     elif chosen is not None:
         out.append(f"Cheapest model whose accuracy clears {bar} with 95% confidence: {chosen['model']} "
                    f"({_interval(chosen)}; ${chosen['best_cost_usd']:.4f} for the whole job on "
-                   f"'{chosen['best_option']}', engine start included){switch}.")
+                   f"'{chosen['best_option']}', engine start included{_basis(chosen)}){switch}.")
     else:
         scored = [m for m in models if m.get("accuracy_low") is not None]
         closest = max(scored, key=lambda m: m["accuracy_low"], default=None)

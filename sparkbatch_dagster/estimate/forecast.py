@@ -1,6 +1,6 @@
 """From a timed sample to the whole job: predicted wall time, tokens per hour and cost on every
-node option (engine start included), and the report the ``estimate`` asset and ``sparkbatch
-estimate`` write (JSON + chart).
+node option (engine start included; each price says where its speed comes from, :mod:`.pricing`),
+and the report the ``estimate`` asset and ``sparkbatch estimate`` write (JSON + chart).
 """
 
 from __future__ import annotations
@@ -12,26 +12,34 @@ from typing import Any
 from ..home import atomic_write_text
 from ..spec import NodeOption
 from .choice import wilson
-from .placement import gpus_needed, place
+from .machine import Machine
+from .pricing import price_options
+from .roofline import ModelShape, Workload
 from .sample import Sample, Stored, Timing
 
 
 def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_gb: float | None,
-            stored: Stored | None = None, engines: int = 1) -> dict[str, Any]:
+            stored: Stored | None = None, engines: int = 1, *, machine: Machine | None = None,
+            shape: ModelShape | None = None, concurrency: int = 1024) -> dict[str, Any]:
     """Extrapolate one model's timed sample to the prompts the job still has to generate, and
-    price the whole job (engine start included) on every node option.
+    price the whole job (engine start included) on every node option, each with its
+    ``speed_basis`` (:mod:`.pricing`): measured on ``machine``'s kind (default: unknown), else
+    projected from the option's hardware figures, ``shape`` and the sample's token counts with
+    ``concurrency`` (``max_num_seqs``) sequences at once, else unknown.
 
     ``stored`` (default: nothing stored) says which prompts the result store already answers:
     they are not predicted, and a job with nothing left to generate starts no engine.
     ``engines``: how many engines timed the sample together (a data-parallel resource, several
     servers): ``predicted_wall_s`` is this setup's, each option's is that of its own engines.
     """
+    machine = machine or Machine("unknown", "an unknown machine")
     stored = stored or Stored(0, 0, sample.distinct_prompts)
     tokens = timing.prompt_tokens + timing.output_tokens
     tps = tokens / timing.seconds if timing.seconds > 0 else 0.0
     # Per distinct prompt generated (error rows with 0 tokens stay in the mean); duplicates in
     # a shard are generated once, stored prompts not at all.
-    per_request = tokens / max(timing.requests or timing.rows, 1)
+    requests = max(timing.requests or timing.rows, 1)
+    per_request = tokens / requests
     predicted_tokens = per_request * stored.to_generate
     wall = predicted_tokens / tps if tps else 0.0
     start = timing.engine_start_s if stored.to_generate else 0.0
@@ -39,21 +47,11 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
     if timing.correct is not None and timing.rows:
         accuracy = timing.correct / timing.rows
         low, high = wilson(timing.correct, timing.rows)
-    priced: list[dict[str, Any]] = []
-    for opt in options:
-        tp = gpus_needed(weights_gb, opt.memory_gb)
-        layout = place(tp, opt)
-        # Every engine the option holds labels its own share of the prompts, as fast as one of ours.
-        opt_wall = wall * engines / layout.engines if layout else None
-        priced.append({
-            "name": opt.name, "nodes": opt.nodes, "gpus_per_node": opt.gpus_per_node, "hourly_usd": opt.hourly_usd,
-            "tensor_parallel_size": tp, "fits": layout is not None,
-            "engines": layout.engines if layout else 0, "settings": layout.settings if layout else None,
-            "how": layout.how if layout else f"cannot hold the model: it needs {tp} GPUs of {opt.memory_gb:g} GB",
-            "wall_s": round(opt_wall, 1) if opt_wall is not None else None,
-            "cost_usd": round(opt.hourly_usd * (opt_wall + start) / 3600, 6) if opt_wall is not None else None,
-        })
-    best = min((o for o in priced if o["fits"]), key=lambda o: o["cost_usd"], default=None)
+    scale = stored.to_generate / requests
+    work = Workload(stored.to_generate, timing.prompt_tokens * scale, timing.output_tokens * scale, concurrency)
+    priced = price_options(options, wall=wall, engines=engines, start=start, weights_gb=weights_gb,
+                           machine=machine, work=work, shape=shape)
+    best = min((o for o in priced if o["cost_usd"] is not None), key=lambda o: o["cost_usd"], default=None)
     first_rows = timing.steps[0][0] if timing.steps else timing.rows
     return {
         "model": timing.model, "weights_gb": round(weights_gb, 3) if weights_gb is not None else None,
@@ -68,6 +66,8 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
         "prompts_to_generate": stored.to_generate,
         "predicted_tokens": round(predicted_tokens), "predicted_wall_s": round(wall, 1),
         "predicted_tokens_per_hour": round(tps * 3600), "sample_engines": engines, "options": priced,
+        "measured_on": machine.description, "measured_kind": machine.kind, "measured_tokens_per_s": round(tps, 1),
+        "best_speed_basis": best["speed_basis"] if best else None,
         "best_option": best["name"] if best else None, "best_cost_usd": best["cost_usd"] if best else None,
     }
 

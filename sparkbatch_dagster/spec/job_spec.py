@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
@@ -87,9 +88,12 @@ class SamplingSpec(BaseModel):
 class NodeOption(BaseModel):
     """One way to rent the box. ``hourly_usd`` is the price of all ``nodes`` together; the
     estimate prices a model only on options whose GPUs hold it, and says how to run each
-    (``sparkbatch_dagster.placement``). Example, a 2-GPU H200 host::
+    (``sparkbatch_dagster.placement``). ``hardware`` says what the speed is: an option on the kind
+    of machine the sample ran on is priced as measured; on other declared hardware (a preset or
+    :class:`HardwareSpec` figures) as a roofline projection, a range; with neither, not at all.
+    Example, a 2-GPU H200 host::
 
-        NodeOption(name="2x H200", hourly_usd=7.0, gpus_per_node=2, memory_gb=141)
+        NodeOption(name="2x H200", hourly_usd=7.0, gpus_per_node=2, hardware="h200")
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -98,8 +102,31 @@ class NodeOption(BaseModel):
     hourly_usd: float = Field(ge=0.0)
     nodes: int = Field(default=1, ge=1, le=64)
     gpus_per_node: int = Field(default=1, ge=1, le=16, description="GPUs in each node (a DGX Spark: 1).")
-    memory_gb: float = Field(default=128.0, gt=0.0, description="Memory per GPU (a DGX Spark: its 128 GB, "
-                             "unified; an H200: 141).")
+    memory_gb: float | None = Field(default=None, gt=0.0, description="Memory per GPU; None = the hardware's "
+                                    "(a DGX Spark: its 128 GB, unified; an H200: 141), else 128.")
+    hardware: str | HardwareSpec | None = Field(
+        default=None, description=f"A preset ({', '.join(PRESETS)}), figures (HardwareSpec), or "
+        f"{THIS_MACHINE!r} (the machine the sample ran on, at its measured speed); None = unknown: not priced.",
+    )
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_preset(cls, value: str | HardwareSpec | None) -> str | HardwareSpec | None:
+        if isinstance(value, str) and value not in PRESETS and value != THIS_MACHINE:
+            raise ValueError(f"unknown hardware preset {value!r}: choose from {[*PRESETS, THIS_MACHINE]} or "
+                             "give HardwareSpec(memory_bandwidth_gbs=..., bf16_tflops=..., memory_gb=...)")
+        return value
+
+    @property
+    def figures(self) -> HardwareSpec | None:
+        """The declared hardware's figures (None for no hardware and for ``this-machine``)."""
+        return PRESETS.get(self.hardware) if isinstance(self.hardware, str) else self.hardware
+
+    @property
+    def gpu_memory_gb(self) -> float:
+        """Memory per GPU for placement: ``memory_gb``, else the hardware's, else 128."""
+        figures = self.figures
+        return self.memory_gb or (figures.memory_gb if figures else 128.0)
 
 
 class EstimateSpec(_Checked):
@@ -131,10 +158,21 @@ class EstimateSpec(_Checked):
     warmup_rows: int = Field(default=8, ge=0, le=10_000, description="Untimed rows run first (other rows).")
     seed: int = 0
     options: list[NodeOption] = Field(min_length=1, default_factory=lambda: [
-        NodeOption(name="1 node", hourly_usd=0.79, nodes=1),
-        NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2),
+        NodeOption(name="1 node", hourly_usd=0.79, nodes=1, hardware="dgx-spark"),
+        NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2, hardware="dgx-spark"),
     ])
-    models: list[str] = Field(default_factory=list, description="Candidates compared with the configured model.")
+    models: list[str | ModelCandidate] = Field(
+        default_factory=list, description="Candidates compared with the configured model: a model, or a model "
+        "with engine settings ('/models/qwen-8b@quantization=fp8', or ModelCandidate).",
+    )
+    hourly_rate_usd: float | None = Field(
+        default=None, ge=0.0, description="Price per hour of the machine the sample runs on: adds the option "
+        "'this machine', priced at the measured speed.",
+    )
+    sample_hardware: str | None = Field(
+        default=None, description="What kind of machine the sample runs on (a hardware preset, or 'cpu'); "
+        "None = detected from this machine's GPU. Set it when the engine is a server elsewhere.",
+    )
     accuracy_bar: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Least accuracy a model needs: the LOWER bound of its 95% "
         "(Wilson) interval on the sample must reach it.",
@@ -144,6 +182,25 @@ class EstimateSpec(_Checked):
         "its sample is doubled (new rows, same engine) up to this many rows; no growth when sample_rows is "
         "already at or above it.",
     )
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _parse_candidates(cls, value: Any) -> Any:
+        # 'model@key=value' strings (CLI, launchpad, YAML) become candidates with engine settings.
+        if not isinstance(value, list):
+            return value
+        return [ModelCandidate.parse(v) if isinstance(v, str) and "@" in v else v for v in value]
+
+    @field_validator("sample_hardware")
+    @classmethod
+    def _known_kind(cls, value: str | None) -> str | None:
+        if value is not None and value not in {*PRESETS, "cpu", "gpu"}:
+            raise ValueError(f"unknown sample_hardware {value!r}: choose from {[*PRESETS, 'cpu', 'gpu']}")
+        return value
+
+    def candidates(self) -> list[ModelCandidate]:
+        """``models`` as candidates (a plain model name is one without engine settings)."""
+        return [m if isinstance(m, ModelCandidate) else ModelCandidate(model=m) for m in self.models]
 
 
 class JobSpec(_Checked):
