@@ -60,28 +60,17 @@ class BatchJob:
         Dagster run's log is not silent for the minutes an estimate takes.
         """
         from .. import estimate as E
-        from ..engines.model import weights_gb
-        from ..estimate import choice as C
-        from ..run.result_store import ResultStore
 
-        est = est or self.spec.estimate
-        on_gpu = not on_cpu()
-        engines = resource.engine_count()
-        # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
-        batch = resource.resolved_max_num_seqs() * engines
-        if est.fill_batch and est.sample_rows < batch:
-            est = est.model_copy(update={"sample_rows": batch})
+        est, batch = self._fill_batch(resource, est or self.spec.estimate)
         sample = E.draw_sample(self.spec, self.home, est)
         log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,}; models: "
             f"{[resource.model or 'default', *[m for m in est.models if m != resource.model]]}")
-        has_gold = self.spec.gold_column is not None
         models: list[dict[str, Any]] = []
         failed: list[dict[str, str]] = []
         for candidate in [None, *[m for m in est.models if m != resource.model]]:
             res = resource if candidate is None else resource.with_model(candidate)
             try:  # one engine at a time: a small box holds one model's KV cache, not several
-                name = res.model_name()
-                log(f"estimate: starting {name} and timing the sample on it")
+                log(f"estimate: starting {res.model_name()} and timing the sample on it")
                 timing = E.sample_model(self.spec, self.home, est, sample, res.get_engine())
             except SparkbatchError as exc:
                 if candidate is None:  # the job's own model must run; a candidate may fail alone
@@ -90,21 +79,65 @@ class BatchJob:
                 continue
             finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
                 res.close() if candidate is None else res.shutdown()
-            model_id = res.model_identity()
-            store = ResultStore(self.spec.result_store_path, self.spec.answer_context(model_id))
-            stored = E.count_stored(self.spec, self.home, sample, store)
-            models.append({**E.predict(sample, timing, est.options, weights_gb(name), stored, engines),
-                           "configured_as": res.model})
-            m = models[-1]
-            log(f"estimate: {timing.model}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
-                f"predicted {m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']}")
-            atomic_write_text(self.home.prediction_path(self.version_for(model_id)), json.dumps({
-                "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
-                "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
-                "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
-                "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
-                "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }))
+            models.append(self._forecast(res, est, sample, timing, res.model_identity(), log))
+        return self._report(sample, est, models, failed, batch)
+
+    def estimate_in_run(self, resource: VLLMResource, engine: Any, model_id: str,
+                        log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+        """:meth:`estimate` for the configured model alone (no candidates), timed on ``engine``, the
+        run's own (a ``LazyEngine``: it starts here and stays for the run, one start for both);
+        writes the same report and prediction file, so ``run_metrics`` compares predicted and actual.
+
+        Example::
+
+            report = job.estimate_in_run(resource, engine, engine.model_id)   # then label on the same engine
+            report["predicted_wall_s"], report["engine_start_s"]
+        """
+        from .. import estimate as E
+
+        est, batch = self._fill_batch(resource, self.spec.estimate.model_copy(update={"models": []}))
+        sample = E.draw_sample(self.spec, self.home, est)
+        log(f"estimate: timing {len(sample.rows)} sample rows of {sample.total_rows:,} on this run's engine")
+        timing = E.sample_model(self.spec, self.home, est, sample, engine)
+        return self._report(sample, est, [self._forecast(resource, est, sample, timing, model_id, log)], [], batch)
+
+    def _fill_batch(self, resource: VLLMResource, est: EstimateSpec) -> tuple[EstimateSpec, int]:
+        """``est`` with at least one full batch on every engine (``fill_batch``), and that batch."""
+        # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
+        batch = resource.resolved_max_num_seqs() * resource.engine_count()
+        if est.fill_batch and est.sample_rows < batch:
+            est = est.model_copy(update={"sample_rows": batch})
+        return est, batch
+
+    def _forecast(self, res: VLLMResource, est: EstimateSpec, sample: Any, timing: Any, model_id: str,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """One model's prediction for the whole job; also written as its version's prediction file."""
+        from .. import estimate as E
+        from ..engines.model import weights_gb
+        from ..run.result_store import ResultStore
+
+        store = ResultStore(self.spec.result_store_path, self.spec.answer_context(model_id))
+        stored = E.count_stored(self.spec, self.home, sample, store)
+        m = {**E.predict(sample, timing, est.options, weights_gb(res.model_name()), stored, res.engine_count()),
+             "configured_as": res.model}
+        log(f"estimate: {timing.model}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
+            f"predicted {m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']}")
+        atomic_write_text(self.home.prediction_path(self.version_for(model_id)), json.dumps({
+            "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
+            "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
+            "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
+            "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
+            "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }))
+        return m
+
+    def _report(self, sample: Any, est: EstimateSpec, models: list[dict[str, Any]], failed: list[dict[str, str]],
+                batch: int) -> dict[str, Any]:
+        """The estimate's report (the configured model first), written as JSON + chart."""
+        from .. import estimate as E
+        from ..estimate import choice as C
+
+        has_gold = self.spec.gold_column is not None
         chosen = C.choose(models, est.accuracy_bar, has_gold)
         primary = models[0]
         report = {
@@ -117,7 +150,7 @@ class BatchJob:
             "models": models, "failed_models": failed,
             # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
             "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
-                               on_gpu=on_gpu, has_gold=has_gold, models=models, total_rows=sample.total_rows)
+                               on_gpu=not on_cpu(), has_gold=has_gold, models=models, total_rows=sample.total_rows)
             + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed],
         }
         return E.write_report(report, self.home.estimate_dir)
