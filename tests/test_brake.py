@@ -36,7 +36,8 @@ defs = Definitions(assets=job.assets, resources={{"vllm": {resource}}})
 """
 
 
-def _defs(tmp_path: Path, rows: int = 90, rate: float = 0.79, resource: str = "FakeVLLMResource(delay_s=0.002)") -> Path:
+def _defs(tmp_path: Path, rows: int = 90, rate: float = 0.79,
+          resource: str = "FakeVLLMResource(delay_s=0.002)") -> Path:
     src = write_parquet(tmp_path / "in" / "rows.parquet", make_rows(rows))
     defs = tmp_path / "defs.py"
     defs.write_text(DEFS.format(src=str(src), home=str(tmp_path / "home"), rate=rate, resource=resource))

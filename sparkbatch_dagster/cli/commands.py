@@ -28,10 +28,11 @@ from typing import Any
 from ..definitions.deploy import pool_limit
 from ..definitions.factory import BatchJob
 from ..definitions.resource import VLLMResource
-from ..errors import BudgetStop, ConfigError, SparkbatchError
+from ..errors import SparkbatchError
 from ..home import check_key
 from ..run.progress import Bar, listening
 from . import console
+from .budget import continue_with, label_config
 from .locate import instance, load
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -313,31 +314,6 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
     return run(job, defs, only, label_config(args))
 
 
-def label_config(args: argparse.Namespace) -> dict[str, Any]:
-    """``labeled_outputs``' config from ``sparkbatch run``'s flags, checked before anything runs (a
-    duration deadline becomes the time it ends, counted from now)."""
-    from ..run.brake import parse_deadline
-
-    config: dict[str, Any] = {"estimate": True} if args.estimate else {}
-    if args.max_cost is not None:
-        if args.max_cost < 0:
-            raise ConfigError(f"--max-cost {args.max_cost:g} is negative: give the most the job may cost, in USD")
-        config["max_cost_usd"] = args.max_cost
-    if args.deadline:
-        config["deadline"] = parse_deadline(args.deadline).isoformat()
-    return config
-
-
-def _continue_with(exc: BaseException, args: argparse.Namespace) -> BaseException:
-    """A brake's stop names ``sparkbatch run``; say it with this command's file, job and range."""
-    stop = exc if isinstance(exc, BudgetStop) else getattr(exc, "user_exception", None)
-    if not isinstance(stop, BudgetStop) or args.command != "run":
-        return exc
-    same = f"sparkbatch run -f {args.file}" + (f" --job {args.job}" if args.job else "") + \
-        (f" --range {args.range}" if args.range else "")
-    return BudgetStop(str(stop).replace("`sparkbatch run", f"`{same}"), stop.raise_to_usd)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console.configure(args.debug)
@@ -346,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             emit(_command(args))
         return 0
     except Exception as exc:
-        line = console.error_line(_continue_with(exc, args))
+        line = console.error_line(continue_with(exc, args))
         if line is None or console.debugging():
             raise
         print(line, file=sys.stderr)
