@@ -114,9 +114,12 @@ def test_bad_brake_settings_stop_before_anything_runs(tmp_path):
 # --- the brake inside a labeled_outputs run (Dagster, in process) --------------------------------
 
 
-def _label(job, res, config: dict) -> None:
+def _label(job, res, config: dict | None = None) -> None:
+    """Shard, then (``config`` not None) labeled_outputs over every partition with that config."""
     inst = DagsterInstance.get()
     materialize(job.assets, selection=[job.keys["input_shards"]], resources={"vllm": res}, instance=inst)
+    if config is None:
+        return
     keys = inst.get_dynamic_partitions(job.partitions_def.name)
     op = "__".join(job.keys["labeled_outputs"].path)
     materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources={"vllm": res}, instance=inst,
@@ -164,8 +167,9 @@ def test_max_cost_stops_mid_run_every_finished_row_saved_and_a_rerun_completes_e
 def test_deadline_stops_in_time_with_no_engine_process_left(tmp_path):
     spec = make_spec(tmp_path)
     job = build_batch_assets(spec=spec)
-    res = FakeVLLMResource(delay_s=0.1, data_parallel_size=2)  # two worker processes, 6 s for the job
-    deadline = (datetime.now(timezone.utc) + timedelta(seconds=4)).isoformat()
+    res = FakeVLLMResource(delay_s=0.15, data_parallel_size=2)  # two worker processes, 9 s for the job
+    _label(job, res)  # sharded first: the deadline counts from the labeling run's start
+    deadline = (datetime.now(timezone.utc) + timedelta(seconds=5)).isoformat()
     stop = _stop(job, res, {"deadline": deadline, "deadline_margin_s": 0.5})
     assert "before the deadline" in str(stop) and "later --deadline" in str(stop)
     assert not live_children("spawn_main")  # the engine's workers went with the run
