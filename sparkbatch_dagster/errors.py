@@ -26,3 +26,13 @@ class IncompleteShardError(SparkbatchError):
 class PendingRowsError(EngineError):
     """Some rows got only transient failures (5xx, timeouts): nothing was committed for them,
     and the next run retries exactly those rows."""
+
+
+class BudgetStop(SparkbatchError):
+    """A run stopped on purpose by its brake (``max_cost_usd`` or ``deadline``), every finished row
+    saved. The message is one line: what was done, what is left, what it would cost, how to
+    continue; ``raise_to_usd`` is the max cost that would let the job finish (None for a deadline)."""
+
+    def __init__(self, message: str, raise_to_usd: float | None = None) -> None:
+        super().__init__(message)
+        self.raise_to_usd = raise_to_usd

@@ -3,6 +3,8 @@
     sparkbatch estimate -f definitions.py  time a sample: duration, cost per node option, model choice
     sparkbatch run -f definitions.py       shard if needed, label missing partitions, analytics
     sparkbatch run --range A:B             only partitions A..B (one process per GPU)
+    sparkbatch run --estimate --max-cost 2.5 --deadline 2h   time a sample on the run's engine, then label
+                                           under a brake (docs/estimate.md)
     sparkbatch status -f definitions.py    which partitions are done, and what to run next
     sparkbatch preview -f definitions.py   rendered prompts, token counts, what a run would generate
     sparkbatch sql -f definitions.py "FROM label_distribution"   query the results with DuckDB
@@ -30,6 +32,7 @@ from ..errors import SparkbatchError
 from ..home import check_key
 from ..run.progress import Bar, listening
 from . import console
+from .budget import continue_with, label_config
 from .locate import instance, load
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -74,10 +77,13 @@ def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
     return inst, assets
 
 
-def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[str, Any]:
+def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
+        label: dict[str, Any] | None = None) -> dict[str, Any]:
     """Shard (if needed), label the missing partitions in one run, refresh metrics and analytics.
 
     ``only=(first, last)`` restricts the run to that range of partition keys (one GPU each).
+    ``label``: ``labeled_outputs``' launchpad config (``LabelConfig``: ``estimate``, ``max_cost_usd``,
+    ``deadline``); a stop by the brake raises :class:`BudgetStop` out of the run.
     The summary's ``timings_s`` says where the time went: ``startup`` (Python, imports, loading
     the definitions: process start to this call), ``shard``, ``label`` (engine start included),
     ``metrics``, ``analytics``.
@@ -92,15 +98,19 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
     missing = status(job, resource, inst=inst)["missing"]
     if only:
         missing = [k for k in missing if only[0] <= k <= only[1]]
+    run_ids: list[str] = []
     if missing:
         # One run over the range from the first to the last gap: one engine start. Partitions
         # in between that are already done are skipped inside the asset, not recomputed.
         print(f"sparkbatch: labeling {len(missing)} partition(s) of {job.spec.name}", file=sys.stderr)
         bar = Bar()
         with listening(bar):
+            config = {"ops": {"__".join(job.keys["labeled_outputs"].path): {"config": label or {}}}}
             try:
-                materialize(assets, selection=[job.keys["labeled_outputs"]], resources=resources, instance=inst,
-                            run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+                labeled = materialize(assets, selection=[job.keys["labeled_outputs"]], resources=resources,
+                                      instance=inst, run_config=console.run_config(config),
+                                      tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
+                run_ids.append(labeled.run_id)
             finally:
                 bar.close()
         clock.lap("label")
@@ -112,7 +122,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None) -> dict[s
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
                          run_config=console.run_config())
     clock.lap("analytics")
-    return {**summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result),
+    return {**summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result, run_ids),
             "timings_s": clock.laps}
 
 
@@ -161,7 +171,8 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
             "unrunnable_models": report.get("unrunnable_models", []), "advice": report["advice"]}
 
 
-def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list[str], result: Any) -> dict[str, Any]:
+def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list[str], result: Any,
+            run_ids: list[str] | None = None) -> dict[str, Any]:
     """The run's last stdout line: totals of the whole version, plus what this run did
     (``partitions_run``; ``generated``: prompts sent to the engine; ``reused``: rows answered
     from the result store).
@@ -172,7 +183,8 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
     ``predicted_wall_s``; ``prediction_error_pct`` compares the two over the prompts generated.
     ``attempts`` counts the version's run attempts, ``attempts_cost_usd`` is what they cost (the
     box's time, failed and killed attempts included) and ``wasted_usd`` the part of it that
-    bought no committed shard."""
+    bought no committed shard. ``engine_starts``: the engines this command's runs (``run_ids``)
+    started cold, as their attempt records say (a warm ``keep_warm`` engine reused is 0)."""
     from ..run import attempts, metrics
 
     version = job.output_version(resource)
@@ -180,7 +192,9 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
     stats = list(committed.values())
     this_run = [committed[k] for k in ran if k in committed]
     check = metrics.prediction_check(job.home, version, stats)
-    bill = attempts.bill(metrics.sync_attempts(job.home, version))
+    records = metrics.sync_attempts(job.home, version)
+    bill = attempts.bill(records)
+    starts = sum(r.get("engine_starts") or 0 for r in records if r.get("run_id") in set(run_ids or []))
     tokens = sum(s["input_tokens"] + s["output_tokens"] for s in stats)
     wall = sum(s["wall_s"] for s in stats)
     facts = metrics.analytics(job.spec, job.home, version)
@@ -195,7 +209,7 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
         "generated": sum(s.get("generated_requests", 0) for s in this_run),
         "reused": sum(s.get("reused_rows", 0) for s in this_run),
         **{k: v for k, v in check.items() if k in ("predicted_wall_s", "prediction_error_pct")},
-        **bill,
+        **bill, "engine_starts": starts,
         "version": version, "home": str(job.home.root), "success": bool(result.success),
     }
 
@@ -234,6 +248,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--job", help="job name, when the file defines several")
         if name == "run":
             p.add_argument("--range", help="only partitions FIRST:LAST, e.g. shard-00000:shard-00003")
+            p.add_argument("--estimate", action="store_true",
+                           help="time a sample on the run's engine first, print the prediction, then label (one start)")
+            p.add_argument("--max-cost", type=float, metavar="USD",
+                           help="refuse, or stop cleanly, when the predicted bill exceeds it (JobSpec.max_cost_usd)")
+            p.add_argument("--deadline", help="when the rental ends: 2026-12-01T18:00:00+00:00, or 2h30m from now; "
+                                              "stops cleanly in time to commit (JobSpec.deadline)")
         if name == "estimate":
             p.add_argument("--sample-rows", type=int, help="rows to time (default: the spec's, 80)")
             p.add_argument("--models", help="candidates to compare, comma-separated; engine settings after '@', "
@@ -298,7 +318,7 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         if not sep:
             raise SparkbatchError(f"--range {args.range!r} must look like shard-00000:shard-00003")
         only = (check_key(first), check_key(last))
-    return run(job, defs, only)
+    return run(job, defs, only, label_config(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,9 +329,9 @@ def main(argv: list[str] | None = None) -> int:
             emit(_command(args))
         return 0
     except Exception as exc:
-        line = console.error_line(exc)
+        line = console.error_line(continue_with(exc, args))
         if line is None or console.debugging():
             raise
         print(line, file=sys.stderr)
-        return 2 if isinstance(exc, SparkbatchError) else 1
+        return console.exit_code(exc)
 

@@ -81,5 +81,16 @@ def error_line(exc: BaseException) -> str | None:
     return None
 
 
+def exit_code(exc: BaseException) -> int:
+    """3: a brake stopped the run on purpose (run again to continue); 2: an error of ours, inside a
+    Dagster step too (a setting or input to fix); 1: anything else."""
+    from ..errors import BudgetStop, SparkbatchError
+
+    cause = exc if isinstance(exc, SparkbatchError) else getattr(exc, "user_exception", None)
+    if isinstance(cause, BudgetStop):
+        return 3
+    return 2 if isinstance(exc, SparkbatchError) else 1
+
+
 def debugging() -> bool:
     return _debug

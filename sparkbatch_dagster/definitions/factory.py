@@ -40,7 +40,7 @@ from ..run import attempts, metrics
 from ..spec import EstimateSpec, JobSpec, fingerprint
 from . import events
 from .job import BatchJob
-from .labeling import label_partitions
+from .labeling import LabelConfig, label_partitions
 from .resource import VLLMResource
 
 # One run per backfill is the point of this plugin (one engine start); Dagster marks these
@@ -48,7 +48,7 @@ from .resource import VLLMResource
 warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta")
 warnings.filterwarnings("ignore", message=r".*partitions_def.*AssetCheckSpec")
 
-__all__ = ["BatchJob", "build_batch_assets"]
+__all__ = ["BatchJob", "LabelConfig", "build_batch_assets"]
 
 #: Every job built in this process, by its ``labeled_outputs`` key: how the CLI finds the jobs of
 #: a Definitions, those declared in YAML (``BatchInferenceComponent``) included.
@@ -181,8 +181,9 @@ def build_batch_assets(
                          description="One shard labeled by the model; every input row exactly once (a label or "
                                      "an error). Each partition materializes as its shard commits.")],
     )
-    def labeled_outputs(context: AssetExecutionContext) -> Iterator[Any]:
-        yield from label_partitions(context, job, getattr(context.resources, resource_key), code_version, pool)
+    def labeled_outputs(context: AssetExecutionContext, config: LabelConfig) -> Iterator[Any]:
+        yield from label_partitions(context, job, getattr(context.resources, resource_key), code_version, pool,
+                                    config)
 
     follow = AutomationCondition.eager().ignore(AssetSelection.assets(job.keys["estimate"]))
 

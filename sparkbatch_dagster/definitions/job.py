@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from dagster import AssetKey, AssetsDefinition, DynamicPartitionsDefinition
 
-from ..errors import ConfigError, SparkbatchError
-from ..home import JobHome, atomic_write_text
-from ..spec import THIS_MACHINE, EstimateSpec, JobSpec, ModelCandidate, NodeOption, fingerprint
-from .resource import VLLMResource, on_cpu
+from ..errors import SparkbatchError
+from ..home import JobHome
+from ..spec import EstimateSpec, JobSpec, fingerprint
+from .resource import VLLMResource
 
 
 @dataclass
@@ -59,81 +58,24 @@ class BatchJob:
         ``log`` hears each step (sample drawn, each model's engine start and sample), so a
         Dagster run's log is not silent for the minutes an estimate takes.
         """
-        from .. import estimate as E
-        from ..estimate import choice as C
-        from ..estimate.machine import cannot_run, sample_machine
-        from ..run.result_store import ResultStore
+        from .estimating import estimate
 
-        est = est or self.spec.estimate
-        on_gpu = not on_cpu()
-        own = cannot_run(resource.engine_kwargs, on_cpu=not on_gpu)
-        if own:  # the job's own model must run: stop before any engine starts
-            raise ConfigError(f"VLLMResource(engine_kwargs={resource.engine_kwargs!r}) {own}")
-        machine = sample_machine(est.sample_hardware, on_cpu=not on_gpu,
-                                 remote=bool(resource.engine_settings().endpoints))
-        options = est.options + ([NodeOption(name="this machine", hourly_usd=est.hourly_rate_usd,
-                                             hardware=THIS_MACHINE)] if est.hourly_rate_usd is not None else [])
-        engines = resource.engine_count()
-        # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
-        batch = resource.resolved_max_num_seqs() * engines
-        if est.fill_batch and est.sample_rows < batch:
-            est = est.model_copy(update={"sample_rows": batch})
-        sample = E.draw_sample(self.spec, self.home, est)
-        candidates = [c for c in est.candidates() if c.model != resource.model or c.engine_kwargs]
-        unrunnable = [{"model": c.label, "error": why} for c in candidates
-                      if (why := cannot_run(c.engine_kwargs, on_cpu=not on_gpu))]
-        runnable = [c for c in candidates if not cannot_run(c.engine_kwargs, on_cpu=not on_gpu)]
-        log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,} on {machine.description}; models: "
-            f"{[resource.model or 'default', *[c.label for c in runnable]]}")
-        has_gold = self.spec.gold_column is not None
-        models: list[dict[str, Any]] = []
-        failed: list[dict[str, str]] = []
-        for candidate in [None, *runnable]:
-            res = resource if candidate is None else _candidate_resource(resource, candidate)
-            try:  # one engine at a time: a small box holds one model's KV cache, not several
-                name = res.model_name()
-                log(f"estimate: starting {name} and timing the sample on it")
-                timing = E.sample_model(self.spec, self.home, est, sample, res.get_engine())
-            except SparkbatchError as exc:
-                if candidate is None:  # the job's own model must run; a candidate may fail alone
-                    raise
-                failed.append({"model": candidate.label, "error": str(exc)})
-                continue
-            finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
-                res.close() if candidate is None else res.shutdown()
-            model_id = res.model_identity()
-            store = ResultStore(self.spec.result_store_path, self.spec.answer_context(model_id))
-            stored = E.count_stored(self.spec, self.home, sample, store)
-            priced = _priced(E.predict, sample, timing, options, stored, engines, machine, res, name, candidate)
-            models.append({**priced, "identity": model_id})
-            m = models[-1]
-            log(f"estimate: {m['model']}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, "
-                f"predicted {m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']} "
-                f"({m['best_speed_basis']})")
-            atomic_write_text(self.home.prediction_path(self.version_for(model_id)), json.dumps({
-                "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
-                "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
-                "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
-                "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
-                "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }))
-        chosen = C.choose(models, est.accuracy_bar, has_gold)
-        primary = models[0]
-        report = {
-            "job": self.spec.name, "base_sample_rows": len(sample.rows), "sample_rows": len(sample.rows),
-            "total_rows": sample.total_rows, "distinct_prompts": sample.distinct_prompts, **primary,
-            "accuracy_bar": est.accuracy_bar, "max_sample_rows": est.max_sample_rows,
-            "chosen_model": chosen["model"] if chosen else None,
-            "chosen_configured_as": chosen["configured_as"] if chosen else None,
-            "chosen_cost_usd": chosen["best_cost_usd"] if chosen else None,
-            "models": models, "failed_models": failed, "unrunnable_models": unrunnable,
-            # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
-            "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
-                               on_gpu=on_gpu, has_gold=has_gold, models=models, total_rows=sample.total_rows)
-            + [f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed]
-            + [f"Candidate {u['model']!r} is listed, not timed: {u['error']}." for u in unrunnable],
-        }
-        return E.write_report(report, self.home.estimate_dir)
+        return estimate(self, resource, est or self.spec.estimate, log)
+
+    def estimate_in_run(self, resource: VLLMResource, engine: Any, model_id: str,
+                        log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+        """:meth:`estimate` for the configured model alone (no candidates), timed on ``engine``, the
+        run's own (a ``LazyEngine``: it starts here and stays for the run, one start for both);
+        writes the same report and prediction file, so ``run_metrics`` compares predicted and actual.
+
+        Example::
+
+            report = job.estimate_in_run(resource, engine, engine.model_id)   # then label on the same engine
+            report["predicted_wall_s"], report["engine_start_s"]
+        """
+        from .estimating import estimate_in_run
+
+        return estimate_in_run(self, resource, engine, model_id, log)
 
     def done_partitions(self, resource: VLLMResource) -> list[str]:
         manifest = self.home.read_manifest() or {"keys": []}
@@ -199,30 +141,3 @@ class BatchJob:
         rows = pred["total_rows"] - pred.get("stored_rows", 0)
         return rows / pred["predicted_wall_s"] if pred.get("predicted_wall_s") else None
 
-
-def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VLLMResource:
-    """The job's resource with the candidate's model (and its engine settings merged in)."""
-    if not candidate.engine_kwargs:
-        return resource.with_model(candidate.model)
-    return resource.with_model(candidate.model, candidate.engine_kwargs)
-
-
-def _priced(predict: Callable[..., dict[str, Any]], sample: Any, timing: Any, options: list[NodeOption],
-            stored: Any, engines: int, machine: Any, res: VLLMResource, name: str,
-            candidate: ModelCandidate | None) -> dict[str, Any]:
-    """One model's prediction, sized by its precision (fp8 weights are 1 byte a parameter), named in
-    the report by its identity plus any engine settings of its own (fp8 and bf16 of one model
-    differ in the hash alone)."""
-    from ..engines.model import weights_gb
-    from ..engines.settings import GPU_DEFAULTS
-    from ..estimate.roofline import model_shape
-
-    cfg = res.resolved()
-    shape = model_shape(name, cfg.engine_kwargs, cfg.dtype)
-    size = shape.weights_gb if shape is not None else weights_gb(name)
-    # Projected hardware is a GPU box: the GPU default batch unless the resource sets one.
-    concurrency = cfg.max_num_seqs or int(GPU_DEFAULTS["max_num_seqs"])
-    m = predict(sample, timing, options, size, stored, engines, machine=machine, shape=shape, concurrency=concurrency)
-    settings = candidate.engine_kwargs if candidate is not None else {}
-    label = f"{timing.model} ({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})" if settings else None
-    return {**m, "model": label or timing.model, "configured_as": res.model, "engine_kwargs": settings}

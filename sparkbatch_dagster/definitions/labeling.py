@@ -13,13 +13,16 @@ no engine. A partition another run is writing at that moment is left to it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Optional
 
-from dagster import AssetExecutionContext, AssetKey
+from dagster import AssetExecutionContext, AssetKey, Config
 
 from ..engines.base import LazyEngine
-from ..run.progress import Relay
+from ..errors import ConfigError
+from ..run import attempts
+from ..run.brake import DEADLINE_MARGIN_S, Brake, check_deadline, parse_deadline, price
+from ..run.progress import Relay, tell
 from ..run.runner import ShardRun
 from ..spec import JobSpec, fingerprint
 from . import events
@@ -30,14 +33,32 @@ if TYPE_CHECKING:
     from .resource import VLLMResource
 
 
+class LabelConfig(Config):
+    """Launchpad settings of a ``labeled_outputs`` run (the UI, a backfill, ``sparkbatch run``).
+
+    ``estimate``: time a sample of the job's configured model on this run's engine first, write
+    the estimate report and print the prediction, then label on the same engine (one start).
+    ``max_cost_usd`` / ``deadline`` (unset: the spec's): the brake (``run/brake.py``); ``deadline``
+    is a time with its zone or a duration from the run's start (``2h30m``);
+    ``deadline_margin_s``: seconds kept to commit before it (default 30, plus twice the longest commit).
+    """
+
+    estimate: bool = False
+    max_cost_usd: Optional[float] = None  # noqa: UP045 - Dagster reads these annotations at runtime
+    deadline: Optional[str] = None  # noqa: UP045
+    deadline_margin_s: Optional[float] = None  # noqa: UP045
+
+
 def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource,
-                     code_version: str, pool: str | None) -> Iterator[Any]:
+                     code_version: str, pool: str | None, config: LabelConfig | None = None) -> Iterator[Any]:
     """The body of ``labeled_outputs``: the run's partitions, then the rest of its backfill's gaps."""
     spec, home, key = job.spec, job.home, job.keys["labeled_outputs"]
+    config = config or LabelConfig()
     keys = context.partition_keys  # each read asks the instance for the dynamic partitions
     job.check_partitions(keys)  # before any engine starts
     model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
     version = job.version_for(model_id)
+    brake = make_brake(job, version, config)  # a bad max cost or deadline stops here, before the engine
     # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
     engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))
     # Downstream assets read the current version: it moves to this one only once it has a
@@ -71,9 +92,12 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
     if todo:
         context.log.info(f"labeling {len(todo) + len(gaps)} partition(s) with {engine.model_id}; the engine starts "
                          "when the first prompt that is not in the result store needs it")
-        runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info), run_id=context.run_id)
+        base = resource.cold_starts()
+        runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info), run_id=context.run_id,
+                          brake=brake, engine_starts=lambda: resource.cold_starts() - base)
         runner.expected_rows_per_s = job.expected_rows_per_s(version)
-        for stats in runner.stream(todo + gaps, optional=set(gaps)):
+        before = _estimate_first(job, resource, engine, runner, context.log.info) if config.estimate else None
+        for stats in runner.stream(todo + gaps, optional=set(gaps), before=before):
             if not current:  # this version's first commit
                 home.write_current(version, engine.model_id)
                 current = True
@@ -81,6 +105,62 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
                              f"{stats['generated_requests']} prompts generated, {stats['reused_rows']} reused, "
                              f"${stats['cost_usd']:.4f}{_truncation_note(spec, stats)}")
             yield from emit(stats, this_run=True)
+
+
+def make_brake(job: BatchJob, version: str, config: LabelConfig) -> Brake:
+    """The run's brake from its launchpad config and the spec (the config wins), checked now:
+    before any engine starts. The version's earlier attempts are its bill so far; an earlier
+    estimate of this version gives the rate to refuse with before the run measures its own."""
+    spec = job.spec
+    max_cost = config.max_cost_usd if config.max_cost_usd is not None else spec.max_cost_usd
+    if max_cost is not None and max_cost < 0:
+        raise ConfigError(f"max_cost_usd={max_cost} is negative: give the most the job may cost, in USD (e.g. 2.5)")
+    deadline = parse_deadline(config.deadline) if config.deadline else spec.deadline
+    if deadline is not None:
+        check_deadline(deadline)
+    margin = config.deadline_margin_s
+    if margin is not None and margin < 0:
+        raise ConfigError(f"deadline_margin_s={margin} is negative: give the seconds kept to commit (default "
+                          f"{DEADLINE_MARGIN_S:g})")
+    brake = Brake(spec.hourly_rate_usd, max_cost, deadline,
+                  margin_s=DEADLINE_MARGIN_S if margin is None else margin)
+    if brake.active:
+        brake.spent_before_usd = attempts.bill(attempts.load(job.home, version))["attempts_cost_usd"]
+        _use_prediction(brake, job, version)
+    return brake
+
+
+def _use_prediction(brake: Brake, job: BatchJob, version: str) -> None:
+    """Give the brake the estimate's rate (input rows per second, stored ones averaged in) and
+    engine start, when this version has a prediction file."""
+    path = job.home.prediction_path(version)
+    if not path.exists():
+        return
+    pred = json.loads(path.read_text())
+    if pred.get("predicted_wall_s"):
+        brake.predicted_rows_per_s = pred["total_rows"] / pred["predicted_wall_s"]
+    brake.restart_s = float(pred.get("engine_start_s") or 0.0)
+
+
+def _estimate_first(job: BatchJob, resource: VLLMResource, engine: LazyEngine, runner: ShardRun,
+                    log: Callable[[str], None]) -> Callable[[], None]:
+    """What ``estimate: true`` runs inside the attempt before the first prompt: the sample on the
+    run's engine (it starts here, once), the report and prediction file, the prediction told."""
+
+    def first() -> None:
+        report = job.estimate_in_run(resource, engine, engine.model_id, log=log)
+        version = runner.version
+        runner.expected_rows_per_s = job.expected_rows_per_s(version)
+        if runner.brake is not None:
+            _use_prediction(runner.brake, job, version)
+        cost = price(report["predicted_wall_s"] + report["engine_start_s"], job.spec.hourly_rate_usd)
+        line = (f"estimate: {report['prompts_to_generate']:,} prompts to generate, predicted "
+                f"{report['predicted_wall_s']:.0f} s of generation + {report['engine_start_s']:.0f} s engine start "
+                f"(paid once, for the sample and the run): ${cost:.4f} at ${job.spec.hourly_rate_usd:g}/h")
+        log(line)
+        tell(line)
+
+    return first
 
 
 def backfill_partitions(context: AssetExecutionContext, key: AssetKey, pool: str | None) -> list[str]:

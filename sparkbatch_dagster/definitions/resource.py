@@ -143,6 +143,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     )
 
     _engine: Engine | None = PrivateAttr(default=None)
+    _cold_starts: int = PrivateAttr(default=0)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -157,10 +158,17 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         if self._engine is None:
             cfg = self.resolved()
             warm = _WARM.get(cfg._warm_key()) if cfg.keep_warm else None
+            if warm is None:
+                self._cold_starts += 1
             self._engine = warm or cfg._start()
             if cfg.keep_warm:
                 _WARM[cfg._warm_key()] = self._engine
         return self._engine
+
+    def cold_starts(self) -> int:
+        """Engines this resource object started itself (a warm one it found is not counted): the
+        ``engine_starts`` a run's attempt records, and the CLI summary adds up."""
+        return self._cold_starts
 
     def close(self) -> None:
         """End of a run: stop the engine, unless ``keep_warm`` keeps it for the next run."""

@@ -4,7 +4,8 @@ Owns the runner (:mod:`.runner`: drop duplicates, answer what the result store h
 the rest through one engine, commit each shard), one row's way (:mod:`.rows`: checked and
 rendered, its answer parsed, truncation, the output row), the row-level checkpoints, the flush
 timer and the every-row-exactly-once finalize (:mod:`.checkpoint`), every attempt's bill
-(:mod:`.attempts`), the result store that pays once per answer (:mod:`.result_store`), each
+(:mod:`.attempts`), the brake that stops a run over its max cost or at its deadline
+(:mod:`.brake`), the result store that pays once per answer (:mod:`.result_store`), each
 shard's statistics and the run's progress reports (:mod:`.shard_stats`, :mod:`.progress`), and
 the run metrics and analytics views in the job's DuckDB file (:mod:`.metrics`). Knows nothing
 of Dagster.

@@ -34,7 +34,7 @@ COLUMNS = [
     ("ended", "VARCHAR"), ("outcome", "VARCHAR"), ("error", "VARCHAR"), ("wall_s", "DOUBLE"),
     ("engine_start_s", "DOUBLE"), ("generation_s", "DOUBLE"), ("prompts_generated", "BIGINT"),
     ("rows_committed", "BIGINT"), ("partitions_committed", "BIGINT"), ("cost_usd", "DOUBLE"),
-    ("committed_cost_usd", "DOUBLE"), ("wasted_usd", "DOUBLE"),
+    ("committed_cost_usd", "DOUBLE"), ("wasted_usd", "DOUBLE"), ("engine_starts", "BIGINT"),
 ]
 
 
@@ -62,11 +62,12 @@ class Attempt:
             "attempt": self.id, "version": version, "run_id": run_id, "pid": os.getpid(), "started": _now(),
             "ended": None, "outcome": "running", "error": None, "wall_s": 0.0, "engine_start_s": 0.0,
             "generation_s": 0.0, "prompts_generated": 0, "rows_committed": 0, "partitions_committed": 0,
-            "cost_usd": 0.0, "committed_cost_usd": 0.0, "wasted_usd": 0.0,
+            "cost_usd": 0.0, "committed_cost_usd": 0.0, "wasted_usd": 0.0, "engine_starts": 0,
         }
         self._home, self._version = home, version
         #: The run's own counters, read at each write (not pushed per row: the run's hot loop
-        #: stays free of locks): ``prompts_generated`` and ``engine_start_s``.
+        #: stays free of locks): ``prompts_generated``, ``engine_start_s`` and ``engine_starts``
+        #: (cold starts this attempt paid; a warm engine reused is 0).
         self.progress: Callable[[], dict[str, Any]] = dict
 
     def __enter__(self) -> Attempt:
@@ -93,6 +94,10 @@ class Attempt:
             r["partitions_committed"] += 1
             r["committed_cost_usd"] = round(r["committed_cost_usd"] + stats["cost_usd"], 6)
         self.beat(force=True)
+
+    def cost_usd(self) -> float:
+        """What this attempt has cost so far: its wall time at the hourly rate (the brake reads it)."""
+        return (time.monotonic() - self._clock) / 3600 * self.rate
 
     def beat(self, force: bool = False) -> None:
         """Write the record now if a heartbeat is due (or ``force``): a kill loses at most one interval."""

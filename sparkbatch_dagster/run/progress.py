@@ -28,6 +28,15 @@ def listening(fn: Callable[[Report], None]) -> Iterator[None]:
         _listeners.remove(fn)
 
 
+def tell(text: str) -> None:
+    """A line for the people watching (the prediction of ``sparkbatch run --estimate``): every
+    listener that takes notes (a :class:`Bar`) shows it."""
+    for fn in list(_listeners):
+        note = getattr(fn, "note", None)
+        if note is not None:
+            note(text)
+
+
 class Relay:
     """Fans reports out: every one to the listeners, one per ``log_every_s`` to ``log``."""
 
@@ -88,6 +97,12 @@ class Bar:
         elif finished or time.monotonic() - self._last >= self.line_every_s:
             self._last = time.monotonic()
             self.stream.write(bar_line(report) + "\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """One line of its own, ``sparkbatch: <text>``, below the bar."""
+        self.close()
+        self.stream.write(f"sparkbatch: {text}\n")
         self.stream.flush()
 
     def close(self) -> None:

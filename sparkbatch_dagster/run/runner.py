@@ -17,6 +17,7 @@ from ..errors import PendingRowsError, SparkbatchError
 from ..home import JobHome, atomic_write_text, failpoint
 from ..spec import JobSpec
 from .attempts import Attempt
+from .brake import Brake, Position
 from .checkpoint import CheckpointWriter, FlushTimer, assemble, commit
 from .result_store import ResultStore, prompt_key
 from .rows import STORED_ERRORS, outcome, parse_output, plan_rows, read_shard, row
@@ -74,7 +75,8 @@ class ShardRun:
     """
 
     def __init__(self, spec: JobSpec, home: JobHome, version: str, engine: Engine,
-                 progress: ProgressFn | None = None, progress_every_s: float = 1.0, run_id: str | None = None) -> None:
+                 progress: ProgressFn | None = None, progress_every_s: float = 1.0, run_id: str | None = None,
+                 brake: Brake | None = None, engine_starts: Callable[[], int] = lambda: 0) -> None:
         self.spec, self.home, self.version, self.engine = spec, home, version, engine
         self.progress, self.progress_every_s = progress, progress_every_s
         self.signature = (home.read_manifest() or {}).get("signature")
@@ -84,6 +86,8 @@ class ShardRun:
         self.stats: list[dict[str, Any]] = []
         self._last_end = time.perf_counter()
         self._start_paid = engine.start_seconds  # an engine started before this run is not this run's bill
+        self._start_paid_at_attempt = self._start_paid
+        self._answered = 0  # prompts the engine answered in this attempt
         self._rows_done = 0  # rows with a result: generated, fanned out, error rows, resumed
         self._rows_free = 0  # of those, resumed and error rows: done at once, so not in the ETA's rate
         self._ready: list[dict[str, Any]] = []  # shards finalized since the caller last heard
@@ -98,6 +102,11 @@ class ShardRun:
         self._timer: FlushTimer  # made by stream(), with this attempt's heartbeat
         self.run_id = run_id
         self.attempt: Attempt | None = None
+        #: Consulted before the first prompt and after every answer; it raises BudgetStop to stop.
+        self.brake = brake
+        self._engine_starts = engine_starts  # cold engine starts this attempt paid (a warm engine: 0)
+        self._all_at_first = 0  # rows done, free ones included, at the first answer: the brake's rate
+        self._longest_commit = 0.0
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
@@ -106,10 +115,13 @@ class ShardRun:
                 on_done(stats)
         return self.stats
 
-    def stream(self, keys: list[str], optional: Collection[str] = ()) -> Iterator[dict[str, Any]]:
+    def stream(self, keys: list[str], optional: Collection[str] = (),
+               before: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
         """Label ``keys``, yielding each shard's statistics as soon as it is committed (the engine
         keeps generating the next shards' rows meanwhile). A key of ``optional`` that another
-        run is writing is left to it; any other such key stops the run before anything starts."""
+        run is writing is left to it; any other such key stops the run before anything starts.
+        ``before`` runs once the partitions are locked, inside this attempt (billed with it), before
+        the first prompt: the timed sample of ``sparkbatch run --estimate``, on this run's engine."""
         locks = [self.home.partition_lock(self.version, k) for k in keys]
         # The attempt is billed from here, whatever its end; its heartbeat rides the flush timer.
         attempt = self.attempt = Attempt(self.home, self.version, self.spec.hourly_rate_usd, self.run_id,
@@ -131,6 +143,11 @@ class ShardRun:
                 self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
                 mine.append(key)
             with attempt, self._timer:
+                self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in mine}
+                attempt.progress = self._attempt_progress
+                if before is not None:
+                    self._before(before)
+                self._consult()  # before the first prompt: a refusal generates nothing
                 yield from self._generate(mine)
         finally:
             # Whatever stopped us, finished rows still in memory go to disk first.
@@ -139,26 +156,67 @@ class ShardRun:
             for lock in locks:
                 lock.release()
 
+    def _attempt_progress(self) -> dict[str, Any]:
+        return {"prompts_generated": self._answered, "engine_starts": self._engine_starts(),
+                "engine_start_s": round(max(self.engine.start_seconds - self._start_paid_at_attempt, 0.0), 3)}
+
+    def _before(self, before: Callable[[], None]) -> None:
+        began, start_s = time.perf_counter(), self.engine.start_seconds
+        before()
+        # The sample's own generation is not the job's: the first shard's window keeps the engine
+        # start it paid for (charged to that shard) but not the sample's seconds (the attempt's bill).
+        self._last_end += time.perf_counter() - began - (self.engine.start_seconds - start_s)
+
+    def _consult(self) -> None:
+        """Let the brake look at where the run stands; it raises BudgetStop to stop here."""
+        if self.brake is None or not self.brake.active or self.attempt is None:
+            return
+        rate = None
+        if self._first_answer is not None:
+            seconds = time.perf_counter() - self._first_answer
+            # Trusted after one checkpoint interval of answers: the first few say little of the pace.
+            if seconds >= self.spec.checkpoint_seconds and self._rows_done > self._all_at_first:
+                rate = (self._rows_done - self._all_at_first) / seconds
+        pos = Position(self._rows_done, sum(self._sizes.values()), len(self.stats), len(self._sizes), rate,
+                       self._longest_commit)
+        if self._answered and pos.rows_done >= pos.rows_total:  # all in: stopping now would only lose the commit
+            return
+        self.brake.check(pos, self.attempt.cost_usd())
+
     def _drain(self) -> Iterator[dict[str, Any]]:
         while self._ready:
             yield self._ready.pop(0)
 
     def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
-        self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in keys}
         total = sum(self._sizes.values())
         last_report = time.perf_counter()
-        attempt, start_paid, answered = self.attempt, self._start_paid, [0]
-        assert attempt is not None
-        attempt.progress = lambda: {"prompts_generated": answered[0],
-                                    "engine_start_s": round(max(self.engine.start_seconds - start_paid, 0.0), 3)}
-        for res in self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output):
+        results = self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output)
+        try:
+            yield from self._consume(results, total, last_report)
+        finally:  # a stop (the brake, an error) aborts what is still in flight, now, not when collected
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()
+        yield from self._drain()
+        if self.progress and self.shards:
+            self._report(self.shards[-1], total)
+        pending = {s.key: s.pending for s in self.shards if s.pending}
+        if pending:
+            raise PendingRowsError(
+                f"{sum(pending.values())} rows in {sorted(pending)} got only transient failures "
+                f"({self._pending_reason[:200]}); nothing was committed for them: run again to retry exactly those rows"
+            )
+
+    def _consume(self, results: Iterator[Any], total: int, last_report: float) -> Iterator[dict[str, Any]]:
+        for res in results:
             if self._first_answer is None:
                 self._first_answer = time.perf_counter()
                 self._done_at_first = self._rows_done - self._rows_free
+                self._all_at_first = self._rows_done
             idx, _, n = res.id.partition(":")
             shard = self.shards[int(idx)]
             group = shard.order[int(n)]
-            answered[0] += 1
+            self._answered += 1
             ids = shard.groups[group][1]
             shard.outstanding -= 1
             if res.retryable:  # not the row's fault: write nothing, so the next run retries it
@@ -180,15 +238,7 @@ class ShardRun:
                 last_report = now
                 self._report(shard, total)
             yield from self._drain()
-        yield from self._drain()
-        if self.progress and self.shards:
-            self._report(self.shards[-1], total)
-        pending = {s.key: s.pending for s in self.shards if s.pending}
-        if pending:
-            raise PendingRowsError(
-                f"{sum(pending.values())} rows in {sorted(pending)} got only transient failures "
-                f"({self._pending_reason[:200]}); nothing was committed for them: run again to retry exactly those rows"
-            )
+            self._consult()
 
     def _report(self, shard: _Shard, total: int) -> None:
         assert self.progress is not None
@@ -220,6 +270,7 @@ class ShardRun:
                 yield EngineRequest(f"{idx}:{n}", shard.groups[group][0].messages())
 
     def _finish(self, shard: _Shard) -> None:
+        began = time.perf_counter()
         shard.writer.flush()
         self._timer.writers.remove(shard.writer)
         table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key)
@@ -242,6 +293,7 @@ class ShardRun:
         self.store.add(_new_answers(table))
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
         shard.release()
+        self._longest_commit = max(self._longest_commit, time.perf_counter() - began)
         if self.attempt is not None:
             self.attempt.committed(stats)
         self.stats.append(stats)

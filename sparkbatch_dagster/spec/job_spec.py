@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -243,6 +244,15 @@ class JobSpec(_Checked):
     checkpoint_seconds: float = Field(default=5.0, gt=0.0, description="...or every T seconds.")
     max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Asset check bar.")
     estimate: EstimateSpec = Field(default_factory=EstimateSpec, description="`sparkbatch estimate` settings.")
+    max_cost_usd: float | None = Field(
+        default=None, ge=0.0, description="Brake: a run refuses to generate when the predicted bill of the "
+        "version (every attempt, at hourly_rate_usd) exceeds it, and stops cleanly when the measured rate says it "
+        "will; None = no cap.",
+    )
+    deadline: datetime | None = Field(
+        default=None, description="Brake: when the rental ends (a time with its zone, e.g. "
+        "2026-12-01T18:00:00+00:00); a run stops cleanly early enough to commit. None = no deadline.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -256,6 +266,14 @@ class JobSpec(_Checked):
     def _check_text_columns(cls, v: list[str]) -> list[str]:
         if not v:
             raise ValueError("text_columns is empty: name at least one input column")
+        return v
+
+    @field_validator("deadline")
+    @classmethod
+    def _check_deadline(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.utcoffset() is None:
+            raise ValueError(f"deadline={v.isoformat()} has no time zone: write it with one, e.g. "
+                             f"{v.isoformat()}+00:00")
         return v
 
     @model_validator(mode="after")

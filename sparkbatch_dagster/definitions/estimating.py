@@ -1,0 +1,168 @@
+"""The estimate of a built job, the way the ``estimate`` asset, ``sparkbatch estimate`` and
+``sparkbatch run --estimate`` run it: the sample drawn once, each model timed on its engine
+(one at a time), priced on every node option with where its speed comes from, the best buy
+named, the report (JSON + chart) and each version's prediction file written.
+
+``estimate`` compares the configured model with the candidates, each on an engine of its own;
+``estimate_in_run`` times the configured model alone on the run's engine, which then labels.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, SparkbatchError
+from ..home import atomic_write_text
+from ..spec import THIS_MACHINE, EstimateSpec, ModelCandidate, NodeOption
+from .resource import VLLMResource, on_cpu
+
+if TYPE_CHECKING:
+    from .job import BatchJob
+
+Log = Callable[[str], None]
+
+
+def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log) -> dict[str, Any]:
+    """:meth:`BatchJob.estimate`: the configured model, then every runnable candidate."""
+    from .. import estimate as E
+    from ..estimate.machine import cannot_run
+
+    on_gpu = not on_cpu()
+    est, batch, machine, options = _setup(job, resource, est)
+    sample = E.draw_sample(job.spec, job.home, est)
+    candidates = [c for c in est.candidates() if c.model != resource.model or c.engine_kwargs]
+    unrunnable = [{"model": c.label, "error": why} for c in candidates
+                  if (why := cannot_run(c.engine_kwargs, on_cpu=not on_gpu))]
+    runnable = [c for c in candidates if not cannot_run(c.engine_kwargs, on_cpu=not on_gpu)]
+    log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,} on {machine.description}; models: "
+        f"{[resource.model or 'default', *[c.label for c in runnable]]}")
+    models: list[dict[str, Any]] = []
+    failed: list[dict[str, str]] = []
+    for candidate in [None, *runnable]:
+        res = resource if candidate is None else _candidate_resource(resource, candidate)
+        try:  # one engine at a time: a small box holds one model's KV cache, not several
+            name = res.model_name()
+            log(f"estimate: starting {name} and timing the sample on it")
+            timing = E.sample_model(job.spec, job.home, est, sample, res.get_engine())
+        except SparkbatchError as exc:
+            if candidate is None:  # the job's own model must run; a candidate may fail alone
+                raise
+            failed.append({"model": candidate.label, "error": str(exc)})
+            continue
+        finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
+            res.close() if candidate is None else res.shutdown()
+        models.append(_forecast(job, res, sample, timing, options, machine, res.model_identity(), name, candidate,
+                                log))
+    extra = ([f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed]
+             + [f"Candidate {u['model']!r} is listed, not timed: {u['error']}." for u in unrunnable])
+    return _report(job, sample, est, models, batch, {"failed_models": failed, "unrunnable_models": unrunnable},
+                   extra)
+
+
+def estimate_in_run(job: BatchJob, resource: VLLMResource, engine: Any, model_id: str, log: Log) -> dict[str, Any]:
+    """:meth:`BatchJob.estimate_in_run`: the configured model alone, on ``engine`` (the run's)."""
+    from .. import estimate as E
+
+    est, batch, machine, options = _setup(job, resource, job.spec.estimate.model_copy(update={"models": []}))
+    sample = E.draw_sample(job.spec, job.home, est)
+    log(f"estimate: timing {len(sample.rows)} sample rows of {sample.total_rows:,} on this run's engine "
+        f"({machine.description})")
+    timing = E.sample_model(job.spec, job.home, est, sample, engine)
+    model = _forecast(job, resource, sample, timing, options, machine, model_id, resource.model_name(), None, log)
+    return _report(job, sample, est, [model], batch, {"failed_models": [], "unrunnable_models": []}, [])
+
+
+def _setup(job: BatchJob, resource: VLLMResource, est: EstimateSpec) -> tuple[EstimateSpec, int, Any, list[NodeOption]]:
+    """Checks before any engine starts, then: ``est`` with a full batch on every engine
+    (``fill_batch``), that batch, the machine the sample runs on, and the options to price."""
+    from ..estimate.machine import cannot_run, sample_machine
+
+    own = cannot_run(resource.engine_kwargs, on_cpu=on_cpu())
+    if own:  # the job's own model must run: stop before any engine starts
+        raise ConfigError(f"VLLMResource(engine_kwargs={resource.engine_kwargs!r}) {own}")
+    machine = sample_machine(est.sample_hardware, on_cpu=on_cpu(), remote=bool(resource.engine_settings().endpoints))
+    options = est.options + ([NodeOption(name="this machine", hourly_usd=est.hourly_rate_usd, hardware=THIS_MACHINE)]
+                             if est.hourly_rate_usd is not None else [])
+    # A full batch on every engine (max_num_seqs, or this platform's default): N engines share the sample.
+    batch = resource.resolved_max_num_seqs() * resource.engine_count()
+    if est.fill_batch and est.sample_rows < batch:
+        est = est.model_copy(update={"sample_rows": batch})
+    return est, batch, machine, options
+
+
+def _forecast(job: BatchJob, res: VLLMResource, sample: Any, timing: Any, options: list[NodeOption], machine: Any,
+              model_id: str, name: str, candidate: ModelCandidate | None, log: Log) -> dict[str, Any]:
+    """One model's prediction for the whole job; also written as its version's prediction file."""
+    from .. import estimate as E
+    from ..run.result_store import ResultStore
+
+    store = ResultStore(job.spec.result_store_path, job.spec.answer_context(model_id))
+    stored = E.count_stored(job.spec, job.home, sample, store)
+    m = {**_priced(E.predict, sample, timing, options, stored, res.engine_count(), machine, res, name, candidate),
+         "identity": model_id}
+    log(f"estimate: {m['model']}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, predicted "
+        f"{m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']} ({m['best_speed_basis']})")
+    atomic_write_text(job.home.prediction_path(job.version_for(model_id)), json.dumps({
+        "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
+        "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
+        "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
+        "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
+        "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }))
+    return m
+
+
+def _report(job: BatchJob, sample: Any, est: EstimateSpec, models: list[dict[str, Any]], batch: int,
+            left_out: dict[str, Any], extra_advice: list[str]) -> dict[str, Any]:
+    """The estimate's report (the configured model first), written as JSON + chart."""
+    from .. import estimate as E
+    from ..estimate import choice as C
+
+    has_gold = job.spec.gold_column is not None
+    chosen = C.choose(models, est.accuracy_bar, has_gold)
+    primary = models[0]
+    report = {
+        "job": job.spec.name, "base_sample_rows": len(sample.rows), "sample_rows": len(sample.rows),
+        "total_rows": sample.total_rows, "distinct_prompts": sample.distinct_prompts, **primary,
+        "accuracy_bar": est.accuracy_bar, "max_sample_rows": est.max_sample_rows,
+        "chosen_model": chosen["model"] if chosen else None,
+        "chosen_configured_as": chosen["configured_as"] if chosen else None,
+        "chosen_cost_usd": chosen["best_cost_usd"] if chosen else None,
+        "models": models, **left_out,
+        # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
+        "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
+                           on_gpu=not on_cpu(), has_gold=has_gold, models=models, total_rows=sample.total_rows)
+        + extra_advice,
+    }
+    return E.write_report(report, job.home.estimate_dir)
+
+
+def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VLLMResource:
+    """The job's resource with the candidate's model (and its engine settings merged in)."""
+    if not candidate.engine_kwargs:
+        return resource.with_model(candidate.model)
+    return resource.with_model(candidate.model, candidate.engine_kwargs)
+
+
+def _priced(predict: Callable[..., dict[str, Any]], sample: Any, timing: Any, options: list[NodeOption],
+            stored: Any, engines: int, machine: Any, res: VLLMResource, name: str,
+            candidate: ModelCandidate | None) -> dict[str, Any]:
+    """One model's prediction, sized by its precision (fp8 weights are 1 byte a parameter), named in
+    the report by its identity plus any engine settings of its own (fp8 and bf16 of one model
+    differ in the hash alone)."""
+    from ..engines.model import weights_gb
+    from ..engines.settings import GPU_DEFAULTS
+    from ..estimate.roofline import model_shape
+
+    cfg = res.resolved()
+    shape = model_shape(name, cfg.engine_kwargs, cfg.dtype)
+    size = shape.weights_gb if shape is not None else weights_gb(name)
+    # Projected hardware is a GPU box: the GPU default batch unless the resource sets one.
+    concurrency = cfg.max_num_seqs or int(GPU_DEFAULTS["max_num_seqs"])
+    m = predict(sample, timing, options, size, stored, engines, machine=machine, shape=shape, concurrency=concurrency)
+    settings = candidate.engine_kwargs if candidate is not None else {}
+    label = f"{timing.model} ({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})" if settings else None
+    return {**m, "model": label or timing.model, "configured_as": res.model, "engine_kwargs": settings}
