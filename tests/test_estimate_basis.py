@@ -146,7 +146,7 @@ def _job(tmp_path):
 
 
 def test_a_precision_the_cpu_cannot_run_is_listed_before_any_engine_starts(tmp_path, monkeypatch):
-    import sparkbatch_dagster.definitions.job as job_module
+    import sparkbatch_dagster.definitions.estimating as job_module
 
     monkeypatch.setattr(job_module, "on_cpu", lambda: True)
     started: list[str] = []

@@ -12,17 +12,23 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError, SparkbatchError
-from ..home import atomic_write_text
-from ..spec import THIS_MACHINE, EstimateSpec, ModelCandidate, NodeOption
+from ..home import JobHome, atomic_write_text
+from ..spec import THIS_MACHINE, EstimateSpec, JobSpec, ModelCandidate, NodeOption
 from .resource import VLLMResource, on_cpu
 
-if TYPE_CHECKING:
-    from .job import BatchJob
-
 Log = Callable[[str], None]
+
+
+class BatchJob(Protocol):
+    """What the estimate needs of a :class:`~.job.BatchJob` (which calls in here)."""
+
+    spec: JobSpec
+    home: JobHome
+
+    def version_for(self, model_id: str) -> str: ...
 
 
 def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log) -> dict[str, Any]:
