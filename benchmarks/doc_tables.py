@@ -82,6 +82,10 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
+#: Benchmark jobs (throughput.py --mode) in words.
+MODES = {"debian": "Debian labels", "synthetic": "synthetic", "summary": "Debian labels from one-line summaries"}
+
+
 def throughput_table(results: Results) -> str:
     """One row per throughput.py result file. The labeling-step ratio is shown only when the
     script measured it (two files carry ``labeling_s`` read later from Dagster's step log:
@@ -90,8 +94,9 @@ def throughput_table(results: Results) -> str:
         is_gpu(nd[1], nd[0]), nd[1]["shape"], nd[1]["mode"], -nd[1]["rows"], nd[1]["date"], nd[0]))
     rows = []
     for name, d in runs:
-        job = f"{'Debian labels' if d['mode'] == 'debian' else 'synthetic'}, {num(d['rows'])} rows, " \
-              f"{d['max_tokens']} out"
+        job = f"{MODES.get(d['mode'], d['mode'])}, {num(d['rows'])} rows, {d['max_tokens']} out"
+        if d.get("engine_kwargs"):
+            job += ", " + ", ".join(f"{k}={v}" for k, v in sorted(d["engine_kwargs"].items()))
         if d.get("prefilled_store_answers"):
             job += f", {num(d['prefilled_store_answers'])} answers in the result store"
         if d.get("variant"):
@@ -139,7 +144,9 @@ def estimate_table(results: Results) -> str:
                                  f"{d['actual_wall_s']:.1f} s", pct(d["error_pct"]), f"`{name}`"]))
     for name, d in of_kind(results, "estimate_gpu"):
         for n, s in sorted(d["samples"].items(), key=lambda kv: int(kv[0])):
-            job = f"{'Debian labels' if d['mode'] == 'debian' else 'synthetic'}, {num(d['rows'])} rows, one engine"
+            job = f"{MODES.get(d['mode'], d['mode'])}, {num(d['rows'])} rows, one engine"
+            if d.get("variant"):
+                job += f"; {d['variant']}"
             rows.append((d["date"], [d["date"], f"{machine(d, name)}, {model(d)}", job, num(int(n)),
                                      f"{s['predicted_wall_s']:.1f} s", f"{d['actual_wall_s']:.1f} s",
                                      pct(s["error_pct"]), f"`{name}`"]))

@@ -4,6 +4,7 @@ already paid for, the asset, the bill and predicted vs actual in run_metrics and
 JSON line. The real engine: test_real_estimate."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -645,14 +646,45 @@ def test_a_run_on_a_warm_engine_pays_no_engine_start(tmp_path, monkeypatch):
     assert starts[1]["wall_s"].value > 0  # generation time kept whole, nothing taken off for a start not paid
 
 
-def test_a_sample_shorter_than_min_sample_seconds_doubles_up_to_a_quarter_of_the_job():
+def test_a_sample_shorter_than_min_sample_seconds_gets_one_longer_draw_up_to_a_quarter_of_the_job():
     """On an H200 one batch of short prompts ran in 0.8-1.0 s and two such samples of one job were
     -2% and +28% off (benchmarks/results/h200-1b-summary-estimate-*.json): a sub-second timing is noise."""
     est = EstimateSpec(min_sample_seconds=5.0)
-    quick = Timing(model="m", engine_start_s=0.0, seconds=0.8, rows=1024, prompt_tokens=1, output_tokens=1,
+    quick = Timing(model="m", engine_start_s=0.0, seconds=1.0, rows=1024, prompt_tokens=1, output_tokens=1,
                    errors=0, correct=None)
-    assert E._grown(quick, est, 1024, 40_000) == 2048
-    assert E._grown(quick, est, 8192, 40_000) == 10_000  # a quarter of the job at most
-    assert E._grown(quick, est, 10_000, 40_000) is None
-    assert E._grown(replace(quick, seconds=5.2), est, 2048, 40_000) is None  # long enough
-    assert E._grown(quick, est.model_copy(update={"min_sample_seconds": 0.0}), 1024, 40_000) is None
+    assert E._long_enough(quick, est, 1024, 40_000) == math.ceil(1024 + 1024 * 1.2 * 4.0)
+    assert E._long_enough(quick, est, 1024, 12_000) == 3000  # a quarter of the job at most
+    assert E._long_enough(quick, est, 1024, 4000) is None  # a small job: the first draw is a quarter already
+    assert E._long_enough(replace(quick, seconds=5.2), est, 1024, 40_000) is None  # long enough
+    assert E._long_enough(quick, est.model_copy(update={"min_sample_seconds": 0.0}), 1024, 40_000) is None
+
+
+def test_two_draws_are_fitted_so_the_engines_fill_up_is_paid_once():
+    # 0.5 s of fill-up per draw, then 1 ms per token: a 1,000-token draw and a 9,000-token one.
+    a = Timing(model="m", engine_start_s=0.0, seconds=1.5, rows=10, prompt_tokens=900, output_tokens=100,
+               errors=0, correct=None, requests=10)
+    b = replace(a, seconds=9.5, rows=90, prompt_tokens=8100, output_tokens=900, requests=90)
+    fitted = E.fit(E.merge(a, b, 10), a, b)
+    assert fitted.s_per_token == pytest.approx(0.001) and fitted.fill_s == pytest.approx(0.5)
+    sample = E.Sample(rows=[], warmup=[], total_rows=1000, distinct_prompts=1000)
+    report = predict(sample, fitted, [NodeOption(name="box", hourly_usd=1.0)], None)
+    assert report["predicted_wall_s"] == pytest.approx(0.5 + 100_000 * 0.001, abs=0.1)
+    # The merged rate alone (10,000 tokens in 11 s) charges the fill-up twice and overshoots.
+    plain = predict(sample, E.merge(a, b, 10), [NodeOption(name="box", hourly_usd=1.0)], None)
+    assert plain["predicted_wall_s"] == pytest.approx(110.0, abs=0.1)
+    # Noise (the longer draw no slower than the short one): no fit, the merged rate stands.
+    assert E.fit(E.merge(a, b, 10), a, replace(b, seconds=1.0)).s_per_token == 0.0
+
+
+def test_a_quick_first_draw_gets_a_longer_one_on_the_same_engine(tmp_path):
+    spec = make_spec(tmp_path, n=400, shards=2)
+    home = JobHome(spec.home_path)
+    from sparkbatch_dagster.inputs.shards import build_shards
+
+    build_shards(spec, home)
+    est = EstimateSpec(sample_rows=20, warmup_rows=2, min_sample_seconds=0.5)
+    _, engine = fake_resource(delay_s=0.002)
+    sample = draw_sample(spec, home, est)
+    timing = E.sample_model(spec, home, est, sample, engine)
+    assert 20 < timing.rows <= 100  # one longer draw of new rows, capped at a quarter of the 400
+    assert timing.s_per_token > 0  # fitted to the two draws

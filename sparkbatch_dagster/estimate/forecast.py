@@ -42,6 +42,9 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
     per_request = tokens / requests
     predicted_tokens = per_request * stored.to_generate
     wall = predicted_tokens / tps if tps else 0.0
+    if timing.s_per_token > 0:  # two draws fitted: the engine's fill-up paid once, as in the run
+        tps = 1 / timing.s_per_token
+        wall = timing.fill_s + predicted_tokens * timing.s_per_token if stored.to_generate else 0.0
     start = timing.engine_start_s if stored.to_generate else 0.0
     accuracy = low = high = None
     if timing.correct is not None and timing.rows:
