@@ -35,9 +35,16 @@ from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONS = EstimateSpec(min_sample_seconds=0).options
+OPTIONS = EstimateSpec().options
 #: The sample as if measured on a DGX Spark (no GB10 is lent here): its options are priced as measured.
 SPARK = Machine("dgx-spark", "NVIDIA GB10")
+
+
+
+def untimed(**settings):
+    """EstimateSpec with no time floor: these tests count sample rows, which the floor would grow
+    (the fake engine answers a sample in milliseconds, far under min_sample_seconds)."""
+    return EstimateSpec(min_sample_seconds=0, **settings)
 
 
 def _varied_rows(n: int) -> list[dict]:
@@ -52,7 +59,7 @@ def test_sample_spreads_over_length_bands_and_is_repeatable(tmp_path):
     spec = make_spec(tmp_path, input=str(src), shards=4)
     home = JobHome(spec.home_path)
     build_shards(spec, home)
-    est = EstimateSpec(min_sample_seconds=0, sample_rows=40, strata=4, warmup_rows=6)
+    est = untimed(sample_rows=40, strata=4, warmup_rows=6)
     s1, s2 = draw_sample(spec, home, est), draw_sample(spec, home, est)
     assert [r["row_id"] for r in s1.rows] == [r["row_id"] for r in s2.rows]
     assert len(s1.rows) == 40 and len(s1.warmup) == 6 and s1.total_rows == 400
@@ -71,7 +78,7 @@ def test_distinct_prompts_count_per_shard_duplicates(tmp_path):
     spec = make_spec(tmp_path, n=140, shards=1)  # every 7th text repeats ("A apple." ...)
     home = JobHome(spec.home_path)
     build_shards(spec, home)
-    sample = draw_sample(spec, home, EstimateSpec(min_sample_seconds=0, sample_rows=20))
+    sample = draw_sample(spec, home, untimed(sample_rows=20))
     assert sample.distinct_prompts == len({r["text"] for r in make_rows(140)}) < 140
 
 
@@ -107,7 +114,7 @@ def test_prompts_already_in_the_store_are_not_predicted_and_cost_nothing():
     assert p["best_cost_usd"] == pytest.approx(0.79 * (1000 + 60) / 3600, abs=1e-6)
     free = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=10_000, prompts=9_000, to_generate=0), machine=SPARK)
     assert free["predicted_wall_s"] == 0 and free["best_cost_usd"] == 0  # nothing to generate: no engine start
-    text = " ".join(advise(free, free, EstimateSpec(min_sample_seconds=0), 50, batch=64, on_gpu=False, has_gold=True, total_rows=10_000))
+    text = " ".join(advise(free, free, untimed(), 50, batch=64, on_gpu=False, has_gold=True, total_rows=10_000))
     assert "10,000 of 10,000 rows already have m@1's answer in the result store" in text
     assert "a run costs nothing, not even an engine start" in text
 
@@ -131,7 +138,7 @@ def test_wilson_interval_where_the_normal_approximation_breaks():
 def test_advice_says_one_node_is_cheaper_for_a_model_that_fits():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=100_000, distinct_prompts=100_000)
     p = predict(sample, _timing(), OPTIONS, weights_gb=16.0, machine=SPARK)
-    text = " ".join(advise(p, p, EstimateSpec(min_sample_seconds=0), 50, batch=1024, on_gpu=True, has_gold=True))
+    text = " ".join(advise(p, p, untimed(), 50, batch=1024, on_gpu=True, has_gold=True))
     assert "fits one node" in text and "raise the cost" in text
     assert re.search(r"\+1[34]%", text)  # 1.79 / (2 x 0.79): 13% more per generated token, start aside
     assert "smaller than one batch" in text  # 50 rows cannot fill 1024 GPU sequences
@@ -153,7 +160,7 @@ def test_a_model_too_big_for_one_node_needs_tensor_parallelism(tmp_path):
     assert two["settings"] == {"tensor_parallel_size": 2,
                                "engine_kwargs": {"nnodes": 2, "master_addr": "<first node's address>"}}
     assert "cannot hold the model: it needs 2 GPUs of 128 GB" in one["how"]
-    text = " ".join(advise(p, None, EstimateSpec(min_sample_seconds=0, accuracy_bar=0.9), 50, batch=64, on_gpu=False, has_gold=True))
+    text = " ".join(advise(p, None, untimed(accuracy_bar=0.9), 50, batch=64, on_gpu=False, has_gold=True))
     assert "does not fit one GPU's memory: it needs 2 GPUs (tensor_parallel_size=2)" in text
     assert "the cheapest option that holds it is '2-node cluster'" in text and "sparkbatch worker-node" in text
     assert "No model's 95% accuracy interval clears 0.9. Closest: m@1" in text
@@ -209,7 +216,7 @@ def test_advice_names_the_tradeoffs_in_numbers():
     far = _model("far@1", 190, 200, seconds=20)
     assert "noise" not in tradeoff(far, smol2, True)  # 0.95 vs 0.25: the intervals are apart
     assert "quality not measured" in tradeoff(_model("x@1", None, 100, 10), _model("y@1", None, 100, 20), False)
-    advice = " ".join(advise(smol, gemma, EstimateSpec(min_sample_seconds=0, accuracy_bar=0.2), 400, batch=64, on_gpu=False,
+    advice = " ".join(advise(smol, gemma, untimed(accuracy_bar=0.2), 400, batch=64, on_gpu=False,
                              has_gold=True, models=[smol, gemma]))
     assert "Cheapest model whose accuracy clears 0.2 with 95% confidence: gemma-3-270m@d52 (0.275" in advice
     assert "set VLLMResource(model='gemma-3-270m') to switch" in advice
@@ -219,7 +226,7 @@ def test_advice_names_the_tradeoffs_in_numbers():
 def test_when_no_model_clears_the_advice_names_the_closest_and_the_rows_that_would_decide():
     near = _model("near@1", 44, 100, seconds=10)  # 0.44 (0.35-0.54): straddles 0.5
     low = _model("low@1", 20, 100, seconds=10)
-    text = " ".join(advise(low, None, EstimateSpec(min_sample_seconds=0, accuracy_bar=0.5), 100, batch=64, on_gpu=False, has_gold=True,
+    text = " ".join(advise(low, None, untimed(accuracy_bar=0.5), 100, batch=64, on_gpu=False, has_gold=True,
                            models=[low, near]))
     need = rows_to_decide(0.44, 0.5, 100)
     assert "No model's 95% accuracy interval clears 0.5. Closest: near@1 (0.440" in text
@@ -230,18 +237,18 @@ def test_when_no_model_clears_the_advice_names_the_closest_and_the_rows_that_wou
 
 def test_bad_estimate_settings_name_the_value(tmp_path):
     with pytest.raises(ConfigError, match=r"estimate\.sample_rows"):
-        EstimateSpec(min_sample_seconds=0, sample_rows=5)
+        untimed(sample_rows=5)
     with pytest.raises(ConfigError, match=r"estimate\.options"):
-        EstimateSpec(min_sample_seconds=0, options=[])
+        untimed(options=[])
     with pytest.raises(ConfigError, match=r"estimate\.max_sample_rows"):
-        EstimateSpec(min_sample_seconds=0, max_sample_rows=5)
+        untimed(max_sample_rows=5)
     with pytest.raises(ConfigError, match=r"estimate\.options\.0\.hourly_usd"):
         make_spec(tmp_path, estimate={"options": [{"name": "x", "hourly_usd": -1}]})
-    assert EstimateSpec(min_sample_seconds=0, options=[NodeOption(name="x", hourly_usd=1.0)]).options[0].nodes == 1
+    assert untimed(options=[NodeOption(name="x", hourly_usd=1.0)]).options[0].nodes == 1
 
 
 def test_estimate_asset_then_run_metrics_show_predicted_vs_actual(tmp_path):
-    spec = make_spec(tmp_path, n=300, shards=3, estimate=EstimateSpec(min_sample_seconds=0, sample_rows=30, warmup_rows=4, fill_batch=False,
+    spec = make_spec(tmp_path, n=300, shards=3, estimate=untimed(sample_rows=30, warmup_rows=4, fill_batch=False,
                                                                   sample_hardware="dgx-spark"))
     job = build_batch_assets(spec=spec)
     res = {"vllm": fake_resource(delay_s=0.005)[0]}
@@ -335,12 +342,12 @@ def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
     home = JobHome(job.spec.home_path)
     build_shards(job.spec, home)
     resource = FakeVLLMResource(max_num_seqs=200)
-    report = job.estimate(resource, EstimateSpec(min_sample_seconds=0, sample_rows=40))
+    report = job.estimate(resource, untimed(sample_rows=40))
     assert report["sample_rows"] == 200 and not any("smaller than one batch" in a for a in report["advice"])
-    small = job.estimate(resource, EstimateSpec(min_sample_seconds=0, sample_rows=40, fill_batch=False))
+    small = job.estimate(resource, untimed(sample_rows=40, fill_batch=False))
     assert small["sample_rows"] == 40 and any("smaller than one batch (200 rows)" in a for a in small["advice"])
     tiny_job = job.estimate(FakeVLLMResource(max_num_seqs=1024),
-                            EstimateSpec(min_sample_seconds=0, sample_rows=40, fill_batch=False))
+                            untimed(sample_rows=40, fill_batch=False))
     assert any("smaller than one batch (300 rows)" in a for a in tiny_job["advice"])  # the input is the limit
 
 
@@ -350,7 +357,7 @@ def test_with_two_engines_the_sample_fills_both_and_each_option_gets_its_own_spe
     options = [NodeOption(name="1 GPU", hourly_usd=1.0, hardware="h200"),
                NodeOption(name="2 GPUs", hourly_usd=2.0, gpus_per_node=2, hardware="h200")]
     resource = FakeVLLMResource(max_num_seqs=100, data_parallel_size=2)  # two fake engines in worker processes
-    report = job.estimate(resource, EstimateSpec(min_sample_seconds=0, sample_rows=40, options=options, sample_hardware="h200"))
+    report = job.estimate(resource, untimed(sample_rows=40, options=options, sample_hardware="h200"))
     assert report["sample_rows"] == 200 and report["sample_engines"] == 2  # a full batch on each engine
     one, two = report["options"]
     assert two["engines"] == 2 and two["wall_s"] == report["predicted_wall_s"]  # as sampled: two engines
@@ -362,7 +369,7 @@ def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path
     monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: VLLMResource(model=model))
     job = build_batch_assets(spec=make_spec(tmp_path, n=120, shards=2))
     build_shards(job.spec, JobHome(job.spec.home_path))
-    est = EstimateSpec(min_sample_seconds=0, sample_rows=20, models=[str(tmp_path / "no-such-model")], sample_hardware="dgx-spark")
+    est = untimed(sample_rows=20, models=[str(tmp_path / "no-such-model")], sample_hardware="dgx-spark")
     report = job.estimate(FakeVLLMResource(), est)
     assert [m["model"] for m in report["models"]] == ["fake-model"] and report["chosen_model"] == "fake-model"
     [failed] = report["failed_models"]
@@ -377,7 +384,7 @@ def test_advice_tells_how_to_switch_to_the_chosen_model():
                          machine=SPARK),
              "configured_as": "small"}
     assert choose([primary, small], 0.5) is small
-    text = " ".join(advise(primary, small, EstimateSpec(min_sample_seconds=0, accuracy_bar=0.5), 50, batch=64, on_gpu=False, has_gold=True,
+    text = " ".join(advise(primary, small, untimed(accuracy_bar=0.5), 50, batch=64, on_gpu=False, has_gold=True,
                            models=[primary, small]))
     assert "clears 0.5 with 95% confidence: small@2 (0.900, 95% interval 0.786-0.957 on 50 rows" in text
     assert "set VLLMResource(model='small') to switch" in text
@@ -398,7 +405,7 @@ def test_an_interval_that_straddles_the_bar_gets_more_rows_up_to_the_cap(tmp_pat
     spec = make_spec(tmp_path, input=str(src), shards=4)
     home = JobHome(spec.home_path)
     build_shards(spec, home)
-    est = EstimateSpec(min_sample_seconds=0, sample_rows=40, warmup_rows=6, max_sample_rows=160, accuracy_bar=0.34)
+    est = untimed(sample_rows=40, warmup_rows=6, max_sample_rows=160, accuracy_bar=0.34)
     sample = draw_sample(spec, home, est)
     timed: list[list[str]] = []
     texts: list[set[str]] = []
@@ -449,7 +456,7 @@ def test_the_estimate_picks_a_cheaper_more_accurate_candidate_and_prices_its_eng
     monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: FakeVLLMResource(
         model=model, answer="fruit", delay_s=0.002))
     resource = FakeVLLMResource(delay_s=0.004)
-    est = EstimateSpec(min_sample_seconds=0, sample_rows=60, models=["sharp"], accuracy_bar=0.5,
+    est = untimed(sample_rows=60, models=["sharp"], accuracy_bar=0.5,
                        options=[NodeOption(name="1 node", hourly_usd=3600.0, hardware="dgx-spark")],  # $1 a second
                        sample_hardware="dgx-spark")
     report = job.estimate(resource, est)
@@ -473,7 +480,7 @@ def test_without_a_gold_column_the_cheapest_model_is_named_and_quality_is_not_cl
     monkeypatch.setattr(VLLMResource, "with_model", lambda self, model: FakeVLLMResource(
         model=model, delay_s=0.001))
     report = job.estimate(FakeVLLMResource(delay_s=0.004),
-                          EstimateSpec(min_sample_seconds=0, sample_rows=40, models=["quick"], accuracy_bar=0.9, fill_batch=False,
+                          untimed(sample_rows=40, models=["quick"], accuracy_bar=0.9, fill_batch=False,
                                        hourly_rate_usd=1.0))
     assert report["chosen_model"] == "quick" and all(m["accuracy"] is None for m in report["models"])
     assert all(m["sample_rows"] == 40 for m in report["models"])  # nothing to straddle
@@ -488,7 +495,7 @@ def test_the_estimate_predicts_only_prompts_the_store_does_not_hold(tmp_path):
         r["text"] = f"{r['text']} (#{r['id']})"
     src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
     spec = make_spec(tmp_path, input=str(src), shards=3,
-                     estimate=EstimateSpec(min_sample_seconds=0, sample_rows=30, warmup_rows=4, sample_hardware="dgx-spark"))
+                     estimate=untimed(sample_rows=30, warmup_rows=4, sample_hardware="dgx-spark"))
     job = build_batch_assets(spec=spec)
     res = {"vllm": fake_resource(delay_s=0.002)[0]}
     inst = DagsterInstance.get()
@@ -551,7 +558,7 @@ def test_the_bill_and_the_check_compare_like_with_like(tmp_path):
 
 def test_the_runs_bill_includes_its_engine_start(tmp_path, monkeypatch):
     spec = make_spec(tmp_path, n=120, shards=3,
-                     estimate=EstimateSpec(min_sample_seconds=0, sample_rows=30, warmup_rows=4, sample_hardware="dgx-spark"))
+                     estimate=untimed(sample_rows=30, warmup_rows=4, sample_hardware="dgx-spark"))
     job = build_batch_assets(spec=spec)
     # A 3 s start against ~0.2 s of generation (1.3 s seen on a loaded machine): far enough apart to
     # tell "generation alone" from "start included" without timing anything tight.
@@ -625,7 +632,7 @@ def test_the_benchmark_builds_a_second_real_job_that_runs(tmp_path, monkeypatch)
     assert job.spec.name == "debian_roles" and job.spec.gold_column == "role" and job.spec.text_columns == ["summary"]
     assert job.spec.output.labels == bench.ROLES and job.spec.estimate.accuracy_bar == 0.3
     build_shards(job.spec, job.home)
-    report = job.estimate(FakeVLLMResource(), EstimateSpec(min_sample_seconds=0, sample_rows=20, fill_batch=False))
+    report = job.estimate(FakeVLLMResource(), untimed(sample_rows=20, fill_batch=False))
     assert report["total_rows"] == 200 and report["sample_rows"] == 20 and report["accuracy"] is not None
 
 
