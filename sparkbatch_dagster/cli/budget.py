@@ -13,19 +13,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import BudgetStop, ConfigError
+from ..errors import BudgetStop
 
 
 def label_config(args: argparse.Namespace) -> dict[str, Any]:
     """``labeled_outputs``' config from ``sparkbatch run``'s flags, checked before anything runs (a
     duration deadline becomes the time it ends, counted from now)."""
-    from ..run.brake import parse_deadline
+    from ..run.brake import check_max_cost, parse_deadline
 
     config: dict[str, Any] = {"estimate": True} if args.estimate else {}
     if args.max_cost is not None:
-        if args.max_cost < 0:
-            raise ConfigError(f"--max-cost {args.max_cost:g} is negative: give the most the job may cost, in USD")
-        config["max_cost_usd"] = args.max_cost
+        config["max_cost_usd"] = check_max_cost(args.max_cost, "--max-cost")
     if args.deadline:
         config["deadline"] = parse_deadline(args.deadline).isoformat()
     return config

@@ -132,12 +132,17 @@ class BatchJob:
         tables = [pq.read_table(p, schema=OUTPUT_SCHEMA) for p in paths]
         return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
 
-    def expected_rows_per_s(self, version: str) -> float | None:
-        """The estimate's generation rate for this version, to quote an ETA before the run has its own."""
+    def prediction(self, version: str) -> dict[str, Any] | None:
+        """The estimate's prediction file for this version (written by every estimate), or None."""
         path = self.home.prediction_path(version)
-        if not path.exists():
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def expected_rows_per_s(self, version: str, pred: dict[str, Any] | None = None) -> float | None:
+        """The estimate's generation rate for this version (``pred``: its prediction, when the
+        caller has it read), to quote an ETA before the run has its own."""
+        pred = pred or self.prediction(version)
+        if pred is None:
             return None
-        pred = json.loads(path.read_text())
         rows = pred["total_rows"] - pred.get("stored_rows", 0)
         return rows / pred["predicted_wall_s"] if pred.get("predicted_wall_s") else None
 

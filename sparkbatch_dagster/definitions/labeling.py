@@ -21,7 +21,7 @@ from dagster import AssetExecutionContext, AssetKey, Config
 from ..engines.base import LazyEngine
 from ..errors import ConfigError
 from ..run import attempts
-from ..run.brake import DEADLINE_MARGIN_S, Brake, check_deadline, parse_deadline, price
+from ..run.brake import DEADLINE_MARGIN_S, Brake, check_deadline, check_max_cost, parse_deadline, price
 from ..run.progress import Relay, tell
 from ..run.runner import ShardRun
 from ..spec import JobSpec, fingerprint
@@ -112,9 +112,7 @@ def make_brake(job: BatchJob, version: str, config: LabelConfig) -> Brake:
     before any engine starts. The version's earlier attempts are its bill so far; an earlier
     estimate of this version gives the rate to refuse with before the run measures its own."""
     spec = job.spec
-    max_cost = config.max_cost_usd if config.max_cost_usd is not None else spec.max_cost_usd
-    if max_cost is not None and max_cost < 0:
-        raise ConfigError(f"max_cost_usd={max_cost} is negative: give the most the job may cost, in USD (e.g. 2.5)")
+    max_cost = check_max_cost(config.max_cost_usd if config.max_cost_usd is not None else spec.max_cost_usd)
     deadline = parse_deadline(config.deadline) if config.deadline else spec.deadline
     if deadline is not None:
         check_deadline(deadline)
@@ -126,17 +124,15 @@ def make_brake(job: BatchJob, version: str, config: LabelConfig) -> Brake:
                   margin_s=DEADLINE_MARGIN_S if margin is None else margin)
     if brake.active:
         brake.spent_before_usd = attempts.bill(attempts.load(job.home, version))["attempts_cost_usd"]
-        _use_prediction(brake, job, version)
+        _use_prediction(brake, job.prediction(version))
     return brake
 
 
-def _use_prediction(brake: Brake, job: BatchJob, version: str) -> None:
+def _use_prediction(brake: Brake, pred: dict[str, Any] | None) -> None:
     """Give the brake the estimate's rate (input rows per second, stored ones averaged in) and
-    engine start, when this version has a prediction file."""
-    path = job.home.prediction_path(version)
-    if not path.exists():
+    engine start, when this version has a prediction."""
+    if pred is None:
         return
-    pred = json.loads(path.read_text())
     if pred.get("predicted_wall_s"):
         brake.predicted_rows_per_s = pred["total_rows"] / pred["predicted_wall_s"]
     brake.restart_s = float(pred.get("engine_start_s") or 0.0)
@@ -149,10 +145,10 @@ def _estimate_first(job: BatchJob, resource: VLLMResource, engine: LazyEngine, r
 
     def first() -> None:
         report = job.estimate_in_run(resource, engine, engine.model_id, log=log)
-        version = runner.version
-        runner.expected_rows_per_s = job.expected_rows_per_s(version)
+        pred = job.prediction(runner.version)  # just written: read once for the ETA and the brake
+        runner.expected_rows_per_s = job.expected_rows_per_s(runner.version, pred)
         if runner.brake is not None:
-            _use_prediction(runner.brake, job, version)
+            _use_prediction(runner.brake, pred)
         cost = price(report["predicted_wall_s"] + report["engine_start_s"], job.spec.hourly_rate_usd)
         line = (f"estimate: {report['prompts_to_generate']:,} prompts to generate, predicted "
                 f"{report['predicted_wall_s']:.0f} s of generation + {report['engine_start_s']:.0f} s engine start "

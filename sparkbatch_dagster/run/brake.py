@@ -55,6 +55,13 @@ def parse_deadline(text: str, now: datetime | None = None) -> datetime:
     return check_deadline(when, now)
 
 
+def check_max_cost(value: float | None, setting: str = "max_cost_usd") -> float | None:
+    """``value``, or a :class:`ConfigError` when it is negative (checked before any engine starts)."""
+    if value is not None and value < 0:
+        raise ConfigError(f"{setting}={value:g} is negative: give the most the job may cost, in USD (e.g. 2.5)")
+    return value
+
+
 def check_deadline(when: datetime, now: datetime | None = None) -> datetime:
     """``when``, or a :class:`ConfigError` when it has passed (checked before any engine starts)."""
     now = now or datetime.now(timezone.utc)

@@ -99,6 +99,7 @@ class ShardRun:
         self._first_answer: float | None = None
         self._done_at_first = 0
         self._sizes: dict[str, int] = {}
+        self._rows_total = 0  # of the shards this attempt holds: the brake asks after every answer
         self._timer: FlushTimer  # made by stream(), with this attempt's heartbeat
         self.run_id = run_id
         self.attempt: Attempt | None = None
@@ -144,6 +145,7 @@ class ShardRun:
                 mine.append(key)
             with attempt, self._timer:
                 self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in mine}
+                self._rows_total = sum(self._sizes.values())
                 attempt.progress = self._attempt_progress
                 if before is not None:
                     self._before(before)
@@ -177,7 +179,7 @@ class ShardRun:
             # Trusted after one checkpoint interval of answers: the first few say little of the pace.
             if seconds >= self.spec.checkpoint_seconds and self._rows_done > self._all_at_first:
                 rate = (self._rows_done - self._all_at_first) / seconds
-        pos = Position(self._rows_done, sum(self._sizes.values()), len(self.stats), len(self._sizes), rate,
+        pos = Position(self._rows_done, self._rows_total, len(self.stats), len(self._sizes), rate,
                        self._longest_commit)
         if self._answered and pos.rows_done >= pos.rows_total:  # all in: stopping now would only lose the commit
             return
@@ -188,18 +190,17 @@ class ShardRun:
             yield self._ready.pop(0)
 
     def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
-        total = sum(self._sizes.values())
         last_report = time.perf_counter()
         results = self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output)
         try:
-            yield from self._consume(results, total, last_report)
+            yield from self._consume(results, self._rows_total, last_report)
         finally:  # a stop (the brake, an error) aborts what is still in flight, now, not when collected
             close = getattr(results, "close", None)
             if close is not None:
                 close()
         yield from self._drain()
         if self.progress and self.shards:
-            self._report(self.shards[-1], total)
+            self._report(self.shards[-1], self._rows_total)
         pending = {s.key: s.pending for s in self.shards if s.pending}
         if pending:
             raise PendingRowsError(
