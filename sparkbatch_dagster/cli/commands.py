@@ -45,6 +45,7 @@ OPTION_KEYS = ("name", "nodes", "gpus_per_node", "engines", "hardware", "speed_b
 def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", inst: Any = None) -> dict[str, Any]:
     """Partitions done and missing, and the command to run next (``inst``: the Dagster instance,
     when the caller has it open)."""
+    job.home.refresh()  # a bucket home: its shards and commits, whichever box made them
     manifest = job.home.read_manifest()
     keys = (manifest or {"keys": []})["keys"]
     done = job.done_partitions(resource) if keys else []
@@ -56,7 +57,10 @@ def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", 
         step = f"`sparkbatch run -f {file}` labels the {len(missing)} missing partition(s)"
     else:
         step = f"all done: `sparkbatch sql -f {file} \"FROM label_distribution\"` queries the results"
-    limit = pool_limit(inst or instance(), job.pool) if job.pool else None
+    inst = inst or instance()
+    if manifest is not None and job.home.remote is not None:
+        _adopt(job, inst, keys)
+    limit = pool_limit(inst, job.pool) if job.pool else None
     warnings = [] if limit is not None or not job.pool else [
         f"the Dagster instance in $DAGSTER_HOME sets no limit on the {job.pool!r} pool: two runs at once (two "
         "backfills, or one backfill's runs) would each start an engine on the same GPUs; run "
@@ -65,11 +69,24 @@ def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", 
             "missing": missing, "next": step, "pool_limit": limit, "warnings": warnings}
 
 
+def _adopt(job: BatchJob, inst: Any, keys: list[str]) -> None:
+    """A bucket home on a Dagster instance that never ran it: its partitions registered and its
+    committed ones recorded, so the UI shows what the bucket holds."""
+    from ..definitions import events
+
+    name = job.partitions_def.name or ""
+    known = set(inst.get_dynamic_partitions(name))
+    if [k for k in keys if k not in known]:
+        inst.add_dynamic_partitions(name, [k for k in keys if k not in known])
+    events.adopt(inst, job.keys["labeled_outputs"], job.home, keys)
+
+
 def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
     """Materialize ``input_shards`` and what it depends on (reused when the input is unchanged);
     return the instance and the assets to materialize the rest with."""
     from dagster import AssetSelection, materialize
 
+    job.home.refresh(write=True)  # a bucket home: wrong keys or a missing bucket stop here, in one line
     inst = instance()
     assets = list(defs.assets or job.assets)
     materialize(assets, selection=AssetSelection.assets(job.keys["input_shards"]).upstream(),
@@ -219,6 +236,7 @@ def sql(job: BatchJob, resource: VLLMResource, query: str) -> dict[str, Any]:
     ``label_distribution``, ``run_metrics``); prints a table on stderr, returns the rows."""
     from ..run import metrics
 
+    job.home.refresh()  # a bucket home: the tables are rebuilt here from what the bucket holds
     metrics.analytics(job.spec, job.home, job.output_version(resource))
     with metrics.connect(job.home.metrics_db) as con:
         try:

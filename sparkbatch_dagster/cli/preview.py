@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..run.result_store import ResultStore, prompt_key
+from ..run.result_store import open_store, prompt_key
 from ..run.rows import plan_rows, read_shard
 from ..spec.prompts import chat_text
 
@@ -37,7 +37,7 @@ def preview(job: Any, resource: Any, show: int = 5) -> dict[str, Any]:
     spec, home = job.spec, job.home
     manifest = home.read_manifest() or {"keys": [], "signature": None}
     model = resource.model_identity()
-    store = ResultStore(spec.result_store_path, spec.answer_context(model))
+    store = open_store(spec, home, model)
     shards: list[dict[str, Any]] = []
     samples: list[tuple[str, list[dict[str, str]], list[str]]] = []
     for key in manifest["keys"]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ConfigError, SparkbatchError
@@ -37,6 +38,7 @@ def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log)
     from ..estimate.machine import cannot_run
 
     on_gpu = not on_cpu()
+    job.home.refresh(write=True)  # a bucket home: its shards and stored answers; bad credentials stop here
     est, batch, machine, options = _setup(job, resource, est)
     sample = E.draw_sample(job.spec, job.home, est)
     candidates = [c for c in est.candidates() if c.model != resource.model or c.engine_kwargs]
@@ -103,21 +105,23 @@ def _forecast(job: BatchJob, res: VLLMResource, sample: Any, timing: Any, option
               model_id: str, name: str, candidate: ModelCandidate | None, log: Log) -> dict[str, Any]:
     """One model's prediction for the whole job; also written as its version's prediction file."""
     from .. import estimate as E
-    from ..run.result_store import ResultStore
+    from ..run.result_store import open_store
 
-    store = ResultStore(job.spec.result_store_path, job.spec.answer_context(model_id))
+    store = open_store(job.spec, job.home, model_id)
     stored = E.count_stored(job.spec, job.home, sample, store)
     m = {**_priced(E.predict, sample, timing, options, stored, res.engine_count(), machine, res, name, candidate),
          "identity": model_id}
     log(f"estimate: {m['model']}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, predicted "
         f"{m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']} ({m['best_speed_basis']})")
-    atomic_write_text(job.home.prediction_path(job.version_for(model_id)), json.dumps({
+    prediction = job.home.prediction_path(job.version_for(model_id))
+    atomic_write_text(prediction, json.dumps({
         "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
         "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
         "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
         "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
         "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }))
+    job.home.publish(prediction)
     return m
 
 
@@ -143,7 +147,11 @@ def _report(job: BatchJob, sample: Any, est: EstimateSpec, models: list[dict[str
                            on_gpu=not on_cpu(), has_gold=has_gold, models=models, total_rows=sample.total_rows)
         + extra_advice,
     }
-    return E.write_report(report, job.home.estimate_dir)
+    written = E.write_report(report, job.home.estimate_dir)
+    for path in ("json", "chart"):
+        if Path(written[path]).exists():
+            job.home.publish(Path(written[path]))
+    return written
 
 
 def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VLLMResource:

@@ -91,3 +91,23 @@ def blocked(instance: Any, key: AssetKey, home: JobHome, version: str, partition
     failed = AssetCheckExecutionRecordStatus.FAILED
     return [p for p in partitions
             if latest.get(p) == failed or (p not in latest and not exactly_once(home, version, p)[0])]
+
+
+def adopt(instance: Any, key: AssetKey, home: JobHome, keys: list[str]) -> list[str]:
+    """A bucket home seen by a Dagster instance that never ran it (a new box, a new DAGSTER_HOME):
+    record each partition the bucket has committed under the current version as materialized
+    (a runless event, cost 0 here), so the UI's partitions show what the bucket holds. Returns
+    the partitions recorded; nothing for a folder home, whose instance saw its runs."""
+    import json
+
+    current = home.read_current() if home.remote is not None else None
+    if current is None:
+        return []
+    version = current["version"]
+    have = set(instance.get_materialized_partitions(key))
+    adopted = [k for k in keys if k not in have and home.is_done(version, k)]
+    for k in adopted:
+        stats = json.loads(home.stats_path(version, k).read_text())
+        instance.report_runless_asset_event(materialization(
+            key, stats, this_run=False, home=home, tags={"sparkbatch/adopted_from": home.location}))
+    return adopted

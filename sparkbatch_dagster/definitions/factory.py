@@ -34,7 +34,7 @@ from dagster import (
 
 from ..engines.model import answer_settings
 from ..errors import SparkbatchError
-from ..home import JobHome
+from ..home import open_home
 from ..inputs.shards import build_shards
 from ..run import attempts, metrics
 from ..spec import EstimateSpec, JobSpec, fingerprint
@@ -140,7 +140,8 @@ def build_batch_assets(
         metrics_policy = BackfillPolicy.multi_run(max_partitions_per_run=999)
     prefix = [key_prefix] if isinstance(key_prefix, str) else list(key_prefix or [spec.name])
     group = group_name or spec.name
-    home = JobHome(spec.home_path)
+    home = open_home(spec.home_url or spec.home_path, spec.home_path, spec.storage_options, spec.lease_seconds,
+                     spec.result_store_path, spec.result_store_url)
     parts = DynamicPartitionsDefinition(name=f"{spec.name}_shards")
     job = BatchJob(spec, home, parts, resource_key=resource_key, pool=pool)
     names = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
@@ -158,6 +159,11 @@ def build_batch_assets(
             context.instance.add_dynamic_partitions(parts.name or "", new)
         for stale in sorted(known - set(manifest["keys"])):
             context.instance.delete_dynamic_partition(parts.name or "", stale)
+        home.refresh()
+        adopted = events.adopt(context.instance, labeled_key, home, manifest["keys"])
+        if adopted:
+            context.log.info(f"{len(adopted)} partition(s) of {labeled_key.to_user_string()} are committed in "
+                             f"{home.location} but unknown to this Dagster instance: recorded as materialized")
         return MaterializeResult(data_version=DataVersion(manifest["signature"]), metadata={
             "rows": manifest["rows"], "shards": manifest["shard_count"], "reused": manifest["reused"],
             "path": MetadataValue.path(str(home.shards_dir)),
@@ -193,6 +199,7 @@ def build_batch_assets(
            description="Rows, errors, tokens, time, tokens/hour and cost per partition, in metrics.duckdb; "
                        "predicted vs actual generation time when an estimate was made.")
     def run_metrics(context: AssetExecutionContext) -> MaterializeResult:
+        home.refresh()  # a bucket home: every box's commits and attempts
         version = job.current_version()
         committed = metrics.sync(home, version)
         keys = context.partition_keys
@@ -218,6 +225,7 @@ def build_batch_assets(
            description="Label distribution, accuracy against the gold column, cost per 1k rows (DuckDB views). "
                        "Not built while a partition fails its every-row-exactly-once check.")
     def analytics(context: AssetExecutionContext) -> MaterializeResult:
+        home.refresh()
         version = job.current_version()
         committed = sorted(metrics.committed_stats(home, version))
         bad = events.blocked(context.instance, labeled_key, home, version, committed)

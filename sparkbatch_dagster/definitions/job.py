@@ -78,6 +78,8 @@ class BatchJob:
         return estimate_in_run(self, resource, engine, model_id, log)
 
     def done_partitions(self, resource: VLLMResource) -> list[str]:
+        """Partitions committed under the resource's version (with a bucket home: in the bucket)."""
+        self.home.refresh()
         manifest = self.home.read_manifest() or {"keys": []}
         if not manifest["keys"]:
             return []
@@ -125,6 +127,7 @@ class BatchJob:
 
         from ..run.checkpoint import OUTPUT_SCHEMA
 
+        self.home.refresh()
         version = self.current_version()
         keys = partitions or (self.home.read_manifest() or {"keys": []})["keys"]
         paths = [self.home.labeled_path(version, k) for k in keys if self.home.is_done(version, k)]

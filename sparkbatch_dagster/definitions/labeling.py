@@ -55,9 +55,11 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
     spec, home, key = job.spec, job.home, job.keys["labeled_outputs"]
     config = config or LabelConfig()
     keys = context.partition_keys  # each read asks the instance for the dynamic partitions
+    home.refresh(write=True)  # a bucket home: its shards and commits; bad credentials stop here
     job.check_partitions(keys)  # before any engine starts
     model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
     version = job.version_for(model_id)
+    home.refresh((version,))
     brake = make_brake(job, version, config)  # a bad max cost or deadline stops here, before the engine
     # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
     engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))
@@ -105,6 +107,10 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
                              f"{stats['generated_requests']} prompts generated, {stats['reused_rows']} reused, "
                              f"${stats['cost_usd']:.4f}{_truncation_note(spec, stats)}")
             yield from emit(stats, this_run=True)
+        for k in runner.committed_elsewhere:
+            context.log.info(f"{k} was committed by another run while this one waited for its lease: recorded as "
+                             "reused (nothing generated here)")
+            yield from emit(json.loads(home.stats_path(version, k).read_text()), this_run=False)
 
 
 def make_brake(job: BatchJob, version: str, config: LabelConfig) -> Brake:

@@ -9,6 +9,10 @@
     <home>/estimate/estimate.json|png      the latest estimate (all models compared)
     <home>/metrics.duckdb                  run metrics and analytics tables
     <home>/results/<context>/seg-*.parquet the result store (``run/result_store.py``): every answer once
+    <home>/out/<version>/commits/shard-00003.json   with a bucket home: the commit, as the bucket has it
+
+A home may be an object-store URL (:mod:`.mirror`): then this folder is its local cache, the
+bucket is the truth, and a shard is done only when the bucket holds its commit.
 
 ``version`` is the output fingerprint (prompt, sampling, model, input shards): rows made under
 other settings live in another folder and are never mixed with these.
@@ -27,11 +31,16 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, SparkbatchError
 from .atomic import atomic_write_text
+from .lease import Lease, PartitionLock, owner_id
 from .locks import FileLock
+
+if TYPE_CHECKING:
+    from .bucket import Bucket
+    from .mirror import Mirror
 
 _KEY_RE = re.compile(r"shard-[0-9]{5}")
 log = logging.getLogger("sparkbatch")
@@ -51,8 +60,19 @@ def check_key(key: str) -> str:
 class JobHome:
     """Paths of one job's files. Every path built from a key goes through :func:`check_key`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, remote: Mirror | None = None, results: Path | None = None,
+                 results_remote: Bucket | None = None) -> None:
         self.root = root
+        #: The bucket this folder caches (None: the folder is the home).
+        self.remote = remote
+        #: The answer store's folder and bucket, when the home was opened from a spec (``open_home``).
+        self.results, self.results_remote = results, results_remote
+        self._owner = owner_id()
+
+    @property
+    def location(self) -> str:
+        """Where the job lives, for messages: the bucket URL, or the folder."""
+        return self.remote.bucket.url if self.remote is not None else str(self.root)
 
     @property
     def shards_dir(self) -> Path:
@@ -95,14 +115,48 @@ class JobHome:
 
     def write_current(self, version: str, model: str) -> None:
         atomic_write_text(self.current_path, json.dumps({"version": version, "model": model}))
+        self.publish(self.current_path)
+
+    def publish(self, path: Path) -> None:
+        """With a bucket home, upload a small file just written (a pointer, a report); else nothing."""
+        if self.remote is not None:
+            self.remote.publish(path)
+
+    def commit_path(self, version: str, key: str) -> Path:
+        """With a bucket home: the local copy of the shard's commit object."""
+        return self.version_dir(version) / "commits" / f"{check_key(key)}.json"
+
+    def refresh(self, versions: tuple[str, ...] = (), write: bool = False) -> None:
+        """With a bucket home, bring what the bucket has into the cache: the shards, the current
+        version, and every commit and attempt of it and of ``versions``. The first call checks the
+        store (``write``: that it may be written too), before any engine starts."""
+        if self.remote is None:
+            return
+        self.remote.check(write)
+        self.remote.pull_shards(self)
+        self.remote.fetch(self.current_path)
+        current = self.read_current()
+        for version in dict.fromkeys([*versions, *([current["version"]] if current else [])]):
+            self.remote.pull(self, version)
+
+    def publish_commit(self, version: str, key: str, attempt: str) -> None:
+        """With a bucket home, commit a shard just committed here in the bucket (the commit that counts)."""
+        if self.remote is not None:
+            self.remote.commit(self, version, key, attempt)
+
+    def pull_shard(self, version: str, key: str) -> None:
+        """For the run that now holds the shard's lease: its commit if another box made one since,
+        else the checkpoints of earlier attempts, wherever they ran."""
+        if self.remote is not None and not self.remote.pull_commit(self, version, key):
+            self.remote.pull_parts(self, version, key)
 
     def read_current(self) -> dict[str, Any] | None:
         return json.loads(self.current_path.read_text()) if self.current_path.exists() else None
 
     def has_commits(self, version: str) -> bool:
         """Whether ``version`` has a committed shard."""
-        labeled = self.version_dir(version) / "labeled"
-        return labeled.exists() and any(labeled.glob("shard-*.parquet"))
+        labeled = self.version_dir(version) / ("labeled" if self.remote is None else "commits")
+        return labeled.exists() and any(labeled.glob("shard-*.*"))
 
     def prediction_path(self, version: str) -> Path:
         """What the estimate predicted for the run that produces ``version``."""
@@ -115,8 +169,13 @@ class JobHome:
             if self.is_done(version, folder.name):
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def partition_lock(self, version: str, key: str) -> FileLock:
-        return FileLock(self.version_dir(version) / "locks" / f"{check_key(key)}.lock")
+    def partition_lock(self, version: str, key: str) -> PartitionLock:
+        local = FileLock(self.version_dir(version) / "locks" / f"{check_key(key)}.lock")
+        if self.remote is None:
+            return PartitionLock(local)
+        lease = Lease(self.remote.bucket, f"leases/{version}/{check_key(key)}.json", self._owner,
+                      self.remote.lease_seconds)
+        return PartitionLock(local, lease)
 
     def shards_lock(self) -> FileLock:
         return FileLock(self.root / ".shards.lock")
@@ -140,6 +199,8 @@ class JobHome:
         from the result store, not the engine. A read that fails (shared storage away for a
         moment) is not a broken file: it raises, naming the file, and nothing is touched.
         """
+        if self.remote is not None and not self.commit_path(version, key).exists():
+            return False  # the bucket is the truth: a shard committed here but not there is not done
         return self.labeled_path(version, key).exists() and self.broken(version, key) is None
 
     def broken(self, version: str, key: str) -> str | None:
@@ -178,3 +239,4 @@ class JobHome:
             if path.exists():
                 path.rename(path.with_name(f"{path.name}.broken-{stamp}"))
         return True
+

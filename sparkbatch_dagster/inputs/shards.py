@@ -155,7 +155,13 @@ def build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     lock = home.shards_lock()
     lock.acquire(wait=True)
     try:
-        return _build_shards(spec, home)
+        if home.remote is not None:  # a bucket home: its shards are the ones to reuse
+            home.remote.check(write=True)
+            home.remote.pull_shards(home)
+        manifest = _build_shards(spec, home)
+        if home.remote is not None:
+            home.remote.publish_shards(home, manifest)
+        return manifest
     finally:
         lock.release()
 

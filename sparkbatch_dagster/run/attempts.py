@@ -13,12 +13,18 @@ SIGKILL cannot write its end: it holds a lock while it runs, so a later reader f
 free and the outcome still ``running``, and counts it ``killed``, ended at its last heartbeat;
 the next run records that in its file. The files are the truth; ``metrics.sync`` mirrors them
 into the ``attempts`` table of ``metrics.duckdb``.
+
+With a bucket home the record is uploaded at its start, each commit, its end, and between them
+every third of a lease (each upload is a billed request; the local file keeps its 1 s beat). A
+record another box wrote has no lock here: it counts as killed once its last heartbeat is two
+lease lengths old, which its box, had it lived, would have renewed several times.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 import uuid
@@ -65,6 +71,10 @@ class Attempt:
             "cost_usd": 0.0, "committed_cost_usd": 0.0, "wasted_usd": 0.0, "engine_starts": 0,
         }
         self._home, self._version = home, version
+        self.record["box"] = box(home)
+        remote = home.remote
+        self._push_every_s = min(20.0, remote.lease_seconds / 3) if remote is not None else 0.0
+        self._last_push = -1e9
         #: The run's own counters, read at each write (not pushed per row: the run's hot loop
         #: stays free of locks): ``prompts_generated``, ``engine_start_s`` and ``engine_starts``
         #: (cold starts this attempt paid; a warm engine reused is 0).
@@ -73,7 +83,7 @@ class Attempt:
     def __enter__(self) -> Attempt:
         record_killed(self._home, self._version)  # what an earlier attempt could not write itself
         self._lock.acquire(wait=True)
-        self._write()
+        self._write(push=True)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
@@ -83,7 +93,7 @@ class Attempt:
         elif exc is not None:
             self.record["error"] = f"{type(exc).__name__}: {exc}"[:500]
         self.record["ended"] = _now()
-        self._write()
+        self._write(push=True)
         self._lock.release()
 
     def committed(self, stats: dict[str, Any]) -> None:
@@ -93,7 +103,7 @@ class Attempt:
             r["rows_committed"] += stats["rows"]
             r["partitions_committed"] += 1
             r["committed_cost_usd"] = round(r["committed_cost_usd"] + stats["cost_usd"], 6)
-        self.beat(force=True)
+        self._write(push=True)
 
     def cost_usd(self) -> float:
         """What this attempt has cost so far: its wall time at the hourly rate (the brake reads it)."""
@@ -104,7 +114,7 @@ class Attempt:
         if force or time.monotonic() - self._last_beat >= self.beat_every_s:
             self._write()
 
-    def _write(self) -> None:
+    def _write(self, push: bool = False) -> None:
         with self._mutex:
             r = self.record
             r.update(self.progress())
@@ -115,6 +125,10 @@ class Attempt:
             self._last_beat = time.monotonic()
             # Under the lock: the timer's heartbeat and a commit share one temporary file name.
             atomic_write_text(self.path, json.dumps(r, indent=2))
+            remote = self._home.remote
+            if remote is not None and (push or self._last_push + self._push_every_s <= self._last_beat):
+                self._last_push = self._last_beat
+                remote.push_attempt(self.path)
 
 
 def load(home: JobHome, version: str) -> list[dict[str, Any]]:
@@ -126,7 +140,7 @@ def load(home: JobHome, version: str) -> list[dict[str, Any]]:
             record = json.loads(path.read_text())
         except ValueError:  # half a file cannot happen (atomic writes); a foreign one is not ours
             continue
-        if record.get("outcome") == "running" and _dead(path):
+        if record.get("outcome") == "running" and _dead(path, record, home):
             record.update(outcome="killed", ended=record.get("last_beat"),
                           error="the process was killed (no end was written): billed up to its last heartbeat")
         out.append(record)
@@ -140,10 +154,23 @@ def record_killed(home: JobHome, version: str) -> list[dict[str, Any]]:
         path = folder(home, version) / f"{r['attempt']}.json"
         if json.loads(path.read_text()).get("outcome") == "running":
             atomic_write_text(path, json.dumps(r, indent=2))
+            home.publish(path)
     return killed
 
 
-def _dead(path: Path) -> bool:
+def box(home: JobHome) -> str:
+    """This machine and cache, as an attempt record names where it ran."""
+    return f"{socket.gethostname()}:{home.root}"
+
+
+def _dead(path: Path, record: dict[str, Any], home: JobHome) -> bool:
+    if home.remote is not None and record.get("box", box(home)) != box(home):
+        try:
+            beat = datetime.fromisoformat(str(record.get("last_beat") or record["started"]))
+        except (KeyError, ValueError):
+            return True
+        age = (datetime.now(timezone.utc) - beat).total_seconds()
+        return age > 2 * home.remote.lease_seconds
     lock = FileLock(path.with_name(f".{path.stem}.lock"))
     if not lock.acquire(wait=False):
         return False  # its process still holds it: running

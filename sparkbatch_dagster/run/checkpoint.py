@@ -52,8 +52,12 @@ class CheckpointWriter:
     shard whose rows have waited ``every_seconds``, whether or not more rows come for it.
     """
 
-    def __init__(self, parts_dir: Path, every_rows: int, every_seconds: float) -> None:
+    def __init__(self, parts_dir: Path, every_rows: int, every_seconds: float, tag: str | None = None) -> None:
         self.parts_dir = parts_dir
+        #: Appended to part names (the attempt's id), so parts of attempts on two boxes never collide.
+        self.tag = tag
+        #: Hears each part file as it lands: with a bucket home, its upload.
+        self.on_part: Callable[[Path], None] = lambda _: None
         self.every_rows = every_rows
         self.every_seconds = every_seconds
         self._lock = threading.Lock()
@@ -119,7 +123,10 @@ class CheckpointWriter:
             return
         self._seq += 1
         table = pa.Table.from_pylist(self._buffer, schema=OUTPUT_SCHEMA)
-        atomic_write_parquet(self.parts_dir / f"part-{self._seq:06d}.parquet", table)
+        name = f"part-{self._seq:06d}-{self.tag}" if self.tag else f"part-{self._seq:06d}"
+        path = self.parts_dir / f"{name}.parquet"
+        atomic_write_parquet(path, table)
+        self.on_part(path)
         self.rows_written += len(self._buffer)
         self.flushes += 1
         self._buffer.clear()
@@ -185,10 +192,14 @@ def assemble(parts_dir: Path, expected_ids: Iterable[str], name: str) -> pa.Tabl
     return table.take([first[row_id] for row_id in expected])
 
 
-def commit(parts_dir: Path, table: pa.Table, final_path: Path) -> None:
-    """The shard's commit point: the final file appears atomically, then the parts go."""
+def commit(parts_dir: Path, table: pa.Table, final_path: Path, publish: Callable[[], None] | None = None) -> None:
+    """The shard's commit point: the final file appears atomically, then the parts go.
+    ``publish``: with a bucket home, the commit there, which is the one that counts; the parts
+    stay until it is made, so a crash before it loses nothing."""
     atomic_write_parquet(final_path, table)
     failpoint("finalize:committed")
+    if publish is not None:
+        publish()
     shutil.rmtree(parts_dir, ignore_errors=True)
 
 

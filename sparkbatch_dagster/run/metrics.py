@@ -73,8 +73,9 @@ def _upsert(home: JobHome, table: str, columns: list[tuple[str, str]], key: tupl
 
 def sync_attempts(home: JobHome, version: str) -> list[dict[str, Any]]:
     """Mirror every attempt of ``version`` (``attempts.py``) into the ``attempts`` table; return them."""
-    from .attempts import COLUMNS, load
+    from .attempts import COLUMNS, load, record_killed
 
+    record_killed(home, version)  # a killed attempt's own file (and object) says so from now on
     records = load(home, version)
     if records:
         _upsert(home, "attempts", COLUMNS, ("attempt",), records)
@@ -154,15 +155,17 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
 
     Views: ``labeled`` (output rows joined with their input), ``label_distribution``.
     """
-    labeled_glob = home.version_dir(version) / "labeled" / "*.parquet"
-    sync(home, version)
-    if not any(labeled_glob.parent.glob("*.parquet")):
+    # The committed shards' files by name, not a glob: a file no commit names (with a bucket home,
+    # a shard committed in the cache by a run that died before the bucket's commit) is not output.
+    committed = sync(home, version)
+    files = ", ".join(f"'{_sql_path(home.labeled_path(version, k))}'" for k in sorted(committed))
+    if not files:
         return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}}
     gold = f", s.{quote_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
     with connect(home.metrics_db) as con:
         con.execute(
             f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
-            f"FROM read_parquet('{_sql_path(labeled_glob)}', union_by_name = true) o "
+            f"FROM read_parquet([{files}], union_by_name = true) o "
             f"JOIN read_parquet('{_sql_path(home.shards_dir / 'shard-*.parquet')}') s USING (row_id)"
         )
         con.execute(

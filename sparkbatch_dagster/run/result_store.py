@@ -15,6 +15,13 @@ against them. Open it with anything that reads Parquet::
 Segments are written once (a temporary name, fsync, rename) and merged by level, 16 at a time,
 so a store of 10M answers stays a few dozen files. Readers hold a shared lock on the context
 folder while they read; a merge takes it exclusively only to swap files.
+
+In an object store (``remote``: the home's ``results/`` or a ``result_store`` URL) the folder is
+a cache. A segment is uploaded under its unique name before the shard that made it commits, and
+a merge uploads the merged segment before it deletes its inputs, so a listing never misses an
+answer; a segment is immutable and PUTs are all-or-nothing, so the listing is the store's
+manifest, and a duplicate answer (two boxes merging the same inputs) is harmless: lookups take
+any one copy of a key.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..home import FileLock, atomic_write_parquet
+from ..home import Bucket, FileLock, JobHome, atomic_write_parquet
 
 log = logging.getLogger("sparkbatch")
 
@@ -41,6 +48,13 @@ SCHEMA = pa.schema([
 ])
 #: Segments of one level merged into one of the next level.
 FAN_IN = 16
+
+
+def open_store(spec: Any, home: JobHome, model_id: str) -> ResultStore:
+    """The answer store of ``spec`` for ``model_id``: the home's (folder and bucket, when it was
+    opened from the spec) or, for a home made by hand, the spec's folder."""
+    root = home.results or spec.result_store_path
+    return ResultStore(root, spec.answer_context(model_id), home.results_remote)
 
 
 def prompt_key(system: str, user: str) -> str:
@@ -64,16 +78,36 @@ class ResultStore:
         store.add(rows)                            # dicts with prompt_key, output, error, tokens, model
     """
 
-    def __init__(self, root: Path, context: str) -> None:
+    def __init__(self, root: Path, context: str, remote: Bucket | None = None) -> None:
         self.dir = root / context
+        self.context, self.remote = context, remote
         self._lock = FileLock(self.dir / ".lock")
+        self._pulled = False
+
+    def pull(self) -> None:
+        """With a remote store: segments other boxes added come into the cache, segments a merge
+        removed there leave it (their answers are in the merged one, fetched with them)."""
+        if self.remote is None:
+            return
+        remote = {n for n in self.remote.list(self.context) if n.startswith("seg-") and n.endswith(".parquet")}
+        for name in sorted(remote - {f.name for f in self.segments()}):
+            self.remote.get_file(f"{self.context}/{name}", self.dir / name)
+        with self._lock.held():
+            for f in self.segments():
+                if f.name not in remote:
+                    f.unlink(missing_ok=True)
+        self._pulled = True
 
     def segments(self) -> list[Path]:
         return sorted(self.dir.glob("seg-*.parquet")) if self.dir.exists() else []
 
     def lookup(self, keys: list[str]) -> dict[str, tuple[str | None, str | None]]:
         """Stored (output, error) of each key that has an answer; keys without one are absent."""
-        if not keys or not self.dir.exists():
+        if not keys:
+            return {}
+        if not self._pulled:
+            self.pull()
+        if not self.dir.exists():
             return {}
         try:
             return self._lookup(keys)
@@ -117,8 +151,14 @@ class ResultStore:
             "prompt_tokens": [r["prompt_tokens"] for r in rows], "output_tokens": [r["output_tokens"] for r in rows],
             "model": [r["model"] for r in rows], "created_at": [now] * len(rows),
         }, schema=SCHEMA)
-        atomic_write_parquet(self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet", table)
+        segment = self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet"
+        atomic_write_parquet(segment, table)
+        self._upload(segment)
         self.compact()
+
+    def _upload(self, segment: Path) -> None:
+        if self.remote is not None:
+            self.remote.put_file(segment, f"{self.context}/{segment.name}")
 
     def compact(self) -> None:
         """Merge ``FAN_IN`` segments of a level into one of the next, level by level.
@@ -139,8 +179,12 @@ class ResultStore:
                 merged = pa.concat_tables([pq.read_table(f, schema=SCHEMA) for f in batch])
                 tmp = self.dir / f".merge-{uuid.uuid4().hex}.parquet"
                 atomic_write_parquet(tmp, merged)
+                out = self.dir / f"seg-L{level + 1}-{uuid.uuid4().hex}.parquet"
+                if self.remote is not None:  # the merged one in the bucket before its inputs leave it
+                    self.remote.put_file(tmp, f"{self.context}/{out.name}")
+                    self.remote.delete(f"{self.context}/{f.name}" for f in batch)
                 with self._lock.held():
-                    os.replace(tmp, self.dir / f"seg-L{level + 1}-{uuid.uuid4().hex}.parquet")
+                    os.replace(tmp, out)
                     for f in batch:
                         f.unlink(missing_ok=True)
                 level += 1

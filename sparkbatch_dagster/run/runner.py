@@ -19,7 +19,7 @@ from ..spec import JobSpec
 from .attempts import Attempt
 from .brake import Brake, Position
 from .checkpoint import CheckpointWriter, FlushTimer, assemble, commit
-from .result_store import ResultStore, prompt_key
+from .result_store import ResultStore, open_store, prompt_key
 from .rows import STORED_ERRORS, outcome, parse_output, plan_rows, read_shard, row
 from .shard_stats import progress_report, shard_stats
 
@@ -36,7 +36,14 @@ class _Shard:
         spec, version, model = run.spec, run.version, run.engine.model_id
         self.key, self.version, self.model = key, version, model
         self.rows = read_shard(run.home, key, run.signature)
-        self.writer = CheckpointWriter(run.home.parts_dir(version, key), spec.checkpoint_rows, spec.checkpoint_seconds)
+        remote = run.home.remote
+        # In a bucket every part is a PUT request (billed, and slower than a local write): parts go
+        # out every checkpoint_seconds, not every checkpoint_rows, so their count follows time, not speed.
+        every_rows = spec.checkpoint_rows if remote is None else 1 << 62
+        tag = run.attempt.id.rsplit("-", 1)[-1] if remote is not None and run.attempt is not None else None
+        self.writer = CheckpointWriter(run.home.parts_dir(version, key), every_rows, spec.checkpoint_seconds, tag)
+        if remote is not None:
+            self.writer.on_part = remote.push_part
         done = set(self.writer.existing().column("row_id").to_pylist())
         self.resumed = len(done)
         errors, self.groups = plan_rows(spec, self.rows, done)
@@ -80,7 +87,7 @@ class ShardRun:
         self.spec, self.home, self.version, self.engine = spec, home, version, engine
         self.progress, self.progress_every_s = progress, progress_every_s
         self.signature = (home.read_manifest() or {}).get("signature")
-        self.store = ResultStore(spec.result_store_path, spec.answer_context(engine.model_id))
+        self.store = open_store(spec, home, engine.model_id)
         self._pending_reason = ""
         self.shards: list[_Shard] = []
         self.stats: list[dict[str, Any]] = []
@@ -108,6 +115,9 @@ class ShardRun:
         self._engine_starts = engine_starts  # cold engine starts this attempt paid (a warm engine: 0)
         self._all_at_first = 0  # rows done, free ones included, at the first answer: the brake's rate
         self._longest_commit = 0.0
+        #: Keys of this run that another run (another box, with a bucket home) committed while this
+        #: one waited for their lease: done, and not by this run.
+        self.committed_elsewhere: list[str] = []
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
@@ -131,17 +141,21 @@ class ShardRun:
         mine: list[str] = []
         try:
             for key, lock in zip(keys, locks, strict=True):
-                if not lock.acquire(wait=False):
+                # A bucket home's lease of another box is waited for (a run of this box is not).
+                if not lock.acquire(wait=False, lease_wait=key not in optional):
                     if key in optional:
                         continue
                     raise SparkbatchError(
                         f"partition {key} is being written by another run (pid {lock.holder()}): "
                         "wait for that run to finish, or run the other partitions"
                     )
-                if key in optional and self.home.is_done(self.version, key):  # committed by its own run since
-                    lock.release()
-                    continue
                 self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
+                self.home.pull_shard(self.version, key)  # bucket home: its commit, or earlier attempts' parts
+                if self.home.is_done(self.version, key):  # committed by its own run (or another box) since
+                    lock.release()
+                    if key not in optional:
+                        self.committed_elsewhere.append(key)
+                    continue
                 mine.append(key)
             with attempt, self._timer:
                 self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in mine}
@@ -152,9 +166,11 @@ class ShardRun:
                 self._consult()  # before the first prompt: a refusal generates nothing
                 yield from self._generate(mine)
         finally:
-            # Whatever stopped us, finished rows still in memory go to disk first.
+            # Whatever stopped us, finished rows still in memory go to disk first (and to the bucket).
             for shard in self.shards:
                 shard.writer.flush()
+            if self.home.remote is not None:
+                self.home.remote.uploader.flush()
             for lock in locks:
                 lock.release()
 
@@ -292,7 +308,9 @@ class ShardRun:
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
         failpoint("finalize:stats")
         self.store.add(_new_answers(table))
-        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key))
+        attempt = self.attempt.id if self.attempt is not None else "none"
+        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key),
+               publish=lambda: self.home.publish_commit(self.version, shard.key, attempt))
         shard.release()
         self._longest_commit = max(self._longest_commit, time.perf_counter() - began)
         if self.attempt is not None:

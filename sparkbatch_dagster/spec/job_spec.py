@@ -30,6 +30,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ConfigError
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
 
+#: storage_options keys that hold a secret: only by reference (EnvVar / {env: NAME}).
+_SECRET_KEYS = {"key", "secret", "token", "password", "aws_secret_access_key", "aws_access_key_id",
+                "aws_session_token", "session_token", "account_key", "sas_token", "client_secret"}
+
+
+def _is_url(location: str | None) -> bool:
+    """An object-store URL (s3://, gs://, ...), not a path or file://."""
+    return bool(location) and "://" in str(location) and not str(location).startswith("file://")
+
+
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -233,11 +243,24 @@ class JobSpec(_Checked):
     gold_column: str | None = Field(default=None, description="Column holding the right answer.")
     hourly_rate_usd: float = Field(default=0.79, ge=0.0, description="Price of the box per hour.")
     home: str | None = Field(
-        default=None, description="Folder for shards, outputs, metrics; None = .sparkbatch/<name>, one per job."
+        default=None, description="Folder or object-store URL (s3://bucket/prefix, gs://...) for shards, outputs, "
+        "metrics; None = .sparkbatch/<name>, one per job. A URL is the truth and a local folder its cache.",
     )
     result_store: str | None = Field(
-        default=None, description="Folder of stored answers, reused by every run; None = <home>/results. "
-        "Point several jobs at one folder to share answers between them.",
+        default=None, description="Folder or object-store URL of stored answers, reused by every run; None = "
+        "<home>/results. Point several jobs at one place to share answers between them.",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, repr=False, description="fsspec options of a URL home/result_store (e.g. endpoint_url, "
+        "profile). Secrets by reference only: a Dagster EnvVar or {env: NAME}, read at connect time.",
+    )
+    cache_dir: str | None = Field(
+        default=None, description="Local cache of a URL home; None = .sparkbatch/cache/<name>. Deletable any time "
+        "no run uses it.",
+    )
+    lease_seconds: float = Field(
+        default=60.0, ge=1.0, description="URL home: a shard's lease length; a box that dies holds its shards "
+        "this long, then another takes them over.",
     )
     max_input_chars: int = Field(default=20_000, ge=1, description="Longer texts become error rows.")
     checkpoint_rows: int = Field(default=256, ge=1, description="Flush finished rows every N rows...")
@@ -268,6 +291,17 @@ class JobSpec(_Checked):
             raise ValueError("text_columns is empty: name at least one input column")
         return v
 
+    @field_validator("storage_options")
+    @classmethod
+    def _check_storage_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        secret = sorted(k for k, x in v.items() if k.lower() in _SECRET_KEYS and isinstance(x, str)
+                        and type(x).__name__ != "EnvVar")
+        if secret:
+            raise ValueError(f"storage_options[{secret[0]!r}] is a secret written in the spec: pass it by reference, "
+                             f"{secret[0]}: {{env: MY_VAR}} in YAML or EnvVar('MY_VAR') in Python (or leave it out: "
+                             "s3fs and gcsfs read AWS_* / GOOGLE_* variables themselves)")
+        return v
+
     @field_validator("deadline")
     @classmethod
     def _check_deadline(cls, v: datetime | None) -> datetime | None:
@@ -287,13 +321,33 @@ class JobSpec(_Checked):
         return self
 
     @property
+    def home_url(self) -> str | None:
+        """The object-store URL of the home, or None for a folder."""
+        return self.home.rstrip("/") if _is_url(self.home) and self.home else None
+
+    @property
     def home_path(self) -> Path:
-        """The job's folder. The default is per job name, so two jobs never share files."""
-        return Path(self.home or Path(".sparkbatch") / self.name).expanduser().resolve()
+        """The job's local folder (with a URL home, its cache). The default is per job name, so two
+        jobs never share files."""
+        if self.home_url:
+            return Path(self.cache_dir or Path(".sparkbatch") / "cache" / self.name).expanduser().resolve()
+        return Path((self.home or "").removeprefix("file://") or Path(".sparkbatch") / self.name).expanduser().resolve()
+
+    @property
+    def result_store_url(self) -> str | None:
+        """The answer store's object-store URL (its own, or <home URL>/results), or None."""
+        if self.result_store:
+            return self.result_store.rstrip("/") if _is_url(self.result_store) else None
+        return f"{self.home_url}/results" if self.home_url else None
 
     @property
     def result_store_path(self) -> Path:
-        return Path(self.result_store).expanduser().resolve() if self.result_store else self.home_path / "results"
+        """The answer store's local folder (with a URL store, its cache)."""
+        if self.result_store and _is_url(self.result_store):
+            return self.home_path / f"results-{hashlib.sha256(self.result_store.encode()).hexdigest()[:12]}"
+        if self.result_store:
+            return Path(self.result_store.removeprefix("file://")).expanduser().resolve()
+        return self.home_path / "results"
 
     def answer_context(self, model: str) -> str:
         """Everything besides the rendered prompt that determines a generated answer: the

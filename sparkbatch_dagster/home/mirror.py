@@ -1,0 +1,247 @@
+"""A job home in an object store, with a local folder as its cache.
+
+The bucket is the truth; the local folder holds the same layout (:mod:`.layout`) and can be
+deleted whenever no run uses it. Every run works on local files as before and this module keeps
+the two in step:
+
+    <url>/shards/manifest.json                    which shards, written after them (names their folder)
+    <url>/shards/<signature>/shard-00003.parquet  input rows of one shard
+    <url>/out/<version>/parts/shard-00003/part-000007-<attempt>.parquet   checkpoints, uploaded as written
+    <url>/out/<version>/labeled/shard-00003.<attempt>.parquet             a finished shard's rows
+    <url>/out/<version>/stats/shard-00003.<attempt>.json                  its statistics
+    <url>/out/<version>/commits/shard-00003.json  THE commit: names the two objects above; created once
+    <url>/out/<version>/attempts/<id>.json        every attempt's bill (its own object)
+    <url>/leases/<version>/shard-00003.json       who works the shard now (:mod:`.lease`)
+    <url>/current.json, out/<version>/prediction.json, estimate/*   small pointers, overwritten
+    <url>/results/<context>/seg-*.parquet         the answer store (``run/result_store.py``)
+
+Readers trust only what a commit names: a labeled object without its commit is an attempt that
+died before committing, and is never read. A commit is created with create-if-absent, so of two
+machines finishing the same shard, one wins and the other's output is dropped (and said so).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from .atomic import atomic_write_text, failpoint
+from .bucket import Bucket
+
+log = logging.getLogger("sparkbatch")
+
+
+class JobHome(Protocol):
+    """What the mirror needs of a home's layout (``layout.JobHome``, which holds the mirror)."""
+
+    @property
+    def manifest_path(self) -> Path: ...
+    @property
+    def current_path(self) -> Path: ...
+    def read_manifest(self) -> dict[str, Any] | None: ...
+    def shard_path(self, key: str) -> Path: ...
+    def version_dir(self, version: str) -> Path: ...
+    def parts_dir(self, version: str, key: str) -> Path: ...
+    def labeled_path(self, version: str, key: str) -> Path: ...
+    def stats_path(self, version: str, key: str) -> Path: ...
+    def commit_path(self, version: str, key: str) -> Path: ...
+    def prediction_path(self, version: str) -> Path: ...
+
+
+class Uploader:
+    """Uploads files from a thread, in the order given; the same name queued twice goes once
+    (with the file as it is when its turn comes: an attempt's record, rewritten at each beat).
+    ``flush()`` waits until everything queued is in the bucket; ``check()`` re-raises a failure."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.bucket = bucket
+        self._queue: OrderedDict[str, Path] = OrderedDict()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.uploads = 0
+
+    def put(self, path: Path, rel: str) -> None:
+        with self._cond:
+            self._queue[rel] = path
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="sparkbatch-upload", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                rel, path = self._queue.popitem(last=False)
+                self._busy = True
+            try:
+                if path.exists():  # a part of a shard committed meanwhile is gone, and not needed
+                    self.bucket.put_file(path, rel)
+                    self.uploads += 1
+            except BaseException as exc:  # retried already (bucket.py): the run must hear of it
+                self._error = exc
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def flush(self) -> None:
+        with self._cond:
+            while self._queue or self._busy:
+                self._cond.wait()
+        self.check()
+
+    def check(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+class Mirror:
+    """The bucket behind a :class:`~.layout.JobHome`'s local folder (its cache)."""
+
+    def __init__(self, bucket: Bucket, cache: Path, lease_seconds: float = 60.0) -> None:
+        self.bucket, self.cache, self.lease_seconds = bucket, cache, lease_seconds
+        self.uploader = Uploader(bucket)
+        self._checked: bool | None = None  # None: not yet; False: read checked; True: write checked
+        self._own_attempts: set[Path] = set()  # records this process writes: its local copy is the newer
+
+    def rel(self, path: Path) -> str:
+        return path.relative_to(self.cache).as_posix()
+
+    def check(self, write: bool) -> None:
+        """The store answers and (``write``) these credentials may write it; once per process."""
+        if self._checked is True or (self._checked is False and not write):
+            return
+        self.bucket.check(write=write)
+        self._checked = write
+
+    def publish(self, path: Path) -> None:
+        """Upload a small pointer file now (current.json, a prediction, the estimate report)."""
+        self.bucket.put_file(path, self.rel(path))
+
+    def fetch(self, path: Path) -> bool:
+        """Download a pointer file if the bucket has it; True if it did."""
+        raw = self.bucket.get_bytes(self.rel(path))
+        if raw is None:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_bytes() != raw:
+            atomic_write_text(path, raw.decode())
+        return True
+
+    # -- input shards ------------------------------------------------------------------------
+
+    def publish_shards(self, home: JobHome, manifest: dict[str, Any]) -> None:
+        """Upload the shards under their signature's folder, then the manifest naming it (both
+        skipped where the bucket has them already)."""
+        raw = self.bucket.get_bytes("shards/manifest.json")
+        if raw is not None and json.loads(raw).get("signature") == manifest["signature"]:
+            return
+        folder = f"shards/{manifest['signature'][:16]}"
+        have = self.bucket.list(folder)
+        for key in manifest["keys"]:
+            path = home.shard_path(key)
+            if have.get(path.name) != path.stat().st_size:
+                self.bucket.put_file(path, f"{folder}/{path.name}")
+        body = {k: v for k, v in manifest.items() if k != "reused"}
+        self.bucket.put_bytes("shards/manifest.json", json.dumps({**body, "objects": folder}, indent=2).encode())
+
+    def pull_shards(self, home: JobHome) -> None:
+        """Bring the bucket's shards into the cache unless the same ones are there."""
+        raw = self.bucket.get_bytes("shards/manifest.json")
+        if raw is None:
+            return
+        remote = json.loads(raw)
+        local = home.read_manifest()
+        same = local is not None and local.get("signature") == remote["signature"]
+        for key in remote["keys"]:
+            if not (same and home.shard_path(key).exists()):
+                self.bucket.get_file(f"{remote['objects']}/{key}.parquet", home.shard_path(key))
+        if not same:
+            atomic_write_text(home.manifest_path, raw.decode())
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def pull(self, home: JobHome, version: str) -> None:
+        """Every commit, attempt record and the prediction of ``version``, into the cache."""
+        base = self.rel(home.version_dir(version))
+        for name in sorted(self.bucket.list(f"{base}/commits")):
+            if name.endswith(".json"):
+                self.pull_commit(home, version, name.removesuffix(".json"))
+        mine = {p.name for p in self._own_attempts}
+        for name in self.bucket.list(f"{base}/attempts"):
+            if name.endswith(".json") and name not in mine:
+                self.bucket.get_file(f"{base}/attempts/{name}", home.version_dir(version) / "attempts" / name)
+        self.fetch(home.prediction_path(version))
+
+    def pull_commit(self, home: JobHome, version: str, key: str) -> bool:
+        """The shard's committed output into the cache, if the bucket has a commit; True if so."""
+        marker = home.commit_path(version, key)
+        stats, labeled = home.stats_path(version, key), home.labeled_path(version, key)
+        if marker.exists() and stats.exists() and labeled.exists():
+            return True
+        raw = marker.read_bytes() if marker.exists() else self.bucket.get_bytes(self.rel(marker))
+        if raw is None:
+            return False
+        commit = json.loads(raw)
+        self.bucket.get_file(commit["stats"], stats)
+        self.bucket.get_file(commit["labeled"], labeled)
+        atomic_write_text(marker, raw.decode())
+        return True
+
+    def pull_parts(self, home: JobHome, version: str, key: str) -> int:
+        """Checkpoints of earlier attempts (this box's or another's) into the cache; how many came."""
+        folder = home.parts_dir(version, key)
+        remote = self.bucket.list(self.rel(folder))
+        got = 0
+        for name in remote:
+            if not (folder / name).exists():
+                self.bucket.get_file(f"{self.rel(folder)}/{name}", folder / name)
+                got += 1
+        return got
+
+    def push_part(self, path: Path) -> None:
+        self.uploader.put(path, self.rel(path))
+
+    def push_attempt(self, path: Path) -> None:
+        self._own_attempts.add(path)
+        self.uploader.put(path, self.rel(path))
+
+    def commit(self, home: JobHome, version: str, key: str, attempt: str) -> str:
+        """Publish a shard committed in the cache: its two objects, then the commit object.
+        Returns the attempt whose output the bucket keeps (ours, or one that committed first)."""
+        self.uploader.flush()  # its parts are in, and nothing of it is still on the way
+        stats, labeled = home.stats_path(version, key), home.labeled_path(version, key)
+        base = self.rel(home.version_dir(version))
+        names = {"stats": f"{base}/stats/{key}.{attempt}.json", "labeled": f"{base}/labeled/{key}.{attempt}.parquet"}
+        self.bucket.put_file(stats, names["stats"])
+        self.bucket.put_file(labeled, names["labeled"])
+        body = {**names, "key": key, "version": version, "attempt": attempt,
+                "committed_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")}
+        marker = home.commit_path(version, key)
+        raw = json.dumps(body, indent=2).encode()
+        failpoint("bucket:commit")  # crash tests: the shard's objects are up, its commit is not
+        if not self.bucket.put_bytes(self.rel(marker), raw, create=True):
+            theirs = json.loads(self.bucket.get_bytes(self.rel(marker)) or b"{}")
+            if theirs.get("attempt") != attempt:  # not our own write retried: another run was first
+                log.warning("%s of version %s was committed first by attempt %s: its output is kept, this "
+                            "attempt's copy dropped", key, version, theirs.get("attempt"))
+                self.bucket.delete(list(names.values()))
+                home.labeled_path(version, key).unlink(missing_ok=True)
+                marker.unlink(missing_ok=True)
+                self.pull_commit(home, version, key)
+                return str(theirs.get("attempt"))
+            raw = json.dumps(theirs, indent=2).encode()
+        atomic_write_text(marker, raw.decode())
+        parts = self.rel(home.parts_dir(version, key))
+        self.bucket.delete([f"{parts}/{n}" for n in self.bucket.list(parts)])
+        return attempt
