@@ -95,7 +95,7 @@ def test_two_boxes_share_one_answer_store_through_the_bucket(s3_bucket, tmp_path
 
 
 def test_storage_options_take_secrets_by_reference_only(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match=r"storage_options\['secret'\] is a secret written in the spec"):
+    with pytest.raises(ConfigError, match=r"storage_options\['secret'\] is a secret written in the spec"):
         make_spec(tmp_path, home="s3://b/job", storage_options={"secret": "abc"})
     monkeypatch.setenv("MY_KEY", "k-123")
     spec = make_spec(tmp_path, home="s3://b/job", storage_options={"key": EnvVar("MY_KEY"),
