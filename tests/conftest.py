@@ -3,6 +3,7 @@ to start on 2 cores); everything else uses the fake engine, tmp_path and real Du
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,8 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from faults import FaultProxy
+from s3_server import S3Server
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource
 from sparkbatch_dagster.engines import FakeEngine
@@ -145,3 +148,31 @@ def label_then_metrics(assets: Any, keys: dict, res: dict, inst: Any, first: str
 def total(mats: Any, name: str) -> Any:
     """The sum of one metadata value over per-partition materializations."""
     return sum(m.metadata[name].value for m in mats)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 server on loopback for the session (a subprocess, SigV4 enforced; tests/s3_server.py)."""
+    for module in ("moto", "s3fs", "boto3"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pytest.skip(f"{module} is not installed: the S3 tests need the dev extra (pip install -e '.[dev]')")
+    server = S3Server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket's name; the standard AWS variables point at the session's server."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server.new_bucket()
+
+
+@pytest.fixture
+def fault_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the session's S3 server (no faults until ``set``)."""
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        yield proxy

@@ -1,0 +1,278 @@
+"""A fault-injecting HTTP reverse proxy for the tests' S3 endpoint: 500/503 answers, slow answers
+and dropped connections, set and cleared while the test runs.
+
+It forwards every request to the upstream byte for byte, the client's ``Host`` header included
+(SigV4 signs it, and moto checks the signature against the Host it receives), so a signed request
+that goes through the proxy is as valid as one sent straight to moto.
+
+    with FaultProxy(server.endpoint_url) as proxy:
+        proxy.set(error_rate=0.5, methods={"PUT"}, seed=1)
+        server.fs(endpoint_url=proxy.url).pipe_file(f"{bucket}/a", b"x")  # botocore retries
+        assert proxy.counts["errors"] >= 0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+#: Real S3's error codes and messages for the statuses a test injects; botocore retries both.
+_S3_ERRORS = {
+    500: ("InternalError", "We encountered an internal error. Please try again."),
+    503: ("SlowDown", "Please reduce your request rate."),
+}
+#: Hop-by-hop headers: about one connection, not the request (none of them is signed by SigV4).
+_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect",
+        "proxy-connection"}
+_COUNTS = ("requests", "forwarded", "errors", "drops", "drops_after_upstream", "delays")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What the proxy does to a matching request; each rate is a probability per request."""
+
+    error_rate: float = 0.0
+    codes: tuple[int, ...] = (500, 503)
+    delay_rate: float = 0.0
+    delay_s: float = 0.0
+    drop_rate: float = 0.0
+    drop_after_upstream_rate: float = 0.0
+    methods: frozenset[str] | None = None
+    path_contains: str | None = None
+    max_faults: int | None = None
+
+    def matches(self, method: str, path: str) -> bool:
+        return (self.methods is None or method in self.methods) and (
+            self.path_contains is None or self.path_contains in path)
+
+
+def s3_error(status: int, resource: str) -> bytes:
+    """The XML body S3 sends with ``status`` (InternalError, SlowDown; others named after it)."""
+    code, message = _S3_ERRORS.get(status, (http.client.responses.get(status, "Error").replace(" ", ""),
+                                            "Injected fault."))
+    rid = uuid.uuid4().hex[:16].upper()
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+            f"<Resource>{resource}</Resource><RequestId>{rid}</RequestId><HostId>{rid}</HostId></Error>").encode()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as botocore's connection pool expects
+    server: _Server
+    timeout = 120  # an idle keep-alive connection ends its thread eventually
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # one line a request would drown the test output
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.proxy._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        self.server.proxy._track(self.connection, add=False)
+        super().finish()
+
+    def _body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            chunks: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers: none that S3 needs at the HTTP layer
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _proxy(self) -> None:
+        proxy = self.server.proxy
+        body = self._body()  # read first: the connection stays in step whatever we answer
+        plan = proxy._decide(self.command, self.path)
+        if "delay" in plan:
+            time.sleep(plan["delay"])
+        if "drop" in plan:
+            return self._drop(b"")
+        if "error" in plan:
+            return self._error(int(plan["error"]))
+        status, headers, data = proxy._forward(self.command, self.path, self.headers.items(), body)
+        head = self._head(status, headers, data)
+        if "drop_after_upstream" in plan:
+            return self._drop(head[: len(head) // 2])
+        self.wfile.write(head + data)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = _proxy
+
+    def _head(self, status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+        lines = [f"HTTP/1.1 {status} {http.client.responses.get(status, '')}"]
+        for name, value in headers:
+            # HEAD keeps upstream's Content-Length (the object's size); a body is sent whole.
+            if name.lower() not in _HOP and (self.command == "HEAD" or name.lower() != "content-length"):
+                lines.append(f"{name}: {value}")
+        if self.command != "HEAD":
+            lines.append(f"Content-Length: {len(data)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def _error(self, status: int) -> None:
+        data = s3_error(status, self.path.split("?")[0])
+        self.send_response_only(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _drop(self, partial: bytes) -> None:
+        """Send ``partial`` (maybe nothing), then close: the client gets no usable answer."""
+        self.close_connection = True
+        try:
+            self.wfile.write(partial)
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    proxy: FaultProxy
+
+
+class FaultProxy:
+    """A reverse proxy on a free 127.0.0.1 port in front of ``upstream_url``, faults set by ``set``.
+
+    ``counts``: requests seen, forwarded upstream, and each kind of fault injected. Faults are
+    decided per request (thread-safe, reproducible with ``seed`` for one client thread).
+    """
+
+    def __init__(self, upstream_url: str) -> None:
+        parts = urlsplit(upstream_url)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self._lock = threading.Lock()
+        self._faults = Faults()
+        self._rng = random.Random()
+        self._counts = dict.fromkeys(_COUNTS, 0)
+        self._faulted = 0  # faulty requests since the last set()
+        self._log: list[tuple[str, str, str]] = []
+        self._conns: set[socket.socket] = set()
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.proxy = self
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True,
+                                        name="fault-proxy")
+        self._thread.start()
+
+    def set(self, error_rate: float = 0.0, codes: Collection[int] = (500, 503), delay_rate: float = 0.0,
+            delay_s: float = 0.0, drop_rate: float = 0.0, drop_after_upstream_rate: float = 0.0,
+            methods: Collection[str] | None = None, path_contains: str | None = None,
+            max_faults: int | None = None, seed: int | None = None) -> None:
+        """Replace the faults: each matching request is dropped before forwarding (``drop_rate``),
+        answered with an S3 error from ``codes`` (``error_rate``), delayed by ``delay_s`` first
+        (``delay_rate``), or forwarded and then dropped before its answer (``drop_after_upstream_rate``).
+
+        ``methods`` (e.g. ``{"PUT"}``) and ``path_contains`` restrict faults to matching requests;
+        after ``max_faults`` faulty requests (delays not counted) every request goes through, which
+        makes "exactly the first PUT fails" a test can state.
+        """
+        faults = Faults(error_rate, tuple(codes), delay_rate, delay_s, drop_rate, drop_after_upstream_rate,
+                        frozenset(m.upper() for m in methods) if methods is not None else None, path_contains,
+                        max_faults)
+        with self._lock:
+            self._faults = faults
+            self._faulted = 0
+            if seed is not None:
+                self._rng.seed(seed)
+
+    def clear(self) -> None:
+        """No more faults: every request is forwarded and answered."""
+        self.set()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    @property
+    def log(self) -> list[tuple[str, str, str]]:
+        """(method, path, fate) of every request so far; fate: forward, error, drop or drop_after_upstream."""
+        with self._lock:
+            return list(self._log)
+
+    def _decide(self, method: str, path: str) -> dict[str, float]:
+        """The faults for one request (drawn under the lock, so a seed gives one sequence)."""
+        with self._lock:
+            self._counts["requests"] += 1
+            plan = self._draw(method, path)
+            fate = next((k for k in ("drop", "error", "drop_after_upstream") if k in plan), "forward")
+            self._log.append((method, path, fate))
+            return plan
+
+    def _draw(self, method: str, path: str) -> dict[str, float]:
+        """The faults for one request; called under the lock."""
+        f, rng = self._faults, self._rng
+        plan: dict[str, float] = {}
+        if not f.matches(method, path) or (f.max_faults is not None and self._faulted >= f.max_faults):
+            return plan
+        if f.delay_rate and rng.random() < f.delay_rate:
+            plan["delay"] = f.delay_s
+            self._counts["delays"] += 1
+        if f.drop_rate and rng.random() < f.drop_rate:
+            plan["drop"] = 1.0
+            self._counts["drops"] += 1
+        elif f.error_rate and rng.random() < f.error_rate:
+            plan["error"] = float(rng.choice(f.codes))
+            self._counts["errors"] += 1
+        elif f.drop_after_upstream_rate and rng.random() < f.drop_after_upstream_rate:
+            plan["drop_after_upstream"] = 1.0
+            self._counts["drops_after_upstream"] += 1
+        self._faulted += bool(plan.keys() - {"delay"})
+        return plan
+
+    def _forward(self, method: str, path: str, headers: list[tuple[str, str]],
+                 body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        # One upstream connection a request: simple, and the upstream's keep-alive is no concern.
+        conn = http.client.HTTPConnection(*self.upstream, timeout=120)
+        try:
+            conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            for name, value in headers:  # Host included, unchanged
+                if name.lower() not in _HOP and name.lower() != "content-length":
+                    conn.putheader(name, value)
+            if body or method in ("PUT", "POST"):
+                conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body or None)
+            resp = conn.getresponse()
+            data = resp.read()
+            with self._lock:
+                self._counts["forwarded"] += 1
+            return resp.status, resp.getheaders(), data
+        finally:
+            conn.close()
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    def stop(self) -> None:
+        """Stop serving and close every client connection still open."""
+        self._server.shutdown()
+        self._server.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):  # the client closed it already
+                c.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
