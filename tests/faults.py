@@ -8,7 +8,7 @@ that goes through the proxy is as valid as one sent straight to moto.
     with FaultProxy(server.endpoint_url) as proxy:
         proxy.set(error_rate=0.5, methods={"PUT"}, seed=1)
         server.fs(endpoint_url=proxy.url).pipe_file(f"{bucket}/a", b"x")  # botocore retries
-        assert proxy.counts["errors"] >= 0
+        print(proxy.counts["errors"], proxy.log)  # what was injected, request by request
 """
 
 from __future__ import annotations
