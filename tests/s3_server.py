@@ -31,6 +31,19 @@ from typing import Any
 _SETUP_CALLS = 3
 _POLICY = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
 _counter = itertools.count()
+#: ``python -m moto.server`` plus a watchdog: the server exits when its parent dies, even by
+#: SIGKILL (where no atexit hook runs), so a crashed test session leaves no server behind.
+_RUN_MOTO = """
+import os, sys, threading, time
+parent = os.getppid()
+def watch():
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+from moto.server import main
+main(sys.argv[1:])
+"""
 
 
 def free_port() -> int:
@@ -77,11 +90,11 @@ class S3Server:
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_CALLS), "AWS_EC2_METADATA_DISABLED": "true"}
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                [sys.executable, "-c", _RUN_MOTO, "-H", "127.0.0.1", "-p", str(port)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             )
         server = cls(proc, port, log_path)
-        # A crashed or interrupted test session must not leave the server running.
+        # An interrupted test session must not leave the server running (SIGKILL: the watchdog).
         atexit.register(server.stop)
         try:
             _wait_listening(port, proc, log_path, timeout)

@@ -14,6 +14,10 @@ What these tests pin down about s3fs 2026.9 / botocore's default (legacy) retrie
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import botocore.config
 import botocore.exceptions
 import psutil
@@ -81,11 +85,12 @@ def test_conditional_create_refuses_an_existing_key(s3_server: S3Server, s3_buck
 
 def test_put_errors_are_retried_and_nothing_is_lost(s3_server: S3Server, s3_bucket: str,
                                                     fault_proxy: FaultProxy) -> None:
-    """Half the PUTs answered 500/503 (at most 6, so that botocore's backoff keeps this short):
-    botocore retries each, every object lands once. Its default 5 attempts would lose a PUT to
-    five errors in a row (1 in 32 at this rate), hence 10 retries here."""
+    """Half the PUTs answered 500/503 (at most 6; seed 37 spreads them over six puts, as botocore's
+    backoff doubles on errors in a row): botocore retries each, every object lands once.
+    Its default 5 attempts would lose a PUT to five errors in a row (1 in 32 at this rate),
+    hence 10 retries here."""
     fs = s3_server.fs(endpoint_url=fault_proxy.url, config_kwargs={"retries": {"max_attempts": 10}})
-    fault_proxy.set(error_rate=0.5, codes=(500, 503), methods={"PUT"}, max_faults=6, seed=7)
+    fault_proxy.set(error_rate=0.5, codes=(500, 503), methods={"PUT"}, max_faults=6, seed=37)
     written = {f"{s3_bucket}/part-{i:03d}": f"row {i}\n".encode() * (i + 1) for i in range(20)}
     for path, data in written.items():
         fs.pipe_file(path, data)
@@ -116,11 +121,11 @@ def test_s3_errors_are_xml_botocore_retries(s3_server: S3Server, s3_bucket: str,
 def test_dropped_connections_are_retried(s3_server: S3Server, s3_bucket: str, fault_proxy: FaultProxy) -> None:
     fs = s3_server.fs(endpoint_url=fault_proxy.url)
     fs.ls(s3_bucket)  # a warm keep-alive connection, as in a job
-    fault_proxy.set(drop_rate=0.3, methods={"PUT"}, seed=3)
+    fault_proxy.set(drop_rate=0.3, methods={"PUT"}, max_faults=3, seed=3)
     written = {f"{s3_bucket}/d-{i}": f"value {i}".encode() for i in range(10)}
     for path, data in written.items():
         fs.pipe_file(path, data)
-    assert fault_proxy.counts["drops"] > 0
+    assert fault_proxy.counts["drops"] == 3
     assert len([p for p in puts(fault_proxy) if p[2] == "forward"]) == 10  # a drop here is never forwarded
     assert {p: s3_server.fs().cat_file(p) for p in written} == written
 
@@ -183,3 +188,16 @@ def test_stop_leaves_no_server_process() -> None:
     assert server.proc.returncode is not None
     assert pid not in [p.pid for p in psutil.Process().children(recursive=True)]
     assert server.log_path.read_text()  # moto's request lines went to the log, not the test output
+
+
+def test_a_killed_session_leaves_no_server_process() -> None:
+    """SIGKILL runs no atexit hook: the server's watchdog sees its parent gone and exits."""
+    script = "import sys; sys.path.insert(0, sys.argv[1]); from s3_server import S3Server; " \
+             "print(S3Server.start().proc.pid, flush=True); import time; time.sleep(600)"
+    session = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent)], stdout=subprocess.PIPE)
+    assert session.stdout is not None
+    server = psutil.Process(int(session.stdout.readline()))
+    assert "moto.server" in " ".join(server.cmdline())
+    session.kill()
+    session.wait()
+    server.wait(timeout=60)  # raises psutil.TimeoutExpired if the server outlives its session
