@@ -20,7 +20,6 @@ requests the bucket arm made per round, so that latency can be priced in.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -89,8 +88,8 @@ def main() -> None:
             times[name].append(arm(name, n))
         lo, bu = times["local"][-1], times["bucket"][-1]
         print(f"round {n}: local {lo['pipeline_s']:.2f} s (labeling {lo['labeling_s']:.2f}), bucket "
-              f"{bu['pipeline_s']:.2f} s (labeling {bu['labeling_s']:.2f}), ratio {bu['pipeline_s'] / lo['pipeline_s']:.3f}",
-              file=sys.stderr, flush=True)
+              f"{bu['pipeline_s']:.2f} s (labeling {bu['labeling_s']:.2f}), "
+              f"ratio {bu['pipeline_s'] / lo['pipeline_s']:.3f}", file=sys.stderr, flush=True)
     res["vllm"].shutdown()
     server.stop()
 

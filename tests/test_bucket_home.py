@@ -107,7 +107,8 @@ class BucketJob:
         if not self.objects("out"):
             return 0
         committed = {p.rsplit("/", 1)[1].removesuffix(".json") for p in self.objects("out") if "/commits/" in p}
-        parts = [p for p in self.objects("out") if "/parts/" in p and p.split("/parts/")[1].split("/")[0] not in committed]
+        parts = [p for p in self.objects("out")
+                 if "/parts/" in p and p.split("/parts/")[1].split("/")[0] not in committed]
         return len(set(self.committed())) + len(set(self.rows_in(parts)))
 
     def assert_every_row_once(self) -> None:

@@ -10,14 +10,13 @@ import time
 import pytest
 from dagster import EnvVar
 
+from conftest import make_spec
 from sparkbatch_dagster import JobSpec
 from sparkbatch_dagster.errors import ConfigError
 from sparkbatch_dagster.home import Bucket, open_home
 from sparkbatch_dagster.home.bucket import resolve_options
 from sparkbatch_dagster.home.lease import Lease
 from sparkbatch_dagster.run.result_store import ResultStore, prompt_key
-
-from conftest import make_spec
 
 
 def test_conditional_create_refuses_a_second_writer(s3_bucket):

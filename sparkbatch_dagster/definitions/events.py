@@ -109,5 +109,5 @@ def adopt(instance: Any, key: AssetKey, home: JobHome, keys: list[str]) -> list[
     for k in adopted:
         stats = json.loads(home.stats_path(version, k).read_text())
         instance.report_runless_asset_event(materialization(
-            key, stats, this_run=False, home=home, tags={"sparkbatch/adopted_from": home.location}))
+            key, stats, this_run=False, home=home, tags={"sparkbatch/adopted": "from-bucket"}))
     return adopted

@@ -97,8 +97,10 @@ class Bucket:
         self.url = url.rstrip("/")
         self.protocol = self.url.split("://", 1)[0]
         try:
-            self.fs, root = fsspec.core.url_to_fs(self.url, skip_instance_cache=True,
-                                                 **resolve_options(storage_options or {}))
+            # No listings cache: another box adds objects at any time, and s3fs answers "absent" for
+            # a key missing from a listing it cached, even to a read of that very key.
+            options = {"use_listings_cache": False, **resolve_options(storage_options or {})}
+            self.fs, root = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
         except ImportError as exc:
             extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(self.protocol)
             fix = f"pip install 'sparkbatch-dagster[{extra}]'" if extra else f"install the fsspec backend of {self.protocol}://"

@@ -211,9 +211,13 @@ class PartitionLock:
     def __init__(self, local: Any, lease: Lease | None = None) -> None:
         self.local, self.lease = local, lease
         self.path = local.path
+        #: Why the last acquire failed: "local" (a run of this box) or "lease" (another box).
+        self.refused_by: str | None = None
 
     def acquire(self, wait: bool, shared: bool = False, lease_wait: bool = True) -> bool:
+        self.refused_by = None
         if not self.local.acquire(wait=wait, shared=shared):
+            self.refused_by = "local"
             return False
         if self.lease is None or shared:
             return True
@@ -224,6 +228,7 @@ class PartitionLock:
             raise
         if not got:
             self.local.release()
+            self.refused_by = "lease"
             return False
         KEEPER.add(self.lease)
         return True

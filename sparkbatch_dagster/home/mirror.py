@@ -198,6 +198,16 @@ class Mirror:
         atomic_write_text(marker, raw.decode())
         return True
 
+    def _read_commit(self, rel: str) -> dict[str, Any]:
+        """The commit that refused ours: it exists, but a store may show it a moment late."""
+        for _ in range(20):
+            raw = self.bucket.get_bytes(rel)
+            if raw is not None:
+                return dict(json.loads(raw))
+            self.bucket.sleep(0.25)
+        raise OSError(f"{self.bucket.url}/{rel}: the store refused to create it (it exists) but cannot read it: "
+                      "run again to commit this shard")
+
     def pull_parts(self, home: JobHome, version: str, key: str) -> int:
         """Checkpoints of earlier attempts (this box's or another's) into the cache; how many came."""
         folder = home.parts_dir(version, key)
@@ -231,7 +241,7 @@ class Mirror:
         raw = json.dumps(body, indent=2).encode()
         failpoint("bucket:commit")  # crash tests: the shard's objects are up, its commit is not
         if not self.bucket.put_bytes(self.rel(marker), raw, create=True):
-            theirs = json.loads(self.bucket.get_bytes(self.rel(marker)) or b"{}")
+            theirs = self._read_commit(self.rel(marker))
             if theirs.get("attempt") != attempt:  # not our own write retried: another run was first
                 log.warning("%s of version %s was committed first by attempt %s: its output is kept, this "
                             "attempt's copy dropped", key, version, theirs.get("attempt"))

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from ..engines.base import Engine, EngineRequest
 from ..errors import PendingRowsError, SparkbatchError
 from ..home import JobHome, atomic_write_text, failpoint
+from ..home.lease import PartitionLock
 from ..spec import JobSpec
 from .attempts import Attempt
 from .brake import Brake, Position
@@ -106,6 +107,7 @@ class ShardRun:
         self._first_answer: float | None = None
         self._done_at_first = 0
         self._sizes: dict[str, int] = {}
+        self._locks: dict[str, PartitionLock] = {}
         self._rows_total = 0  # of the shards this attempt holds: the brake asks after every answer
         self._timer: FlushTimer  # made by stream(), with this attempt's heartbeat
         self.run_id = run_id
@@ -133,30 +135,13 @@ class ShardRun:
         run is writing is left to it; any other such key stops the run before anything starts.
         ``before`` runs once the partitions are locked, inside this attempt (billed with it), before
         the first prompt: the timed sample of ``sparkbatch run --estimate``, on this run's engine."""
-        locks = [self.home.partition_lock(self.version, k) for k in keys]
+        self._locks = {k: self.home.partition_lock(self.version, k) for k in keys}
         # The attempt is billed from here, whatever its end; its heartbeat rides the flush timer.
         attempt = self.attempt = Attempt(self.home, self.version, self.spec.hourly_rate_usd, self.run_id,
                                          beat_every_s=1.0)
         self._timer = FlushTimer(self.spec.checkpoint_seconds, on_tick=attempt.beat)
-        mine: list[str] = []
         try:
-            for key, lock in zip(keys, locks, strict=True):
-                # A bucket home's lease of another box is waited for (a run of this box is not).
-                if not lock.acquire(wait=False, lease_wait=key not in optional):
-                    if key in optional:
-                        continue
-                    raise SparkbatchError(
-                        f"partition {key} is being written by another run (pid {lock.holder()}): "
-                        "wait for that run to finish, or run the other partitions"
-                    )
-                self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
-                self.home.pull_shard(self.version, key)  # bucket home: its commit, or earlier attempts' parts
-                if self.home.is_done(self.version, key):  # committed by its own run (or another box) since
-                    lock.release()
-                    if key not in optional:
-                        self.committed_elsewhere.append(key)
-                    continue
-                mine.append(key)
+            mine, leased = self._take(keys, optional)
             with attempt, self._timer:
                 self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in mine}
                 self._rows_total = sum(self._sizes.values())
@@ -165,14 +150,53 @@ class ShardRun:
                     self._before(before)
                 self._consult()  # before the first prompt: a refusal generates nothing
                 yield from self._generate(mine)
+                # Shards another box holds, after ours (each lock is released as its shard commits):
+                # waited for one at a time, holding no lease, so two boxes can never wait on each other.
+                for key in leased:
+                    if self._locks[key].acquire(wait=False, lease_wait=True) and self._claim(key, optional):
+                        self._sizes[key] = pq.read_metadata(self.home.shard_path(key)).num_rows
+                        self._rows_total += self._sizes[key]
+                        yield from self._generate([key])
         finally:
             # Whatever stopped us, finished rows still in memory go to disk first (and to the bucket).
             for shard in self.shards:
                 shard.writer.flush()
             if self.home.remote is not None:
                 self.home.remote.uploader.flush()
-            for lock in locks:
+            for lock in self._locks.values():
                 lock.release()
+
+    def _take(self, keys: list[str], optional: Collection[str]) -> tuple[list[str], list[str]]:
+        """Lock what can be locked now: the keys to label, and those another box holds the lease of
+        (for later). A key another run of this box writes stops the run, unless it is optional."""
+        mine, leased = [], []
+        for key in keys:
+            lock = self._locks[key]
+            if not lock.acquire(wait=False, lease_wait=False):
+                if key in optional:
+                    continue
+                if lock.refused_by == "lease":
+                    leased.append(key)
+                    continue
+                raise SparkbatchError(
+                    f"partition {key} is being written by another run (pid {lock.holder()}): "
+                    "wait for that run to finish, or run the other partitions"
+                )
+            if self._claim(key, optional):
+                mine.append(key)
+        return mine, leased
+
+    def _claim(self, key: str, optional: Collection[str]) -> bool:
+        """A key now locked: True when it needs labeling; False (and unlocked) when it was committed
+        since, by its own run or, with a bucket home, another box (then it is ``committed_elsewhere``)."""
+        self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
+        self.home.pull_shard(self.version, key)  # bucket home: its commit, or earlier attempts' parts
+        if not self.home.is_done(self.version, key):
+            return True
+        self._locks[key].release()
+        if key not in optional:
+            self.committed_elsewhere.append(key)
+        return False
 
     def _attempt_progress(self) -> dict[str, Any]:
         return {"prompts_generated": self._answered, "engine_starts": self._engine_starts(),
@@ -311,6 +335,7 @@ class ShardRun:
         attempt = self.attempt.id if self.attempt is not None else "none"
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key),
                publish=lambda: self.home.publish_commit(self.version, shard.key, attempt))
+        self._locks[shard.key].release()  # done: another run (or box) waiting for it may go on
         shard.release()
         self._longest_commit = max(self._longest_commit, time.perf_counter() - began)
         if self.attempt is not None:
