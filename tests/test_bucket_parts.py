@@ -51,22 +51,23 @@ def test_a_live_lease_is_waited_for_and_an_expired_one_taken_over(s3_bucket):
 
 def test_a_renewed_lease_is_never_taken_over(s3_bucket):
     b = Bucket(f"s3://{s3_bucket}/job")
-    holder = Lease(b, "leases/v/shard-00001.json", "box-a:1:aa", seconds=1.0)
-    other = Lease(b, "leases/v/shard-00001.json", "box-b:2:bb", seconds=1.0)
+    # Renewed 20 times per lease length: a loaded machine delays a renewal, not by a lease length.
+    holder = Lease(b, "leases/v/shard-00001.json", "box-a:1:aa", seconds=6.0)
+    other = Lease(b, "leases/v/shard-00001.json", "box-b:2:bb", seconds=6.0)
     assert holder.acquire(wait=False)
     stop = threading.Event()
 
     def keep() -> None:
-        while not stop.wait(0.2):
+        while not stop.wait(0.3):
             holder.renew()
 
     t = threading.Thread(target=keep)
     t.start()
     try:
-        deadline = time.monotonic() + 3.0  # three lease lengths
+        deadline = time.monotonic() + 8.0  # longer than a lease
         while time.monotonic() < deadline:
             assert not other.acquire(wait=False)
-            time.sleep(0.1)
+            time.sleep(0.2)
     finally:
         stop.set()
         t.join()
@@ -132,3 +133,24 @@ def test_a_missing_bucket_and_bad_keys_are_one_line_each(s3_server, monkeypatch)
         Bucket(f"s3://{bucket}/job").check()
     assert f"home s3://{bucket}/job: the store refused these credentials" in str(refused.value)
     assert "wrong" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_yaml_job_points_at_a_bucket_with_secrets_by_reference(tmp_path, monkeypatch):
+    import dagster as dg
+    from test_component import job_yaml, load_error, yaml_defs
+
+    from sparkbatch_dagster.definitions.factory import find_job
+
+    spec = make_spec(tmp_path)
+    text = job_yaml(spec, home="s3://my-bucket/jobs/things", cache_dir="cache",
+                    storage_options={"key": {"env": "T_KEY"}, "secret": {"env": "T_SECRET"}})
+    with yaml_defs(things=text) as (_, folder):
+        job = find_job(dg.AssetKey(["things", "labeled_outputs"]))
+        assert job is not None and job.home.location == "s3://my-bucket/jobs/things"
+        assert job.spec.home_path == (folder / "things" / "cache").resolve()  # relative to the defs.yaml
+        assert job.spec.storage_options == {"key": {"env": "T_KEY"}, "secret": {"env": "T_SECRET"}}
+    monkeypatch.setenv("T_KEY", "k-1")
+    monkeypatch.setenv("T_SECRET", "s-1")
+    assert resolve_options(job.spec.storage_options) == {"key": "k-1", "secret": "s-1"}
+    inline = job_yaml(spec, home="s3://my-bucket/jobs/things", storage_options={"secret": "{{ env('T_SECRET') }}"})
+    assert "storage_options['secret'] is a secret written in the spec" in load_error(things=inline)

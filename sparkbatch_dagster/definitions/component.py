@@ -37,7 +37,7 @@ _TEMPLATE_RE = re.compile(r"\{[{%]")
 #: Jinja over each input row, rendered by the job itself: dg never renders these.
 ROW_TEMPLATES = ("system_prompt", "user_template")
 #: Paths that resolve against the defs.yaml's folder when relative.
-PATHS = ("input", "home", "result_store")
+PATHS = ("input", "home", "result_store", "cache_dir")
 _FACTORY = inspect.signature(build_batch_assets).parameters
 
 

@@ -92,23 +92,32 @@ class Bucket:
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        import fsspec
-
         self.url = url.rstrip("/")
-        self.protocol = self.url.split("://", 1)[0]
-        try:
-            # No listings cache: another box adds objects at any time, and s3fs answers "absent" for
-            # a key missing from a listing it cached, even to a read of that very key.
-            options = {"use_listings_cache": False, **resolve_options(storage_options or {})}
-            self.fs, root = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
-        except ImportError as exc:
-            extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(self.protocol)
-            fix = f"pip install 'sparkbatch-dagster[{extra}]'" if extra else f"install the fsspec backend of {self.protocol}://"
-            raise ConfigError(f"home {self.url}: {exc}: {fix}") from exc
-        self.root = root.rstrip("/")
+        self.protocol, self.root = self.url.split("://", 1)
+        self._options = dict(storage_options or {})
+        self._fs: Any = None
         #: S3 (and MinIO, R2...) check If-None-Match / If-Match; other stores get write-then-read-back.
-        self.conditional = "s3" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.conditional = self.protocol in ("s3", "s3a")
         self.sleep: Callable[[float], None] = time.sleep
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem, made at first use: definitions load without the store's package,
+        its credentials or the network (the Dagster UI), and a secret is read only when needed."""
+        if self._fs is None:
+            import fsspec
+
+            try:
+                # No listings cache: another box adds objects at any time, and s3fs answers "absent"
+                # for a key missing from a listing it cached, even to a read of that very key.
+                options = {"use_listings_cache": False, **resolve_options(self._options)}
+                self._fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
+            except ImportError as exc:
+                extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(self.protocol)
+                fix = (f"pip install 'sparkbatch-dagster[{extra}]'" if extra
+                       else f"install the fsspec backend of {self.protocol}://")
+                raise ConfigError(f"home {self.url}: {exc}: {fix}") from exc
+        return self._fs
 
     def __repr__(self) -> str:
         return f"Bucket({self.url!r})"  # never the options: they may hold a key
