@@ -30,6 +30,7 @@ import logging
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,10 +140,13 @@ class JobHome:
         for version in dict.fromkeys([*versions, *([current["version"]] if current else [])]):
             self.remote.pull(self, version)
 
-    def publish_commit(self, version: str, key: str, attempt: str) -> None:
-        """With a bucket home, commit a shard just committed here in the bucket (the commit that counts)."""
-        if self.remote is not None:
-            self.remote.commit(self, version, key, attempt)
+    def publish_commit(self, version: str, key: str, attempt: str, done: Callable[[], None]) -> None:
+        """``done`` once the shard just committed here is committed where it counts: at once for a
+        folder home; with a bucket home, after its commit there (made from the upload thread)."""
+        if self.remote is None:
+            done()
+        else:
+            self.remote.commit_later(self, version, key, attempt, done)
 
     def pull_shard(self, version: str, key: str) -> None:
         """For the run that now holds the shard's lease: its commit if another box made one since,

@@ -22,10 +22,13 @@ machines finishing the same shard, one wins and the other's output is dropped (a
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,22 +57,33 @@ class JobHome(Protocol):
 
 
 class Uploader:
-    """Uploads files from a thread, in the order given; the same name queued twice goes once
-    (with the file as it is when its turn comes: an attempt's record, rewritten at each beat).
-    ``flush()`` waits until everything queued is in the bucket; ``check()`` re-raises a failure."""
+    """The bucket's writes, from one thread, in the order given: files (the same name queued twice
+    goes once, as the file is when its turn comes: an attempt's record, rewritten at each beat)
+    and tasks (a shard's commit, a merge of the answer store). In order matters: a shard's parts
+    and answer segments are in the bucket before its commit. ``flush()`` waits until everything
+    queued is done; ``check()`` re-raises, in the caller's thread, a write that failed here."""
 
     def __init__(self, bucket: Bucket) -> None:
         self.bucket = bucket
-        self._queue: OrderedDict[str, Path] = OrderedDict()
+        self._queue: OrderedDict[str, Callable[[], None]] = OrderedDict()
         self._cond = threading.Condition()
         self._busy = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self.uploads = 0
+        self._tasks = itertools.count()
 
     def put(self, path: Path, rel: str) -> None:
+        def upload() -> None:
+            if path.exists():  # a part of a shard committed meanwhile is gone, and not needed
+                self.bucket.put_file(path, rel)
+        self._add(f"put:{rel}", upload)
+
+    def do(self, task: Callable[[], None]) -> None:
+        self._add(f"task:{next(self._tasks)}", task)
+
+    def _add(self, key: str, call: Callable[[], None]) -> None:
         with self._cond:
-            self._queue[rel] = path
+            self._queue[key] = call
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="sparkbatch-upload", daemon=True)
                 self._thread.start()
@@ -80,14 +94,12 @@ class Uploader:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                rel, path = self._queue.popitem(last=False)
+                _, call = self._queue.popitem(last=False)
                 self._busy = True
             try:
-                if path.exists():  # a part of a shard committed meanwhile is gone, and not needed
-                    self.bucket.put_file(path, rel)
-                    self.uploads += 1
+                call()
             except BaseException as exc:  # retried already (bucket.py): the run must hear of it
-                self._error = exc
+                self._error = self._error or exc
             finally:
                 with self._cond:
                     self._busy = False
@@ -226,10 +238,18 @@ class Mirror:
         self._own_attempts.add(path)
         self.uploader.put(path, self.rel(path))
 
+    def commit_later(self, home: JobHome, version: str, key: str, attempt: str, done: Callable[[], None]) -> None:
+        """:meth:`commit` from the upload thread, after everything queued before it (the shard's
+        parts, its answer segment); then ``done``. The run goes on generating meanwhile."""
+        def task() -> None:
+            self.commit(home, version, key, attempt)
+            done()
+        self.uploader.do(task)
+
     def commit(self, home: JobHome, version: str, key: str, attempt: str) -> str:
-        """Publish a shard committed in the cache: its two objects, then the commit object.
-        Returns the attempt whose output the bucket keeps (ours, or one that committed first)."""
-        self.uploader.flush()  # its parts are in, and nothing of it is still on the way
+        """Publish a shard committed in the cache: its two objects, then the commit object, then
+        its parts go (here and in the cache). Returns the attempt whose output the bucket keeps
+        (ours, or one that committed first)."""
         stats, labeled = home.stats_path(version, key), home.labeled_path(version, key)
         base = self.rel(home.version_dir(version))
         names = {"stats": f"{base}/stats/{key}.{attempt}.json", "labeled": f"{base}/labeled/{key}.{attempt}.parquet"}
@@ -249,9 +269,14 @@ class Mirror:
                 home.labeled_path(version, key).unlink(missing_ok=True)
                 marker.unlink(missing_ok=True)
                 self.pull_commit(home, version, key)
+                self._drop_parts(home, version, key)
                 return str(theirs.get("attempt"))
             raw = json.dumps(theirs, indent=2).encode()
         atomic_write_text(marker, raw.decode())
+        self._drop_parts(home, version, key)
+        return attempt
+
+    def _drop_parts(self, home: JobHome, version: str, key: str) -> None:
         parts = self.rel(home.parts_dir(version, key))
         self.bucket.delete([f"{parts}/{n}" for n in self.bucket.list(parts)])
-        return attempt
+        shutil.rmtree(home.parts_dir(version, key), ignore_errors=True)

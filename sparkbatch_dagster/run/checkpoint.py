@@ -192,15 +192,14 @@ def assemble(parts_dir: Path, expected_ids: Iterable[str], name: str) -> pa.Tabl
     return table.take([first[row_id] for row_id in expected])
 
 
-def commit(parts_dir: Path, table: pa.Table, final_path: Path, publish: Callable[[], None] | None = None) -> None:
+def commit(parts_dir: Path, table: pa.Table, final_path: Path, keep_parts: bool = False) -> None:
     """The shard's commit point: the final file appears atomically, then the parts go.
-    ``publish``: with a bucket home, the commit there, which is the one that counts; the parts
-    stay until it is made, so a crash before it loses nothing."""
+    ``keep_parts``: with a bucket home, whose commit is the one that counts, the parts stay
+    until that is made (the mirror drops them then), so a crash before it loses nothing."""
     atomic_write_parquet(final_path, table)
     failpoint("finalize:committed")
-    if publish is not None:
-        publish()
-    shutil.rmtree(parts_dir, ignore_errors=True)
+    if not keep_parts:
+        shutil.rmtree(parts_dir, ignore_errors=True)
 
 
 def finalize(parts_dir: Path, expected_ids: Iterable[str], final_path: Path) -> pa.Table:

@@ -30,6 +30,7 @@ import hashlib
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,8 @@ def open_store(spec: Any, home: JobHome, model_id: str) -> ResultStore:
     """The answer store of ``spec`` for ``model_id``: the home's (folder and bucket, when it was
     opened from the spec) or, for a home made by hand, the spec's folder."""
     root = home.results or spec.result_store_path
-    return ResultStore(root, spec.answer_context(model_id), home.results_remote)
+    later = home.remote.uploader.do if home.remote is not None else None
+    return ResultStore(root, spec.answer_context(model_id), home.results_remote, later)
 
 
 def prompt_key(system: str, user: str) -> str:
@@ -78,24 +80,25 @@ class ResultStore:
         store.add(rows)                            # dicts with prompt_key, output, error, tokens, model
     """
 
-    def __init__(self, root: Path, context: str, remote: Bucket | None = None) -> None:
+    def __init__(self, root: Path, context: str, remote: Bucket | None = None,
+                 later: Callable[[Callable[[], None]], None] | None = None) -> None:
         self.dir = root / context
         self.context, self.remote = context, remote
+        #: Runs the bucket's side of add() and the merges off the caller's thread, in order (a
+        #: bucket home's upload thread, so a segment lands before the commit of the shard that made it).
+        self._later = later or (lambda task: task())
         self._lock = FileLock(self.dir / ".lock")
         self._pulled = False
 
     def pull(self) -> None:
-        """With a remote store: segments other boxes added come into the cache, segments a merge
-        removed there leave it (their answers are in the merged one, fetched with them)."""
+        """With a remote store: segments other boxes added come into the cache. A segment a merge
+        elsewhere removed stays here (its answers twice, which a lookup does not mind): it may as
+        well be one of ours whose upload is still queued."""
         if self.remote is None:
             return
         remote = {n for n in self.remote.list(self.context) if n.startswith("seg-") and n.endswith(".parquet")}
         for name in sorted(remote - {f.name for f in self.segments()}):
             self.remote.get_file(f"{self.context}/{name}", self.dir / name)
-        with self._lock.held():
-            for f in self.segments():
-                if f.name not in remote:
-                    f.unlink(missing_ok=True)
         self._pulled = True
 
     def segments(self) -> list[Path]:
@@ -153,11 +156,15 @@ class ResultStore:
         }, schema=SCHEMA)
         segment = self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet"
         atomic_write_parquet(segment, table)
-        self._upload(segment)
-        self.compact()
+        if self.remote is None:
+            self.compact()
+            return
+        self._later(lambda: self._upload(segment))
+        self._later(self.compact)
 
     def _upload(self, segment: Path) -> None:
-        if self.remote is not None:
+        # Gone: a merge queued before this upload took it in, and uploaded the merged segment.
+        if self.remote is not None and segment.exists():
             self.remote.put_file(segment, f"{self.context}/{segment.name}")
 
     def compact(self) -> None:

@@ -238,6 +238,8 @@ class ShardRun:
             close = getattr(results, "close", None)
             if close is not None:
                 close()
+        if self.home.remote is not None:
+            self.home.remote.uploader.flush()  # the last shards' commits in the bucket, then theirs events
         yield from self._drain()
         if self.progress and self.shards:
             self._report(self.shards[-1], self._rows_total)
@@ -272,6 +274,8 @@ class ShardRun:
                 shard.done += len(ids)
                 shard.fresh_tokens += res.prompt_tokens + res.output_tokens
             self._timer.check()  # the other shards' rows are flushed on time by the timer
+            if self.home.remote is not None:
+                self.home.remote.uploader.check()  # a commit or upload that failed in its thread
             if shard.outstanding == 0 and shard.pending == 0:
                 self._finish(shard)
             now = time.perf_counter()
@@ -332,16 +336,19 @@ class ShardRun:
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
         failpoint("finalize:stats")
         self.store.add(_new_answers(table))
-        attempt = self.attempt.id if self.attempt is not None else "none"
-        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, shard.key),
-               publish=lambda: self.home.publish_commit(self.version, shard.key, attempt))
-        self._locks[shard.key].release()  # done: another run (or box) waiting for it may go on
+        key, bucket = shard.key, self.home.remote is not None
+        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, key), keep_parts=bucket)
         shard.release()
-        self._longest_commit = max(self._longest_commit, time.perf_counter() - began)
-        if self.attempt is not None:
-            self.attempt.committed(stats)
-        self.stats.append(stats)
-        self._ready.append(stats)
+
+        def committed() -> None:  # where it counts: here, or (a bucket home) from the upload thread, later
+            self._locks[key].release()  # another run (or box) waiting for it may go on
+            self._longest_commit = max(self._longest_commit, time.perf_counter() - began)
+            if self.attempt is not None:
+                self.attempt.committed(stats)
+            self.stats.append(stats)
+            self._ready.append(stats)  # yielded by the run's thread, at its next answer
+
+        self.home.publish_commit(self.version, key, self.attempt.id if self.attempt else "none", committed)
 
 
 def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
