@@ -155,18 +155,27 @@ def test_the_whole_job_lives_in_the_bucket_and_a_new_box_sees_it(tmp_path, s3_se
 
 def test_sigkill_mid_generation_then_a_new_box_continues(tmp_path, s3_server):
     job = BucketJob(tmp_path, s3_server)
-    proc = job.start("box-a", "t1", T_DELAY="0.01", T_LEASE="2")
+    proc = job.start("box-a", "t1", T_DELAY="0.03", T_LEASE="2")
     _wait_for(lambda: job.in_bucket() >= 60, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    killed_at = time.monotonic()
     kept = job.in_bucket()
     assert kept < N  # killed mid-job
     summary, err = job.finish("box-b", "t2", T_LEASE="2")
     assert job.traced("t2") == N - kept  # what the bucket held was not generated again
     job.assert_every_row_once()
     assert "took over the lease" in err or "waiting" in err  # box-a's leases outlived it
+    assert summary["attempts"] == 2 and summary["wasted_usd"] > 0  # the killed attempt is billed
+    # Once its heartbeat is two leases old, any reader counts box-a's attempt killed, in the bucket too.
+    time.sleep(max(0.0, killed_at + 2 * 2 + 1 - time.monotonic()))
+    proc = subprocess.run([sys.executable, "-m", "sparkbatch_dagster.cli", "sql", "-f", str(job.defs),
+                           "SELECT outcome FROM attempts ORDER BY started"], env=job.env("box-c", "t3", T_LEASE="2"),
+                          cwd=job.tmp / "box-c", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["rows"] == [["killed"], ["succeeded"]]
     outcomes = sorted(json.loads(job.fs.cat_file(p))["outcome"] for p in job.objects("out") if "/attempts/" in p)
-    assert outcomes == ["killed", "succeeded"] and summary["attempts"] == 2
+    assert outcomes == ["killed", "succeeded"]
 
 
 @pytest.mark.parametrize("when", ["bucket:commit", "finalize:committed"])
@@ -188,7 +197,7 @@ def test_sigkill_during_the_commit_upload_then_a_new_box(tmp_path, s3_server, wh
 
 def test_sigkill_while_a_part_upload_is_in_flight(tmp_path, s3_server, fault_proxy):
     job = BucketJob(tmp_path, s3_server, endpoint=fault_proxy.url)
-    proc = job.start("box-a", "t1", T_DELAY="0.01", T_LEASE="2")
+    proc = job.start("box-a", "t1", T_DELAY="0.03", T_LEASE="2")
     _wait_for(lambda: job.in_bucket() >= 30, proc)
     fault_proxy.set(delay_rate=1.0, delay_s=3.0, methods=("PUT",), path_contains="/parts/")
     _wait_for(lambda: fault_proxy.counts["delays"] >= 1, proc)

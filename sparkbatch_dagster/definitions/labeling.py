@@ -59,7 +59,8 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
     job.check_partitions(keys)  # before any engine starts
     model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
     version = job.version_for(model_id)
-    home.refresh((version,))
+    if (home.read_current() or {}).get("version") != version:  # refresh() brought the current one
+        home.pull_version(version)
     brake = make_brake(job, version, config)  # a bad max cost or deadline stops here, before the engine
     # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
     engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))

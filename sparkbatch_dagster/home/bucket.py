@@ -22,7 +22,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -215,6 +215,12 @@ class Bucket:
             return {}
         return {name[len(base) + 1:]: int(info.get("size") or 0) for name, info in found.items()
                 if name.startswith(base + "/") and info.get("type", "file") == "file"}
+
+    def delete_many(self, rels: Sequence[str]) -> None:
+        """Remove several objects in one request where the store can (S3's DeleteObjects)."""
+        if rels:
+            with contextlib.suppress(FileNotFoundError):
+                self._retry("delete", lambda: self.fs.rm([self.path(r) for r in rels]))
 
     def delete(self, rels: Iterable[str]) -> None:
         """Remove objects; already gone is fine (a retry, or another box's cleanup)."""

@@ -148,11 +148,16 @@ class JobHome:
         else:
             self.remote.commit_later(self, version, key, attempt, done)
 
-    def pull_shard(self, version: str, key: str) -> None:
-        """For the run that now holds the shard's lease: its commit if another box made one since,
-        else the checkpoints of earlier attempts, wherever they ran."""
-        if self.remote is not None and not self.remote.pull_commit(self, version, key):
-            self.remote.pull_parts(self, version, key)
+    def pull_version(self, version: str) -> None:
+        """With a bucket home, every commit and attempt of ``version`` into the cache."""
+        if self.remote is not None:
+            self.remote.pull(self, version)
+
+    def pull_for_run(self, version: str, keys: list[str]) -> None:
+        """For a run that now holds these shards' leases: the commits other boxes made of them
+        since, and the checkpoints of earlier attempts of the others, wherever they ran."""
+        if self.remote is not None and keys:
+            self.remote.pull_for_run(self, version, keys)
 
     def read_current(self) -> dict[str, Any] | None:
         return json.loads(self.current_path.read_text()) if self.current_path.exists() else None

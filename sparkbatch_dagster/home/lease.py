@@ -114,7 +114,7 @@ class Lease:
 
     def _mine(self) -> bool:
         self.held, self.lost = True, False
-        self._etag = self.bucket.etag(self.rel)
+        self._etag = None  # asked at the first renewal, from the keeper's thread, not the run's
         return True
 
     def renew(self) -> None:
@@ -122,6 +122,10 @@ class Lease:
         if not self.held:
             return
         try:
+            if self.bucket.conditional and self._etag is None:
+                current, self._etag = self.read()
+                if current is not None and current.get("owner") != self.owner:
+                    raise OSError("At least one of the pre-conditions you specified did not hold")
             if self.bucket.conditional and self._etag is not None:
                 self.bucket.put_bytes(self.rel, self._body(), if_match=self._etag)
             else:
@@ -151,8 +155,8 @@ class Lease:
         if not self.held:
             return
         self.held = False
-        current, _ = self.read()
-        if current is not None and current.get("owner") == self.owner:
+        raw = self.bucket.get_bytes(self.rel)
+        if raw is not None and json.loads(raw).get("owner") == self.owner:
             self.bucket.delete([self.rel])
 
 

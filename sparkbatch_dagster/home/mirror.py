@@ -8,8 +8,8 @@ the two in step:
     <url>/shards/<signature>/shard-00003.parquet  input rows of one shard
     <url>/out/<version>/parts/shard-00003/part-000007-<attempt>.parquet   checkpoints, uploaded as written
     <url>/out/<version>/labeled/shard-00003.<attempt>.parquet             a finished shard's rows
-    <url>/out/<version>/stats/shard-00003.<attempt>.json                  its statistics
-    <url>/out/<version>/commits/shard-00003.json  THE commit: names the two objects above; created once
+    <url>/out/<version>/commits/shard-00003.json  THE commit: names that object, holds its statistics;
+                                                  created once
     <url>/out/<version>/attempts/<id>.json        every attempt's bill (its own object)
     <url>/leases/<version>/shard-00003.json       who works the shard now (:mod:`.lease`)
     <url>/current.json, out/<version>/prediction.json, estimate/*   small pointers, overwritten
@@ -191,7 +191,7 @@ class Mirror:
                 self.pull_commit(home, version, name.removesuffix(".json"))
         mine = {p.name for p in self._own_attempts}
         for name in self.bucket.list(f"{base}/attempts"):
-            if name.endswith(".json") and name not in mine:
+            if name.endswith(".json") and name not in mine:  # another run's record: as the bucket has it
                 self.bucket.get_file(f"{base}/attempts/{name}", home.version_dir(version) / "attempts" / name)
         self.fetch(home.prediction_path(version))
 
@@ -205,10 +205,26 @@ class Mirror:
         if raw is None:
             return False
         commit = json.loads(raw)
-        self.bucket.get_file(commit["stats"], stats)
+        atomic_write_text(stats, json.dumps(commit["stats"], indent=2))
         self.bucket.get_file(commit["labeled"], labeled)
         atomic_write_text(marker, raw.decode())
         return True
+
+    def pull_for_run(self, home: JobHome, version: str, keys: list[str]) -> None:
+        """For shards whose leases a run just took: the commit another box made since (then their
+        output), else the parts earlier attempts uploaded; one listing of the version's commits and
+        one of its parts for all of them, not two requests a shard."""
+        base = self.rel(home.version_dir(version))
+        commits = self.bucket.list(f"{base}/commits")
+        parts = self.bucket.list(f"{base}/parts")
+        for key in keys:
+            if f"{key}.json" in commits:
+                self.pull_commit(home, version, key)
+                continue
+            folder = home.parts_dir(version, key)
+            for name in (n.split("/", 1)[1] for n in parts if n.startswith(f"{key}/")):
+                if not (folder / name).exists():
+                    self.bucket.get_file(f"{base}/parts/{key}/{name}", folder / name)
 
     def _read_commit(self, rel: str) -> dict[str, Any]:
         """The commit that refused ours: it exists, but a store may show it a moment late."""
@@ -219,17 +235,6 @@ class Mirror:
             self.bucket.sleep(0.25)
         raise OSError(f"{self.bucket.url}/{rel}: the store refused to create it (it exists) but cannot read it: "
                       "run again to commit this shard")
-
-    def pull_parts(self, home: JobHome, version: str, key: str) -> int:
-        """Checkpoints of earlier attempts (this box's or another's) into the cache; how many came."""
-        folder = home.parts_dir(version, key)
-        remote = self.bucket.list(self.rel(folder))
-        got = 0
-        for name in remote:
-            if not (folder / name).exists():
-                self.bucket.get_file(f"{self.rel(folder)}/{name}", folder / name)
-                got += 1
-        return got
 
     def push_part(self, path: Path) -> None:
         self.uploader.put(path, self.rel(path))
@@ -252,11 +257,12 @@ class Mirror:
         (ours, or one that committed first)."""
         stats, labeled = home.stats_path(version, key), home.labeled_path(version, key)
         base = self.rel(home.version_dir(version))
-        names = {"stats": f"{base}/stats/{key}.{attempt}.json", "labeled": f"{base}/labeled/{key}.{attempt}.parquet"}
-        self.bucket.put_file(stats, names["stats"])
+        names = {"labeled": f"{base}/labeled/{key}.{attempt}.parquet"}
         self.bucket.put_file(labeled, names["labeled"])
+        # The stats ride in the commit object: one request less a shard, and they cannot part.
         body = {**names, "key": key, "version": version, "attempt": attempt,
-                "committed_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")}
+                "committed_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                "stats": json.loads(stats.read_text())}
         marker = home.commit_path(version, key)
         raw = json.dumps(body, indent=2).encode()
         failpoint("bucket:commit")  # crash tests: the shard's objects are up, its commit is not
@@ -277,6 +283,9 @@ class Mirror:
         return attempt
 
     def _drop_parts(self, home: JobHome, version: str, key: str) -> None:
-        parts = self.rel(home.parts_dir(version, key))
-        self.bucket.delete([f"{parts}/{n}" for n in self.bucket.list(parts)])
-        shutil.rmtree(home.parts_dir(version, key), ignore_errors=True)
+        """The shard's parts, in the bucket (the ones the cache holds: uploaded or fetched here)
+        and in the cache: the shard is committed, they are not needed any more."""
+        folder = home.parts_dir(version, key)
+        names = [p.name for p in folder.glob("part-*.parquet")] if folder.exists() else []
+        self.bucket.delete_many([f"{self.rel(folder)}/{n}" for n in names])
+        shutil.rmtree(folder, ignore_errors=True)

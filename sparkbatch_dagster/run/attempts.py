@@ -103,7 +103,7 @@ class Attempt:
             r["rows_committed"] += stats["rows"]
             r["partitions_committed"] += 1
             r["committed_cost_usd"] = round(r["committed_cost_usd"] + stats["cost_usd"], 6)
-        self._write(push=True)
+        self._write()  # in the bucket at the next push (a third of a lease at most), not a request a shard
 
     def cost_usd(self) -> float:
         """What this attempt has cost so far: its wall time at the hourly rate (the brake reads it)."""

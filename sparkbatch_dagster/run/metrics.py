@@ -158,6 +158,7 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     # The committed shards' files by name, not a glob: a file no commit names (with a bucket home,
     # a shard committed in the cache by a run that died before the bucket's commit) is not output.
     committed = sync(home, version)
+    sync_attempts(home, version)  # the bill as of now, whichever box ran (and a dead one's end recorded)
     files = ", ".join(f"'{_sql_path(home.labeled_path(version, k))}'" for k in sorted(committed))
     if not files:
         return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}}

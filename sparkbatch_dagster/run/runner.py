@@ -169,7 +169,7 @@ class ShardRun:
     def _take(self, keys: list[str], optional: Collection[str]) -> tuple[list[str], list[str]]:
         """Lock what can be locked now: the keys to label, and those another box holds the lease of
         (for later). A key another run of this box writes stops the run, unless it is optional."""
-        mine, leased = [], []
+        taken, leased = [], []
         for key in keys:
             lock = self._locks[key]
             if not lock.acquire(wait=False, lease_wait=False):
@@ -182,15 +182,20 @@ class ShardRun:
                     f"partition {key} is being written by another run (pid {lock.holder()}): "
                     "wait for that run to finish, or run the other partitions"
                 )
-            if self._claim(key, optional):
-                mine.append(key)
-        return mine, leased
+            self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
+            taken.append(key)
+        self.home.pull_for_run(self.version, taken)  # bucket home: commits made since, earlier attempts' parts
+        return [k for k in taken if self._needed(k, optional)], leased
 
     def _claim(self, key: str, optional: Collection[str]) -> bool:
+        """:meth:`_take` for one key, locked after waiting for its lease: True when it needs labeling."""
+        self.home.set_aside_broken(self.version, key)
+        self.home.pull_for_run(self.version, [key])
+        return self._needed(key, optional)
+
+    def _needed(self, key: str, optional: Collection[str]) -> bool:
         """A key now locked: True when it needs labeling; False (and unlocked) when it was committed
         since, by its own run or, with a bucket home, another box (then it is ``committed_elsewhere``)."""
-        self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
-        self.home.pull_shard(self.version, key)  # bucket home: its commit, or earlier attempts' parts
         if not self.home.is_done(self.version, key):
             return True
         self._locks[key].release()
