@@ -191,6 +191,24 @@ def overhead_table(results: Results) -> str:
                   "run_metrics run", "fixed cost", "per-row work (overlaps the engine)", "file"], rows)
 
 
+def bucket_home_table(results: Results) -> str:
+    """A bucket home against a folder home on the same job and engine, per round (A-B / B-A)."""
+    rows = []
+    for name, d in of_kind(results, "bucket_home"):
+        ratios = d["labeling_ratio_rounds"]
+        median = sorted(ratios)[len(ratios) // 2 - 1: len(ratios) // 2 + 1] if len(ratios) % 2 == 0 else [
+            sorted(ratios)[len(ratios) // 2]]
+        cpu = d.get("store_cpu_s_per_round")
+        rows.append([d["date"], machine(d, name), model(d), f"{num(d['rows'])} rows, {d['shards']} shards",
+                     d["variant"], ", ".join(f"{r:.3f}" for r in ratios), f"**{sum(median) / len(median):.3f}**",
+                     f"{d['local'][0]['labeling_s']:.1f} s", str(round(sum(d["bucket_requests_per_round"])
+                                                                   / len(d["bucket_requests_per_round"]))),
+                     f"{sum(cpu) / len(cpu):.2f} s" if cpu else "-", f"`{name}`"])
+    return table(["date", "machine", "model", "job", "code", "labeling, bucket / folder, per round",
+                  "median of rounds", "labeling (folder, round 1)", "requests a round", "store's CPU a round",
+                  "file"], rows)
+
+
 def roofline_table(results: Results) -> str:
     """The estimate's roofline projection (hardware figures alone) against H200 measurements."""
     rows = []
@@ -209,7 +227,7 @@ def roofline_table(results: Results) -> str:
 
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
-    "overhead": overhead_table, "roofline": roofline_table}
+    "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:

@@ -46,6 +46,9 @@ REQUIRED = {
     "server_client": {"date", "machine", "rows", "rounds", "chat", "token_ids"},
     "data_parallel": {"date", "machine", "model", "shape", "rows", "rounds", "gpus", "speedup", "single_s",
                       "parallel_s", "tokens"},
+    "bucket_home": {"date", "machine", "model", "shape", "rows", "shards", "rounds", "local", "bucket",
+                    "labeling_ratio_rounds", "pipeline_ratio_rounds", "bucket_requests_per_round", "command",
+                    "variant"},
 }
 
 
@@ -108,6 +111,11 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
         assert throughput_problems(d) == [], path.name
     else:
         assert REQUIRED[kind] <= d.keys(), f"{path.name}: missing {sorted(REQUIRED[kind] - d.keys())}"
+    if kind == "bucket_home":  # every round's ratio is that round's bucket arm over its local arm
+        pairs = list(zip(d["local"], d["bucket"], strict=True))
+        assert len(pairs) == d["rounds"], path.name
+        assert all(close(r, b["labeling_s"] / a["labeling_s"])
+                   for r, (a, b) in zip(d["labeling_ratio_rounds"], pairs, strict=True)), path.name
 
 
 def test_there_are_result_files():

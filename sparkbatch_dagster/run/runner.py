@@ -13,13 +13,13 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ..engines.base import Engine, EngineRequest
-from ..errors import PendingRowsError, SparkbatchError
+from ..errors import PendingRowsError
 from ..home import JobHome, atomic_write_text, failpoint
-from ..home.lease import PartitionLock
 from ..spec import JobSpec
 from .attempts import Attempt
 from .brake import Brake, Position
 from .checkpoint import CheckpointWriter, FlushTimer, assemble, commit
+from .claims import Claims
 from .result_store import ResultStore, open_store, prompt_key
 from .rows import STORED_ERRORS, outcome, parse_output, plan_rows, read_shard, row
 from .shard_stats import progress_report, shard_stats
@@ -107,7 +107,7 @@ class ShardRun:
         self._first_answer: float | None = None
         self._done_at_first = 0
         self._sizes: dict[str, int] = {}
-        self._locks: dict[str, PartitionLock] = {}
+        self._claims: Claims | None = None
         self._rows_total = 0  # of the shards this attempt holds: the brake asks after every answer
         self._timer: FlushTimer  # made by stream(), with this attempt's heartbeat
         self.run_id = run_id
@@ -117,9 +117,12 @@ class ShardRun:
         self._engine_starts = engine_starts  # cold engine starts this attempt paid (a warm engine: 0)
         self._all_at_first = 0  # rows done, free ones included, at the first answer: the brake's rate
         self._longest_commit = 0.0
-        #: Keys of this run that another run (another box, with a bucket home) committed while this
-        #: one waited for their lease: done, and not by this run.
-        self.committed_elsewhere: list[str] = []
+
+    @property
+    def committed_elsewhere(self) -> list[str]:
+        """Keys of this run that another run (another box, with a bucket home) committed while this
+        one waited for their lease: done, and not by this run."""
+        return self._claims.committed_elsewhere if self._claims is not None else []
 
     def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
@@ -135,13 +138,13 @@ class ShardRun:
         run is writing is left to it; any other such key stops the run before anything starts.
         ``before`` runs once the partitions are locked, inside this attempt (billed with it), before
         the first prompt: the timed sample of ``sparkbatch run --estimate``, on this run's engine."""
-        self._locks = {k: self.home.partition_lock(self.version, k) for k in keys}
+        claims = self._claims = Claims(self.home, self.version, keys, optional)
         # The attempt is billed from here, whatever its end; its heartbeat rides the flush timer.
         attempt = self.attempt = Attempt(self.home, self.version, self.spec.hourly_rate_usd, self.run_id,
                                          beat_every_s=1.0)
         self._timer = FlushTimer(self.spec.checkpoint_seconds, on_tick=attempt.beat)
         try:
-            mine, leased = self._take(keys, optional)
+            mine, leased = claims.take()
             with attempt, self._timer:
                 self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in mine}
                 self._rows_total = sum(self._sizes.values())
@@ -153,7 +156,7 @@ class ShardRun:
                 # Shards another box holds, after ours (each lock is released as its shard commits):
                 # waited for one at a time, holding no lease, so two boxes can never wait on each other.
                 for key in leased:
-                    if self._locks[key].acquire(wait=False, lease_wait=True) and self._claim(key, optional):
+                    if claims.wait_for(key):
                         self._sizes[key] = pq.read_metadata(self.home.shard_path(key)).num_rows
                         self._rows_total += self._sizes[key]
                         yield from self._generate([key])
@@ -163,45 +166,7 @@ class ShardRun:
                 shard.writer.flush()
             if self.home.remote is not None:
                 self.home.remote.uploader.flush()
-            for lock in self._locks.values():
-                lock.release()
-
-    def _take(self, keys: list[str], optional: Collection[str]) -> tuple[list[str], list[str]]:
-        """Lock what can be locked now: the keys to label, and those another box holds the lease of
-        (for later). A key another run of this box writes stops the run, unless it is optional."""
-        taken, leased = [], []
-        for key in keys:
-            lock = self._locks[key]
-            if not lock.acquire(wait=False, lease_wait=False):
-                if key in optional:
-                    continue
-                if lock.refused_by == "lease":
-                    leased.append(key)
-                    continue
-                raise SparkbatchError(
-                    f"partition {key} is being written by another run (pid {lock.holder()}): "
-                    "wait for that run to finish, or run the other partitions"
-                )
-            self.home.set_aside_broken(self.version, key)  # ours now: a broken commit is redone
-            taken.append(key)
-        self.home.pull_for_run(self.version, taken)  # bucket home: commits made since, earlier attempts' parts
-        return [k for k in taken if self._needed(k, optional)], leased
-
-    def _claim(self, key: str, optional: Collection[str]) -> bool:
-        """:meth:`_take` for one key, locked after waiting for its lease: True when it needs labeling."""
-        self.home.set_aside_broken(self.version, key)
-        self.home.pull_for_run(self.version, [key])
-        return self._needed(key, optional)
-
-    def _needed(self, key: str, optional: Collection[str]) -> bool:
-        """A key now locked: True when it needs labeling; False (and unlocked) when it was committed
-        since, by its own run or, with a bucket home, another box (then it is ``committed_elsewhere``)."""
-        if not self.home.is_done(self.version, key):
-            return True
-        self._locks[key].release()
-        if key not in optional:
-            self.committed_elsewhere.append(key)
-        return False
+            claims.release_all()
 
     def _attempt_progress(self) -> dict[str, Any]:
         return {"prompts_generated": self._answered, "engine_starts": self._engine_starts(),
@@ -346,7 +311,8 @@ class ShardRun:
         shard.release()
 
         def committed() -> None:  # where it counts: here, or (a bucket home) from the upload thread, later
-            self._locks[key].release()  # another run (or box) waiting for it may go on
+            if self._claims is not None:
+                self._claims.release(key)  # another run (or box) waiting for it may go on
             self._longest_commit = max(self._longest_commit, time.perf_counter() - began)
             if self.attempt is not None:
                 self.attempt.committed(stats)
