@@ -39,6 +39,14 @@ def make_rows(n: int) -> list[dict[str, Any]]:
     return rows
 
 
+def unique_rows(n: int) -> list[dict[str, Any]]:
+    """:func:`make_rows` with every text distinct: one engine request per row, so traces count rows."""
+    rows = make_rows(n)
+    for i, r in enumerate(rows):
+        r["text"] = f"{r['text']} #{i}"
+    return rows
+
+
 def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)

@@ -14,7 +14,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_rows, write_parquet
+from conftest import unique_rows, write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SHARDS, EVERY = 240, 4, 10
@@ -39,10 +39,7 @@ defs = Definitions(assets=job.assets, resources={{"vllm": FakeVLLMResource(**fak
 class Job:
     def __init__(self, tmp_path: Path):
         self.tmp = tmp_path
-        rows = make_rows(N)
-        for i, r in enumerate(rows):  # unique texts: one request per row, so traces count rows
-            r["text"] = f"{r['text']} #{i}"
-        self.input = write_parquet(tmp_path / "in" / "rows.parquet", rows)
+        self.input = write_parquet(tmp_path / "in" / "rows.parquet", unique_rows(N))
         self.defs = tmp_path / "defs.py"
         self.defs.write_text(DEFS)
         self.home = tmp_path / "home"

@@ -45,10 +45,9 @@ OPTION_KEYS = ("name", "nodes", "gpus_per_node", "engines", "hardware", "speed_b
 def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", inst: Any = None) -> dict[str, Any]:
     """Partitions done and missing, and the command to run next (``inst``: the Dagster instance,
     when the caller has it open)."""
-    job.home.refresh()  # a bucket home: its shards and commits, whichever box made them
+    done = job.done_partitions(resource)  # with a bucket home it refreshes the cache first
     manifest = job.home.read_manifest()
     keys = (manifest or {"keys": []})["keys"]
-    done = job.done_partitions(resource) if keys else []
     missing = [k for k in keys if k not in done]
     if manifest is None:
         step = (f"nothing is sharded yet: `sparkbatch preview -f {file}` shows the prompts and counts, "

@@ -67,8 +67,7 @@ def _transient(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError,
                         NotADirectoryError, ConfigError)):
         return False
-    text = str(exc)
-    if "pre-conditions" in text or "PreconditionFailed" in text or "ConditionalRequestConflict" in text:
+    if precondition_failed(exc):
         return False
     return isinstance(exc, (OSError, TimeoutError, ConnectionError)) or type(exc).__module__.startswith(
         ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests"))
