@@ -4,7 +4,6 @@ conditional writes, leases, the answer store across two boxes, and configuration
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -15,7 +14,7 @@ from sparkbatch_dagster import JobSpec
 from sparkbatch_dagster.errors import ConfigError
 from sparkbatch_dagster.home import Bucket, open_home
 from sparkbatch_dagster.home.bucket import resolve_options
-from sparkbatch_dagster.home.lease import Lease
+from sparkbatch_dagster.home.lease import KEEPER, BoxLease, Claim
 from sparkbatch_dagster.run.result_store import ResultStore, prompt_key
 
 
@@ -27,51 +26,89 @@ def test_conditional_create_refuses_a_second_writer(s3_bucket):
     assert b.get_bytes("commits/none.json") is None
 
 
-def test_a_live_lease_is_waited_for_and_an_expired_one_taken_over(s3_bucket):
+def _box(b: Bucket, seconds: float, said: list[str] | None = None, skew: float = 0.0) -> BoxLease:
+    box = BoxLease(b, seconds=seconds, say=(said.append if said is not None else lambda _: None))
+    box.clock = lambda: time.time() + skew  # type: ignore[method-assign]
+    return box
+
+
+def test_a_live_claim_is_waited_for_and_a_dead_box_fenced_then_taken_over(s3_bucket):
     b = Bucket(f"s3://{s3_bucket}/job")
     said: list[str] = []
-    first = Lease(b, "leases/v/shard-00000.json", "box-a:1:aa", seconds=1.5, say=said.append)
-    second = Lease(b, "leases/v/shard-00000.json", "box-b:2:bb", seconds=1.5, say=said.append)
+    a, b_box = _box(b, 1.5, said), _box(b, 1.5, said)
+    first = Claim(b, "leases/v/shard-00000.json", a)
+    second = Claim(b, "leases/v/shard-00000.json", b_box)
     assert first.acquire(wait=False)
-    assert not second.acquire(wait=False)  # live: not taken
-    assert second.holder() == "box-a:1:aa"
-    # box-a stops renewing (it died): box-b waits, then takes the lease over and says which.
+    assert not second.acquire(wait=False)  # its box lives: not taken
+    assert second.holder() == a.owner
+    # box a stops renewing (paused, or dead): box b waits, fences a's lease, then takes the claim.
+    KEEPER.remove(a)
     assert second.acquire(wait=True, poll_s=0.1)
-    assert any("leased by box-a:1:aa" in s and "waiting" in s for s in said)
-    assert any("took over the lease of box-a:1:aa" in s for s in said)
-    # box-a comes back and renews: it learns it lost the lease, and does not overwrite box-b's.
-    first.renew()
-    assert first.lost and not first.held
-    assert json.loads(b.get_bytes("leases/v/shard-00000.json") or b"{}")["owner"] == "box-b:2:bb"
+    assert any(f"leased by {a.owner}" in s and "waiting" in s for s in said)
+    assert any(f"took over the lease of {a.owner}" in s for s in said)
+    # a's lease was fenced (a tombstone naming b), then removed once its claim was b's.
+    assert b.get_bytes(a.rel) is None
+    old = a.owner
+    # box a comes back: its renewal finds no lease of its own, every claim it held is lost at once.
+    assert not a.renew()
+    assert a.fenced and first.lost and not PartitionLockless(first).confirm()
+    assert any("took over its shards" in s for s in said)
     first.release()  # not ours any more: left alone
-    assert second.holder() == "box-b:2:bb"
-    second.release()
+    assert json.loads(b.get_bytes("leases/v/shard-00000.json") or b"{}")["owner"] == b_box.owner
+    second.release()  # the last claim of box b: its box lease goes too
     assert b.get_bytes("leases/v/shard-00000.json") is None
+    assert b.get_bytes(b_box.rel) is None
+    # box a lives on under a new identity: a new claim works, and the old fence stays its tombstone.
+    again = Claim(b, "leases/v/shard-00000.json", a)
+    assert again.acquire(wait=False) and not again.lost and a.owner != old
+    again.release()
 
 
-def test_a_renewed_lease_is_never_taken_over(s3_bucket):
+class PartitionLockless:
+    """A claim seen through a PartitionLock's confirm(), with no local lock."""
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+
+    def confirm(self) -> bool:
+        return self.claim.box.confirm() and not self.claim.lost
+
+
+def test_a_box_that_renews_in_time_is_never_fenced(s3_bucket):
     b = Bucket(f"s3://{s3_bucket}/job")
-    # Renewed 20 times per lease length: a loaded machine delays a renewal, not by a lease length.
-    holder = Lease(b, "leases/v/shard-00001.json", "box-a:1:aa", seconds=6.0)
-    other = Lease(b, "leases/v/shard-00001.json", "box-b:2:bb", seconds=6.0)
-    assert holder.acquire(wait=False)
-    stop = threading.Event()
+    holder, other = _box(b, 6.0), _box(b, 6.0)
+    mine = Claim(b, "leases/v/shard-00001.json", holder)
+    theirs = Claim(b, "leases/v/shard-00001.json", other)
+    assert mine.acquire(wait=False)
+    # The other box's clock runs 1.9 s ahead (inside the documented bound, a third of 6 s): the
+    # live lease still has over two thirds of its length left in its eyes after each renewal.
+    other.clock = lambda: time.time() + 1.9  # type: ignore[method-assign]
+    for _ in range(5):
+        holder.renew()
+        assert not theirs.acquire(wait=False)
+    assert not mine.lost and not holder.fenced
+    mine.release()
 
-    def keep() -> None:
-        while not stop.wait(0.3):
-            holder.renew()
 
-    t = threading.Thread(target=keep)
-    t.start()
-    try:
-        deadline = time.monotonic() + 8.0  # longer than a lease
-        while time.monotonic() < deadline:
-            assert not other.acquire(wait=False)
-            time.sleep(0.2)
-    finally:
-        stop.set()
-        t.join()
-    assert not holder.lost
+def test_renewal_is_one_request_per_box_whatever_the_shards_it_holds(s3_bucket):
+    b = Bucket(f"s3://{s3_bucket}/job")
+    box = _box(b, 30.0)
+    claims = [Claim(b, f"leases/v/shard-{i:05d}.json", box) for i in range(40)]
+    for c in claims:
+        assert c.acquire(wait=False)
+    writes: list[str] = []
+    real = b.put_tagged
+
+    def counted(rel: str, data: bytes, **kw: object) -> str | None:
+        writes.append(rel)
+        return real(rel, data, **kw)  # type: ignore[arg-type]
+
+    b.put_tagged = counted  # type: ignore[method-assign]
+    assert box.renew()
+    assert writes == [box.rel]  # one conditional PUT renews all 40 claims
+    for c in claims:
+        c.release()
+    assert not b.list("leases")
 
 
 def test_two_boxes_share_one_answer_store_through_the_bucket(s3_bucket, tmp_path, monkeypatch):

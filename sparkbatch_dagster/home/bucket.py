@@ -176,6 +176,20 @@ class Bucket:
             return False
         return True
 
+    def put_tagged(self, rel: str, data: bytes, create: bool = False, if_match: str | None = None) -> str | None:
+        """:meth:`put_bytes` that returns the new object's version tag (from the PUT's reply where
+        the store gives it, else read back); raises FileExistsError when ``create`` finds it there."""
+        kw: dict[str, Any] = {}
+        if create and self.conditional:
+            kw["mode"] = "create"
+        if if_match is not None and self.conditional:
+            kw["IfMatch"] = if_match
+        if create and not self.conditional and self.exists(rel):
+            raise FileExistsError(self.path(rel))
+        reply = self._retry("write", lambda: self.fs.pipe_file(self.path(rel), data, **kw))
+        tag = reply.get("ETag") if isinstance(reply, Mapping) else None
+        return str(tag) if tag else self.etag(rel)
+
     def put_file(self, local: Path, rel: str) -> None:
         self._retry("upload", lambda: self.fs.put_file(str(local), self.path(rel)))
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, SparkbatchError
 from .atomic import atomic_write_text
-from .lease import Lease, PartitionLock, owner_id
+from .lease import BoxLease, Claim, PartitionLock
 from .locks import FileLock
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class JobHome:
         self.remote = remote
         #: The answer store's folder and bucket, when the home was opened from a spec (``open_home``).
         self.results, self.results_remote = results, results_remote
-        self._owner = owner_id()
+        self._box: BoxLease | None = None  # this process's lease in the bucket, made at the first claim
 
     @property
     def location(self) -> str:
@@ -134,19 +134,31 @@ class JobHome:
         if self.remote is None:
             return
         self.remote.check(write)
-        self.remote.pull_shards(self)
+        # Shard files are replaced one by one: never under a run of this cache that reads them (it
+        # holds the shards lock shared for its whole length), nor under a re-shard here.
+        lock = self.shards_lock()
+        if lock.acquire(wait=False):
+            try:
+                self.remote.pull_shards(self)
+            finally:
+                lock.release()
+        else:
+            log.info("a run on this cache is reading its shards: they are not refreshed from %s now", self.location)
         self.remote.fetch(self.current_path)
         current = self.read_current()
         for version in dict.fromkeys([*versions, *([current["version"]] if current else [])]):
             self.remote.pull(self, version)
 
-    def publish_commit(self, version: str, key: str, attempt: str, done: Callable[[], None]) -> None:
+    def publish_commit(self, version: str, key: str, attempt: str, done: Callable[[], None],
+                       still_mine: Callable[[], bool] | None = None,
+                       not_committed: Callable[[str], None] = lambda _: None) -> None:
         """``done`` once the shard just committed here is committed where it counts: at once for a
-        folder home; with a bucket home, after its commit there (made from the upload thread)."""
+        folder home; with a bucket home, after its commit there (made from the upload thread), and
+        only if that commit is this attempt's (else ``not_committed``: see ``Mirror.commit_later``)."""
         if self.remote is None:
             done()
         else:
-            self.remote.commit_later(self, version, key, attempt, done)
+            self.remote.commit_later(self, version, key, attempt, done, still_mine, not_committed)
 
     def pull_version(self, version: str) -> None:
         """With a bucket home, every commit and attempt of ``version`` into the cache."""
@@ -182,9 +194,9 @@ class JobHome:
         local = FileLock(self.version_dir(version) / "locks" / f"{check_key(key)}.lock")
         if self.remote is None:
             return PartitionLock(local)
-        lease = Lease(self.remote.bucket, f"leases/{version}/{check_key(key)}.json", self._owner,
-                      self.remote.lease_seconds)
-        return PartitionLock(local, lease)
+        if self._box is None:
+            self._box = BoxLease(self.remote.bucket, self.remote.lease_seconds)
+        return PartitionLock(local, Claim(self.remote.bucket, f"leases/{version}/{check_key(key)}.json", self._box))
 
     def shards_lock(self) -> FileLock:
         return FileLock(self.root / ".shards.lock")

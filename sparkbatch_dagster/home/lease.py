@@ -1,20 +1,33 @@
 """Leases: the lock between machines that share a job home in an object store.
 
-A ``flock`` only works inside one machine. A lease is an object in the store, ``leases/<version>/
-shard-NNNNN.json``, holding its owner and its expiry; the holder renews it while it works
-(:class:`LeaseKeeper`, every third of its length) and deletes it when done. A second machine that
-finds a live lease waits for it (and says whose it is, until when); one that finds it expired
-takes it over (and says so): the holder died, or lost the store for longer than the lease. The
-writes are conditional (create-if-absent, replace-if-unchanged), so two machines that both see
-an expired lease cannot both win it.
+A ``flock`` only works inside one machine. Between machines (docs/protocol.md has the whole
+protocol on one page):
 
-Clocks: an expiry is the holder's clock plus the lease length; machines are assumed to keep NTP
-time (seconds apart, against leases of a minute). The shard's commit is conditional too, so even
-a holder that lost its lease unnoticed cannot commit a shard twice.
+- **One box lease per process**, ``leases/boxes/<owner>.json``: its owner and expiry, renewed
+  every third of its length by one thread (:class:`LeaseKeeper`). Renewal traffic is one
+  conditional PUT a third of a lease, whatever the number of shards the box holds.
+- **One claim per shard**, ``leases/<version>/shard-NNNNN.json``: created once (create-if-absent),
+  naming the box lease it lives by. A claim is live while its box lease is live; it is never
+  renewed itself.
+- **Taking over** a claim whose box lease expired is two conditional writes: first the dead box
+  lease is *fenced* (replaced, if unchanged since read, by a tombstone naming the taker), then
+  the claim is replaced (if unchanged since read). A fenced box learns it at its next renewal
+  (its If-Match fails) and every claim it held is lost at once: it stops generating them, never
+  commits them, and bills their work as waste. A box that renewed in between makes the fence
+  fail: then it is alive and keeps its shards.
+- Every run thread asks :meth:`BoxLease.confirm` after each answer: cheap while the last
+  renewal is recent, a renewal on the spot when it is not (the process was paused, or starved),
+  so a box that comes back from a pause past its lease stops within one answer.
+
+Clocks: an expiry is the holder's clock plus the lease length, judged by the reader's clock.
+A live lease has at least two thirds of its length left, so clocks may differ by up to a third
+of ``lease_seconds`` (20 s for the default 60) minus a renewal's latency. ``SPARKBATCH_CLOCK_SKEW_S``
+shifts this process's lease clock (the fault harness's clock skew).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,188 +48,339 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Lease:
-    """One lease object. ``acquire(wait=True)`` waits while another live owner holds it.
+def lease_clock() -> float:
+    """Wall time for expiries, shifted by ``SPARKBATCH_CLOCK_SKEW_S`` (tests of clock skew)."""
+    return time.time() + float(os.environ.get("SPARKBATCH_CLOCK_SKEW_S") or 0.0)
 
-    Example::
 
-        lease = Lease(bucket, "leases/0123456789abcdef/shard-00003.json", owner_id(), seconds=60)
-        if lease.acquire(wait=False):
-            ...  # renewed by a LeaseKeeper while the work goes on
-            lease.release()
+def _safe(owner: str) -> str:
+    return "".join(c if c.isalnum() or c in "-._" else "_" for c in owner)
+
+
+class LeaseLost(Exception):
+    """Raised where a lost lease must stop work (the run catches it for the shards concerned)."""
+
+
+class BoxLease:
+    """This process's lease in a bucket; its claims live while it does. Example::
+
+        box = BoxLease(bucket, seconds=60)
+        box.ensure()            # created (and renewed by KEEPER) while claims hold it
+        box.confirm()           # False once another box fenced it: every claim is lost
     """
 
-    def __init__(self, bucket: Bucket, rel: str, owner: str, seconds: float = 60.0,
-                 say: Callable[[str], None] = log.warning) -> None:
-        self.bucket, self.rel, self.owner, self.seconds = bucket, rel, owner, seconds
-        self.say = say
+    def __init__(self, bucket: Bucket, seconds: float = 60.0, say: Callable[[str], None] = log.warning) -> None:
+        self.bucket, self.seconds, self.say = bucket, seconds, say
+        self.clock: Callable[[], float] = lease_clock
+        self.owner = owner_id()
         self.held = False
-        self.lost = False  # renewal found someone else's lease: they took it over
+        #: Set when another box fenced this one: every claim made under ``owner`` is lost.
+        self.fenced = False
+        self.claims = 0
         self._etag: str | None = None
-        self.clock: Callable[[], float] = time.time
+        self._ok_at = 0.0  # monotonic time a renewal that succeeded was sent
+        self._mutex = threading.RLock()
+
+    @property
+    def rel(self) -> str:
+        return f"leases/boxes/{_safe(self.owner)}.json"
 
     def _body(self) -> bytes:
         now = self.clock()
         return json.dumps({"owner": self.owner, "renewed": now, "expires": now + self.seconds,
                            "seconds": self.seconds}).encode()
 
-    def read(self) -> tuple[dict[str, Any] | None, str | None]:
-        """The lease's content and version tag (None, None when there is none)."""
-        tag = self.bucket.etag(self.rel)
-        raw = self.bucket.get_bytes(self.rel)
-        if raw is None:
-            return None, None
-        try:
-            return dict(json.loads(raw)), tag
-        except ValueError:  # not ours to parse: treat as expired
-            return {"owner": "?", "expires": 0.0}, tag
+    def ensure(self) -> str:
+        """Hold a live box lease (a new incarnation after a fence); returns its owner id."""
+        with self._mutex:
+            if self.held:
+                return self.owner
+            if self.fenced:  # a new life: claims of the old owner stay lost
+                self.owner, self.fenced = owner_id(), False
+            sent = time.monotonic()
+            try:
+                self._etag = self.bucket.put_tagged(self.rel, self._body(), create=True)
+            except FileExistsError:  # our own create, its reply lost and retried (the owner is unique)
+                self._etag = read_json(self.bucket, self.rel)[1]
+            self.held, self._ok_at = True, sent
+            KEEPER.add(self)
+            return self.owner
+
+    def renew(self) -> bool:
+        """Push the expiry forward; False (and ``fenced``) when another box fenced this one."""
+        with self._mutex:
+            if not self.held:
+                return not self.fenced
+            sent = time.monotonic()
+            try:
+                if not self.bucket.conditional:  # read, then write: the best a store without If-Match allows
+                    current = read_json(self.bucket, self.rel)[0]
+                    if not self._ours(current):
+                        raise FileNotFoundError(self.rel)
+                self._etag = self.bucket.put_tagged(self.rel, self._body(), if_match=self._etag)
+            except OSError as exc:
+                # Refused (fenced: replaced by a tombstone) or absent (the tombstone already gone).
+                if not (precondition_failed(exc) or isinstance(exc, FileNotFoundError)):
+                    raise
+                current = read_json(self.bucket, self.rel)[0]
+                if self.bucket.conditional and self._ours(current):
+                    self._etag = self.bucket.etag(self.rel)  # our own write, its reply lost and retried
+                    self._ok_at = sent
+                    return True
+                self._lose(current)
+                return False
+            self._ok_at = sent
+            return True
+
+    def _ours(self, current: dict[str, Any] | None) -> bool:
+        return current is not None and current.get("owner") == self.owner and not current.get("fenced_by")
+
+    def _lose(self, current: dict[str, Any] | None) -> None:
+        self.held, self.fenced = False, True
+        KEEPER.remove(self)
+        by = current.get("fenced_by") if current else None
+        if current is not None and current.get("owner") == self.owner:  # our own tombstone: it did its job
+            with contextlib.suppress(OSError):  # whoever took our shards over removes it too
+                self.bucket.delete([self.rel])
+        self.say(f"{self.rel}: this box's lease expired and {by or 'another box'} took over its shards (it was "
+                 f"paused or cut off from the store for over {self.seconds:g} s): their work stops here, is billed "
+                 "as waste and is never committed by this box")
+
+    def confirm(self) -> bool:
+        """True while this box's claims are its own: free when a renewal succeeded within half a
+        lease, else a renewal now (the process was paused or starved past its renewals)."""
+        if self.fenced:
+            return False
+        if not self.held or time.monotonic() - self._ok_at < self.seconds / 2:
+            return True
+        return self.renew()
+
+    def claimed(self) -> None:
+        with self._mutex:
+            self.claims += 1
+
+    def unclaimed(self) -> None:
+        """A claim released: with none left, the box lease goes (nothing lives by it)."""
+        with self._mutex:
+            self.claims = max(self.claims - 1, 0)
+            if self.claims or not self.held:
+                return
+            self.held = False
+            KEEPER.remove(self)
+            try:
+                raw = self.bucket.get_bytes(self.rel)
+                if raw is not None and json.loads(raw).get("owner") == self.owner and not json.loads(raw).get(
+                        "fenced_by"):
+                    self.bucket.delete([self.rel])
+            except OSError as exc:  # it expires by itself; nothing lives by it any more
+                log.warning("could not delete %s (%s): it expires in %.0f s", self.rel, exc, self.seconds)
+
+
+def read_json(bucket: Bucket, rel: str) -> tuple[dict[str, Any] | None, str | None]:
+    """An object's JSON and version tag (None, None when absent). The tag is read first: content
+    newer than its tag only makes a conditional write on it fail, never succeed wrongly."""
+    tag = bucket.etag(rel)
+    raw = bucket.get_bytes(rel)
+    if raw is None:
+        return None, None
+    try:
+        return dict(json.loads(raw)), tag
+    except ValueError:  # not ours to parse: treated as dead
+        return {"owner": "?", "expires": 0.0}, tag
+
+
+class Claim:
+    """A shard's claim, living by a :class:`BoxLease`. ``acquire(wait=True)`` waits while a live
+    box holds it; ``lost`` once this box was fenced after taking it. Example::
+
+        claim = Claim(bucket, "leases/0123456789abcdef/shard-00003.json", box)
+        if claim.acquire(wait=False):
+            ...  # box.confirm() / claim.lost while working
+            claim.release()
+    """
+
+    def __init__(self, bucket: Bucket, rel: str, box: BoxLease) -> None:
+        self.bucket, self.rel, self.box = bucket, rel, box
+        self.held = False
+        self.owner: str | None = None  # the box incarnation it was taken under
+
+    @property
+    def lost(self) -> bool:
+        return self.held and (self.box.fenced or self.box.owner != self.owner)
+
+    def _body(self) -> bytes:
+        return json.dumps({"owner": self.box.owner, "box": self.box.rel, "taken": self.box.clock()}).encode()
 
     def acquire(self, wait: bool, poll_s: float | None = None) -> bool:
-        """Take the lease; ``wait``: while a live owner holds it, poll until it is released or expires."""
+        """Take the claim; ``wait``: while a live box holds it, poll until it is free or dead."""
         said = False
         while True:
+            owner = self.box.ensure()
             if self.bucket.put_bytes(self.rel, self._body(), create=True):
-                return self._mine()
-            current, tag = self.read()
+                return self._mine(owner)
+            current, tag = read_json(self.bucket, self.rel)
             if current is None:
                 continue  # released between our create and our read: try again
-            if current.get("owner") == self.owner:  # our own create, its reply lost and retried
-                return self._mine()
-            left = float(current.get("expires", 0.0)) - self.clock()
+            if current.get("owner") == owner:  # our own create, its reply lost and retried
+                return self._mine(owner)
+            left = self._life_left(current)
+            if left is None:
+                continue  # its box changed under us: look again
             if left <= 0:
-                if self._take_over(tag):
-                    self.say(f"{self.rel}: took over the lease of {current.get('owner')}, expired "
-                             f"{-left:.0f} s ago (that run stopped renewing it: it died or lost the store)")
-                    return self._mine()
+                if self._take_over(current, tag):
+                    self._bury(current)
+                    return self._mine(owner)
                 continue
             if not wait:
                 return False
             if not said:
-                self.say(f"{self.rel}: leased by {current.get('owner')} for {left:.0f} s more (renewed while it "
-                         "works): waiting for it to finish, or for the lease to expire")
+                self.box.say(f"{self.rel}: leased by {current.get('owner')} for {left:.0f} s more (renewed while it "
+                             "works): waiting for it to finish, or for the lease to expire")
                 said = True
-            time.sleep(min(max(left, 0.05), poll_s or max(self.seconds / 6, 0.2)))
+            time.sleep(min(max(left, 0.05), poll_s or max(self.box.seconds / 6, 0.2)))
 
-    def _take_over(self, tag: str | None) -> bool:
-        try:
-            if self.bucket.conditional:
-                self.bucket.put_bytes(self.rel, self._body(), if_match=tag)
-                return True
-            # No conditional writes here: write, wait a moment, and keep it only if it is still ours.
-            self.bucket.put_bytes(self.rel, self._body())
-            time.sleep(0.5)
-            current, _ = self.read()
-            return current is not None and current.get("owner") == self.owner
-        except OSError as exc:
-            if precondition_failed(exc):
-                return False  # another machine took it over first
-            raise
+    def _life_left(self, claim: dict[str, Any]) -> float | None:
+        """Seconds the claim's box lease has left (<= 0: dead); fences a dead box on the way."""
+        box_rel = claim.get("box")
+        if not box_rel:  # an old-style lease with its own expiry
+            return float(claim.get("expires", 0.0)) - self.box.clock()
+        lease, tag = read_json(self.bucket, str(box_rel))
+        if lease is None or lease.get("fenced_by") or lease.get("owner") != claim.get("owner"):
+            return 0.0  # its box is gone, fenced, or another life: the claim is dead
+        left = float(lease.get("expires", 0.0)) - self.box.clock()
+        if left > 0:
+            return left
+        fence = json.dumps({"owner": lease.get("owner"), "fenced_by": self.box.owner, "expires": 0.0}).encode()
+        return 0.0 if self._replace(str(box_rel), fence, tag) else None
 
-    def _mine(self) -> bool:
-        self.held, self.lost = True, False
-        self._etag = None  # asked at the first renewal, from the keeper's thread, not the run's
+    def _bury(self, claim: dict[str, Any]) -> None:
+        """Delete the dead box's tombstone once one of its claims is ours: its claims stay dead
+        without it (a claim whose box lease is absent is dead), and a renewal it tries later
+        finds nothing, which it takes as the loss it is."""
+        rel = claim.get("box")
+        if rel:
+            current = read_json(self.bucket, str(rel))[0]
+            if current is not None and current.get("fenced_by"):
+                self.bucket.delete([str(rel)])
+
+    def _take_over(self, current: dict[str, Any], tag: str | None) -> bool:
+        if not self._replace(self.rel, self._body(), tag):
+            return False
+        self.box.say(f"{self.rel}: took over the lease of {current.get('owner')} (that box stopped renewing it: "
+                     "it died, was paused, or lost the store)")
         return True
 
-    def renew(self) -> None:
-        """Push the expiry forward; a lease someone else holds now is marked ``lost``, not overwritten."""
-        if not self.held:
-            return
+    def _replace(self, rel: str, body: bytes, tag: str | None) -> bool:
+        """Replace ``rel`` if it is still the version read; False when someone changed it first."""
         try:
-            if self.bucket.conditional and self._etag is None:
-                current, self._etag = self.read()
-                if current is not None and current.get("owner") != self.owner:
-                    raise OSError("At least one of the pre-conditions you specified did not hold")
-            if self.bucket.conditional and self._etag is not None:
-                self.bucket.put_bytes(self.rel, self._body(), if_match=self._etag)
-            else:
-                current, _ = self.read()
-                if current is not None and current.get("owner") != self.owner:
-                    raise OSError("At least one of the pre-conditions you specified did not hold")
-                self.bucket.put_bytes(self.rel, self._body())
-            self._etag = self.bucket.etag(self.rel)
+            if self.bucket.conditional:
+                self.bucket.put_bytes(rel, body, if_match=tag)
+                return True
+            # No conditional writes here: write, wait a moment, and keep it only if it is still ours.
+            self.bucket.put_bytes(rel, body)
+            time.sleep(0.5)
+            return self.bucket.get_bytes(rel) == body
         except OSError as exc:
-            if not precondition_failed(exc):
-                raise
-            current, _ = self.read()
-            if current is not None and current.get("owner") == self.owner:  # our own write, reply lost
-                self._etag = self.bucket.etag(self.rel)
-                return
-            self.lost = True
-            self.held = False
-            self.say(f"{self.rel}: lost the lease to {current.get('owner') if current else 'nobody'} (it expired "
-                     "before it was renewed); the shard's commit stays conditional, so nothing is committed twice")
+            if precondition_failed(exc):
+                return False
+            raise
+
+    def _mine(self, owner: str) -> bool:
+        self.held, self.owner = True, owner
+        self.box.claimed()
+        return True
 
     def holder(self) -> str:
-        current, _ = self.read()
+        current, _ = read_json(self.bucket, self.rel)
         return str(current.get("owner")) if current else "?"
 
     def release(self) -> None:
-        """Delete the lease if it is still ours (a taken-over one belongs to its new owner)."""
+        """Delete the claim if it is still ours (a taken-over one belongs to its new owner)."""
         if not self.held:
             return
-        self.held = False
-        raw = self.bucket.get_bytes(self.rel)
-        if raw is not None and json.loads(raw).get("owner") == self.owner:
-            self.bucket.delete([self.rel])
+        lost, self.held = self.lost, False
+        try:
+            raw = None if lost else self.bucket.get_bytes(self.rel)
+            if raw is not None and json.loads(raw).get("owner") == self.owner:
+                self.bucket.delete([self.rel])
+        finally:
+            self.box.unclaimed()
 
 
 class LeaseKeeper:
-    """Renews held leases every third of their length, from a thread, while a run works."""
+    """Renews every held box lease every third of its length, from one thread."""
 
     def __init__(self) -> None:
-        self.leases: list[Lease] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.boxes: list[BoxLease] = []
         self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def add(self, lease: Lease) -> None:
+    def add(self, box: BoxLease) -> None:
         with self._mutex:
-            self.leases.append(lease)
+            if box not in self.boxes:
+                self.boxes.append(box)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="sparkbatch-leases", daemon=True)
                 self._thread.start()
+        self._wake.set()
 
-    def remove(self, lease: Lease) -> None:
+    def remove(self, box: BoxLease) -> None:
         with self._mutex:
-            if lease in self.leases:
-                self.leases.remove(lease)
+            if box in self.boxes:
+                self.boxes.remove(box)
 
     def _loop(self) -> None:
         while True:
             with self._mutex:
-                leases = list(self.leases)
-            every = min((le.seconds for le in leases), default=30.0) / 3
-            if self._stop.wait(every):
-                return
-            for lease in leases:
+                boxes = list(self.boxes)
+            every = min((b.seconds for b in boxes), default=30.0) / 3
+            self._wake.wait(every)
+            self._wake.clear()
+            for box in boxes:
+                if time.monotonic() - box._ok_at < every * 0.9:
+                    continue  # renewed since (by confirm, or it was just made)
                 try:
-                    lease.renew()
+                    box.renew()
                 except Exception as exc:  # the store away for a moment: the next tick tries again
-                    log.warning("renewing %s failed (%s): trying again in %.0f s", lease.rel, exc, every)
-
-    def stop(self) -> None:
-        self._stop.set()
+                    log.warning("renewing %s failed (%s): trying again in %.0f s", box.rel, exc, every)
 
 
-#: One keeper per process: every lease this process holds is renewed by the same thread.
+#: One keeper per process: every box lease this process holds is renewed by the same thread.
 KEEPER = LeaseKeeper()
 
 
 class PartitionLock:
-    """This machine's ``flock`` on a shard, and with a bucket home the shard's lease too: the
-    flock keeps two runs of one box apart, the lease two boxes. Example::
+    """This machine's ``flock`` on a shard, and with a bucket home the shard's claim too: the
+    flock keeps two runs of one box apart, the claim two boxes. Example::
 
         lock = home.partition_lock(version, "shard-00003")
-        if lock.acquire(wait=False):            # the lease is waited for (and said so) unless lease_wait=False
+        if lock.acquire(wait=False):            # the claim is waited for (and said so) unless lease_wait=False
             try: ...
             finally: lock.release()
     """
 
-    def __init__(self, local: Any, lease: Lease | None = None) -> None:
+    def __init__(self, local: Any, lease: Claim | None = None) -> None:
         self.local, self.lease = local, lease
         self.path = local.path
         #: Why the last acquire failed: "local" (a run of this box) or "lease" (another box).
         self.refused_by: str | None = None
+
+    @property
+    def lost(self) -> bool:
+        """True once another box took this shard over (this box was fenced): stop, never commit."""
+        return self.lease is not None and self.lease.lost
+
+    @property
+    def held_remotely(self) -> bool:
+        """True while this lock holds the shard's claim in the bucket."""
+        return self.lease is not None and self.lease.held
+
+    def confirm(self) -> bool:
+        """False when the shard is (now known to be) another box's; may renew the box lease."""
+        if self.lease is None or not self.lease.held:
+            return True
+        return self.lease.box.confirm() and not self.lease.lost
 
     def acquire(self, wait: bool, shared: bool = False, lease_wait: bool = True) -> bool:
         self.refused_by = None
@@ -234,7 +398,6 @@ class PartitionLock:
             self.local.release()
             self.refused_by = "lease"
             return False
-        KEEPER.add(self.lease)
         return True
 
     def holder(self) -> str:
@@ -242,9 +405,8 @@ class PartitionLock:
 
     def release(self) -> None:
         if self.lease is not None and self.lease.held:
-            KEEPER.remove(self.lease)
             try:
                 self.lease.release()
-            except OSError as exc:  # it expires by itself: another box waits a lease length, nothing more
-                log.warning("could not release %s (%s): it expires in %.0f s", self.lease.rel, exc, self.lease.seconds)
+            except OSError as exc:  # its box lease goes or expires: another box waits a lease length, no more
+                log.warning("could not release %s (%s): it lapses with this box's lease", self.lease.rel, exc)
         self.local.release()

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from .atomic import atomic_write_text, failpoint
 from .bucket import Bucket
+from .locks import FileLock
 
 log = logging.getLogger("sparkbatch")
 
@@ -192,8 +193,32 @@ class Mirror:
         mine = {p.name for p in self._own_attempts}
         for name in self.bucket.list(f"{base}/attempts"):
             if name.endswith(".json") and name not in mine:  # another run's record: as the bucket has it
-                self.bucket.get_file(f"{base}/attempts/{name}", home.version_dir(version) / "attempts" / name)
+                self._pull_attempt(f"{base}/attempts/{name}", home.version_dir(version) / "attempts" / name)
         self.fetch(home.prediction_path(version))
+
+    def _pull_attempt(self, rel: str, local: Path) -> None:
+        """An attempt record into the cache, unless the cache's copy is the newer: a run of this
+        box (another process on this cache) writes its record here at every beat and pushes it
+        to the bucket only every third of a lease, so the bucket's copy may be behind."""
+        lock = FileLock(local.with_name(f".{local.stem}.lock"))
+        if local.exists() and not lock.acquire(wait=False):
+            return  # its process runs here now: the local record is the live one
+        try:
+            raw = self.bucket.get_bytes(rel)
+            if raw is None:
+                return
+            if local.exists():
+                try:
+                    ours = json.loads(local.read_text())
+                    theirs = json.loads(raw)
+                    if (ours.get("last_beat") or "") > (theirs.get("last_beat") or "") or (
+                            ours.get("ended") and not theirs.get("ended")):
+                        return
+                except ValueError:
+                    pass
+            atomic_write_text(local, raw.decode())
+        finally:
+            lock.release()
 
     def pull_commit(self, home: JobHome, version: str, key: str) -> bool:
         """The shard's committed output into the cache, if the bucket has a commit; True if so."""
@@ -224,7 +249,10 @@ class Mirror:
             folder = home.parts_dir(version, key)
             for name in (n.split("/", 1)[1] for n in parts if n.startswith(f"{key}/")):
                 if not (folder / name).exists():
-                    self.bucket.get_file(f"{base}/parts/{key}/{name}", folder / name)
+                    try:
+                        self.bucket.get_file(f"{base}/parts/{key}/{name}", folder / name)
+                    except FileNotFoundError:  # dropped since the listing (its box lost the shard): not needed
+                        continue
 
     def _read_commit(self, rel: str) -> dict[str, Any]:
         """The commit that refused ours: it exists, but a store may show it a moment late."""
@@ -243,12 +271,34 @@ class Mirror:
         self._own_attempts.add(path)
         self.uploader.put(path, self.rel(path))
 
-    def commit_later(self, home: JobHome, version: str, key: str, attempt: str, done: Callable[[], None]) -> None:
+    def commit_later(self, home: JobHome, version: str, key: str, attempt: str, done: Callable[[], None],
+                     still_mine: Callable[[], bool] | None = None,
+                     not_committed: Callable[[str], None] = lambda _: None) -> None:
         """:meth:`commit` from the upload thread, after everything queued before it (the shard's
-        parts, its answer segment); then ``done``. The run goes on generating meanwhile."""
+        parts, its answer segment); then ``done`` if this attempt's commit is the one the bucket
+        keeps. ``still_mine`` is asked first: a shard another box took over is not committed
+        (``not_committed("lost")``); a commit another attempt made first wins
+        (``not_committed("elsewhere")``). The run goes on generating meanwhile."""
         def task() -> None:
-            self.commit(home, version, key, attempt)
-            done()
+            if still_mine is not None and not still_mine():
+                log.warning("%s of version %s: another box took it over before its commit: not committed here",
+                            key, version)
+                not_committed("lost")
+                return
+            if self.commit(home, version, key, attempt) == attempt:
+                done()
+            else:
+                not_committed("elsewhere")
+        self.uploader.do(task)
+
+    def drop_parts_of(self, home: JobHome, version: str, key: str, tag: str) -> None:
+        """Delete, after the uploads queued before it, the parts one attempt (``tag``) uploaded for
+        a shard another box took over: that box has what it needs, and no part is left behind."""
+        folder = self.rel(home.parts_dir(version, key))
+
+        def task() -> None:
+            mine = [n for n in self.bucket.list(folder) if n.endswith(f"-{tag}.parquet")]
+            self.bucket.delete_many([f"{folder}/{n}" for n in mine])
         self.uploader.do(task)
 
     def commit(self, home: JobHome, version: str, key: str, attempt: str) -> str:

@@ -71,6 +71,18 @@ class Claims:
     def release(self, key: str) -> None:
         self.locks[key].release()
 
+    def lost(self, keys: Collection[str]) -> list[str]:
+        """Of ``keys``, those another box took over (this box's lease was fenced): checked after
+        every answer, so it is free unless the last renewal is half a lease old (then it renews)."""
+        held = [k for k in keys if self.locks[k].held_remotely]
+        if not held or self.locks[held[0]].confirm():
+            return [k for k in held if self.locks[k].lost]
+        return held
+
+    def still_mine(self, key: str) -> bool:
+        """Asked right before a shard's commit: False when another box took it over."""
+        return self.locks[key].confirm()
+
     def release_all(self) -> None:
         for lock in self.locks.values():
             lock.release()

@@ -6,6 +6,7 @@ new answers, finalize each shard. Knows nothing of Dagster.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 from ..engines.base import Engine, EngineRequest
 from ..errors import PendingRowsError
 from ..home import JobHome, atomic_write_text, failpoint
+from ..home.lease import LeaseLost
 from ..spec import JobSpec
 from .attempts import Attempt
 from .brake import Brake, Position
@@ -28,6 +30,7 @@ from .shard_stats import progress_report, shard_stats
 __all__ = ["ProgressFn", "ShardRun", "label_shard", "parse_output", "plan_rows", "read_shard"]
 
 ProgressFn = Callable[[dict[str, Any]], None]
+log = logging.getLogger("sparkbatch")
 
 
 class _Shard:
@@ -57,6 +60,8 @@ class _Shard:
         self.outstanding = len(self.order)
         self.done = len(self.rows) - sum(len(ids) for _, ids in self.groups.values())  # resumed, reused, errors
         self.pending = 0  # rows whose prompt got only transient failures: nothing written for them
+        self.finished = False  # assembled and handed to its commit
+        self.abandoned = False  # another box took it over: this attempt writes nothing more of it
         self.fresh_tokens = 0
         self.first_sent: float | None = None
 
@@ -117,6 +122,8 @@ class ShardRun:
         self._engine_starts = engine_starts  # cold engine starts this attempt paid (a warm engine: 0)
         self._all_at_first = 0  # rows done, free ones included, at the first answer: the brake's rate
         self._longest_commit = 0.0
+        self._lost: list[str] = []  # shards another box took over (appended from the upload thread too)
+        self._active: list[str] = []  # the keys of the stream in progress
 
     @property
     def committed_elsewhere(self) -> list[str]:
@@ -138,6 +145,19 @@ class ShardRun:
         run is writing is left to it; any other such key stops the run before anything starts.
         ``before`` runs once the partitions are locked, inside this attempt (billed with it), before
         the first prompt: the timed sample of ``sparkbatch run --estimate``, on this run's engine."""
+        # A bucket home's cache: a refresh by another command on this box must not swap the
+        # shard files under this run (it skips them while this shared lock is held).
+        shards_lock = self.home.shards_lock() if self.home.remote is not None else None
+        if shards_lock is not None:
+            shards_lock.acquire(wait=True, shared=True)
+        try:
+            yield from self._stream(keys, optional, before)
+        finally:
+            if shards_lock is not None:
+                shards_lock.release()
+
+    def _stream(self, keys: list[str], optional: Collection[str], before: Callable[[], None] | None
+                ) -> Iterator[dict[str, Any]]:
         claims = self._claims = Claims(self.home, self.version, keys, optional)
         # The attempt is billed from here, whatever its end; its heartbeat rides the flush timer.
         attempt = self.attempt = Attempt(self.home, self.version, self.spec.hourly_rate_usd, self.run_id,
@@ -146,27 +166,78 @@ class ShardRun:
         try:
             mine, leased = claims.take()
             with attempt, self._timer:
-                self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in mine}
-                self._rows_total = sum(self._sizes.values())
-                attempt.progress = self._attempt_progress
-                if before is not None:
-                    self._before(before)
-                self._consult()  # before the first prompt: a refusal generates nothing
-                yield from self._generate(mine)
-                # Shards another box holds, after ours (each lock is released as its shard commits):
-                # waited for one at a time, holding no lease, so two boxes can never wait on each other.
-                for key in leased:
-                    if claims.wait_for(key):
-                        self._sizes[key] = pq.read_metadata(self.home.shard_path(key)).num_rows
-                        self._rows_total += self._sizes[key]
-                        yield from self._generate([key])
+                try:
+                    self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in mine}
+                    self._rows_total = sum(self._sizes.values())
+                    attempt.progress = self._attempt_progress
+                    if before is not None:
+                        self._before(before)
+                    self._consult()  # before the first prompt: a refusal generates nothing
+                    yield from self._generate(mine)
+                    # Shards another box holds, after ours (each lock is released as its shard commits),
+                    # and ours another box took over meanwhile: waited for one at a time, holding no
+                    # lease, so two boxes can never wait on each other.
+                    queue = leased + self._take_back()
+                    while queue:
+                        key = queue.pop(0)
+                        if claims.wait_for(key):
+                            self._sizes[key] = pq.read_metadata(self.home.shard_path(key)).num_rows
+                            self._rows_total += self._sizes[key]
+                            yield from self._generate([key])
+                        queue += self._take_back()
+                except GeneratorExit:
+                    raise
+                except BaseException:
+                    # A shard committed in the bucket as the run failed (from the upload thread) is
+                    # still materialized: settle what is queued, yield what committed, then fail.
+                    self._settle(quiet=True)
+                    yield from self._drain()
+                    raise
         finally:
-            # Whatever stopped us, finished rows still in memory go to disk first (and to the bucket).
+            self._settle(quiet=True)
+            claims.release_all()
+
+    def _settle(self, quiet: bool) -> None:
+        """Whatever stopped us, finished rows still in memory go to disk first (and to the
+        bucket, with the commits queued behind them). ``quiet``: a failure here is logged, not
+        raised (the run is already failing, or ending)."""
+        try:
             for shard in self.shards:
-                shard.writer.flush()
+                if not shard.abandoned:
+                    shard.writer.flush()
             if self.home.remote is not None:
                 self.home.remote.uploader.flush()
-            claims.release_all()
+        except Exception as exc:
+            if not quiet:
+                raise
+            log.warning("while stopping: %s: %s", type(exc).__name__, exc)
+
+    def _take_back(self) -> list[str]:
+        """The shards of this run another box took over (this box's lease lapsed: paused, or cut
+        off from the store): their work so far is dropped and billed as waste; each is waited for
+        like a shard another box holds, so it ends committed by that box (recorded here as
+        reused) or, if that box died too, labeled here."""
+        keys = list(dict.fromkeys(self._lost))
+        self._lost.clear()
+        for key in keys:
+            for shard in self.shards:
+                if shard.key == key and not shard.abandoned:
+                    self._abandon(shard)
+            if self._claims is not None:
+                self._claims.release(key)
+        return keys
+
+    def _abandon(self, shard: _Shard) -> None:
+        """Stop a shard another box now owns: no more rows, parts or uploads from this attempt."""
+        shard.abandoned = True
+        shard.writer.on_part = lambda _: None
+        if shard.writer in self._timer.writers:
+            self._timer.writers.remove(shard.writer)
+        shard.writer.discard()
+        remote = self.home.remote
+        if remote is not None and shard.writer.tag:
+            remote.drop_parts_of(self.home, self.version, shard.key, shard.writer.tag)
+        shard.release()
 
     def _attempt_progress(self) -> dict[str, Any]:
         return {"prompts_generated": self._answered, "engine_starts": self._engine_starts(),
@@ -201,9 +272,13 @@ class ShardRun:
 
     def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
         last_report = time.perf_counter()
+        self._active = keys
         results = self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output)
         try:
             yield from self._consume(results, self._rows_total, last_report)
+        except LeaseLost:  # another box owns our shards now: stop generating them (taken back after)
+            finished = {s.key for s in self.shards if s.finished and not s.abandoned}
+            self._lost.extend(k for k in keys if k not in finished)  # started or not
         finally:  # a stop (the brake, an error) aborts what is still in flight, now, not when collected
             close = getattr(results, "close", None)
             if close is not None:
@@ -211,6 +286,8 @@ class ShardRun:
         if self.home.remote is not None:
             self.home.remote.uploader.flush()  # the last shards' commits in the bucket, then theirs events
         yield from self._drain()
+        if self._lost:
+            return  # the shards taken over are waited for by stream(); nothing is pending of them
         if self.progress and self.shards:
             self._report(self.shards[-1], self._rows_total)
         pending = {s.key: s.pending for s in self.shards if s.pending}
@@ -228,6 +305,8 @@ class ShardRun:
                 self._all_at_first = self._rows_done
             idx, _, n = res.id.partition(":")
             shard = self.shards[int(idx)]
+            if shard.abandoned:
+                continue
             group = shard.order[int(n)]
             self._answered += 1
             ids = shard.groups[group][1]
@@ -253,7 +332,18 @@ class ShardRun:
                 last_report = now
                 self._report(shard, total)
             yield from self._drain()
+            self._check_leases()
             self._consult()
+
+    def _check_leases(self) -> None:
+        """After every answer, with a bucket home: raise LeaseLost when another box took over a
+        shard in flight (free unless this box's last renewal is half a lease old)."""
+        if self._claims is None or self.home.remote is None:
+            return
+        finished = {s.key for s in self.shards if s.finished}
+        lost = self._claims.lost([k for k in self._active if k not in finished])
+        if lost or self._lost:
+            raise LeaseLost(", ".join(lost or self._lost))
 
     def _report(self, shard: _Shard, total: int) -> None:
         assert self.progress is not None
@@ -309,6 +399,7 @@ class ShardRun:
         key, bucket = shard.key, self.home.remote is not None
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, key), keep_parts=bucket)
         shard.release()
+        shard.finished = True
 
         def committed() -> None:  # where it counts: here, or (a bucket home) from the upload thread, later
             if self._claims is not None:
@@ -319,7 +410,17 @@ class ShardRun:
             self.stats.append(stats)
             self._ready.append(stats)  # yielded by the run's thread, at its next answer
 
-        self.home.publish_commit(self.version, key, self.attempt.id if self.attempt else "none", committed)
+        def not_committed(why: str) -> None:  # from the upload thread, with a bucket home
+            if why == "lost":  # another box took the shard over first: stop, and never count it
+                self._lost.append(key)
+            elif self._claims is not None:  # another box's commit won: its output stands, recorded as reused
+                self._claims.release(key)
+                self._claims.committed_elsewhere.append(key)
+
+        claims = self._claims
+        self.home.publish_commit(self.version, key, self.attempt.id if self.attempt else "none", committed,
+                                 still_mine=(lambda: claims.still_mine(key)) if claims is not None else None,
+                                 not_committed=not_committed)
 
 
 def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
