@@ -336,3 +336,41 @@ def test_gzipped_csv_with_bad_bytes(tmp_path):
     src = _write(tmp_path, "rows.csv.gz", gzip.compress(_csv_75(BAD_UTF8)))
     manifest, out, _ = _run(tmp_path, src)
     assert manifest["rows"] == 74 and set(_errors(out)) == {"id-00029", "id-00074"}
+
+
+# --- A key given twice: Python's json takes the line, DuckDB refuses it --------------------------
+
+DOUBLED = (b'{"id": 1, "text": "A apple.", "gold": "fruit"}\n'
+           b'{"id": 2, "text": "x", "text": "y", "gold": "fruit"}\n'          # a used column twice: which text?
+           b'{"id": 3, "text": "A car.", "gold": "vehicle", "note": 1, "note": 2}\n'   # an unused one twice
+           b'{"id": 4, "text": "A dog.", "gold": "animal", "meta": {"k": 1, "k": 2}}\n')  # nested, unused
+
+
+@pytest.mark.parametrize("with_id", [True, False])
+def test_jsonl_with_a_repeated_key_shards_and_labels(tmp_path, with_id):
+    manifest, out, shard = _run(tmp_path, _write(tmp_path, "rows.jsonl", DOUBLED),
+                                **({} if with_id else {"id_column": None}))
+    assert manifest["rows"] == 4
+    bad = "2" if with_id else "row-0000000002"
+    assert _errors(out) == {bad: "unparsable_row: line 2: key 'text' appears more than once in the object "
+                                 "(which value is meant?): keep one"}
+    ids = ("1", "3", "4") if with_id else ("row-0000000001", "row-0000000003", "row-0000000004")
+    assert [shard[i]["text"] for i in ids] == ["A apple.", "A car.", "A dog."]
+    _assert_rest_labeled(out, {bad})
+
+
+def test_jsonl_with_a_repeated_id_key_loses_the_id_not_the_row(tmp_path):
+    data = b'{"id": "a", "text": "A apple."}\n{"id": "b", "id": "c", "text": "A car."}\n'
+    _, out, _ = _run(tmp_path, _write(tmp_path, "rows.jsonl", data), gold_column=None)
+    assert _errors(out) == {"unparsable-line-2": "unparsable_row: line 2: key 'id' appears more than once in the "
+                                                 "object (which value is meant?): keep one"}
+
+
+def test_jsonl_that_duckdb_refuses_but_whose_every_line_is_good(tmp_path):
+    # Bad bytes in a column the job does not use, a key repeated in another: DuckDB refuses the
+    # file, and the line-by-line read keeps every row, so it has no bad row at all.
+    data = (b'{"id": 1, "text": "A apple.", "note": "caf\xe9"}\n'
+            b'{"id": 2, "text": "A car.", "note": "x", "note": "y", "m": {"k": 1, "k": 2}}\n')
+    manifest, out, shard = _run(tmp_path, _write(tmp_path, "rows.jsonl", data), gold_column=None)
+    assert manifest["rows"] == 2 and _errors(out) == {}
+    assert shard["1"]["text"] == "A apple." and shard["2"]["text"] == "A car."

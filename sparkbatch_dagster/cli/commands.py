@@ -318,10 +318,10 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
     if args.command == "sql":
         return sql(job, resource, args.query)
     if args.command == "preview":
-        from .preview import describe, preview
+        from .preview import describe, planning_home, preview
 
-        shard(job, defs)
-        report = preview(job, resource, args.n)
+        with planning_home(job) as home:  # read-only: a changed input is sharded in a scratch folder
+            report = preview(job, resource, args.n, home)
         print("\n".join(describe(report)), file=sys.stderr)
         return report
     if args.command == "estimate":

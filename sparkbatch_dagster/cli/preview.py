@@ -13,6 +13,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ..run.result_store import open_store, prompt_key
@@ -23,8 +27,6 @@ from ..spec.prompts import chat_text
 def load_tokenizer(path: str) -> Any | None:
     """The model's own tokenizer (transformers only, no engine); None when there is none here
     (a server someone else runs, a hub name without a local copy, the fake engine)."""
-    from pathlib import Path
-
     if not (Path(path) / "tokenizer_config.json").exists():
         return None
     from transformers import AutoTokenizer
@@ -32,9 +34,33 @@ def load_tokenizer(path: str) -> Any | None:
     return AutoTokenizer.from_pretrained(path)
 
 
-def preview(job: Any, resource: Any, show: int = 5) -> dict[str, Any]:
-    """Plan every shard of ``job`` as a run would; render the first ``show`` prompts to generate."""
-    spec, home = job.spec, job.home
+@contextlib.contextmanager
+def planning_home(job: Any) -> Iterator[Any]:
+    """Where a preview reads its shards: the job's home when they are the input's current ones,
+    else a scratch folder sharded here and deleted after. A preview changes nothing: not the
+    home, not the bucket, not a run's shards (a changed input is sharded for real by
+    ``input_shards`` or ``sparkbatch run``)."""
+    from ..home import JobHome
+    from ..inputs.shards import build_shards, input_signature
+
+    home = job.home
+    home.refresh()
+    manifest = home.read_manifest()
+    if manifest and manifest.get("signature") == input_signature(job.spec) and all(
+            home.shard_path(k).exists() for k in manifest["keys"]):
+        yield home
+        return
+    with tempfile.TemporaryDirectory(prefix="sparkbatch-preview-") as tmp:
+        scratch = JobHome(Path(tmp), results=home.results or job.spec.result_store_path,
+                          results_remote=home.results_remote)
+        build_shards(job.spec, scratch)
+        yield scratch
+
+
+def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[str, Any]:
+    """Plan every shard of ``job`` as a run would; render the first ``show`` prompts to generate.
+    ``home``: where the shards are (:func:`planning_home`); the job's own by default."""
+    spec, home = job.spec, home or job.home
     manifest = home.read_manifest() or {"keys": [], "signature": None}
     model = resource.model_identity()
     store = open_store(spec, home, model)

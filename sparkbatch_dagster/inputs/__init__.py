@@ -1,7 +1,8 @@
 """Reading and sharding inputs: from the user's files to one Parquet file per shard.
 
 Owns :func:`.shards.build_shards` (DuckDB reads the input, gives every row a stable id, splits
-the rows into shards by a hash of the id, writes the manifest) and the slow path for hostile
+the rows into shards by a hash of the id, writes the manifest; the ids and the shard query are
+:mod:`.ids`: a generated id never equals a real one) and the slow path for hostile
 files that DuckDB could not read in one go: a CSV, JSONL or Parquet input re-read line by line,
 every line becoming exactly one row, good or carrying its reason (:mod:`.csv_input`,
 :mod:`.json_input`, :mod:`.parquet_input`, staged by :mod:`.staging`; :mod:`.files` sniffs).

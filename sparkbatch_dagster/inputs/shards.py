@@ -23,12 +23,12 @@ from ..home import JobHome, atomic_write_text, failpoint, shard_key
 from ..spec import JobSpec, fingerprint
 from .csv_input import stage_csv
 from .files import csv_options, delimiter_hint, empty_files, sniff
-from .json_input import stage_json
+from .ids import quote_ident, shard_sql  # noqa: F401 - quote_ident: imported from here by run/, estimate/
+from .json_input import json_reader, stage_json
 from .parquet_input import stage_parquet
 from .staging import STAGED_COLUMNS, Staged
 
 log = logging.getLogger("sparkbatch")
-_NESTED = ("STRUCT", "MAP", "UNION")
 
 
 def _format(spec: JobSpec) -> str:
@@ -66,6 +66,12 @@ def source_files(con: Any, spec: JobSpec) -> list[str]:
     if not files:
         raise InputError(f"input={spec.input!r} matches no files: check the path or glob")
     return files
+
+
+def input_signature(spec: JobSpec) -> str:
+    """The signature a sharding of the input as it is now would carry (its files' digests and
+    the sharding settings), without sharding it: to tell whether a manifest is current."""
+    return _signature(spec, source_files(connect(), spec))
 
 
 def _signature(spec: JobSpec, files: list[str]) -> str:
@@ -115,35 +121,15 @@ def _remote_digest(url: str) -> str | None:
     return f"size:{info.get('size')}:mtime:{mtime}"
 
 
-def _reader(fmt: str, csv_options: str = "") -> str:
+def _reader(con: Any, spec: JobSpec, fmt: str, csv_options: str = "") -> str:
+    if fmt == "json":  # the id column read as text, whatever its values' JSON types
+        return json_reader(con, "sb_files", spec, filename=True) + " WITH ORDINALITY"
     return {
         "parquet": "read_parquet(getvariable('sb_files'), union_by_name = true, filename = true, "
         "file_row_number = true)",
         "csv": f"read_csv(getvariable('sb_files'), union_by_name = true, filename = true{csv_options}) "
         "WITH ORDINALITY",
-        "json": "read_json(getvariable('sb_files'), format = 'newline_delimited', union_by_name = true, "
-        "filename = true) WITH ORDINALITY",
     }[fmt]
-
-
-def quote_ident(name: str) -> str:
-    """A column name as a DuckDB identifier (quotes doubled)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _text_expr(col: str, dtype: str) -> tuple[str, str]:
-    """(value expression, error expression) for one text column of DuckDB type ``dtype``."""
-    q = quote_ident(col)
-    lit = col.replace("'", "''")
-    if dtype in ("VARCHAR", "BLOB"):
-        return q, "NULL"
-    if dtype == "JSON":
-        return (f"CASE WHEN json_type({q}) = 'VARCHAR' THEN {q} ->> '$' END",
-                f"CASE WHEN {q} IS NOT NULL AND json_type({q}) <> 'VARCHAR' THEN "
-                f"'bad_type: column ''{lit}'' holds ' || json_type({q}) || ', expected text' END")
-    if dtype.startswith(_NESTED) or dtype.endswith("]"):
-        return "NULL", f"'bad_type: column ''{lit}'' has type {dtype}, expected text'"
-    return f"CAST({q} AS VARCHAR)", "NULL"
 
 
 def build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
@@ -223,7 +209,7 @@ def _read_in_one_go(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Pa
             raise duckdb.InvalidInputException("the CSV sniffer cannot read the first file")
         options = csv_options(dialect, delimiter)
         delimiter = delimiter or dialect.delimiter
-    con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM {_reader(fmt, options)}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM {_reader(con, spec, fmt, options)}")
     # Parquet gives exact (file, row) positions; for CSV/JSON the reader's ordinality is the row order.
     order = "filename, file_row_number" if fmt == "parquet" else "ordinality"
     return _write_tmp(con, spec, fmt, files, tmp, order, None, delimiter)
@@ -255,51 +241,24 @@ def _write_tmp(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Path, o
 
     rows = int(con.execute("SELECT count(*) FROM src").fetchone()[0])
     k = spec.shards_for(rows)
-    sql = _shard_sql(spec, types, order, k, staged is not None, len(files) > 1)
+    _warn_empty(spec, rows, k)
+    sql = shard_sql(spec, types, order, k, staged is not None, len(files) > 1)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     con.execute(f"COPY ({sql}) TO '{tmp}' (FORMAT parquet, PARTITION_BY (_shard), WRITE_PARTITION_COLUMNS false)")
     return rows, k, sql
 
 
-def _shard_sql(spec: JobSpec, types: dict[str, str], order: str, k: int, staged: bool, several_files: bool) -> str:
-    selects, errors = [], []
-    for col in spec.text_columns:
-        value, err = _text_expr(col, types[col])
-        selects.append(f'{value} AS "{col}"')
-        errors.append(err)
-    if spec.gold_column and spec.gold_column not in spec.text_columns:
-        selects.append(f'CAST("{spec.gold_column}" AS VARCHAR) AS "{spec.gold_column}"')
-    raw_id = f'CAST("{spec.id_column}" AS VARCHAR)' if spec.id_column else "NULL"
-    input_error = f"coalesce({', '.join(errors)})" if any(e != "NULL" for e in errors) else "NULL::VARCHAR"
-    # A line that could not be read keeps its reason; with no id to read, its id names the line.
-    unread_id, unread_error = "", ""
-    if staged:
-        line_id = ("'unparsable-' || (_sb_file + 1) || '-line-' || _sb_line" if several_files
-                   else "'unparsable-line-' || _sb_line")
-        unread_id = f"WHEN _sb_error IS NOT NULL AND _raw_id IS NULL THEN {line_id}" if spec.id_column else ""
-        unread_error = "WHEN _sb_error IS NOT NULL THEN _sb_error"
-    return f"""
-        WITH base AS (
-            SELECT *, row_number() OVER (ORDER BY {order}) AS _ord, {raw_id} AS _raw_id FROM src
-        ), ided AS (
-            SELECT *, row_number() OVER (PARTITION BY _raw_id ORDER BY _ord) AS _dup FROM base
-        ), final AS (
-            SELECT
-                CASE {unread_id}
-                     WHEN {'_raw_id IS NULL' if spec.id_column else 'true'}
-                     THEN {"'null-id-' || _ord" if spec.id_column else "'row-' || lpad(CAST(_ord AS VARCHAR), 10, '0')"}
-                     WHEN _dup > 1 THEN _raw_id || '#dup' || _dup ELSE _raw_id END AS row_id,
-                CASE {unread_error}
-                     WHEN {'_raw_id IS NULL' if spec.id_column else 'false'} THEN 'null_id: id column is null'
-                     WHEN _dup > 1 THEN 'duplicate_id: id ' || _raw_id || ' already used by an earlier row'
-                     ELSE {input_error} END AS _input_error,
-                {", ".join(selects)}, _ord
-            FROM ided
-        )
-        SELECT * EXCLUDE (_ord), CAST(('0x' || substr(md5(row_id), 1, 15)) AS BIGINT) % {k} AS _shard
-        FROM final ORDER BY _ord
-    """
+def _warn_empty(spec: JobSpec, rows: int, k: int) -> None:
+    """Say so when shards must be empty. They are kept, not merged away: the partitions stay the
+    ones configured (a partition set that shrank and grew with the row count would orphan done
+    partitions), and an empty partition commits at once with 0 rows, costing nothing."""
+    if rows == 0:
+        log.warning("input %s has 0 rows (only a header, or only blank lines): its %d shard(s) commit empty",
+                    spec.input, k)
+    elif spec.shard_count is not None and k > rows:
+        log.warning("shard_count=%d but the input has only %d rows: at least %d shards are empty (they commit "
+                    "with 0 rows); set shard_count to at most %d, or use shard_size", k, rows, k - rows, rows)
 
 
 def _move_shards(con: Any, tmp: Path, home: JobHome, keys: list[str], sql: str) -> None:

@@ -109,6 +109,15 @@ class CheckpointWriter:
             self._flush()
             return True
 
+    def discard(self) -> None:
+        """Drop the buffered rows and this writer's own part files (another box owns the shard
+        now): parts of other attempts stay, they are that box's to use."""
+        with self._lock:
+            self._buffer.clear()
+            if self.tag and self.parts_dir.exists():
+                for part in self.parts_dir.glob(f"part-*-{self.tag}.parquet"):
+                    part.unlink(missing_ok=True)
+
     def _due(self) -> bool:
         if not self._buffer:
             return False
@@ -189,7 +198,8 @@ def assemble(parts_dir: Path, expected_ids: Iterable[str], name: str) -> pa.Tabl
             f"{name}: {len(missing)} rows missing (e.g. {missing[:5]}), "
             f"{len(extra)} not in the shard (e.g. {extra[:5]}); rerun the partition to fill the gap"
         )
-    return table.take([first[row_id] for row_id in expected])
+    # Typed indices: an empty list would be a null-typed array, which take() refuses (an empty shard).
+    return table.take(pa.array([first[row_id] for row_id in expected], pa.int64()))
 
 
 def commit(parts_dir: Path, table: pa.Table, final_path: Path, keep_parts: bool = False) -> None:
