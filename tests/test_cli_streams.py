@@ -76,14 +76,15 @@ def test_preview_shows_prompts_and_counts_without_an_engine(tmp_path):
     proc = _cli(tmp_path, "preview", "-f", defs, "-n", "2")
     report = json.loads(proc.stdout)
     assert report["rows"] == 90 and len(report["shards"]) == 3 and len(report["prompts"]) == 2
+    assert not (tmp_path / "home").exists()  # a preview changes nothing: it sharded in a scratch folder
+    # After a run every prompt is answered: preview says nothing is left to pay for.
+    _cli(tmp_path, "run", "-f", defs)
     shards = [pq.read_table(f).column("text").to_pylist() for f in sorted((tmp_path / "home/shards").glob("*.parquet"))]
     unique = sum(len(set(texts)) for texts in shards)  # exact duplicates are found within a shard
     assert [s["distinct_prompts"] for s in report["shards"]] == [len(set(t)) for t in shards]
     assert report["distinct_prompts"] == report["to_generate"] == unique
     assert report["duplicate_rows"] == 90 - unique and report["stored_prompts"] == 0
     assert "What is this?" in report["prompts"][0]["text"] and "--- prompt 1" in proc.stderr
-    # After a run every prompt is answered: preview says nothing is left to pay for.
-    _cli(tmp_path, "run", "-f", defs)
     again = json.loads(_cli(tmp_path, "preview", "-f", defs).stdout)
     assert again["to_generate"] == 0 and again["stored_prompts"] == unique
 
