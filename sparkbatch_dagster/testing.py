@@ -25,7 +25,7 @@ from pydantic import Field
 
 from .definitions.resource import VLLMResource
 from .engines.base import Engine
-from .engines.model import answer_settings
+from .engines.model import answer_settings, model_identity
 from .engines.settings import CPU_DEFAULTS, split_devices, visible_gpus
 
 
@@ -50,12 +50,21 @@ def fake_worker(settings: dict[str, Any]) -> Engine:
 class FakeVLLMResource(VLLMResource):
     """``VLLMResource`` whose engine is a :class:`FakeEngine` with these settings.
 
-    ``model`` names the fake model (``"fake-model"`` when unset); a fixed ``answer`` makes it
-    another model identity, since it answers differently. The vLLM settings it inherits are
+    ``model`` names the fake model (``"fake-model"`` when unset; a model folder, such as a test's
+    ``config.json`` and weights file, gets the real identity of its files, so new weights there
+    are a new model); a fixed ``answer`` makes it another model identity, since it answers
+    differently. The vLLM settings it inherits are
     ignored, except ``keep_warm`` and ``data_parallel_size`` (None: one engine, in this process;
     N: N fake engines in worker processes, each with its own ``CUDA_VISIBLE_DEVICES`` when that
-    variable is set here, as with GPUs, and each with its own ``fail_after`` and
-    ``transient_first``).
+    variable is set here, as with GPUs, and each with its own ``fail_after``,
+    ``transient_first`` and gate).
+
+    ``gate_path`` and ``gate_after`` make a barrier for tests that need one event to happen while
+    the engine is mid-job (a second process started, a kill): the engine gives ``gate_after``
+    answers, then holds until the file ``gate_path`` exists. The test waits for what it needs
+    (rows traced, a lease taken, another process waiting), then creates the file::
+
+        FakeVLLMResource(trace_path=str(trace), gate_path=str(tmp_path / "go"), gate_after=35)
     """
 
     delay_s: float = Field(default=0.0, ge=0.0, description="Seconds of sleep per request (kill tests' window).")
@@ -71,6 +80,15 @@ class FakeVLLMResource(VLLMResource):
     transient_first: int = Field(
         default=0, ge=0, description="The first N requests fail as a flaky server's would (retryable)."
     )
+    gate_path: str | None = Field(
+        default=None, description="Hold before answer gate_after + 1 until this file exists (tests' barrier)."
+    )
+    gate_after: int = Field(default=0, ge=0, description="Answers given before the gate_path hold.")
+    gpu_lock: bool = Field(
+        default=False, description="Take the GPU lock as VLLMResource does (engines/gpu_lock.py, in "
+        "$SPARKBATCH_GPU_LOCK_DIR): the GPUs of CUDA_VISIBLE_DEVICES its engines would use, else cpu0. Off by "
+        "default: tests that play two boxes on one machine run two engines at once on purpose.",
+    )
 
     def model_name(self) -> str:
         return self.resolved().model or "fake-model"
@@ -84,6 +102,8 @@ class FakeVLLMResource(VLLMResource):
         settings = answer_settings(cfg.dtype, cfg.max_model_len, cfg.engine_kwargs)
         extra = {k: v for k, v in settings.items() if k not in ("dtype", "max_model_len")}
         key = [cfg.answer, extra] if extra else cfg.answer
+        if (Path(name).expanduser() / "config.json").is_file():  # a model folder: its files, as the real one
+            return model_identity(name, {**settings, "fake_answer": cfg.answer} if cfg.answer else settings)
         return name if key is None else f"{name}@{fingerprint(key)[:12]}"
 
     def resolved_max_num_seqs(self) -> int:
@@ -92,9 +112,11 @@ class FakeVLLMResource(VLLMResource):
     def _start(self) -> Engine:
         from .engines.fake import FakeEngine
 
-        fake: dict[str, Any] = dict(model_id=self.model_name(), delay_s=self.delay_s, fail_after=self.fail_after,
+        # Named as the run names its rows, as the real start names its engine.
+        fake: dict[str, Any] = dict(model_id=self.model_identity(), delay_s=self.delay_s, fail_after=self.fail_after,
                                     answer=self.answer, trace_path=self.trace_path,
-                                    transient_first=self.transient_first)
+                                    transient_first=self.transient_first, gate_path=self.gate_path,
+                                    gate_after=self.gate_after)
         if (self.data_parallel_size or 1) == 1:
             return FakeEngine(**fake)
         from .engines.data_parallel import DataParallelEngine
@@ -103,8 +125,15 @@ class FakeVLLMResource(VLLMResource):
         gpus = visible_gpus() if "CUDA_VISIBLE_DEVICES" in os.environ else None
         envs = split_devices(self.data_parallel_size, self.tensor_parallel_size, gpus) if gpus is not None \
             else [{} for _ in range(self.data_parallel_size or 1)]
-        return DataParallelEngine(fake_worker, fake, envs, model_id=self.model_name(),
+        return DataParallelEngine(fake_worker, fake, envs, model_id=fake["model_id"],
                                   window=self.window or 64, batch=16)
+
+    def _lock_devices(self) -> list[str]:
+        if not self.gpu_lock:
+            return []
+        if "CUDA_VISIBLE_DEVICES" not in os.environ:
+            return ["cpu0"]
+        return visible_gpus()[:(self.data_parallel_size or 1) * self.tensor_parallel_size]
 
 
 #: Model bodies for :func:`dummy_model`, all with SmolLM2's 49k vocabulary and tokenizer.

@@ -95,6 +95,14 @@ def _dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DAGSTER_HOME", str(home))
 
 
+@pytest.fixture(autouse=True)
+def _gpu_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's engines (and its subprocesses') take their GPU locks in a folder of its own:
+    the session's warm real engine, locked in an earlier test's folder, must not make a later
+    test's `sparkbatch run` wait for it (engines/gpu_lock.py)."""
+    monkeypatch.setenv("SPARKBATCH_GPU_LOCK_DIR", str(tmp_path / "gpu-locks"))
+
+
 def live_children(*words: str) -> list[psutil.Process]:
     """Live descendants of this process whose command line holds every word (a zombie is gone)."""
     found = []

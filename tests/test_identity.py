@@ -256,3 +256,70 @@ def test_new_weights_or_another_max_model_len_is_a_new_output_version(tmp_path: 
                                            engine_kwargs={"quantization": "fp8"})) != first
     (folder / "model.safetensors").write_bytes(os.urandom(64 * 1024))  # new weights, same folder
     assert job.output_version(res) != first
+
+
+# --- files engine_kwargs name, and remote code, count by their bytes -----------------------------
+
+
+def test_a_chat_template_file_in_engine_kwargs_counts_by_its_content(tmp_path: Path) -> None:
+    folder = str(fake_model(tmp_path))
+    template = tmp_path / "templates" / "chat.jinja"
+    template.parent.mkdir()
+    template.write_text("{{ messages }}")
+    settings = {"dtype": "auto", "chat_template": str(template)}
+    before = model_identity(folder, settings)
+    template.write_text("{{ messages[0] }}")  # the same path, another template
+    touch(template, 1)
+    edited = model_identity(folder, settings)
+    assert edited != before
+    elsewhere = tmp_path / "copy.jinja"
+    shutil.copyfile(template, elsewhere)
+    assert model_identity(folder, {**settings, "chat_template": str(elsewhere)}) == edited  # bytes, not the path
+    touch(template)
+    assert model_identity(folder, settings) == edited
+    long_inline = "{{ messages }}" * 400  # an inline template too long to be a file name: itself
+    assert model_identity(folder, {"chat_template": long_inline}) != model_identity(folder, {"chat_template": "x"})
+
+
+@pytest.mark.parametrize("key, name", [("tokenizer", "tokenizer_config.json"),
+                                       ("generation_config", "generation_config.json")])
+def test_a_folder_in_engine_kwargs_counts_by_its_files(tmp_path: Path, key: str, name: str) -> None:
+    folder = str(fake_model(tmp_path))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / name).write_text(json.dumps({"top_k": 5}))
+    before = model_identity(folder, {key: str(other)})
+    (other / name).write_text(json.dumps({"top_k": 6}))
+    touch(other / name, 1)
+    assert model_identity(folder, {key: str(other)}) != before
+    assert model_identity(folder, {key: "org/hub-tokenizer"}) != model_identity(folder, {key: "org/other"})
+
+
+def test_an_edited_chat_template_is_a_new_identity_through_the_resource(tmp_path: Path) -> None:
+    from sparkbatch_dagster import VLLMResource
+
+    folder = fake_model(tmp_path)
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages }}")
+    res = VLLMResource(model=str(folder), engine_kwargs={"chat_template": str(template)})
+    before = res.model_identity()
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    touch(template, 1)
+    assert res.model_identity() != before
+
+
+def test_trust_remote_code_and_the_code_it_runs_are_part_of_the_identity(tmp_path: Path) -> None:
+    from sparkbatch_dagster import VLLMResource
+    from sparkbatch_dagster.engines.model import THROUGHPUT_ONLY
+
+    assert "trust_remote_code" not in THROUGHPUT_ONLY
+    folder = fake_model(tmp_path)
+    (folder / "modeling_tiny.py").write_text("SCALE = 1\n")
+    plain = VLLMResource(model=str(folder)).model_identity()
+    remote = VLLMResource(model=str(folder), engine_kwargs={"trust_remote_code": True})
+    first = remote.model_identity()
+    assert first != plain
+    (folder / "modeling_tiny.py").write_text("SCALE = 2\n")  # the model's own code, edited
+    touch(folder / "modeling_tiny.py", 1)
+    assert remote.model_identity() != first
+    assert VLLMResource(model=str(folder)).model_identity() == plain  # code vLLM does not run is not part of it

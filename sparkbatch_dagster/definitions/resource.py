@@ -4,6 +4,7 @@ The engine starts lazily on the first prompt that needs generating (a run whose 
 all done, or whose answers are all in the result store, never pays the minute of engine
 start), is reused by every partition of the run, and is shut down in
 ``teardown_after_execution`` (or kept warm for the next run in this process: ``keep_warm``).
+While it lives it holds its GPUs' locks (``engines/gpu_lock.py``): one engine per GPU on the box.
 The resource stays plain settings: :meth:`VLLMResource.engine_settings` resolves them into the
 one frozen value the engines room starts from (``engines/start.py``); what they become for vLLM
 lives there too (``engines/settings.py``, ``engines/server_process.py``), model conversion and
@@ -16,6 +17,8 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
@@ -24,16 +27,19 @@ from typing_extensions import Self
 
 from ..engines import settings
 from ..engines.base import Engine
-from ..engines.endpoints import root_url
+from ..engines.endpoints import configured_urls
+from ..engines.gpu_lock import HeldEngine
 from ..engines.model import THROUGHPUT_ONLY, answer_settings
 from ..engines.settings import on_cpu
 from ..engines.start import EngineSettings, start
 from ..errors import ConfigError
+from ..run.progress import tell
 
 __all__ = ["THROUGHPUT_ONLY", "VLLMResource", "close_warm_engines", "on_cpu"]
 
-#: Engines kept warm between runs of this process (``keep_warm``), by settings.
-_WARM: dict[str, Engine] = {}
+#: Engines kept warm between runs of this process (``keep_warm``), by settings; each is reused
+#: only while it answers as the model the settings give now (its ``model_id``).
+_WARM: dict[str, HeldEngine] = {}
 #: What ``EnvVar("X")`` and ``EnvVar.int("X")`` leave in a field until a run reads them.
 _ENV_VARS = (EnvVar, type(EnvVar.int("_")))
 
@@ -102,7 +108,9 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="More vllm.LLM arguments (`vllm serve` flags in server mode), passed as "
-        "they are; keys outside THROUGHPUT_ONLY are part of the model identity.",
+        "they are; keys outside THROUGHPUT_ONLY are part of the model identity (trust_remote_code with the "
+        "folder's Python files; chat_template, tokenizer and generation_config by the bytes of the file or "
+        "folder they name).",
     )
     server_url: str | None = Field(
         default=None, description="engine='server': a running server's base URL; None (and no server_urls) starts "
@@ -139,31 +147,55 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     )
     keep_warm: bool = Field(
         default=False, description="Keep the engine running after a run, for the next run in this process "
-        "with the same settings (notebooks, test sessions): one engine start instead of one per run.",
+        "with the same settings and model files (notebooks, test sessions): one engine start instead of one per "
+        "run. It keeps its GPUs too: another run's engine on them waits until shutdown() or this process ends.",
     )
 
-    _engine: Engine | None = PrivateAttr(default=None)
+    _held: HeldEngine | None = PrivateAttr(default=None)
     _cold_starts: int = PrivateAttr(default=0)
+    _run_id: str | None = PrivateAttr(default=None)  # in the GPU lock: whose engine another run waits for
+    _warn: Callable[[str], None] | None = PrivateAttr(default=None)  # the run's log (outside a run: logging)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._engine = None
+        self._held = None
+        self._run_id = context.run_id
+        self._warn = context.log.warning if context.log is not None else None
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         self.close()
 
     def get_engine(self) -> Engine:
-        """The run's engine, started on first use (or the warm one, with ``keep_warm``)."""
-        if self._engine is None:
+        """The run's engine, started on first use (or the warm one, with ``keep_warm``, while it
+        answers as the model these settings give now). A start first takes its GPUs' locks,
+        waiting for another run's engine on them to stop (``engines/gpu_lock.py``)."""
+        if self._held is None:
             cfg = self.resolved()
-            warm = _WARM.get(cfg._warm_key()) if cfg.keep_warm else None
-            if warm is None:
+            key = cfg._warm_key()
+            held = _WARM.get(key) if cfg.keep_warm else None
+            if held is not None and held.engine.model_id != cfg.model_identity():
+                # New weights (or template) under the same settings: the warm engine would answer as
+                # the old model under the new identity. Stopped first: its memory is the new one's.
+                del _WARM[key]
+                held.close()
+                held = None
+            if held is None:
                 self._cold_starts += 1
-            self._engine = warm or cfg._start()
-            if cfg.keep_warm:
-                _WARM[cfg._warm_key()] = self._engine
-        return self._engine
+                holder = {"run_id": self._run_id, "model": cfg.model}
+                held = HeldEngine.start(cfg._lock_devices(), holder, self._say, cfg._start)
+                if cfg.keep_warm:
+                    _WARM[key] = held
+            else:
+                held.engine.gpu_wait_s = 0.0
+            self._held = held
+        return self._held.engine
+
+    def _say(self, line: str) -> None:
+        """The wait for another run's GPU: in this run's log, and above `sparkbatch run`'s progress
+        bar (whose console shows no Dagster log), so a run that waits does not look hung."""
+        (self._warn or logging.getLogger("sparkbatch").warning)(line)
+        tell(line)
 
     def cold_starts(self) -> int:
         """Engines this resource object started itself (a warm one it found is not counted): the
@@ -171,17 +203,17 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         return self._cold_starts
 
     def close(self) -> None:
-        """End of a run: stop the engine, unless ``keep_warm`` keeps it for the next run."""
-        if self._engine is not None and not self.keep_warm:
-            self._engine.close()
-        self._engine = None
+        """End of a run: stop the engine and free its GPUs, unless ``keep_warm`` keeps them."""
+        if self._held is not None and not self.keep_warm:
+            self._held.close()
+        self._held = None
 
     def shutdown(self) -> None:
-        """Stop the engine even when it is kept warm."""
-        engine = _WARM.pop(self.resolved()._warm_key(), None) or self._engine
-        self._engine = None
-        if engine is not None:
-            engine.close()
+        """Stop the engine even when it is kept warm, and free its GPUs."""
+        held = _WARM.pop(self.resolved()._warm_key(), None) or self._held
+        self._held = None
+        if held is not None:
+            held.close()
 
     # --- who answers: what the engines room resolves from these settings ------------------------
 
@@ -271,17 +303,11 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     def _start(self) -> Engine:
         return start(self.engine_settings())
 
+    def _lock_devices(self) -> list[str]:
+        """The devices this resource's engine occupies on this box, for their locks."""
+        return self.engine_settings().devices()
+
     def _endpoints(self) -> list[str]:
         """engine='server': the running servers' base URLs (server_url or server_urls); [] when
         `vllm serve` starts here (and in offline mode)."""
-        if self.engine != "server":
-            return []
-        if self.server_url and self.server_urls:
-            raise ConfigError("VLLMResource sets both server_url and server_urls: set server_urls only (a list of "
-                              "one is one server)")
-        urls = [self.server_url] if self.server_url else list(self.server_urls)
-        twice = sorted({u for u in urls if [root_url(v) for v in urls].count(root_url(u)) > 1})
-        if twice:
-            raise ConfigError(f"VLLMResource.server_urls lists {twice} more than once: list each server once "
-                              "(max_in_flight is per server)")
-        return urls
+        return configured_urls(self.server_url, self.server_urls) if self.engine == "server" else []

@@ -7,8 +7,8 @@ here, offline vLLM, one engine per data-parallel GPU group), the backends (:mod:
 :mod:`.replicas`, :mod:`.token_prompts`, :mod:`.server_process`, :mod:`.vllm_cli`; :mod:`.fake`
 for tests), the platform's defaults and memory check (:mod:`.settings`), memory on a unified-memory
 GPU such as the DGX Spark's GB10, sized from what is free when the engine starts (:mod:`.memory`),
-the model (:mod:`.model`: embedded models, identity, weight sizes) and one engine over several
-machines (:mod:`.multinode`).
+the model (:mod:`.model`: embedded models, identity, weight sizes), one engine over several
+machines (:mod:`.multinode`) and one engine per GPU on the box (:mod:`.gpu_lock`).
 
 May import: ``errors``, ``spec``, ``home``. Backends import vllm lazily, so importing this
 package never loads vllm or torch.

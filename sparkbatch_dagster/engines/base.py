@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from . import memory
 
@@ -67,6 +68,9 @@ class Engine(abc.ABC):
     start_seconds: float = 0.0
     #: How the start sized its memory, for the log (unified memory); empty elsewhere.
     memory_note: str = ""
+    #: Seconds the start waited for another run's engine to free the GPUs (``engines/gpu_lock.py``):
+    #: not part of the start, which this run pays for.
+    gpu_wait_s: float = 0.0
 
     @abc.abstractmethod
     def generate(
@@ -92,6 +96,8 @@ class LazyEngine(Engine):
 
     A rerun whose answers all come from the result store (appended rows aside, a touched
     input, a new gold column) then costs no engine start, which is a minute or more.
+    ``model_id`` is the identity the run computed and stamps its rows with; an engine that
+    answers as another one (new weights copied in since) stops the run before its first answer.
     """
 
     def __init__(self, model_id: str, start: Callable[[], Engine], log: Callable[[str], None] | None = None,
@@ -114,15 +120,34 @@ class LazyEngine(Engine):
                 self._log(f"engine loading: {self.model_id} {self._settings} ({memory.free_line(before)})")
             began = time.perf_counter()
             self.started = self._start()
-            # What this run paid to get an engine: a cold start in full, a warm one (keep_warm) nothing.
-            self.start_seconds = time.perf_counter() - began
+            # What this run paid to get an engine: a cold start in full, a warm one (keep_warm) nothing,
+            # and not the wait for another run's engine to free the GPUs.
+            self.start_seconds = max(time.perf_counter() - began - self.started.gpu_wait_s, 0.0)
             if self._log:
                 self._log(self._ready_line(before))
+        check_identity(self.model_id, self.started.model_id)
         yield from self.started.generate(itertools.chain([first], source), sampling, output)
 
     def _ready_line(self, before: memory.Host) -> str:
         after = memory.host()
         note = f"; {self.started.memory_note}" if self.started is not None and self.started.memory_note else ""
-        return (f"engine ready in {self.start_seconds:.1f} s; MemAvailable {memory.gib(before.available)} GiB before "
-                f"the start, {memory.gib(after.available)} GiB after ({memory.gib(before.available - after.available)}"
-                f" GiB taken){note}")
+        waited = f" (after {self.started.gpu_wait_s:.1f} s waiting for the GPU)" \
+            if self.started is not None and self.started.gpu_wait_s >= 0.05 else ""
+        return (f"engine ready in {self.start_seconds:.1f} s{waited}; MemAvailable {memory.gib(before.available)} GiB "
+                f"before the start, {memory.gib(after.available)} GiB after "
+                f"({memory.gib(before.available - after.available)} GiB taken){note}")
+
+
+def check_identity(expected: str, started: str) -> None:
+    """Stop when the engine that started is not the model the run labels as: its answers would be
+    stored under the wrong identity (and reused as that model's by later runs)."""
+    if started == expected:
+        return
+    name, _, _ = expected.partition("@")
+    what = (f"the files of {name} (weights, tokenizer, chat template) or its answer-changing settings changed "
+            "after this run computed its identity" if started.partition("@")[0] == name else "another model")
+    raise EngineError(
+        f"the engine answers as {started}, but this run labels as {expected}: {what}. Nothing was generated "
+        "or stored. Run again: the next run computes the identity afresh and labels under it (a keep_warm "
+        "engine of the old files is replaced by then; resource.shutdown() stops it now)"
+    )

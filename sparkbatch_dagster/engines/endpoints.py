@@ -21,6 +21,19 @@ def root_url(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")  # ".../v1" is a common way to write the same server
 
 
+def configured_urls(server_url: str | None, server_urls: list[str]) -> list[str]:
+    """The servers a resource names (``server_url`` or ``server_urls``), each once."""
+    if server_url and server_urls:
+        raise ConfigError("VLLMResource sets both server_url and server_urls: set server_urls only (a list of "
+                          "one is one server)")
+    urls = [server_url] if server_url else list(server_urls)
+    twice = sorted({u for u in urls if [root_url(v) for v in urls].count(root_url(u)) > 1})
+    if twice:
+        raise ConfigError(f"VLLMResource.server_urls lists {twice} more than once: list each server once "
+                          "(max_in_flight is per server)")
+    return urls
+
+
 def message(text: str) -> str:
     """The error message of an OpenAI-style error body, else the body itself (shortened)."""
     with contextlib.suppress(ValueError, TypeError, AttributeError):

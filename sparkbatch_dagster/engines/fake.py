@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterable, Iterator
 
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from .base import Engine, EngineRequest, EngineResult
+
+#: How long a fake engine holds at a gate nobody opens (a test that failed before opening it).
+GATE_LIMIT_S = 600.0
 
 
 class FakeEngine(Engine):
@@ -21,6 +25,17 @@ class FakeEngine(Engine):
         answer: a fixed answer for every request (to produce unparseable output on purpose).
         trace_path: append each finished request id to this file (line-buffered).
         transient_first: the first N requests fail as a flaky server's would (``retryable``).
+        gate_path: with ``gate_after``, a file that must exist before request ``gate_after + 1``
+            is answered: the engine holds there (``gate_after`` answers given) until a test
+            creates it, so the test, not the clock, decides what happens meanwhile (another
+            process starts, a kill lands). A gate never opened raises :class:`EngineError`
+            after ``GATE_LIMIT_S``, so a forgotten process does not live forever.
+        gate_after: answers given before the gate (0: before the first).
+
+    Example: hold after 35 answers until the test says go::
+
+        FakeEngine(gate_path=str(tmp_path / "go"), gate_after=35)
+        ...  # the test sees 35 rows traced, does what it must, then (tmp_path / "go").touch()
     """
 
     def __init__(
@@ -31,6 +46,8 @@ class FakeEngine(Engine):
         answer: str | None = None,
         trace_path: str | None = None,
         transient_first: int = 0,
+        gate_path: str | None = None,
+        gate_after: int = 0,
     ) -> None:
         self.model_id = model_id
         self.delay_s = delay_s
@@ -38,13 +55,20 @@ class FakeEngine(Engine):
         self.answer = answer
         self.requests_seen = 0
         self.transient_first = transient_first
+        self.gate_path, self.gate_after = gate_path, gate_after
+        self.closed = False  # set by close(): a test sees a stale warm engine stopped
         # Kill tests read this file to learn how many rows were generated before the kill.
         self._trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115
+
+    def close(self) -> None:
+        self.closed = True
 
     def generate(
         self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec
     ) -> Iterator[EngineResult]:
         for req in requests:
+            if self.gate_path is not None and self.requests_seen == self.gate_after:
+                self._wait_at_gate()
             if self.fail_after is not None and self.requests_seen >= self.fail_after:
                 raise EngineError(f"fake engine died after {self.requests_seen} requests")
             self.requests_seen += 1
@@ -68,6 +92,13 @@ class FakeEngine(Engine):
                 output_tokens=max(1, len(text.split())),
                 finish_reason="length" if cut else "stop",
             )
+
+    def _wait_at_gate(self) -> None:
+        deadline = time.monotonic() + GATE_LIMIT_S
+        while not os.path.exists(str(self.gate_path)):
+            if time.monotonic() > deadline:
+                raise EngineError(f"fake engine: gate {self.gate_path} not opened in {GATE_LIMIT_S:.0f} s")
+            time.sleep(0.02)
 
 
 def _answer(prompt: str, output: OutputSpec) -> str:

@@ -107,9 +107,14 @@ THROUGHPUT_ONLY = frozenset({
     "disable_log_stats", "compilation_config", "distributed_executor_backend", "pipeline_parallel_size",
     "data_parallel_size", "enable_chunked_prefill", "max_num_partial_prefills", "scheduling_policy",
     "disable_custom_all_reduce", "async_scheduling", "enable_expert_parallel", "max_seq_len_to_capture",
-    "api_server_count", "uvicorn_log_level", "disable_uvicorn_access_log", "trust_remote_code",
+    "api_server_count", "uvicorn_log_level", "disable_uvicorn_access_log",
     "nnodes", "node_rank", "master_addr", "master_port", "headless",
 })
+#: ``engine_kwargs`` that name a file or folder vLLM reads answers from: the identity takes the
+#: bytes there (a folder: its config, tokenizer and template files), not the path, so an edited
+#: template is a new identity and the same file elsewhere is the same one. A value that names no
+#: file here (a hub name, an inline template, ``"auto"``) stays as it is.
+FILE_SETTINGS = ("chat_template", "tokenizer", "generation_config")
 
 
 def answer_settings(dtype: str, max_model_len: int | None, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,15 +156,21 @@ def model_identity(resolved: str, settings: dict[str, Any] | None = None) -> str
 
     The hash covers the bytes of every weight, config and tokenizer file (the chat template
     lives there) plus ``settings``, the engine settings that change answers (dtype,
-    max_model_len, quantization...). So new weights or a new template start a new output
-    version, while a touched or copied folder keeps it. A folder without weights
-    (``load_format="dummy"``) hashes the rest; a hub name hashes the name and the settings.
+    max_model_len, quantization...), with the files :data:`FILE_SETTINGS` name hashed by content.
+    With ``trust_remote_code`` the folder's Python files (the model's own code) count too. So new
+    weights or a new template start a new output version, while a touched or copied folder keeps
+    it. A folder without weights (``load_format="dummy"``) hashes the rest; a hub name hashes the
+    name and the settings. Example::
+
+        model_identity("/models/qwen-7b", {"dtype": "auto", "chat_template": "/etc/t.jinja"})
     """
-    settings_json = json.dumps(settings or {}, sort_keys=True, default=str)
+    settings = dict(settings or {})
+    remote_code = bool(settings.get("trust_remote_code"))
+    settings_json = json.dumps(_with_file_contents(settings, remote_code), sort_keys=True, default=str)
     path = Path(resolved)
     if path.is_dir():
         files = sorted({f for pat in _WEIGHT_PATTERNS for f in path.glob(pat) if f.is_file()}
-                       | {path / n for n in _MODEL_FILES if (path / n).is_file()})
+                       | set(_answer_files(path, remote_code)))
     elif path.is_file():  # a single weights file (a GGUF) is its own identity
         files = [path]
     else:  # a hub name: no bytes here to hash; vLLM resolves it
@@ -177,6 +188,35 @@ def _identity(name: str, settings_json: str, stamps: tuple[tuple[str, int, int],
     # drop_cache: a cold hash must not fill the page cache of the memory vLLM measures next.
     digests = {Path(f).name: file_digest(Path(f), drop_cache=True) for f, _size, _mtime in stamps}
     return f"{name}@{_short_hash(json.dumps({'files': digests, 'settings': settings_json}, sort_keys=True))}"
+
+
+def _answer_files(folder: Path, remote_code: bool) -> list[Path]:
+    """A folder's files that decide answers, weights aside: config, tokenizer, chat template, and
+    with ``trust_remote_code`` the Python files vLLM then imports from it."""
+    files = [folder / n for n in _MODEL_FILES if (folder / n).is_file()]
+    return files + (sorted(f for f in folder.glob("*.py") if f.is_file()) if remote_code else [])
+
+
+def _with_file_contents(settings: dict[str, Any], remote_code: bool) -> dict[str, Any]:
+    """``settings`` with each :data:`FILE_SETTINGS` value that names a file or folder here replaced
+    by the digests of its bytes (a relative path: from the working directory, as vLLM reads it)."""
+    from ..home.digests import file_digest
+
+    out = dict(settings)
+    for key in FILE_SETTINGS:
+        value = out.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        try:
+            path = Path(value).expanduser()
+            is_file, is_dir = path.is_file(), path.is_dir()
+        except OSError:  # an inline template too long for a file name: it is its own content
+            continue
+        if is_file:
+            out[key] = {"file_sha256": file_digest(path)}
+        elif is_dir:
+            out[key] = {"folder_sha256": {f.name: file_digest(f) for f in _answer_files(path, remote_code)}}
+    return out
 
 
 def _short_hash(text: str) -> str:

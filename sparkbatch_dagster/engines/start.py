@@ -106,6 +106,18 @@ class EngineSettings:
         """The environment of each engine started here (see :func:`engine_envs`)."""
         return engine_envs(self.mode, self.llm_kwargs, self.data_parallel_size)
 
+    def devices(self) -> list[str]:
+        """What an engine of these settings occupies on this box, named for its lock
+        (``engines/gpu_lock.py``): the visible GPUs its engines use, in order, as
+        ``CUDA_VISIBLE_DEVICES`` names them; ``cpu0`` on the CPU backend (two engines there fight
+        for the same cores); nothing for servers someone else runs."""
+        if self.endpoints:
+            return []
+        if settings.on_cpu():
+            return ["cpu0"]
+        # data_parallel_size engines of this machine's tensor-parallel share each (as they are split).
+        return settings.visible_gpus()[:self.engine_count * multinode.local_share(self.llm_kwargs)]
+
     def checked_api_key(self) -> str | None:
         """Server mode's API key, refused when its variable is set but empty."""
         if self.mode != "server" or self.api_key is None:
