@@ -287,6 +287,13 @@ def test_a_scattered_backfill_without_a_pool_limit_runs_one_engine_at_a_time(tmp
     shared = [r for r in rows if _shard_of(r["id"]) in (1, 5)]
     one, five = next(r for r in shared if _shard_of(r["id"]) == 1), next(r for r in shared if _shard_of(r["id"]) == 5)
     one["text"] = five["text"] = "A shared thing, asked in partitions 1 and 5."
+    # Two more, shared by partitions 1 and 4 (B's first shard, looked up before B waited for the
+    # GPU): B looks its unsent prompts up again once it has the GPU. Two, because the one B sent
+    # first (before it waited) is generated whatever the store holds.
+    ones = [r for r in rows if _shard_of(r["id"]) == 1 and r is not one][:2]
+    fours = [r for r in rows if _shard_of(r["id"]) == 4][:2]
+    for n, (a, b) in enumerate(zip(ones, fours, strict=True)):
+        a["text"] = b["text"] = f"Shared thing number {n}, asked in partitions 1 and 4."
     write_parquet(tmp_path / "in" / "rows.parquet", rows)
     job = build_batch_assets(spec=make_spec(tmp_path, n=80, shards=8))
     inst = DagsterInstance.get()  # a fresh instance: no concurrency limit on any pool
@@ -364,3 +371,6 @@ def test_a_scattered_backfill_without_a_pool_limit_runs_one_engine_at_a_time(tmp
     # B waited for A, then its partition 5 found A's answer in the result store instead of asking again.
     stats = json.loads(job.home.stats_path(version, keys[5]).read_text())
     assert stats["reused_rows"] >= 1, stats
+    # And so did B's first partition, looked up again once B had the GPU.
+    first = json.loads(job.home.stats_path(version, keys[4]).read_text())
+    assert first["reused_rows"] >= 1, first

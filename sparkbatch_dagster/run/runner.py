@@ -20,10 +20,11 @@ from ..home.lease import LeaseLost
 from ..spec import JobSpec
 from .attempts import Attempt
 from .brake import Brake, Position
-from .checkpoint import CheckpointWriter, FlushTimer, assemble, commit
+from .checkpoint import FlushTimer, assemble, commit
 from .claims import Claims
-from .result_store import ResultStore, open_store, prompt_key
-from .rows import STORED_ERRORS, outcome, parse_output, plan_rows, read_shard, row
+from .open_shard import OpenShard, new_answers
+from .result_store import open_store
+from .rows import outcome, parse_output, plan_rows, read_shard, row
 from .shard_stats import progress_report, shard_stats
 
 # parse_output, plan_rows and read_shard live in rows.py; named here too, where they were before.
@@ -31,52 +32,6 @@ __all__ = ["ProgressFn", "ShardRun", "label_shard", "parse_output", "plan_rows",
 
 ProgressFn = Callable[[dict[str, Any]], None]
 log = logging.getLogger("sparkbatch")
-
-
-class _Shard:
-    """One shard in flight: its writer, its unique prompts, and how many are still out."""
-
-    def __init__(self, run: ShardRun, key: str) -> None:
-        spec, version, model = run.spec, run.version, run.engine.model_id
-        self.key, self.version, self.model = key, version, model
-        self.rows = read_shard(run.home, key, run.signature)
-        remote = run.home.remote
-        # In a bucket every part is a PUT request (billed, and slower than a local write): parts go
-        # out every checkpoint_seconds, not every checkpoint_rows, so their count follows time, not speed.
-        every_rows = spec.checkpoint_rows if remote is None else 1 << 62
-        tag = run.attempt.id.rsplit("-", 1)[-1] if remote is not None and run.attempt is not None else None
-        self.writer = CheckpointWriter(run.home.parts_dir(version, key), every_rows, spec.checkpoint_seconds, tag)
-        if remote is not None:
-            self.writer.on_part = remote.push_part
-        done = set(self.writer.existing().column("row_id").to_pylist())
-        self.resumed = len(done)
-        errors, self.groups = plan_rows(spec, self.rows, done)
-        for rid, reason in errors.items():
-            self.writer.add(row(rid, version, model, error=reason))
-        self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
-        self._reuse(run.store)
-        # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
-        self.order = sorted(self.groups)
-        self.outstanding = len(self.order)
-        self.done = len(self.rows) - sum(len(ids) for _, ids in self.groups.values())  # resumed, reused, errors
-        self.pending = 0  # rows whose prompt got only transient failures: nothing written for them
-        self.finished = False  # assembled and handed to its commit
-        self.abandoned = False  # another box took it over: this attempt writes nothing more of it
-        self.fresh_tokens = 0
-        self.first_sent: float | None = None
-
-    def _reuse(self, store: ResultStore) -> None:
-        """Write the rows whose answer is already stored; they leave the prompts to generate."""
-        found = store.lookup(list(self.keys.values()))
-        for group in [g for g in self.groups if self.keys[g] in found]:
-            stored_output, stored_error = found[self.keys[group]]
-            for i, rid in enumerate(self.groups.pop(group)[1]):
-                self.writer.add(row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
-                                     key=self.keys[group], reused=True))
-
-    def release(self) -> None:
-        """Drop the rows once committed, so a run's memory does not grow with its shard count."""
-        self.rows, self.groups, self.order, self.keys = [], {}, [], {}
 
 
 class ShardRun:
@@ -95,7 +50,7 @@ class ShardRun:
         self.signature = (home.read_manifest() or {}).get("signature")
         self.store = open_store(spec, home, engine.model_id)
         self._pending_reason = ""
-        self.shards: list[_Shard] = []
+        self.shards: list[OpenShard] = []
         self.stats: list[dict[str, Any]] = []
         self._last_end = time.perf_counter()
         self._start_paid = engine.start_seconds  # an engine started before this run is not this run's bill
@@ -124,6 +79,7 @@ class ShardRun:
         self._longest_commit = 0.0
         self._lost: list[str] = []  # shards another box took over (appended from the upload thread too)
         self._active: list[str] = []  # the keys of the stream in progress
+        self._rechecked = False  # the store looked up again after a wait for the GPU (once)
 
     @property
     def committed_elsewhere(self) -> list[str]:
@@ -222,22 +178,12 @@ class ShardRun:
         for key in keys:
             for shard in self.shards:
                 if shard.key == key and not shard.abandoned:
-                    self._abandon(shard)
+                    if shard.writer in self._timer.writers:
+                        self._timer.writers.remove(shard.writer)
+                    shard.abandon(self.home)
             if self._claims is not None:
                 self._claims.release(key)
         return keys
-
-    def _abandon(self, shard: _Shard) -> None:
-        """Stop a shard another box now owns: no more rows, parts or uploads from this attempt."""
-        shard.abandoned = True
-        shard.writer.on_part = lambda _: None
-        if shard.writer in self._timer.writers:
-            self._timer.writers.remove(shard.writer)
-        shard.writer.discard()
-        remote = self.home.remote
-        if remote is not None and shard.writer.tag:
-            remote.drop_parts_of(self.home, self.version, shard.key, shard.writer.tag)
-        shard.release()
 
     def _attempt_progress(self) -> dict[str, Any]:
         return {"prompts_generated": self._answered, "engine_starts": self._engine_starts(),
@@ -345,7 +291,7 @@ class ShardRun:
         if lost or self._lost:
             raise LeaseLost(", ".join(lost or self._lost))
 
-    def _report(self, shard: _Shard, total: int) -> None:
+    def _report(self, shard: OpenShard, total: int) -> None:
         assert self.progress is not None
         first = self._first_answer
         seconds = time.perf_counter() - first if first is not None else 0.0
@@ -359,7 +305,8 @@ class ShardRun:
 
     def _requests(self, keys: list[str]) -> Iterator[EngineRequest]:
         for key in keys:
-            shard = _Shard(self, key)
+            shard = OpenShard(self.spec, self.home, self.version, self.engine.model_id, key, self.signature,
+                              self.attempt, self.store)
             idx = len(self.shards)
             self.shards.append(shard)
             self._timer.writers.append(shard.writer)
@@ -370,11 +317,39 @@ class ShardRun:
             self._rows_free += free
             if shard.outstanding == 0:  # nothing to generate (all resumed or error rows)
                 self._finish(shard)
-            for n, group in enumerate(shard.order):
+            n = 0
+            while n < len(shard.order):  # the order may shrink (below): not a for loop
+                if n and self._waited_for_gpu():
+                    self._reuse_after_wait(shard, n)
+                    if shard.outstanding == 0 and shard.pending == 0:
+                        self._finish(shard)  # every answer in: the rest came from the store
+                    if n == len(shard.order):
+                        break
                 shard.first_sent = shard.first_sent or time.perf_counter()
-                yield EngineRequest(f"{idx}:{n}", shard.groups[group][0].messages())
+                yield EngineRequest(f"{idx}:{n}", shard.groups[shard.order[n]][0].messages())
+                n += 1
 
-    def _finish(self, shard: _Shard) -> None:
+    def _waited_for_gpu(self) -> bool:
+        """True once, after an engine start that waited for another run's engine to free the GPU."""
+        if self._rechecked:
+            return False
+        started = getattr(self.engine, "started", None)
+        if started is None:
+            return False
+        self._rechecked = True
+        return getattr(started, "gpu_wait_s", 0.0) > 0
+
+    def _reuse_after_wait(self, shard: OpenShard, sent: int) -> None:
+        """The shard was looked up in the result store before the engine waited for the GPU; the
+        run that held it stored answers meanwhile: its prompts not yet sent are looked up again."""
+        written = shard.reuse_unsent(self.store, sent)
+        self._rows_done += written
+        self._rows_free += written
+        if written:
+            log.info("%s: %d rows answered by the run this one waited for (result store): not generated again",
+                     shard.key, written)
+
+    def _finish(self, shard: OpenShard) -> None:
         began = time.perf_counter()
         shard.writer.flush()
         self._timer.writers.remove(shard.writer)
@@ -395,7 +370,7 @@ class ShardRun:
         # always has stats, and its answers are in the store for any later layout or version.
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
         failpoint("finalize:stats")
-        self.store.add(_new_answers(table))
+        self.store.add(new_answers(table))
         key, bucket = shard.key, self.home.remote is not None
         commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, key), keep_parts=bucket)
         shard.release()
@@ -427,14 +402,3 @@ def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: En
                 progress: ProgressFn | None = None) -> dict[str, Any]:
     """Label every row of one shard and finalize it; return the shard's statistics."""
     return ShardRun(spec, home, version, engine, progress).run([key])[0]
-
-
-def _new_answers(table: Any) -> list[dict[str, Any]]:
-    """The shard's rows that the engine answered in this version (one per prompt) and that the
-    same prompt would get again: what the result store keeps."""
-    cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
-            "truncated"]
-    # A cut answer is not kept: the store holds answers, and a reuse would lose the mark.
-    return [r for r in table.select(cols).to_pylist()
-            if r["prompt_key"] and not r["reused"] and not r["deduplicated"] and not r["truncated"]
-            and (r["error"] is None or r["error"].startswith(STORED_ERRORS))]

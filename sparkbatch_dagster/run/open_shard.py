@@ -1,0 +1,96 @@
+"""One shard in flight in a run: its rows read and planned, its checkpoint writer, the prompts it
+still has to generate, in the order they go to the engine, and what the result store answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..home import JobHome
+from ..spec import JobSpec
+from .attempts import Attempt
+from .checkpoint import CheckpointWriter
+from .result_store import ResultStore, prompt_key
+from .rows import STORED_ERRORS, plan_rows, read_shard, row
+
+
+class OpenShard:
+    """One shard in flight: its writer, its unique prompts, and how many are still out."""
+
+    def __init__(self, spec: JobSpec, home: JobHome, version: str, model: str, key: str, signature: str | None,
+                 attempt: Attempt | None, store: ResultStore) -> None:
+        self.key, self.version, self.model = key, version, model
+        self.rows = read_shard(home, key, signature)
+        remote = home.remote
+        # In a bucket every part is a PUT request (billed, and slower than a local write): parts go
+        # out every checkpoint_seconds, not every checkpoint_rows, so their count follows time, not speed.
+        every_rows = spec.checkpoint_rows if remote is None else 1 << 62
+        tag = attempt.id.rsplit("-", 1)[-1] if remote is not None and attempt is not None else None
+        self.writer = CheckpointWriter(home.parts_dir(version, key), every_rows, spec.checkpoint_seconds, tag)
+        if remote is not None:
+            self.writer.on_part = remote.push_part
+        done = set(self.writer.existing().column("row_id").to_pylist())
+        self.resumed = len(done)
+        errors, self.groups = plan_rows(spec, self.rows, done)
+        for rid, reason in errors.items():
+            self.writer.add(row(rid, version, model, error=reason))
+        self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
+        self._reuse(store)
+        # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
+        self.order = sorted(self.groups)
+        self.outstanding = len(self.order)
+        self.done = len(self.rows) - sum(len(ids) for _, ids in self.groups.values())  # resumed, reused, errors
+        self.pending = 0  # rows whose prompt got only transient failures: nothing written for them
+        self.finished = False  # assembled and handed to its commit
+        self.abandoned = False  # another box took it over: this attempt writes nothing more of it
+        self.fresh_tokens = 0
+        self.first_sent: float | None = None
+
+    def _reuse(self, store: ResultStore, only: list[Any] | None = None) -> int:
+        """Write the rows whose answer is already stored (of ``only``'s groups, or all); they
+        leave the prompts to generate. Returns the rows written."""
+        candidates = list(self.groups) if only is None else only
+        found = store.lookup([self.keys[g] for g in candidates])
+        written = 0
+        for group in [g for g in candidates if self.keys[g] in found]:
+            stored_output, stored_error = found[self.keys[group]]
+            for i, rid in enumerate(self.groups.pop(group)[1]):
+                self.writer.add(row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
+                                     key=self.keys[group], reused=True))
+                written += 1
+        return written
+
+    def reuse_unsent(self, store: ResultStore, sent: int) -> int:
+        """Look the prompts not yet sent up again (another run stored answers meanwhile): the
+        rows found are written, their prompts leave the order. Returns the rows written."""
+        rest = self.order[sent:]
+        written = self._reuse(store, rest)
+        if written:
+            self.order = self.order[:sent] + [g for g in rest if g in self.groups]
+            self.outstanding -= len(rest) - (len(self.order) - sent)
+            self.done += written
+        return written
+
+    def abandon(self, home: JobHome) -> None:
+        """Stop a shard another box now owns: no more rows, parts or uploads from this attempt;
+        the parts it uploaded go too (after the uploads queued before them)."""
+        self.abandoned = True
+        self.writer.on_part = lambda _: None
+        self.writer.discard()
+        if home.remote is not None and self.writer.tag:
+            home.remote.drop_parts_of(home, self.version, self.key, self.writer.tag)
+        self.release()
+
+    def release(self) -> None:
+        """Drop the rows once committed, so a run's memory does not grow with its shard count."""
+        self.rows, self.groups, self.order, self.keys = [], {}, [], {}
+
+
+def new_answers(table: Any) -> list[dict[str, Any]]:
+    """The shard's rows that the engine answered in this version (one per prompt) and that the
+    same prompt would get again: what the result store keeps."""
+    cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
+            "truncated"]
+    # A cut answer is not kept: the store holds answers, and a reuse would lose the mark.
+    return [r for r in table.select(cols).to_pylist()
+            if r["prompt_key"] and not r["reused"] and not r["deduplicated"] and not r["truncated"]
+            and (r["error"] is None or r["error"].startswith(STORED_ERRORS))]
