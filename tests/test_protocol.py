@@ -189,3 +189,60 @@ def test_an_engine_error_after_a_commit_raises_after_yielding_it(s3_bucket, tmp_
             got.append(stats["partition"])
     assert got == ["shard-00000"]
     assert list(committed(job.home.remote.bucket)) == ["shard-00000"]
+
+
+def _instance_mats(dagster_home: Path) -> list[tuple[str, bool, float]]:
+    """(partition, computed_in_this_run, cost) of every labeled_outputs materialization there."""
+    from dagster import AssetKey
+
+    with DagsterInstance.from_config(str(dagster_home)) as inst:
+        records = inst.fetch_materializations(AssetKey(["things", "labeled_outputs"]), limit=1000).records
+        mats = [r.asset_materialization for r in records]
+        return [(m.partition or "", m.metadata["computed_in_this_run"].value, m.metadata["cost_usd"].value)
+                for m in mats]
+
+
+def _box_leases_expired(job: Any) -> bool:
+    boxes = [p for p in job.objects("leases") if "/boxes/" in p]
+    return bool(boxes) and all(json.loads(job.fs.cat_file(p)).get("expires", 0) < time.time() for p in boxes)
+
+
+def test_a_box_paused_past_its_lease_stops_and_bills_the_shards_as_waste(tmp_path, s3_server):
+    """Issue 29's second break, end to end: box A holds every shard and is SIGSTOPped past its
+    lease; box B takes them all over and commits them; A, resumed, stops at the answer in hand,
+    commits nothing, records them as done elsewhere and bills its time as waste."""
+    import signal
+
+    from test_bucket_home import SHARDS, BucketJob, _kill, _wait_for
+
+    job = BucketJob(tmp_path, s3_server)
+    gate = tmp_path / "go-a"
+    a = job.start("box-a", "ta", T_LEASE="3", T_GATE=str(gate), T_GATE_AFTER="20")
+    try:
+        _wait_for(lambda: job.traced("ta") >= 20, a)  # every shard claimed; its engine at the gate
+        a.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 120  # bounds a hang; the lease runs out in 3 s
+        while not _box_leases_expired(job):
+            assert time.monotonic() < deadline, "box A's lease never expired"
+            time.sleep(0.2)
+        summary_b, err_b = job.finish("box-b", "tb", T_LEASE="3")
+        assert "took over the lease" in err_b
+        gate.touch()
+        a.send_signal(signal.SIGCONT)
+        out, err = a.communicate(timeout=300)
+        assert a.returncode == 0, err[-3000:]
+    finally:
+        if a.poll() is None:
+            a.send_signal(signal.SIGCONT)
+        _kill(a)
+    assert "took over its shards" in err  # A says what happened to it
+    assert job.traced("ta") <= 21  # the answer in hand when it woke up is the last it used
+    job.assert_every_row_once()
+    mats_a, mats_b = _instance_mats(tmp_path / "box-a" / "dagster"), _instance_mats(tmp_path / "box-b" / "dagster")
+    assert len(mats_a) == SHARDS and not any(this_run for _, this_run, _ in mats_a)
+    assert len(mats_b) == SHARDS and all(this_run for _, this_run, _ in mats_b)
+    commits = [json.loads(job.fs.cat_file(p)) for p in job.objects("out") if "/commits/" in p]
+    assert sum(c for _, _, c in mats_b) == pytest.approx(sum(c["stats"]["cost_usd"] for c in commits))
+    attempts = [json.loads(job.fs.cat_file(p)) for p in job.objects("out") if "/attempts/" in p]
+    a_attempt = next(r for r in attempts if "box-a" in r["box"])
+    assert a_attempt["partitions_committed"] == 0 and a_attempt["wasted_usd"] == a_attempt["cost_usd"] > 0
