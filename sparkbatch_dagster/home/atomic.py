@@ -6,18 +6,37 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
+_hits: dict[str, int] = {}
+_hits_lock = threading.Lock()
+
 
 def failpoint(name: str) -> None:
-    """Crash tests: SIGKILL this process at the named point when SPARKBATCH_FAILPOINT says so.
+    """Crash tests: stop this process at the named point when SPARKBATCH_FAILPOINT says so.
 
     The kill tests use it to stop a run at exact moments (mid-sharding, mid-finalize); the
-    check is one environment lookup, at a handful of places that run once per shard.
+    check is one environment lookup, at a handful of places that run once per shard. The
+    variable is a point's name (SIGKILL at its first hit), or comma-separated ``name[@n][=action]``:
+    the n-th hit (default 1), action ``kill`` (SIGKILL, the default) or ``stop`` (SIGSTOP: the
+    fault harness holds the process there, past its lease, then sends SIGCONT)::
+
+        SPARKBATCH_FAILPOINT="bucket:commit@2=stop,finalize:stats=kill"
     """
-    if os.environ.get("SPARKBATCH_FAILPOINT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    wanted = os.environ.get("SPARKBATCH_FAILPOINT")
+    if not wanted or name not in wanted:
+        return
+    for item in wanted.split(","):
+        point, _, action = item.strip().partition("=")
+        point, _, nth = point.partition("@")
+        if point != name:
+            continue
+        with _hits_lock:  # points are hit from the run's thread and the upload thread
+            _hits[name] = hit = _hits.get(name, 0) + 1
+        if hit == int(nth or 1):
+            os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
 
 def _durable_replace(tmp: Path, path: Path) -> None:

@@ -110,6 +110,9 @@ class Bucket:
                 # No listings cache: another box adds objects at any time, and s3fs answers "absent"
                 # for a key missing from a listing it cached, even to a read of that very key.
                 options = {"use_listings_cache": False, **resolve_options(self._options)}
+                if self.conditional and "config_kwargs" not in options:
+                    # Claims and releases go 32 at a time (run/claims.py): as many connections.
+                    options["config_kwargs"] = {"max_pool_connections": 32}
                 self._fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
             except ImportError as exc:
                 extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(self.protocol)
@@ -194,8 +197,10 @@ class Bucket:
         self._retry("upload", lambda: self.fs.put_file(str(local), self.path(rel)))
 
     def get_bytes(self, rel: str) -> bytes | None:
+        """A small object's bytes (None when absent): one GET (s3fs would HEAD for the size first)."""
+        kw = {"max_concurrency": 1} if self.conditional else {}
         try:
-            return self._retry("read", lambda: bytes(self.fs.cat_file(self.path(rel))))
+            return self._retry("read", lambda: bytes(self.fs.cat_file(self.path(rel), **kw)))
         except FileNotFoundError:
             return None
 

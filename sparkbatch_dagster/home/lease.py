@@ -77,6 +77,10 @@ class BoxLease:
         #: Set when another box fenced this one: every claim made under ``owner`` is lost.
         self.fenced = False
         self.claims = 0
+        #: Box leases of other boxes found dead and fenced (or gone): their claims are taken
+        #: without reading them again (a takeover of a dead box's many shards).
+        self.dead: set[str] = set()
+        self.buried: set[str] = set()  # their tombstones, deleted once
         self._etag: str | None = None
         self._ok_at = 0.0  # monotonic time a renewal that succeeded was sent
         self._mutex = threading.RLock()
@@ -163,14 +167,17 @@ class BoxLease:
         """A claim released: with none left, the box lease goes (nothing lives by it)."""
         with self._mutex:
             self.claims = max(self.claims - 1, 0)
+            self.idle()
+
+    def idle(self) -> None:
+        """Delete the box lease when no claim lives by it (none taken, or all released)."""
+        with self._mutex:
             if self.claims or not self.held:
                 return
             self.held = False
             KEEPER.remove(self)
             try:
-                raw = self.bucket.get_bytes(self.rel)
-                if raw is not None and json.loads(raw).get("owner") == self.owner and not json.loads(raw).get(
-                        "fenced_by"):
+                if self._ours(read_json(self.bucket, self.rel)[0]):
                     self.bucket.delete([self.rel])
             except OSError as exc:  # it expires by itself; nothing lives by it any more
                 log.warning("could not delete %s (%s): it expires in %.0f s", self.rel, exc, self.seconds)
@@ -213,6 +220,16 @@ class Claim:
 
     def acquire(self, wait: bool, poll_s: float | None = None) -> bool:
         """Take the claim; ``wait``: while a live box holds it, poll until it is free or dead."""
+        self.box.claimed()  # counted while it tries: the box lease is not dropped under it
+        got = False
+        try:
+            got = self._acquire(wait, poll_s)
+            return got
+        finally:
+            if not got:
+                self.box.unclaimed()  # no claim taken: no box lease left behind for nothing
+
+    def _acquire(self, wait: bool, poll_s: float | None) -> bool:
         said = False
         while True:
             owner = self.box.ensure()
@@ -244,24 +261,32 @@ class Claim:
         box_rel = claim.get("box")
         if not box_rel:  # an old-style lease with its own expiry
             return float(claim.get("expires", 0.0)) - self.box.clock()
+        if box_rel in self.box.dead:
+            return 0.0
         lease, tag = read_json(self.bucket, str(box_rel))
         if lease is None or lease.get("fenced_by") or lease.get("owner") != claim.get("owner"):
+            self.box.dead.add(str(box_rel))
             return 0.0  # its box is gone, fenced, or another life: the claim is dead
         left = float(lease.get("expires", 0.0)) - self.box.clock()
         if left > 0:
             return left
         fence = json.dumps({"owner": lease.get("owner"), "fenced_by": self.box.owner, "expires": 0.0}).encode()
-        return 0.0 if self._replace(str(box_rel), fence, tag) else None
+        if not self._replace(str(box_rel), fence, tag):
+            return None
+        self.box.dead.add(str(box_rel))
+        return 0.0
 
     def _bury(self, claim: dict[str, Any]) -> None:
-        """Delete the dead box's tombstone once one of its claims is ours: its claims stay dead
-        without it (a claim whose box lease is absent is dead), and a renewal it tries later
-        finds nothing, which it takes as the loss it is."""
-        rel = claim.get("box")
-        if rel:
-            current = read_json(self.bucket, str(rel))[0]
-            if current is not None and current.get("fenced_by"):
-                self.bucket.delete([str(rel)])
+        """Delete the dead box's tombstone once one of its claims is ours (once per dead box):
+        its claims stay dead without it (a claim whose box lease is absent is dead), and a
+        renewal it tries later finds nothing, which it takes as the loss it is."""
+        rel = str(claim.get("box") or "")
+        if not rel or rel in self.box.buried:
+            return
+        self.box.buried.add(rel)
+        current = read_json(self.bucket, rel)[0]
+        if current is not None and current.get("fenced_by"):
+            self.bucket.delete([rel])
 
     def _take_over(self, current: dict[str, Any], tag: str | None) -> bool:
         if not self._replace(self.rel, self._body(), tag):
@@ -287,7 +312,6 @@ class Claim:
 
     def _mine(self, owner: str) -> bool:
         self.held, self.owner = True, owner
-        self.box.claimed()
         return True
 
     def holder(self) -> str:
@@ -295,15 +319,16 @@ class Claim:
         return str(current.get("owner")) if current else "?"
 
     def release(self) -> None:
-        """Delete the claim if it is still ours (a taken-over one belongs to its new owner)."""
+        """Delete the claim if it is still ours (a taken-over one belongs to its new owner). No
+        read first: while this box's lease is confirmed (renewed within half a lease), nobody
+        can have taken the claim over, so one DELETE does it."""
         if not self.held:
             return
-        lost, self.held = self.lost, False
         try:
-            raw = None if lost else self.bucket.get_bytes(self.rel)
-            if raw is not None and json.loads(raw).get("owner") == self.owner:
+            if not self.lost and self.box.confirm() and not self.lost:
                 self.bucket.delete([self.rel])
         finally:
+            self.held = False
             self.box.unclaimed()
 
 
