@@ -225,9 +225,32 @@ def roofline_table(results: Results) -> str:
                   "measured, sparkbatch (same)", "share of peak reached", "measurement", "file"], rows)
 
 
+def lease_scaling_table(results: Results) -> str:
+    """One box holding many shard claims on a slow store (lease_scaling.py): its renewal traffic
+    against the previous design's, and whether another box ever took a live shard."""
+    rows = []
+    for name, d in of_kind(results, "lease_scaling"):
+        p = d["takeover_after_pause"]
+        rows.append([d["date"], machine(d, name), num(d["shards"]), f"{d['injected_latency_ms']:g} ms",
+                     f"{d['lease_seconds']:g} s",
+                     f"{d['claim_take_s']:.0f} s ({d['claim_take_ms_per_shard']:.0f} ms a shard)",
+                     f"{d['hold_s']:.0f} s ({d['hold_lease_lengths']:.1f} leases)",
+                     f"**{d['renewal_requests_per_min']:.1f}**", num(d["old_design_requests_per_min"]),
+                     str(d["claim_requests_during_hold"]),
+                     f"**{d['shards_taken_over_while_live']}** of {num(d['b_attempts'])} tries",
+                     f"{d['release_s']:.0f} s", str(d["leases_left_after_release"]),
+                     f"{p['taken_by_b']} of {p['shards']} taken, renew {p['a_renew_returned']}"
+                     f" ({p['takeover_ms_per_shard']:.0f} ms a shard)", f"`{name}`"])
+    return table(["date", "machine", "shards held", "added a request", "lease", "claims taken in", "held",
+                  "renewal requests / min", "previous design / min", "claim requests while held",
+                  "live shards taken by box B", "released in", "leases left", "box A paused past its lease",
+                  "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
-    "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table}
+    "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
+    "lease_scaling": lease_scaling_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:

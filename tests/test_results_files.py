@@ -49,6 +49,13 @@ REQUIRED = {
     "bucket_home": {"date", "machine", "model", "shape", "rows", "shards", "rounds", "local", "bucket",
                     "labeling_ratio_rounds", "pipeline_ratio_rounds", "bucket_requests_per_round", "command",
                     "variant"},
+    "lease_scaling": {"date", "machine", "shards", "injected_latency_ms", "lease_seconds", "claim_take_s", "hold_s",
+                      "renewal_requests", "renewal_requests_per_min", "claim_requests_during_hold",
+                      "old_design_requests_per_min", "shards_taken_over_while_live", "leases_left_after_release",
+                      "takeover_after_pause", "claim_take_ms_per_shard", "hold_lease_lengths", "b_attempts",
+                      "release_s"},
+    "fault_harness": {"date", "machine", "code", "command", "start_seed", "episodes", "passed", "homes", "faults",
+                      "invariant_breaks", "failing_seeds", "harness_errors"},
 }
 
 
@@ -116,6 +123,12 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
         assert len(pairs) == d["rounds"], path.name
         assert all(close(r, b["labeling_s"] / a["labeling_s"])
                    for r, (a, b) in zip(d["labeling_ratio_rounds"], pairs, strict=True)), path.name
+    if kind == "fault_harness":  # every episode passed, failed (with its replay command) or broke the harness
+        assert d["passed"] + len(d["failing_seeds"]) + len(d["harness_errors"]) == d["episodes"], path.name
+        assert all(f["replay"].startswith("python tests/harness.py --seed ") for f in d["failing_seeds"]), path.name
+    if kind == "lease_scaling":  # the per-minute figures are the counts over the hold, and the old design's formula
+        assert close(d["renewal_requests_per_min"], d["renewal_requests"] * 60 / d["hold_s"], rel=0.01), path.name
+        assert close(d["old_design_requests_per_min"], d["shards"] * 2 * 3 / d["lease_seconds"] * 60), path.name
 
 
 def test_there_are_result_files():
