@@ -87,7 +87,7 @@ browser:
 
 test: model lint $(DAGSTER_HOME) browser
 	$(BIN)/dagster definitions validate -w workspace.yaml
-	$(BIN)/pytest -q -x -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider
 
 ui: model $(DAGSTER_HOME)
 	$(BIN)/dagster dev -w workspace.yaml

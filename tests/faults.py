@@ -74,14 +74,6 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass  # one line a request would drown the test output
 
-    def setup(self) -> None:
-        super().setup()
-        self.server.proxy._track(self.connection, add=True)
-
-    def finish(self) -> None:
-        self.server.proxy._track(self.connection, add=False)
-        super().finish()
-
     def _body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             chunks: list[bytes] = []
@@ -147,6 +139,16 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     proxy: FaultProxy
 
+    # A connection is tracked from its accept (in the serving thread) to the end of its handler
+    # thread, so once serving stops, wait_closed() knows of every request still to end.
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        self.proxy._track(request, add=True)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: socket.socket) -> None:  # type: ignore[override]
+        self.proxy._track(request, add=False)
+        super().shutdown_request(request)
+
 
 class FaultProxy:
     """A reverse proxy on a free 127.0.0.1 port in front of ``upstream_url``, faults set by ``set``.
@@ -165,6 +167,7 @@ class FaultProxy:
         self._faulted = 0  # faulty requests since the last set()
         self._log: list[tuple[str, str, str]] = []
         self._conns: set[socket.socket] = set()
+        self._closed = threading.Condition(self._lock)  # notified as each connection ends
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -261,6 +264,19 @@ class FaultProxy:
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:
             (self._conns.add if add else self._conns.discard)(conn)
+            self._closed.notify_all()
+
+    def wait_closed(self, timeout: float = 180.0) -> None:
+        """After :meth:`stop`: return once every connection's handler has ended, so a request the
+        proxy held (``delay_s``) has been forwarded or dropped by then, never later. A barrier
+        for a test that must look at the store only after it; ``timeout`` only bounds a hang."""
+        deadline = time.monotonic() + timeout
+        with self._closed:
+            while self._conns:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"fault proxy: {len(self._conns)} connections still open after {timeout:.0f} s")
+                self._closed.wait(left)
 
     def stop(self) -> None:
         """Stop serving and close every client connection still open."""

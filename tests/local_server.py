@@ -20,7 +20,7 @@ class LocalServer:
         self.url = f"http://127.0.0.1:{self._call(self._start())}"
 
     def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)  # only bounds a hang
 
     async def _start(self) -> int:
         await self.runner.setup()

@@ -169,8 +169,11 @@ def test_deadline_stops_in_time_with_no_engine_process_left(tmp_path):
     job = build_batch_assets(spec=spec)
     res = FakeVLLMResource(delay_s=0.15, data_parallel_size=2)  # two worker processes, 9 s for the job
     _label(job, res)  # sharded first: the deadline counts from the labeling run's start
-    deadline = (datetime.now(timezone.utc) + timedelta(seconds=5)).isoformat()
-    stop = _stop(job, res, {"deadline": deadline, "deadline_margin_s": 0.5})
+    # The brake stops the run once the deadline is closer than the margin: 4.5 s from now, as a
+    # deadline 5 s away with a 0.5 s margin would, but a deadline far enough away that however
+    # long the run takes to start, it has not passed (a passed one is refused as bad config).
+    deadline = (datetime.now(timezone.utc) + timedelta(seconds=600)).isoformat()
+    stop = _stop(job, res, {"deadline": deadline, "deadline_margin_s": 595.5})
     assert "before the deadline" in str(stop) and "later --deadline" in str(stop)
     assert not live_children("spawn_main")  # the engine's workers went with the run
     done = _rows_done(str(stop), 120)

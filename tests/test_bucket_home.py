@@ -37,7 +37,8 @@ spec = JobSpec(name="things", input=os.environ["T_INPUT"], id_column="id", text_
                cache_dir=os.environ["T_CACHE"], lease_seconds=float(os.environ.get("T_LEASE", "60")),
                checkpoint_rows=10, checkpoint_seconds=0.3)
 job = build_batch_assets(spec=spec)
-fake = {{"delay_s": float(os.environ.get("T_DELAY", "0")), "trace_path": os.environ.get("T_TRACE")}}
+fake = {{"delay_s": float(os.environ.get("T_DELAY", "0")), "trace_path": os.environ.get("T_TRACE"),
+        "gate_path": os.environ.get("T_GATE"), "gate_after": int(os.environ.get("T_GATE_AFTER", "0"))}}
 defs = Definitions(assets=job.assets, resources={{"vllm": FakeVLLMResource(**fake)}})
 """
 
@@ -64,10 +65,17 @@ class BucketJob:
             env.pop("SPARKBATCH_FAILPOINT", None)
         return env
 
-    def start(self, box: str, trace: str, *args: str, **extra: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "sparkbatch_dagster.cli", *(args or ("run",)), "-f",
-                                 str(self.defs)], env=self.env(box, trace, **extra), cwd=self.tmp / box,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def start(self, box: str, trace: str, *args: str, stderr_to: Path | None = None,
+              **extra: str) -> subprocess.Popen:
+        """``stderr_to``: a file for its stderr (read while it runs) instead of a pipe."""
+        err = stderr_to.open("w") if stderr_to else subprocess.PIPE
+        try:
+            return subprocess.Popen([sys.executable, "-m", "sparkbatch_dagster.cli", *(args or ("run",)), "-f",
+                                     str(self.defs)], env=self.env(box, trace, **extra), cwd=self.tmp / box,
+                                    stdout=subprocess.PIPE, stderr=err, text=True)
+        finally:
+            if stderr_to:
+                err.close()  # the child has its own copy
 
     def finish(self, box: str, trace: str, *args: str, **extra: str) -> tuple[dict[str, Any], str]:
         proc = self.start(box, trace, *args, **extra)
@@ -124,12 +132,26 @@ class BucketJob:
         assert not self.objects("leases")  # every lease released
 
 
-def _wait_for(predicate: Any, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def _wait_for(predicate: Any, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    """Poll ``predicate`` while ``proc`` lives; ``timeout`` only bounds a hang."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else "process ended"
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.05)
+
+
+def _kill(*procs: subprocess.Popen) -> None:
+    """A failed test leaves no box running (one held at its gate would wait for nothing)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+def _claims(job: BucketJob) -> list[str]:
+    """The shards' lease objects (``.../shard-NNNNN.json``), whatever else ``leases/`` holds."""
+    return [p for p in job.objects("leases") if p.rsplit("/", 1)[1].startswith("shard-")]
 
 
 def test_the_whole_job_lives_in_the_bucket_and_a_new_box_sees_it(tmp_path, s3_server):
@@ -159,13 +181,17 @@ def test_the_whole_job_lives_in_the_bucket_and_a_new_box_sees_it(tmp_path, s3_se
 
 def test_sigkill_mid_generation_then_a_new_box_continues(tmp_path, s3_server):
     job = BucketJob(tmp_path, s3_server)
-    proc = job.start("box-a", "t1", T_DELAY="0.03", T_LEASE="2")
-    _wait_for(lambda: job.in_bucket() >= 60, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # 70 answers (the first shard, ~60 rows, and the start of the next), then the engine holds at
+    # a gate never opened: the kill lands mid-job, once those rows are in the bucket, however
+    # slow the machine.
+    proc = job.start("box-a", "t1", T_LEASE="2", T_GATE=str(tmp_path / "never"), T_GATE_AFTER="70")
+    try:
+        _wait_for(lambda: job.in_bucket() >= 70, proc)
+    finally:
+        _kill(proc)
     killed_at = time.monotonic()
     kept = job.in_bucket()
-    assert kept < N  # killed mid-job
+    assert kept == 70 == job.traced("t1")  # killed mid-job, every answer in the bucket
     summary, err = job.finish("box-b", "t2", T_LEASE="2")
     assert job.traced("t2") == N - kept  # what the bucket held was not generated again
     job.assert_every_row_once()
@@ -201,16 +227,24 @@ def test_sigkill_during_the_commit_upload_then_a_new_box(tmp_path, s3_server, wh
 
 def test_sigkill_while_a_part_upload_is_in_flight(tmp_path, s3_server, fault_proxy):
     job = BucketJob(tmp_path, s3_server, endpoint=fault_proxy.url)
-    proc = job.start("box-a", "t1", T_DELAY="0.03", T_LEASE="2")
-    _wait_for(lambda: job.in_bucket() >= 30, proc)
-    fault_proxy.set(delay_rate=1.0, delay_s=3.0, methods=("PUT",), path_contains="/parts/")
-    _wait_for(lambda: fault_proxy.counts["delays"] >= 1, proc)
-    proc.send_signal(signal.SIGKILL)  # a part's PUT is held in the proxy, its client now gone
-    proc.wait()
-    fault_proxy.clear()
-    time.sleep(3.5)  # the held PUT lands (or not) before the new box looks: either is fine
+    gate = tmp_path / "go-a"
+    # 45 answers, then the engine holds: its parts are in the bucket before the proxy starts to
+    # hold part PUTs, and the next part (once the gate opens) is sure to be held.
+    proc = job.start("box-a", "t1", T_DELAY="0.03", T_LEASE="2", T_GATE=str(gate), T_GATE_AFTER="45")
+    try:
+        _wait_for(lambda: job.in_bucket() >= 40, proc)
+        fault_proxy.set(delay_rate=1.0, delay_s=3.0, methods=("PUT",), path_contains="/parts/")
+        gate.touch()
+        # Every part PUT from here is held 3 s: the run cannot end (it waits for its uploads) first.
+        _wait_for(lambda: fault_proxy.counts["delays"] >= 1, proc)
+    finally:
+        _kill(proc)  # a part's PUT is held in the proxy, its client now gone
+    # The held PUT lands (or not) before the new box looks, either is fine; the proxy says when
+    # it has ended. The new box goes straight to the store.
+    fault_proxy.stop()
+    fault_proxy.wait_closed()
     kept = job.in_bucket()
-    job.finish("box-b", "t2", T_LEASE="2")
+    job.finish("box-b", "t2", T_LEASE="2", AWS_ENDPOINT_URL=s3_server.endpoint_url)
     assert job.traced("t2") == N - kept
     job.assert_every_row_once()
 
@@ -231,14 +265,25 @@ def test_a_failing_store_is_retried_and_nothing_is_committed_twice(tmp_path, s3_
 
 def test_a_second_box_started_at_once_waits_for_the_leases(tmp_path, s3_server):
     job = BucketJob(tmp_path, s3_server)
-    first = job.start("box-a", "t1", T_DELAY="0.02")
-    _wait_for(lambda: len(job.objects("leases")) >= 1, first)
-    second = job.start("box-b", "t2", T_DELAY="0.02")
-    out_a, err_a = first.communicate(timeout=300)
-    out_b, err_b = second.communicate(timeout=300)
+    gate, err_file = tmp_path / "go-a", tmp_path / "box-b.err"
+    # Box A leases every shard, then its engine holds before its first answer until the gate
+    # opens: box B is started, and seen waiting on A's leases, while A still holds them all,
+    # however slow the machine. Then A goes on; B takes each lease as A releases it.
+    first = job.start("box-a", "t1", T_GATE=str(gate), T_GATE_AFTER="0")
+    second = None
+    try:
+        _wait_for(lambda: len(_claims(job)) == SHARDS, first)
+        second = job.start("box-b", "t2", stderr_to=err_file)
+        _wait_for(lambda: "leased by" in err_file.read_text(), second)
+        gate.touch()
+        out_a, err_a = first.communicate(timeout=300)
+        second.communicate(timeout=300)
+    finally:
+        _kill(first, *([second] if second else []))
+    err_b = err_file.read_text()
     assert first.returncode == 0, err_a[-3000:]
     assert second.returncode == 0, err_b[-3000:]
-    assert job.traced("t1") + job.traced("t2") == N  # no row generated twice
+    assert job.traced("t1") == N and job.traced("t2") == 0  # B generated nothing A held
     job.assert_every_row_once()
     assert "leased by" in err_b and "waiting" in err_b  # box-b said whose lease it waited for
 

@@ -31,7 +31,8 @@ spec = JobSpec(name="things", input=os.environ["T_INPUT"], id_column="id", text_
                shard_count={SHARDS}, gold_column="gold", home=os.environ["T_HOME"],
                checkpoint_rows={EVERY}, checkpoint_seconds=600)
 job = build_batch_assets(spec=spec)
-fake = {{"delay_s": float(os.environ.get("T_DELAY", "0")), "trace_path": os.environ.get("T_TRACE")}}
+fake = {{"delay_s": float(os.environ.get("T_DELAY", "0")), "trace_path": os.environ.get("T_TRACE"),
+        "gate_path": os.environ.get("T_GATE"), "gate_after": int(os.environ.get("T_GATE_AFTER", "0"))}}
 defs = Definitions(assets=job.assets, resources={{"vllm": FakeVLLMResource(**fake)}})
 """
 
@@ -43,18 +44,25 @@ class Job:
         self.defs = tmp_path / "defs.py"
         self.defs.write_text(DEFS)
         self.home = tmp_path / "home"
+        #: The gate of a run started with ``gate_after``: its engine holds there until this file exists.
+        self.gate = tmp_path / "go"
 
-    def env(self, trace: str, delay: float = 0.0, failpoint: str | None = None) -> dict[str, str]:
+    def env(self, trace: str, delay: float = 0.0, failpoint: str | None = None,
+            gate_after: int | None = None) -> dict[str, str]:
         env = {**os.environ, "T_INPUT": str(self.input), "T_HOME": str(self.home), "T_DELAY": str(delay),
                "T_TRACE": str(self.tmp / trace), "PYTHONPATH": str(ROOT)}
         env.pop("SPARKBATCH_FAILPOINT", None)
         if failpoint:
             env["SPARKBATCH_FAILPOINT"] = failpoint
+        if gate_after is not None:
+            env.update(T_GATE=str(self.gate), T_GATE_AFTER=str(gate_after))
         return env
 
-    def start(self, trace: str, delay: float = 0.0, failpoint: str | None = None, *extra: str) -> subprocess.Popen:
+    def start(self, trace: str, delay: float = 0.0, failpoint: str | None = None, *extra: str,
+              gate_after: int | None = None) -> subprocess.Popen:
+        """``gate_after``: the engine gives that many answers, then holds until ``self.gate`` exists."""
         return subprocess.Popen([sys.executable, "-m", "sparkbatch_dagster.cli", "run", "-f", str(self.defs), *extra],
-                                env=self.env(trace, delay, failpoint), cwd=self.tmp,
+                                env=self.env(trace, delay, failpoint, gate_after), cwd=self.tmp,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def finish(self, trace: str, *extra: str) -> subprocess.CompletedProcess:
@@ -89,7 +97,8 @@ class Job:
         assert not list(self.version_dir().glob("parts/*/part-*"))
 
 
-def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    """Poll ``predicate`` while ``proc`` lives; ``timeout`` only bounds a hang."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else "process ended"
@@ -97,14 +106,25 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None
         time.sleep(0.01)
 
 
+def _kill(*procs: subprocess.Popen) -> None:
+    """SIGKILL whichever still runs (a failed test leaves no run held at its gate) and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            p.communicate()
+
+
 def test_kill_during_generation_loses_at_most_one_checkpoint(tmp_path):
     job = Job(tmp_path)
-    proc = job.start("t1", delay=0.01)
-    _wait_for(lambda: job.persisted() >= 3 * EVERY, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # 35 answers, then the engine holds (the gate is never opened): the kill lands mid-shard,
+    # after three checkpoints, whatever the machine's speed.
+    proc = job.start("t1", gate_after=3 * EVERY + 5)
+    try:  # killed once the engine is at its gate (every answer traced) and three checkpoints are down
+        _wait_for(lambda: job.traced("t1") == 3 * EVERY + 5 and job.persisted() >= 3 * EVERY, proc)
+    finally:
+        _kill(proc)
     generated, persisted = job.traced("t1"), job.persisted()
-    assert generated - persisted <= EVERY  # what the crash cost
+    assert generated == 3 * EVERY + 5 and generated - persisted <= EVERY  # what the crash cost
     done = job.finish("t2")
     assert job.traced("t2") == N - persisted  # only the missing rows were sent again
     job.assert_every_row_once()
@@ -119,10 +139,14 @@ def test_kill_during_generation_loses_at_most_one_checkpoint(tmp_path):
 
 def test_kill_between_partitions_keeps_finished_shards(tmp_path):
     job = Job(tmp_path)
-    proc = job.start("t1", delay=0.01)
-    _wait_for(lambda: (job.home / "out").exists() and any(job.version_dir().glob("labeled/*.parquet")), proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # 100 answers, then the engine holds: past the first shard (rows go to shards by a hash of
+    # their id: about 60 each) and short of the second's end, so the kill lands between them.
+    proc = job.start("t1", gate_after=100)
+    try:  # killed once the engine is at its gate (every answer traced) and a shard is committed
+        _wait_for(lambda: job.traced("t1") == 100 and (job.home / "out").exists()
+                  and any(job.version_dir().glob("labeled/*.parquet")), proc)
+    finally:
+        _kill(proc)
     done = {f.name: f.stat().st_mtime_ns for f in job.version_dir().glob("labeled/*.parquet")}
     generated, persisted = job.traced("t1"), job.persisted()
     assert generated - persisted <= EVERY
@@ -163,13 +187,20 @@ def test_two_processes_on_different_partitions_both_succeed(tmp_path):
 def test_second_run_on_the_same_partition_stops_with_a_clear_message(tmp_path):
     job = Job(tmp_path)
     job.finish("t0", "--range", "shard-00003:shard-00003")  # shards exist; one partition done
-    # Slow enough (60 rows x 0.25 s) that the second process, starting on a loaded 2-core machine,
-    # reaches the partition while the first still holds it.
-    first = job.start("t1", 0.25, None, "--range", "shard-00000:shard-00000")
-    _wait_for(lambda: job.traced("t1") > 0, first)
-    second = job.start("t2", 0.0, None, "--range", "shard-00000:shard-00000")
-    _, err = second.communicate(timeout=120)
-    assert second.returncode != 0
-    assert "shard-00000 is being written by another run" in err
-    assert first.wait(timeout=300) == 0
+    # The first run answers once, then holds the partition (its engine at the gate) until the
+    # second has been refused, however long the second takes to start.
+    first = job.start("t1", 0.0, None, "--range", "shard-00000:shard-00000", gate_after=1)
+    second = None
+    try:
+        _wait_for(lambda: job.traced("t1") > 0, first)
+        second = job.start("t2", 0.0, None, "--range", "shard-00000:shard-00000")
+        _, err = second.communicate(timeout=300)
+        assert second.returncode != 0
+        assert "shard-00000 is being written by another run" in err
+        job.gate.touch()
+        _, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err[-3000:]
+    finally:
+        _kill(first, *([second] if second else []))
     assert job.traced("t2") == 0
+    assert job.traced("t1") == pq.read_metadata(job.version_dir() / "labeled" / "shard-00000.parquet").num_rows

@@ -80,20 +80,29 @@ def test_two_workers_label_every_row_once_like_one_engine(tmp_path):
 
 @pytest.mark.parametrize("kill", ["one", "both"])
 def test_killed_workers_lose_no_row_and_label_none_twice(tmp_path, kill):
-    trace = tmp_path / "trace"
-    res = FakeVLLMResource(data_parallel_size=2, delay_s=0.03, trace_path=str(trace))
+    trace, gate = tmp_path / "trace", tmp_path / "go"
+    # Each worker answers 5 requests, then holds at the gate: the kill lands while both are
+    # mid-job, however slow the machine; the gate opens after it, for the survivor.
+    res = FakeVLLMResource(data_parallel_size=2, delay_s=0.01, trace_path=str(trace), gate_path=str(gate),
+                           gate_after=5)
     killed: list[int] = []
 
+    def answered(pid: int) -> int:
+        path = trace.parent / f"trace.{pid}"
+        return len(path.read_text().split()) if path.exists() else 0
+
     def kill_workers() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not killed:
-            seen = sorted(_seen(trace))
-            traces = [trace.parent / f"trace.{pid}" for pid in seen]
-            if len(seen) == 2 and all(t.exists() for t in traces) and len(traces[0].read_text().split()) >= 5:
-                for pid in seen if kill == "both" else seen[:1]:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-            time.sleep(0.01)
+        deadline = time.monotonic() + 240  # only bounds a hang
+        try:
+            while time.monotonic() < deadline and not killed:
+                seen = sorted(_seen(trace))
+                if len(seen) == 2 and all(answered(pid) >= 5 for pid in seen):
+                    for pid in seen if kill == "both" else seen[:1]:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                time.sleep(0.01)
+        finally:
+            gate.touch()  # the survivor goes on (and a worker never killed does not wait for nothing)
 
     killer = threading.Thread(target=kill_workers)
     killer.start()

@@ -238,7 +238,7 @@ def test_the_log_says_what_was_free_before_and_after(monkeypatch):
     started = FakeEngine()
     started.memory_note = "unified memory (NVIDIA GB10): KV cache 30.0 GiB"
     lines: list[str] = []
-    engine = LazyEngine("m", lambda: started, log=lines.append)
+    engine = LazyEngine(started.model_id, lambda: started, log=lines.append)
     list(engine.generate([EngineRequest("a", [{"role": "user", "content": "x"}])], SamplingSpec(max_tokens=2),
                          OutputSpec()))
     assert "(MemAvailable 90.0 of 100.0 GiB)" in lines[0]
@@ -248,7 +248,8 @@ def test_the_log_says_what_was_free_before_and_after(monkeypatch):
 @pytest.mark.real
 def test_real_cpu_engine_logs_free_memory_and_refuses_what_is_not_free(real_engine):
     lines: list[str] = []
-    engine = LazyEngine("m", VLLMResource(**REAL_SETTINGS).get_engine, log=lines.append)
+    res = VLLMResource(**REAL_SETTINGS)
+    engine = LazyEngine(res.model_identity(), res.get_engine, log=lines.append)  # the identity it checks
     out = list(engine.generate([EngineRequest("a", [{"role": "user", "content": "Say hi."}])],
                                SamplingSpec(max_tokens=2), OutputSpec()))
     assert out and out[0].error is None

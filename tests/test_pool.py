@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dagster import DagsterInstance
@@ -25,7 +26,10 @@ SCRIPT = textwrap.dedent("""
     name = sys.argv[1]
     job = build_batch_assets(spec=make_spec(Path({root!r}) / name, n=40, shards=1, name=name))
     inst = DagsterInstance.get()
-    res = {{"vllm": FakeVLLMResource(delay_s=0.05, trace_path=str(Path({root!r}) / (name + ".trace")))}}
+    # The first answers once, then holds the GPU slot (its engine at the gate) until the test has
+    # seen the second blocked by the pool.
+    gate = dict(gate_path=str(Path({root!r}) / "go"), gate_after=1) if name == "first" else {{}}
+    res = {{"vllm": FakeVLLMResource(trace_path=str(Path({root!r}) / (name + ".trace")), **gate)}}
     materialize([job.assets[0]], instance=inst, resources=res)
     key = inst.get_dynamic_partitions(job.partitions_def.name)[0]
     print("sharded", flush=True)
@@ -46,18 +50,21 @@ def test_a_second_run_waits_for_the_gpu_pool(tmp_path):
     for p in procs:
         assert p.stdout and p.stdout.readline().strip() == "sharded"
     first_trace = tmp_path / "first.trace"
-    for p in procs:
-        assert p.stdin
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        deadline = time.monotonic() + 60
-        # The second starts only once the first's engine is answering: it must find the slot taken.
-        while p is procs[0] and time.monotonic() < deadline and not (
-                first_trace.exists() and first_trace.stat().st_size):
-            time.sleep(0.05)
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
-
     inst = DagsterInstance.get()
+    try:
+        _go(procs[0])
+        # The second starts only once the first's engine is answering: it must find the slot taken.
+        _wait(lambda: first_trace.exists() and first_trace.stat().st_size > 0, procs[0])
+        _go(procs[1])
+        _wait(lambda: _blocked(inst) >= 1, procs[1])
+        (tmp_path / "go").touch()
+        assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
     windows, blocked = [], 0
     for run in inst.get_runs():
         logs = inst.all_logs(run.run_id)
@@ -70,3 +77,24 @@ def test_a_second_run_waits_for_the_gpu_pool(tmp_path):
     assert len(windows) == 2 and blocked >= 1
     (a0, a1), (b0, b1) = sorted(windows)
     assert a1 <= b0, f"two engines ran at once: {windows}"
+
+
+def _go(proc: subprocess.Popen) -> None:
+    assert proc.stdin
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+def _blocked(inst: DagsterInstance) -> int:
+    """Times a step of any run was held back by the gpu pool's limit, as the event log says."""
+    return sum("blocked by limit for pool gpu" in (e.user_message or "")
+               for run in inst.get_runs() for e in inst.all_logs(run.run_id))
+
+
+def _wait(cond: Callable[[], bool], proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    """Poll ``cond`` while ``proc`` lives; ``timeout`` only bounds a hang."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)

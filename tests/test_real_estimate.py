@@ -32,7 +32,7 @@ def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_pa
     result = materialize(job.assets, selection=[job.keys["input_shards"], job.keys["estimate"]],
                          resources=res, instance=inst)
     assert result.success
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # only bounds a hang: an engine's exit is slow on a loaded machine
     while _engine_children() > engines_before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _engine_children() == engines_before  # the candidate's engine was shut down

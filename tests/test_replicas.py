@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pyarrow.parquet as pq
 import pytest
@@ -40,6 +41,7 @@ class Server(LocalServer):
         self.answered: Counter[str] = Counter()  # 200s, by prompt
         self.attempts: Counter[str] = Counter()
         self.in_flight = self.most_in_flight = 0
+        self.hold: Callable[[], bool] | None = None  # answers wait (in flight) until this says go
         self.bodies: list[dict] = []  # /v1/completions requests, as sent
         super().__init__([web.get("/v1/models", self.list_models), web.post("/v1/chat/completions", self.chat),
                           web.post("/v1/completions", self.completions)])
@@ -65,6 +67,8 @@ class Server(LocalServer):
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
+            while self.hold is not None and not self.hold():
+                await asyncio.sleep(0.01)
             await asyncio.sleep(self.delay)
         finally:
             self.in_flight -= 1
@@ -96,7 +100,8 @@ def two():
 
 def _engine(reps, **kw) -> VLLMServerEngine:
     urls = [r.url for r in reps]
-    return VLLMServerEngine(urls, "m", **{"max_retries": 2, "backoff_s": 0.01, "timeout_s": 5.0, **kw})
+    # timeout_s only bounds a hang: an answer from a local stub is never waited for that long.
+    return VLLMServerEngine(urls, "m", **{"max_retries": 2, "backoff_s": 0.01, "timeout_s": 30.0, **kw})
 
 
 def _generate(engine: VLLMServerEngine, prompts: list[str]) -> dict[str, object]:
@@ -131,8 +136,10 @@ def test_two_healthy_replicas_share_the_load(two):
 
 def test_a_slow_replica_gets_fewer_rows(two):
     slow, fast = two
-    slow.delay, fast.delay = 0.3, 0.005
-    _generate(_engine(two, max_in_flight=4), PROMPTS)
+    # The slow one answers only once the fast one has answered every other prompt: whatever the
+    # machine's speed, it holds its first requests (max_in_flight of them) all along.
+    slow.hold = lambda: sum(fast.answered.values()) >= len(PROMPTS) - 4
+    _generate(_engine(two, max_in_flight=4, timeout_s=300.0), PROMPTS)
     assert _answered(two) == Counter(PROMPTS)
     n_slow, n_fast = sum(slow.answered.values()), sum(fast.answered.values())
     assert n_slow >= 1 and n_fast > 4 * n_slow, (n_slow, n_fast)
