@@ -329,6 +329,7 @@ class Mirror:
                 return str(theirs.get("attempt"))
             raw = json.dumps(theirs, indent=2).encode()
         atomic_write_text(marker, raw.decode())
+        failpoint("bucket:committed")  # crash tests: committed in the bucket, its parts and claim not yet gone
         self._drop_parts(home, version, key)
         return attempt
 

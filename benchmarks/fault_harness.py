@@ -1,0 +1,146 @@
+"""The fault harness's long run: many seeds of tests/harness.py, one result file.
+
+    python benchmarks/fault_harness.py --episodes 2000 --start-seed 0 &          # hours, in the background
+    python benchmarks/fault_harness.py --episodes 20 --home folder --out /tmp/f.json
+
+Each seed is one episode (its own home on moto's S3 server or in a folder, its boxes, its
+faults) checked for every invariant of tests/checker.py. The result file is rewritten after
+every episode, so a run stopped at any point leaves a whole, valid file: episodes done, faults
+injected per kind, the breaks per invariant, and each failing seed with its breaks and the one
+command that replays it. The same object is printed as one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests"))
+from results_io import emit  # noqa: E402
+
+#: Episodes between two restarts of moto's server: its memory and request log grow with every one.
+SERVER_EPISODES = 50
+
+
+def _code() -> str:
+    """The commit the run tested (``+dirty`` when the tree had changes)."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+class Server:
+    """moto's S3 server, started when an S3 episode needs it and renewed every SERVER_EPISODES."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+        self.used = 0
+
+    def get(self) -> Any:
+        from s3_server import S3Server
+
+        if self.server is not None and (self.used >= SERVER_EPISODES or self.server.proc.poll() is not None):
+            self.stop()
+        if self.server is None:
+            self.server, self.used = S3Server.start(), 0
+        self.used += 1
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            shutil.rmtree(self.server.log_path.parent, ignore_errors=True)
+            self.server = None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from harness import replay_command, run_seed
+    from harness_plan import FAULT_KINDS, make_plan
+
+    began = time.monotonic()
+    result: dict[str, Any] = {
+        "benchmark": "fault_harness", "date": datetime.now(timezone.utc).date().isoformat(),
+        "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        "code": _code(), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python benchmarks/fault_harness.py " + " ".join(sys.argv[1:]), "start_seed": args.start_seed,
+        "episodes_planned": args.episodes, "episodes": 0, "passed": 0, "homes": {}, "faults": {},
+        "invariant_breaks": {}, "failing_seeds": [], "harness_errors": [], "wall_s": 0.0,
+    }
+    faults, homes, breaks = Counter({k: 0 for k in FAULT_KINDS}), Counter(), Counter()
+    server = Server()
+    work = Path(tempfile.mkdtemp(prefix="fault-harness-"))
+    try:
+        for seed in range(args.start_seed, args.start_seed + args.episodes):
+            home = make_plan(seed, args.home).home
+            try:
+                verdict = run_seed(seed, args.home, server.get() if home == "s3" else None, work=work)
+            except Exception as exc:  # the harness itself failed: say so, and go on with the next seed
+                result["harness_errors"].append({"seed": seed, "home": home, "replay": replay_command(seed, home),
+                                                 "error": "".join(traceback.format_exception_only(exc)).strip()[-500:]})
+                print(f"seed {seed} ({home}): harness error: {exc}", file=sys.stderr, flush=True)
+            else:
+                faults.update(verdict.faults)
+                kinds = sorted({b.invariant for b in verdict.breaks})
+                breaks.update(kinds)
+                if verdict.ok:
+                    result["passed"] += 1
+                else:
+                    # The events too: on a busy machine a replay may interleave otherwise, and not fail.
+                    result["failing_seeds"].append({"seed": seed, "home": home, "invariants": kinds,
+                                                    "breaks": [str(b) for b in verdict.breaks[:8]],
+                                                    "replay": verdict.replay, "events": verdict.events[-40:]})
+                print(f"seed {seed} ({home}): {'pass' if verdict.ok else 'FAIL ' + ','.join(kinds)} in "
+                      f"{verdict.wall_s:.0f} s", file=sys.stderr, flush=True)
+            homes[home] += 1
+            result.update(episodes=result["episodes"] + 1, homes=dict(homes), faults=dict(sorted(faults.items())),
+                          invariant_breaks=dict(sorted(breaks.items())), wall_s=round(time.monotonic() - began, 1))
+            _write(result, args.out)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _write(result: dict[str, Any], out: str) -> None:
+    """The result so far, whole or not at all (a reader never sees half a file)."""
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result) + "\n")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--episodes", type=int, default=100, help="seeds to run (default 100)")
+    parser.add_argument("--start-seed", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--home", choices=["s3", "folder"], help="force every episode's home (default: each "
+                        "seed's own draw)")
+    parser.add_argument("--out", help="result file (default benchmarks/results/fault-harness-cpu-<first>-<last>.json)")
+    args = parser.parse_args(argv)
+    args.out = args.out or str(ROOT / "benchmarks" / "results" /
+                               f"fault-harness-cpu-{args.start_seed}-{args.start_seed + args.episodes - 1}.json")
+    result = run(args)
+    emit(result, None)  # the file holds the same object, written after each episode
+
+
+if __name__ == "__main__":
+    main()
