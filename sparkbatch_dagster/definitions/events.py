@@ -46,15 +46,27 @@ def materialization(key: AssetKey, stats: dict[str, Any], *, this_run: bool, tag
     )
 
 
-def exactly_once(home: JobHome, version: str, partition: str) -> tuple[bool, dict[str, Any]]:
-    """Read back from disk: does the labeled file hold every input row of the shard once, and nothing else?"""
-    want = pq.read_table(home.shard_path(partition), columns=["row_id"]).column("row_id").to_pylist()
+def exactly_once(home: JobHome, version: str, partition: str,
+                 stats: dict[str, Any] | None = None) -> tuple[bool, dict[str, Any]]:
+    """Read back from disk: does the labeled file hold every input row of the shard once, and nothing else?
+
+    Against the shard file, when it is still the one the partition was labeled from (``stats``
+    say which input it read). After a re-shard the shard file is another input's: the labeled
+    file is then checked against the rows its commit counted (every id once; the commit itself
+    checked them against the input it read)."""
     got = pq.read_table(home.labeled_path(version, partition), columns=["row_id"]).column("row_id").to_pylist()
+    planned = (stats or {}).get("input_signature")
+    if planned and planned != (home.read_manifest() or {}).get("signature"):
+        duplicated = len(got) - len(set(got))
+        return not duplicated and len(got) == stats["rows"], {  # type: ignore[index]
+            "input_rows": stats["rows"], "output_rows": len(got), "duplicated": duplicated,  # type: ignore[index]
+            "version": version, "note": "the input was sharded again since: checked against the rows committed"}
+    want = pq.read_table(home.shard_path(partition), columns=["row_id"]).column("row_id").to_pylist()
     missing, extra = set(want) - set(got), set(got) - set(want)
     duplicated = len(got) - len(set(got))
     passed = not missing and not extra and not duplicated
     return passed, {"input_rows": len(want), "output_rows": len(got), "missing": len(missing),
-                    "unexpected": len(extra), "duplicated": duplicated,
+                    "unexpected": len(extra), "duplicated": duplicated, "version": version,
                     **({"first_missing": sorted(missing)[:5]} if missing else {})}
 
 
@@ -62,7 +74,7 @@ def checks(key: AssetKey, spec: JobSpec, home: JobHome, stats: dict[str, Any]) -
     """The partition's two checks: every row exactly once (blocking: ``analytics`` is not built
     on a partition that fails it) and the error rate (a warning above ``spec.max_error_rate``)."""
     partition, version = stats["partition"], stats["version"]
-    passed, counts = exactly_once(home, version, partition)
+    passed, counts = exactly_once(home, version, partition, stats)
     rate = stats["errors"] / max(stats["rows"], 1)
     return [
         AssetCheckEvaluation(asset_key=key, check_name=EXACTLY_ONCE, passed=passed, partition=partition,
@@ -75,8 +87,9 @@ def checks(key: AssetKey, spec: JobSpec, home: JobHome, stats: dict[str, Any]) -
 
 
 def blocked(instance: Any, key: AssetKey, home: JobHome, version: str, partitions: list[str]) -> list[str]:
-    """Partitions that fail the blocking exactly-once check: as last recorded in the instance,
-    or, for a partition with no recorded evaluation (committed by an older release), on disk now."""
+    """Partitions that fail the blocking exactly-once check of ``version``: as last recorded in
+    the instance (a check of another version's files says nothing of these), or, for a
+    partition with no recorded evaluation (committed by an older release), on disk now."""
     from dagster import AssetCheckKey
     from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
@@ -86,7 +99,9 @@ def blocked(instance: Any, key: AssetKey, home: JobHome, version: str, partition
     for rec in records:  # newest first
         data = rec.event.dagster_event.event_specific_data if rec.event and rec.event.dagster_event else None
         part = getattr(data, "partition", None)
-        if part is not None and part not in latest:
+        checked = (getattr(data, "metadata", None) or {}).get("version")
+        checked = getattr(checked, "value", checked)
+        if part is not None and part not in latest and checked in (None, version):
             latest[part] = rec.status
     failed = AssetCheckExecutionRecordStatus.FAILED
     return [p for p in partitions

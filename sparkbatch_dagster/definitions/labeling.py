@@ -59,6 +59,7 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
     job.check_partitions(keys)  # before any engine starts
     model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
     version = job.version_for(model_id)
+    planned = (home.read_manifest() or {}).get("signature")
     if (home.read_current() or {}).get("version") != version:  # refresh() brought the current one
         home.pull_version(version)
     brake = make_brake(job, version, config)  # a bad max cost or deadline stops here, before the engine
@@ -101,7 +102,9 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
         runner.expected_rows_per_s = job.expected_rows_per_s(version)
         before = _estimate_first(job, resource, engine, runner, context.log.info) if config.estimate else None
         for stats in runner.stream(todo + gaps, optional=set(gaps), before=before):
-            if not current:  # this version's first commit
+            # This version's first commit makes it current, unless the input was sharded again
+            # meanwhile: a run of the old input finishing late must not move readers back to it.
+            if not current and (home.read_manifest() or {}).get("signature") == planned:
                 home.write_current(version, engine.model_id)
                 current = True
             context.log.info(f"{stats['partition']} committed: {stats['rows']} rows, {stats['errors']} errors, "

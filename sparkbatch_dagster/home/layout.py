@@ -25,6 +25,7 @@ absent); the locks that keep two runs off one shard are :mod:`.locks`. What is f
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -148,6 +149,19 @@ class JobHome:
         current = self.read_current()
         for version in dict.fromkeys([*versions, *([current["version"]] if current else [])]):
             self.remote.pull(self, version)
+            if write:  # a writer cleans what a box killed right after a commit left behind
+                swept = self.remote.sweep(self, version, functools.partial(self._take_and_drop, version))
+                if swept:
+                    log.info("%s: parts and claims of committed shards %s, left by a box that died after committing, "
+                             "removed", self.location, swept)
+
+    def _take_and_drop(self, version: str, key: str) -> bool:
+        """Take a committed shard's leftover claim (if its box is dead) and release it."""
+        lock = self.partition_lock(version, key)
+        if not lock.acquire(wait=False, lease_wait=False):
+            return False
+        lock.release()
+        return True
 
     def publish_commit(self, version: str, key: str, attempt: str, done: Callable[[], None],
                        still_mine: Callable[[], bool] | None = None,

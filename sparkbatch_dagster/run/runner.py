@@ -366,6 +366,8 @@ class ShardRun:
         stats = shard_stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
                        resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens,
                        engine_start_s=start_s)
+        if self.signature:  # which input it was read from: checks made after a re-shard compare with it
+            stats["input_signature"] = self.signature
         # Stats and new answers first, then the labeled file (the commit point): a done shard
         # always has stats, and its answers are in the store for any later layout or version.
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
