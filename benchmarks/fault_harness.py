@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="fault-harness-"))
     try:
         for seed in range(args.start_seed, args.start_seed + args.episodes):
+            if args.time_limit_s and time.monotonic() - began > args.time_limit_s:
+                break  # no new episode past the limit: the file holds every episode run
             home = make_plan(seed, args.home).home
             try:
                 verdict = run_seed(seed, args.home, server.get() if home == "s3" else None, work=work)
@@ -120,6 +122,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def run_parallel(args: argparse.Namespace) -> dict[str, Any]:
+    """``--workers`` processes of this script, each a block of consecutive seeds and a part
+    file of its own; their parts merged into the one result file, every few seconds and at the end."""
+    parts = Path(tempfile.mkdtemp(prefix="fault-harness-parts-"))
+    per = -(-args.episodes // args.workers)
+    procs, files = [], []
+    for w in range(args.workers):
+        first = args.start_seed + w * per
+        count = min(per, args.start_seed + args.episodes - first)
+        if count <= 0:
+            break
+        files.append(parts / f"part-{w}.json")
+        cmd = [sys.executable, __file__, "--episodes", str(count), "--start-seed", str(first), "--out", str(files[-1])]
+        cmd += ["--home", args.home] if args.home else []
+        cmd += ["--time-limit-s", str(args.time_limit_s)] if args.time_limit_s else []
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+    began = time.monotonic()
+    while True:
+        done = all(p.poll() is not None for p in procs)
+        merged = _merge([json.loads(f.read_text()) for f in files if f.exists()], args, time.monotonic() - began)
+        if merged is not None:
+            _write(merged, args.out)
+        if done:
+            shutil.rmtree(parts, ignore_errors=True)
+            return merged or {}
+        time.sleep(5)
+
+
+def _merge(results: list[dict[str, Any]], args: argparse.Namespace, wall_s: float) -> dict[str, Any] | None:
+    """One result from the workers' parts: counts added, failing seeds and errors joined."""
+    if not results:
+        return None
+    out = {**results[0], "command": "python benchmarks/fault_harness.py " + " ".join(sys.argv[1:]),
+           "start_seed": args.start_seed, "episodes_planned": args.episodes, "workers": len(results),
+           "wall_s": round(wall_s, 1)}
+    for key in ("episodes", "passed"):
+        out[key] = sum(r[key] for r in results)
+    for key in ("homes", "faults", "invariant_breaks"):
+        total: Counter[str] = Counter()
+        for r in results:
+            total.update(r[key])
+        out[key] = dict(sorted(total.items()))
+    for key in ("failing_seeds", "harness_errors"):
+        out[key] = [x for r in results for x in r[key]]
+    out["seeds_run"] = [[r["start_seed"], r["start_seed"] + r["episodes"] - 1] for r in results if r["episodes"]]
+    return out
+
+
 def _write(result: dict[str, Any], out: str) -> None:
     """The result so far, whole or not at all (a reader never sees half a file)."""
     path = Path(out)
@@ -135,10 +185,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--home", choices=["s3", "folder"], help="force every episode's home (default: each "
                         "seed's own draw)")
     parser.add_argument("--out", help="result file (default benchmarks/results/fault-harness-cpu-<first>-<last>.json)")
+    parser.add_argument("--workers", type=int, default=1, help="episodes at once, each worker a block of seeds "
+                        "(default 1; a machine with many cores: about a third of them)")
+    parser.add_argument("--time-limit-s", type=float, default=0.0, help="start no episode after this many seconds")
     args = parser.parse_args(argv)
     args.out = args.out or str(ROOT / "benchmarks" / "results" /
                                f"fault-harness-cpu-{args.start_seed}-{args.start_seed + args.episodes - 1}.json")
-    result = run(args)
+    result = run_parallel(args) if args.workers > 1 else run(args)
     emit(result, None)  # the file holds the same object, written after each episode
 
 

@@ -65,7 +65,7 @@ def check(rec: EpisodeRecord) -> tuple[list[Break], list[str]]:
     breaks += check_cost(commits, mats, orphans)
     breaks += check_billed(rec, commits)
     killed = {p.pid for p in rec.procs if p.killed}
-    left, litter = rec.view.leftovers(killed)
+    left, litter = rec.view.leftovers(killed, rec.view.current())
     breaks += [Break("leftovers", f"{x} left at the end") for x in left]
     notes += [f"left at the end (not a claim): {x}" for x in litter]
     breaks += check_reads(rec)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,18 @@ class BucketView:
         return {k[len(self.root) + 1:]: str(v.get("ETag") or v.get("size")) for k, v in found.items()}
 
     def read(self, rel: str) -> bytes:
-        return bytes(self.fs.cat_file(f"{self.root}/{rel}"))
+        # moto serves a read that races a PUT of the same key (a run rewriting its attempt record)
+        # with an empty body and the new checksum: botocore refuses it; read it again.
+        for n in range(5):
+            try:
+                return bytes(self.fs.cat_file(f"{self.root}/{rel}"))
+            except FileNotFoundError:
+                raise
+            except Exception:
+                if n == 4:
+                    raise
+                time.sleep(0.2 * (n + 1))
+        raise AssertionError("unreachable")
 
     def digest(self) -> dict[str, str]:
         """Names and content tags, and the attempt records' text (a reader may mark one killed)."""
@@ -113,12 +125,14 @@ class BucketView:
     def current(self) -> str | None:
         return json.loads(self.read("current.json"))["version"] if "current.json" in self.names() else None
 
-    def leftovers(self, killed_pids: set[int]) -> tuple[list[str], list[str]]:
-        """(breaks, notes): claims and parts left; a killed box's own lease or a fence is a note."""
+    def leftovers(self, killed_pids: set[int], current: str | None) -> tuple[list[str], list[str]]:
+        """(breaks, notes): claims and parts left; a killed box's own lease or a fence is a note,
+        and so are the parts of a version an input sharded again left unfinished (checkpoints
+        a run of that input resumes from, should it come back)."""
         breaks, notes = [], []
         for n in sorted(self.names()):
             if "/parts/" in n:
-                breaks.append(f"part {n}")
+                (notes if _superseded(n, current) else breaks).append(f"part {n}")
             elif n.startswith("leases/"):
                 body = json.loads(self.read(n) or b"{}")
                 pid = _pid(str(body.get("owner", "")))
@@ -173,14 +187,14 @@ class FolderView:
         path = self.root / "current.json"
         return json.loads(path.read_text())["version"] if path.exists() else None
 
-    def leftovers(self, killed_pids: set[int]) -> tuple[list[str], list[str]]:
+    def leftovers(self, killed_pids: set[int], current: str | None) -> tuple[list[str], list[str]]:
         import fcntl
 
         breaks, notes = [], []
         for p in self.files():
             rel = p.relative_to(self.root).as_posix()
             if "/parts/" in rel:
-                breaks.append(f"part {rel}")
+                (notes if _superseded(rel, current) else breaks).append(f"part {rel}")
             elif ".tmp-" in p.name or ".dl-" in p.name:
                 notes.append(f"temporary file {rel} (its process died mid-write)")
             elif p.name.endswith(".lock"):
@@ -190,6 +204,11 @@ class FolderView:
                     except BlockingIOError:
                         breaks.append(f"lock {rel} still held")
         return breaks, notes
+
+
+def _superseded(rel: str, current: str | None) -> bool:
+    """A path under ``out/<version>/`` of a version other than the current one."""
+    return rel.startswith("out/") and current is not None and rel.split("/")[1] != current
 
 
 def is_attempt(rel: str) -> bool:

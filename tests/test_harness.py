@@ -51,6 +51,8 @@ FIXED = {
     25: "folder; a re-shard by another box under a run held at its gate, status; the run SIGSTOPped while "
         "another labels the new input: the old run's commit must not move current.json back, nor fail a check",
     343: "S3; a box killed right after its bucket commit: the shard's claim and parts must not stay behind",
+    11755: "S3; a run SIGKILLed after the input was sharded again (its old version's claims must not stay "
+           "behind); preview and sql during the run; store faults",
 }
 FIXED_SEEDS = list(FIXED)
 #: What the fixed seeds really injected (a trigger a run never reaches injects nothing).

@@ -25,7 +25,6 @@ absent); the locks that keep two runs off one shard are :mod:`.locks`. What is f
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
@@ -150,10 +149,10 @@ class JobHome:
         for version in dict.fromkeys([*versions, *([current["version"]] if current else [])]):
             self.remote.pull(self, version)
             if write:  # a writer cleans what a box killed right after a commit left behind
-                swept = self.remote.sweep(self, version, functools.partial(self._take_and_drop, version))
+                swept = self.remote.sweep(self, version, self._take_and_drop)
                 if swept:
-                    log.info("%s: parts and claims of committed shards %s, left by a box that died after committing, "
-                             "removed", self.location, swept)
+                    log.info("%s: parts and claims left by boxes that died (after a commit, or on an older input) "
+                             "removed: %s", self.location, swept)
 
     def _take_and_drop(self, version: str, key: str) -> bool:
         """Take a committed shard's leftover claim (if its box is dead) and release it."""

@@ -306,7 +306,8 @@ class Claim:
             time.sleep(0.5)
             return self.bucket.get_bytes(rel) == body
         except OSError as exc:
-            if precondition_failed(exc):
+            # Changed, or deleted since read (its box released it): either way not ours to replace.
+            if precondition_failed(exc) or isinstance(exc, FileNotFoundError):
                 return False
             raise
 

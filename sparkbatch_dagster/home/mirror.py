@@ -220,19 +220,20 @@ class Mirror:
         finally:
             lock.release()
 
-    def sweep(self, home: JobHome, version: str, take: Callable[[str], bool]) -> list[str]:
-        """What a box killed between a shard's commit and its clean-up left of committed shards:
-        their parts (deleted) and claims (``take(key)`` takes one over if its box is dead, and
-        releases it). A writer's refresh calls it: two listings a run. Returns the keys cleaned."""
+    def sweep(self, home: JobHome, version: str, take: Callable[[str, str], bool]) -> list[str]:
+        """What dead boxes left behind: the parts of committed shards of ``version`` (deleted),
+        and claims of its committed shards and of every other version (``take(version, key)``
+        takes one over if its box is dead, and releases it: a box killed right after a commit, or
+        on an input sharded again since). A writer's refresh calls it: three listings. Returns
+        what it cleaned, as ``<version>/<key>``."""
         base = self.rel(home.version_dir(version))
         commits = {n.removesuffix(".json") for n in self.bucket.list(f"{base}/commits") if n.endswith(".json")}
-        if not commits:
-            return []
         parts = [n for n in self.bucket.list(f"{base}/parts") if n.split("/", 1)[0] in commits]
         self.bucket.delete_many([f"{base}/parts/{n}" for n in parts])
-        claims = [n.removesuffix(".json") for n in self.bucket.list(f"leases/{version}")]
-        swept = [k for k in claims if k in commits and take(k)]
-        return sorted(set(swept) | {n.split("/", 1)[0] for n in parts})
+        claims = [tuple(n.removesuffix(".json").split("/", 1)) for n in self.bucket.list("leases")
+                  if not n.startswith("boxes/") and n.count("/") == 1]
+        swept = [f"{v}/{k}" for v, k in claims if (v != version or k in commits) and take(v, k)]
+        return sorted(set(swept) | {f"{version}/{n.split('/', 1)[0]}" for n in parts})
 
     def pull_commit(self, home: JobHome, version: str, key: str) -> bool:
         """The shard's committed output into the cache, if the bucket has a commit; True if so."""

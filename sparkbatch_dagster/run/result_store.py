@@ -98,7 +98,10 @@ class ResultStore:
             return
         remote = {n for n in self.remote.list(self.context) if n.startswith("seg-") and n.endswith(".parquet")}
         for name in sorted(remote - {f.name for f in self.segments()}):
-            self.remote.get_file(f"{self.context}/{name}", self.dir / name)
+            try:
+                self.remote.get_file(f"{self.context}/{name}", self.dir / name)
+            except FileNotFoundError:  # merged away by another box since the listing: its merged one is there
+                continue
         self._pulled = True
 
     def segments(self) -> list[Path]:
