@@ -182,7 +182,7 @@ def check_materialized(rec: EpisodeRecord, commits: dict[str, dict[str, dict[str
     killed = {p.pid for p in rec.procs if p.killed}
     budget = len([p for p in rec.procs if p.killed])
     for version, shards in sorted(commits.items()):
-        pids = _committer_pids(rec, version) if rec.home == "s3" else {}
+        pids = _committer_pids(rec, version)
         for key, c in sorted(shards.items()):
             ours = [m for m in mats if m.version == version and m.partition == key]
             computed = [m for m in ours if m.this_run]
@@ -190,7 +190,9 @@ def check_materialized(rec: EpisodeRecord, commits: dict[str, dict[str, dict[str
                 out.append(Break("materialized", f"{version}/{key}: computed_in_this_run=True {len(computed)} times "
                                                  f"(boxes {sorted(m.box for m in computed)}), once expected"))
             elif not computed:
-                excused = pids.get(str(c["attempt"])) in killed if rec.home == "s3" else budget > 0
+                # The commit (or, in a folder, its stats) names its attempt: excused only if that
+                # attempt's process was killed; with no attempt named, one shard per kill.
+                excused = pids.get(str(c["attempt"])) in killed if c["attempt"] else budget > 0
                 if excused:
                     budget -= 1
                     orphans.append((version, key))

@@ -177,8 +177,11 @@ class FolderView:
 
     def commits(self, version: str) -> dict[str, dict[str, Any]]:
         base = self.root / "out" / version
-        return {p.stem: {"stats": json.loads((base / "stats" / f"{p.stem}.json").read_text()), "attempt": None,
-                         "rows": _rows(pq.read_table(p))} for p in sorted((base / "labeled").glob("shard-*.parquet"))}
+        out = {}
+        for p in sorted((base / "labeled").glob("shard-*.parquet")):
+            stats = json.loads((base / "stats" / f"{p.stem}.json").read_text())
+            out[p.stem] = {"stats": stats, "attempt": stats.get("attempt"), "rows": _rows(pq.read_table(p))}
+        return out
 
     def attempts(self, version: str) -> list[dict[str, Any]]:
         return [json.loads(p.read_text()) for p in sorted((self.root / "out" / version / "attempts").glob("*.json"))]

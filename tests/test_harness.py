@@ -53,6 +53,8 @@ FIXED = {
     343: "S3; a box killed right after its bucket commit: the shard's claim and parts must not stay behind",
     11755: "S3; a run SIGKILLed after the input was sharded again (its old version's claims must not stay "
            "behind); preview and sql during the run; store faults",
+    22750: "S3; a run of an old input SIGSTOPped while another box labels the new one, then resumed: it must not "
+           "move the bucket's current.json back, nor leave a check that blocks analytics",
 }
 FIXED_SEEDS = list(FIXED)
 #: What the fixed seeds really injected (a trigger a run never reaches injects nothing).

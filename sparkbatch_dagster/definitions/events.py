@@ -9,6 +9,7 @@ partition bar fills shard by shard and a crash leaves the UI agreeing with the d
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -104,8 +105,15 @@ def blocked(instance: Any, key: AssetKey, home: JobHome, version: str, partition
         if part is not None and part not in latest and checked in (None, version):
             latest[part] = rec.status
     failed = AssetCheckExecutionRecordStatus.FAILED
-    return [p for p in partitions
-            if latest.get(p) == failed or (p not in latest and not exactly_once(home, version, p)[0])]
+    return [p for p in partitions if latest.get(p) == failed
+            or (p not in latest and not exactly_once(home, version, p, _stats(home, version, p))[0])]
+
+
+def _stats(home: JobHome, version: str, partition: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(home.stats_path(version, partition).read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def adopt(instance: Any, key: AssetKey, home: JobHome, keys: list[str]) -> list[str]:

@@ -104,7 +104,7 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
         for stats in runner.stream(todo + gaps, optional=set(gaps), before=before):
             # This version's first commit makes it current, unless the input was sharded again
             # meanwhile: a run of the old input finishing late must not move readers back to it.
-            if not current and (home.read_manifest() or {}).get("signature") == planned:
+            if not current and home.input_signature_now() == planned:
                 home.write_current(version, engine.model_id)
                 current = True
             context.log.info(f"{stats['partition']} committed: {stats['rows']} rows, {stats['errors']} errors, "

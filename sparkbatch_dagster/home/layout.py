@@ -184,6 +184,14 @@ class JobHome:
         if self.remote is not None and keys:
             self.remote.pull_for_run(self, version, keys)
 
+    def input_signature_now(self) -> str | None:
+        """The signature of the shards as the home has them now: the bucket's manifest for a
+        bucket home (another box may have sharded a new input since this cache was refreshed)."""
+        if self.remote is not None:
+            raw = self.remote.bucket.get_bytes("shards/manifest.json")
+            return json.loads(raw).get("signature") if raw is not None else None
+        return (self.read_manifest() or {}).get("signature")
+
     def read_current(self) -> dict[str, Any] | None:
         return json.loads(self.current_path.read_text()) if self.current_path.exists() else None
 

@@ -368,6 +368,8 @@ class ShardRun:
                        engine_start_s=start_s)
         if self.signature:  # which input it was read from: checks made after a re-shard compare with it
             stats["input_signature"] = self.signature
+        if self.attempt is not None:  # which attempt committed it (the bucket's commit names it too)
+            stats["attempt"] = self.attempt.id
         # Stats and new answers first, then the labeled file (the commit point): a done shard
         # always has stats, and its answers are in the store for any later layout or version.
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
