@@ -96,8 +96,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 verdict = run_seed(seed, args.home, server.get() if home == "s3" else None, work=work)
             except Exception as exc:  # the harness itself failed: say so, and go on with the next seed
+                where = [t.strip() for t in traceback.format_tb(exc.__traceback__)][-3:]
                 result["harness_errors"].append({"seed": seed, "home": home, "replay": replay_command(seed, home),
-                                                 "error": "".join(traceback.format_exception_only(exc)).strip()[-500:]})
+                                                 "error": "".join(traceback.format_exception_only(exc)).strip()[-500:],
+                                                 "where": where})
                 print(f"seed {seed} ({home}): harness error: {exc}", file=sys.stderr, flush=True)
             else:
                 faults.update(verdict.faults)
