@@ -3,8 +3,9 @@
 Owns the folder layout (:class:`JobHome`, shard keys), commit points (:mod:`.atomic`: write to a
 temporary name, fsync, rename), the locks between processes (:mod:`.locks`) and content digests
 of files and objects (:mod:`.digests`), which the model identity and the input signature use;
-and a home in an object store (:mod:`.bucket`, :mod:`.mirror`, :mod:`.lease`): the bucket the
-truth, the folder its cache, commits and leases written with the store's conditions.
+and a home in an object store (:mod:`.bucket`, :mod:`.mirror`, :mod:`.uploader`, :mod:`.lease`,
+:mod:`.keeper`, :mod:`.partition_lock`): the bucket the truth, the folder its cache, commits and
+leases written with the store's conditions (the protocol on one page: docs/protocol.md).
 
 May import: ``errors``. Every room above uses it; it knows nothing of specs, engines or Dagster.
 """

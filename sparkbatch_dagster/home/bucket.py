@@ -163,15 +163,23 @@ class Bucket:
             raise ConfigError(f"home {self.url}: the store cannot be reached ({_first_line(exc)}): check the URL, "
                               "AWS_ENDPOINT_URL and the network") from exc
 
-    def put_bytes(self, rel: str, data: bytes, create: bool = False, if_match: str | None = None) -> bool:
-        """Write one object. ``create``: only if absent (False when it exists). ``if_match``:
-        only over that version (an ETag; raises when it changed, see :func:`precondition_failed`)."""
+    def _conditions(self, rel: str, create: bool, if_match: str | None) -> dict[str, Any] | None:
+        """``pipe_file``'s keywords for a conditional write; None when ``create`` finds the object
+        there already on a store that cannot check the condition itself."""
         kw: dict[str, Any] = {}
         if create and self.conditional:
             kw["mode"] = "create"
         if if_match is not None and self.conditional:
             kw["IfMatch"] = if_match
         if create and not self.conditional and self.exists(rel):
+            return None
+        return kw
+
+    def put_bytes(self, rel: str, data: bytes, create: bool = False, if_match: str | None = None) -> bool:
+        """Write one object. ``create``: only if absent (False when it exists). ``if_match``:
+        only over that version (an ETag; raises when it changed, see :func:`precondition_failed`)."""
+        kw = self._conditions(rel, create, if_match)
+        if kw is None:
             return False
         try:
             self._retry("write", lambda: self.fs.pipe_file(self.path(rel), data, **kw))
@@ -182,12 +190,8 @@ class Bucket:
     def put_tagged(self, rel: str, data: bytes, create: bool = False, if_match: str | None = None) -> str | None:
         """:meth:`put_bytes` that returns the new object's version tag (from the PUT's reply where
         the store gives it, else read back); raises FileExistsError when ``create`` finds it there."""
-        kw: dict[str, Any] = {}
-        if create and self.conditional:
-            kw["mode"] = "create"
-        if if_match is not None and self.conditional:
-            kw["IfMatch"] = if_match
-        if create and not self.conditional and self.exists(rel):
+        kw = self._conditions(rel, create, if_match)
+        if kw is None:
             raise FileExistsError(self.path(rel))
         reply = self._retry("write", lambda: self.fs.pipe_file(self.path(rel), data, **kw))
         tag = reply.get("ETag") if isinstance(reply, Mapping) else None

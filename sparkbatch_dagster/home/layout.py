@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, SparkbatchError
 from .atomic import atomic_write_text
-from .lease import BoxLease, Claim, PartitionLock
+from .lease import BoxLease, Claim
 from .locks import FileLock
+from .partition_lock import PartitionLock
 
 if TYPE_CHECKING:
     from .bucket import Bucket

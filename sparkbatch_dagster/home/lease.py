@@ -4,7 +4,7 @@ A ``flock`` only works inside one machine. Between machines (docs/protocol.md ha
 protocol on one page):
 
 - **One box lease per process**, ``leases/boxes/<owner>.json``: its owner and expiry, renewed
-  every third of its length by one thread (:class:`LeaseKeeper`). Renewal traffic is one
+  every third of its length by one thread (:class:`.keeper.LeaseKeeper`). Renewal traffic is one
   conditional PUT a third of a lease, whatever the number of shards the box holds.
 - **One claim per shard**, ``leases/<version>/shard-NNNNN.json``: created once (create-if-absent),
   naming the box lease it lives by. A claim is live while its box lease is live; it is never
@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .bucket import Bucket, precondition_failed
+from .keeper import KEEPER
 
 log = logging.getLogger("sparkbatch")
 
@@ -331,108 +332,3 @@ class Claim:
         finally:
             self.held = False
             self.box.unclaimed()
-
-
-class LeaseKeeper:
-    """Renews every held box lease every third of its length, from one thread."""
-
-    def __init__(self) -> None:
-        self.boxes: list[BoxLease] = []
-        self._mutex = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add(self, box: BoxLease) -> None:
-        with self._mutex:
-            if box not in self.boxes:
-                self.boxes.append(box)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="sparkbatch-leases", daemon=True)
-                self._thread.start()
-        self._wake.set()
-
-    def remove(self, box: BoxLease) -> None:
-        with self._mutex:
-            if box in self.boxes:
-                self.boxes.remove(box)
-
-    def _loop(self) -> None:
-        while True:
-            with self._mutex:
-                boxes = list(self.boxes)
-            every = min((b.seconds for b in boxes), default=30.0) / 3
-            self._wake.wait(every)
-            self._wake.clear()
-            for box in boxes:
-                if time.monotonic() - box._ok_at < every * 0.9:
-                    continue  # renewed since (by confirm, or it was just made)
-                try:
-                    box.renew()
-                except Exception as exc:  # the store away for a moment: the next tick tries again
-                    log.warning("renewing %s failed (%s): trying again in %.0f s", box.rel, exc, every)
-
-
-#: One keeper per process: every box lease this process holds is renewed by the same thread.
-KEEPER = LeaseKeeper()
-
-
-class PartitionLock:
-    """This machine's ``flock`` on a shard, and with a bucket home the shard's claim too: the
-    flock keeps two runs of one box apart, the claim two boxes. Example::
-
-        lock = home.partition_lock(version, "shard-00003")
-        if lock.acquire(wait=False):            # the claim is waited for (and said so) unless lease_wait=False
-            try: ...
-            finally: lock.release()
-    """
-
-    def __init__(self, local: Any, lease: Claim | None = None) -> None:
-        self.local, self.lease = local, lease
-        self.path = local.path
-        #: Why the last acquire failed: "local" (a run of this box) or "lease" (another box).
-        self.refused_by: str | None = None
-
-    @property
-    def lost(self) -> bool:
-        """True once another box took this shard over (this box was fenced): stop, never commit."""
-        return self.lease is not None and self.lease.lost
-
-    @property
-    def held_remotely(self) -> bool:
-        """True while this lock holds the shard's claim in the bucket."""
-        return self.lease is not None and self.lease.held
-
-    def confirm(self) -> bool:
-        """False when the shard is (now known to be) another box's; may renew the box lease."""
-        if self.lease is None or not self.lease.held:
-            return True
-        return self.lease.box.confirm() and not self.lease.lost
-
-    def acquire(self, wait: bool, shared: bool = False, lease_wait: bool = True) -> bool:
-        self.refused_by = None
-        if not self.local.acquire(wait=wait, shared=shared):
-            self.refused_by = "local"
-            return False
-        if self.lease is None or shared:
-            return True
-        try:
-            got = self.lease.acquire(wait=lease_wait)
-        except BaseException:
-            self.local.release()
-            raise
-        if not got:
-            self.local.release()
-            self.refused_by = "lease"
-            return False
-        return True
-
-    def holder(self) -> str:
-        return self.lease.holder() if self.lease is not None and self.local.holder() == "?" else self.local.holder()
-
-    def release(self) -> None:
-        if self.lease is not None and self.lease.held:
-            try:
-                self.lease.release()
-            except OSError as exc:  # its box lease goes or expires: another box waits a lease length, no more
-                log.warning("could not release %s (%s): it lapses with this box's lease", self.lease.rel, exc)
-        self.local.release()

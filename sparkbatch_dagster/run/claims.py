@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import SparkbatchError
 from ..home import JobHome
-from ..home.lease import PartitionLock
+from ..home.partition_lock import PartitionLock
 
 
 class Claims:
