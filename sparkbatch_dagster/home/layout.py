@@ -148,9 +148,9 @@ class JobHome:
         self.remote.fetch(self.current_path)
         current = self.read_current()
         for version in dict.fromkeys([*versions, *([current["version"]] if current else [])]):
-            self.remote.pull(self, version)
+            commits = self.remote.pull(self, version)
             if write:  # a writer cleans what a box killed right after a commit left behind
-                swept = self.remote.sweep(self, version, self._take_and_drop)
+                swept = self.remote.sweep(self, version, commits, self._take_and_drop)
                 if swept:
                     log.info("%s: parts and claims left by boxes that died (after a commit, or on an older input) "
                              "removed: %s", self.location, swept)

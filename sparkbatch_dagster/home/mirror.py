@@ -121,17 +121,19 @@ class Mirror:
 
     # -- outputs -----------------------------------------------------------------------------
 
-    def pull(self, home: JobHome, version: str) -> None:
-        """Every commit, attempt record and the prediction of ``version``, into the cache."""
+    def pull(self, home: JobHome, version: str) -> set[str]:
+        """Every commit, attempt record and the prediction of ``version``, into the cache; returns
+        the committed keys (for :meth:`sweep`, so the commits are listed once)."""
         base = self.rel(home.version_dir(version))
-        for name in sorted(self.bucket.list(f"{base}/commits")):
-            if name.endswith(".json"):
-                self.pull_commit(home, version, name.removesuffix(".json"))
+        commits = {n.removesuffix(".json") for n in self.bucket.list(f"{base}/commits") if n.endswith(".json")}
+        for key in sorted(commits):
+            self.pull_commit(home, version, key)
         mine = {p.name for p in self._own_attempts}
         for name in self.bucket.list(f"{base}/attempts"):
             if name.endswith(".json") and name not in mine:  # another run's record: as the bucket has it
                 self._pull_attempt(f"{base}/attempts/{name}", home.version_dir(version) / "attempts" / name)
         self.fetch(home.prediction_path(version))
+        return commits
 
     def _pull_attempt(self, rel: str, local: Path) -> None:
         """An attempt record into the cache, unless the cache's copy is the newer: a run of this
@@ -157,14 +159,13 @@ class Mirror:
         finally:
             lock.release()
 
-    def sweep(self, home: JobHome, version: str, take: Callable[[str, str], bool]) -> list[str]:
+    def sweep(self, home: JobHome, version: str, commits: set[str], take: Callable[[str, str], bool]) -> list[str]:
         """What dead boxes left behind: the parts of committed shards of ``version`` (deleted),
         and claims of its committed shards and of every other version (``take(version, key)``
         takes one over if its box is dead, and releases it: a box killed right after a commit, or
-        on an input sharded again since). A writer's refresh calls it: three listings. Returns
-        what it cleaned, as ``<version>/<key>``."""
+        on an input sharded again since). ``commits``: the committed keys :meth:`pull` listed. A
+        writer's refresh calls it: two listings. Returns what it cleaned, as ``<version>/<key>``."""
         base = self.rel(home.version_dir(version))
-        commits = {n.removesuffix(".json") for n in self.bucket.list(f"{base}/commits") if n.endswith(".json")}
         parts = [n for n in self.bucket.list(f"{base}/parts") if n.split("/", 1)[0] in commits]
         self.bucket.delete_many([f"{base}/parts/{n}" for n in parts])
         claims = [tuple(n.removesuffix(".json").split("/", 1)) for n in self.bucket.list("leases")

@@ -27,6 +27,9 @@ class Claims:
     def __init__(self, home: JobHome, version: str, keys: list[str], optional: Collection[str] = ()) -> None:
         self.home, self.version, self.optional = home, version, optional
         self.locks: dict[str, PartitionLock] = {k: home.partition_lock(version, k) for k in keys}
+        # A bucket home's box lease, shared by every claim; the identity the claims were taken under.
+        self._box = next((lock.lease.box for lock in self.locks.values() if lock.lease is not None), None)
+        self._owner = self._box.owner if self._box is not None else None
         #: Keys committed by another run (another box, with a bucket home) by the time they were locked.
         self.committed_elsewhere: list[str] = []
 
@@ -34,7 +37,9 @@ class Claims:
         """Lock what can be locked now: the keys to label, and those another box holds the lease of
         (for later). A key another run of this box writes stops the run, unless it is optional."""
         taken, leased = [], []
-        for (key, lock), got in zip(self.locks.items(), self._acquire_all(), strict=True):
+        got_all = self._acquire_all()
+        self._owner = self._box.owner if self._box is not None else None
+        for (key, lock), got in zip(self.locks.items(), got_all, strict=True):
             if not got:
                 if key in self.optional:
                     continue
@@ -67,6 +72,7 @@ class Claims:
         needs labeling."""
         if not self.locks[key].acquire(wait=False, lease_wait=True):
             return False
+        self._owner = self._box.owner if self._box is not None else None  # a new life after a fence
         self.home.set_aside_broken(self.version, key)
         self.home.pull_for_run(self.version, [key])
         return self._needed(key)
@@ -84,13 +90,11 @@ class Claims:
     def release(self, key: str) -> None:
         self.locks[key].release()
 
-    def lost(self, keys: Collection[str]) -> list[str]:
-        """Of ``keys``, those another box took over (this box's lease was fenced): checked after
-        every answer, so it is free unless the last renewal is half a lease old (then it renews)."""
-        held = [k for k in keys if self.locks[k].held_remotely]
-        if not held or self.locks[held[0]].confirm():
-            return [k for k in held if self.locks[k].lost]
-        return held
+    def intact(self) -> bool:
+        """False once this box's lease was fenced: another box may own every claim it held. Asked
+        after every answer: one comparison unless the last renewal is half a lease old (then it
+        renews), never a walk over the shards."""
+        return self._box is None or (self._box.confirm() and self._box.owner == self._owner)
 
     def still_mine(self, key: str) -> bool:
         """Asked right before a shard's commit: False when another box took it over."""

@@ -78,7 +78,6 @@ class ShardRun:
         self._all_at_first = 0  # rows done, free ones included, at the first answer: the brake's rate
         self._longest_commit = 0.0
         self._lost: list[str] = []  # shards another box took over (appended from the upload thread too)
-        self._active: list[str] = []  # the keys of the stream in progress
         self._rechecked = False  # the store looked up again after a wait for the GPU (once)
 
     @property
@@ -218,7 +217,6 @@ class ShardRun:
 
     def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
         last_report = time.perf_counter()
-        self._active = keys
         results = self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output)
         try:
             yield from self._consume(results, self._rows_total, last_report)
@@ -282,14 +280,10 @@ class ShardRun:
             self._consult()
 
     def _check_leases(self) -> None:
-        """After every answer, with a bucket home: raise LeaseLost when another box took over a
-        shard in flight (free unless this box's last renewal is half a lease old)."""
-        if self._claims is None or self.home.remote is None:
-            return
-        finished = {s.key for s in self.shards if s.finished}
-        lost = self._claims.lost([k for k in self._active if k not in finished])
-        if lost or self._lost:
-            raise LeaseLost(", ".join(lost or self._lost))
+        """After every answer, with a bucket home: raise LeaseLost when another box may have
+        taken this run's shards over (its lease was fenced), or a commit found one taken."""
+        if self._claims is not None and self.home.remote is not None and (self._lost or not self._claims.intact()):
+            raise LeaseLost("this box's lease was fenced: its unfinished shards are another box's")
 
     def _report(self, shard: OpenShard, total: int) -> None:
         assert self.progress is not None
