@@ -37,7 +37,12 @@ SERVER_EPISODES = 50
 
 
 def _code() -> str:
-    """The commit the run tested (``+dirty`` when the tree had changes)."""
+    """The commit the run tested (``+dirty`` when the tree had changes).
+
+    A copy without its git history (a device machine) names it in SPARKBATCH_CODE.
+    """
+    if os.environ.get("SPARKBATCH_CODE"):
+        return os.environ["SPARKBATCH_CODE"]
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
