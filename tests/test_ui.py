@@ -89,5 +89,16 @@ def test_materialize_through_the_webserver(tmp_path):
         labeled = list((home / "out").glob("*/labeled/shard-*.parquet"))
         assert sorted(p.name for p in labeled) == [f"shard-0000{i}.parquet" for i in range(3)]
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(120)  # `dagster dev` stops its daemon and code server first: slow on a loaded machine
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop `dagster dev` and everything it started. It stops its daemon and code server first,
+    which took over 120 s on a 2-core machine with a CPU hog (the test had passed by then): after
+    a while the whole session is killed instead, and the test's verdict stands."""
+    os.killpg(proc.pid, 15)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait(60)
