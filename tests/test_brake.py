@@ -231,11 +231,14 @@ def test_the_brake_keeps_a_margin_before_the_deadline():
 REAL_RESOURCE = "VLLMResource(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024)"
 
 
-def _engine_cores() -> set[int]:
+def _engine_cores(dagster_home: Path) -> set[int]:
+    """vLLM engine cores started by this test's CLI (its DAGSTER_HOME in their environment):
+    another engine on the machine meanwhile (a second test session, a notebook) is not counted."""
     found = set()
     for p in psutil.process_iter(["pid", "cmdline", "name"]):
         try:
-            if "EngineCore" in (p.info["name"] or "") or "EngineCore" in " ".join(p.info["cmdline"] or []):
+            if ("EngineCore" in (p.info["name"] or "") or "EngineCore" in " ".join(p.info["cmdline"] or [])) \
+                    and p.environ().get("DAGSTER_HOME") == str(dagster_home):
                 found.add(p.pid)
         except psutil.Error:
             pass
@@ -247,7 +250,6 @@ def _engine_cores() -> set[int]:
 def test_real_engine_run_estimate_under_a_cap_refuses_with_one_line_and_leaves_no_engine(tmp_path):
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")
-    before = _engine_cores()
     defs = str(_defs(tmp_path, rows=60, resource=REAL_RESOURCE))
     proc = _cli(tmp_path, "run", "-f", defs, "--estimate", "--max-cost", "0.0001", timeout=900)
     assert proc.returncode == 3 and proc.stdout == "", proc.stderr[-3000:]
@@ -257,4 +259,4 @@ def test_real_engine_run_estimate_under_a_cap_refuses_with_one_line_and_leaves_n
     assert _on_disk(tmp_path / "home") == []  # nothing generated, nothing lost
     report = json.loads((tmp_path / "home" / "estimate" / "estimate.json").read_text())
     assert report["engine_start_s"] > 0 and report["predicted_wall_s"] > 0
-    assert not (_engine_cores() - before)  # the CLI's engine process went with it
+    assert not _engine_cores(tmp_path / "dagster_home")  # the CLI's engine process went with it
