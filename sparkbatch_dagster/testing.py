@@ -28,6 +28,13 @@ from .engines.base import Engine
 from .engines.model import answer_settings, model_identity
 from .engines.settings import CPU_DEFAULTS, split_devices, visible_gpus
 
+#: /proc/cpuinfo's flags of a 2-core AMD EPYC seen running this project: AVX and FMA, no AVX2, no
+#: AVX-512, no native bf16. ``SPARKBATCH_CPU_FLAGS=<these>`` makes the resource choose as it would there.
+NO_AVX2 = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht "
+           "syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm rep_good nopl cpuid extd_apicid tsc_known_freq pni "
+           "pclmulqdq ssse3 fma cx16 sse4_1 sse4_2 x2apic movbe popcnt aes xsave avx f16c rdrand hypervisor "
+           "lahf_lm cmp_legacy cr8_legacy abm sse4a misalignsse 3dnowprefetch osvw topoext")
+
 
 def fake_worker(settings: dict[str, Any]) -> Engine:
     """A :class:`FakeEngine` in a data-parallel worker process, from ``FakeEngine``'s keyword
@@ -45,6 +52,24 @@ def fake_worker(settings: dict[str, Any]) -> Engine:
             json.dump(seen, f)
         os.replace(tmp, f"{fake['trace_path']}.json")
     return FakeEngine(**fake)
+
+
+def fake_compile() -> bool | None:
+    """What a fake engine's start compiles: one file in ``TORCHINDUCTOR_CACHE_DIR`` when that is
+    a compile cache's key folder (``engines/compile_cache.py``; set only around a start that has
+    one). True: it was there already (a warm start, or one restored from the home); False: this
+    start wrote it (random bytes: a test tells which machine compiled); None: no cache folder."""
+    from .engines.compile_cache import cache_root
+
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not folder or cache_root() not in Path(folder).parents:
+        return None
+    graph = Path(folder) / "fxgraph" / "fake-graph.bin"
+    if graph.is_file():
+        return True
+    graph.parent.mkdir(parents=True, exist_ok=True)
+    graph.write_bytes(os.urandom(64 * 1024))
+    return False
 
 
 class FakeVLLMResource(VLLMResource):
@@ -89,6 +114,11 @@ class FakeVLLMResource(VLLMResource):
         "$SPARKBATCH_GPU_LOCK_DIR): the GPUs of CUDA_VISIBLE_DEVICES its engines would use, else cpu0. Off by "
         "default: tests that play two boxes on one machine run two engines at once on purpose.",
     )
+    compile_cache: bool = Field(
+        default=False, description="VLLMResource's compile cache, for the tests that cover it: the fake start "
+        "'compiles' one file into the cache folder a run gives it (fake_compile). Off by default: a fake engine "
+        "has nothing to compile, and other tests' homes stay as they were.",
+    )
 
     def model_name(self) -> str:
         return self.resolved().model or "fake-model"
@@ -106,6 +136,9 @@ class FakeVLLMResource(VLLMResource):
             return model_identity(name, {**settings, "fake_answer": cfg.answer} if cfg.answer else settings)
         return name if key is None else f"{name}@{fingerprint(key)[:12]}"
 
+    def dtype_choice(self) -> tuple[str, str]:
+        return self.resolved().dtype, "as configured (fake engine: no platform to ask)"
+
     def resolved_max_num_seqs(self) -> int:
         return self.resolved().max_num_seqs or int(CPU_DEFAULTS["max_num_seqs"])  # no platform to ask
 
@@ -117,8 +150,11 @@ class FakeVLLMResource(VLLMResource):
                                     answer=self.answer, trace_path=self.trace_path,
                                     transient_first=self.transient_first, gate_path=self.gate_path,
                                     gate_after=self.gate_after)
+        found = fake_compile()
         if (self.data_parallel_size or 1) == 1:
-            return FakeEngine(**fake)
+            engine = FakeEngine(**fake)
+            engine.compiled_from_cache = found
+            return engine
         from .engines.data_parallel import DataParallelEngine
 
         # GPUs when CUDA_VISIBLE_DEVICES names some (as VLLMResource splits them), else no devices at all.

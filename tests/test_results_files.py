@@ -27,6 +27,7 @@ REQUIRED = {
                    "raw_tokens", "raw_tokens_per_s", "pipeline_tokens_per_s"},
     "end_to_end": {"machine", "rows", "rounds", "sparkbatch_over_plain", "sparkbatch_s", "plain_s"},
     "engine_start": {"machine", "rounds", "variants"},
+    "compile_cache": {"date", "machine", "model", "rounds", "archive_mb", "cold", "restored", "warm"},
     "estimate_accuracy": {"machine", "started", "command", "jobs"},
     "estimate_accuracy_round": {"date", "rows", "sample_rows", "model", "predicted_wall_s", "actual_wall_s",
                                 "error_pct", "models"},
@@ -56,6 +57,7 @@ REQUIRED = {
                       "release_s"},
     "fault_harness": {"date", "machine", "code", "command", "start_seed", "episodes", "passed", "homes", "faults",
                       "invariant_breaks", "failing_seeds", "harness_errors"},
+    "label_step": {"date", "machine", "engine", "rows", "shards", "code", "label_s", "timings_s"},
 }
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from ..definitions.deploy import pool_limit
 from ..definitions.factory import BatchJob
 from ..definitions.resource import VLLMResource
+from ..engines.spans import Collected, collecting
 from ..errors import SparkbatchError
 from ..home import check_key
 from ..run.progress import Bar, listening
@@ -102,7 +103,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     ``deadline``); a stop by the brake raises :class:`BudgetStop` out of the run.
     The summary's ``timings_s`` says where the time went: ``startup`` (Python, imports, loading
     the definitions: process start to this call), ``shard``, ``label`` (engine start included),
-    ``metrics``, ``analytics``.
+    then ``label``'s parts (:func:`label_parts`), ``metrics``, ``analytics``.
     """
     from dagster import materialize
 
@@ -120,8 +121,9 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
         # in between that are already done are skipped inside the asset, not recomputed.
         print(f"sparkbatch: labeling {len(missing)} partition(s) of {job.spec.name}", file=sys.stderr)
         bar = Bar()
-        with listening(bar):
+        with listening(bar), collecting() as found:
             config = {"ops": {"__".join(job.keys["labeled_outputs"].path): {"config": label or {}}}}
+            began = time.perf_counter()
             try:
                 labeled = materialize(assets, selection=[job.keys["labeled_outputs"]], resources=resources,
                                       instance=inst, run_config=console.run_config(config),
@@ -130,6 +132,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
             finally:
                 bar.close()
         clock.lap("label")
+        clock.laps.update(label_parts(found, began, time.perf_counter(), clock.laps["label"]))
         # Its own run, as a backfill in the UI runs it: labeled_outputs' run has no end-of-run output.
         materialize(assets, selection=[job.keys["run_metrics"]], resources=resources, instance=inst,
                     run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
@@ -140,6 +143,30 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     clock.lap("analytics")
     return {**summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result, run_ids),
             "timings_s": clock.laps}
+
+
+def label_parts(found: Collected, began: float, ended: float, label_s: float) -> dict[str, float]:
+    """The ``label`` lap in parts that add up to no more than it: ``run_start`` (Dagster creates the
+    run, sets up its resources, starts the step), the step's own parts as it named them
+    (``engines/spans.py``: ``prepare``, ``identity``, ``bookkeeping``, ``read_shards``, ``render``,
+    ``prompt_keys``, ``store_lookup``, ``resume``, ``engine_start``, ``gpu_wait``, ``generation``,
+    ``answers``, ``parts``, ``commit``, ``store_add``, ``events``, ``progress``, ...), ``engine_stop``
+    (at the run's teardown) and ``run_end`` (Dagster's end of the step and run, teardown aside)."""
+    if not found.spans:
+        return {}
+    first, last = found.spans[0], found.spans[-1]
+    parts: dict[str, float] = {"run_start": first.began - began}
+    for spans in found.spans:
+        for name, seconds in spans.seconds.items():
+            parts[name] = parts.get(name, 0.0) + seconds
+    stop = found.notes.get("engine_stop", 0.0)
+    parts.update(engine_stop=stop, run_end=ended - last.last - stop)
+    # Hundredths, rounded down: the parts never add up to more than the lap.
+    out = {name: int(max(seconds, 0.0) * 100) / 100 for name, seconds in parts.items()}
+    over = round(sum(out.values()) - label_s, 2)
+    if over > 0:
+        out["run_end"] = max(round(out["run_end"] - over, 2), 0.0)
+    return out
 
 
 class _Clock:

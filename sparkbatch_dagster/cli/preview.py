@@ -87,7 +87,9 @@ def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[st
                         "text": text, "tokens": tokens})
     totals = {k: sum(s[k] for s in shards) for k in ("rows", "error_rows", "distinct_prompts", "duplicate_rows",
                                                      "stored_prompts", "to_generate")}
-    return {"job": spec.name, "model": model, "chat_template": bool(tokenizer and tokenizer.chat_template),
+    dtype, why = resource.dtype_choice()
+    return {"job": spec.name, "model": model, "dtype": dtype, "dtype_reason": why,
+            "chat_template": bool(tokenizer and tokenizer.chat_template),
             "tokenizer": tokenizer is not None, **totals, "shards": shards, "prompts": prompts,
             "warnings": label_warnings(spec, tokenizer)}
 
@@ -113,6 +115,7 @@ def describe(report: dict[str, Any]) -> list[str]:
                   p["text"]]
     template = "its chat template" if report["chat_template"] else "no chat template (plain text)"
     lines.append(f"--- {report['job']} on {report['model']} ({template}) ---")
+    lines.append(f"dtype: {report['dtype']}, {report['dtype_reason']}")
     for s in report["shards"]:
         lines.append(f"{s['partition']}: {s['rows']} rows, {s['distinct_prompts']} distinct prompts "
                      f"({s['duplicate_rows']} duplicate rows), {s['error_rows']} error rows, "

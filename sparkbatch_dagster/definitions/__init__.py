@@ -4,7 +4,8 @@ Owns the asset factory (:mod:`.factory`: :func:`build_batch_assets`, the five as
 checks), what one ``labeled_outputs`` run does, its backfill's other gaps included
 (:mod:`.labeling`), :class:`BatchJob` (:mod:`.job`: output version, estimate, done partitions,
 ``read_outputs``), the per-partition materializations and checks (:mod:`.events`), the engine
-resource (:mod:`.resource`: :class:`VLLMResource`, the engine's settings and lifecycle), the
+resource (:mod:`.resource`: :class:`VLLMResource`, the engine's settings and lifecycle; its
+compile cache restored from and saved to the job's home, :mod:`.compile_cache`), the
 ``defs.yaml`` component and its scaffold (:mod:`.component`, :mod:`.scaffold`) and the run-pod
 config for dagster-k8s (:mod:`.deploy`).
 

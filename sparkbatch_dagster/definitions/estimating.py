@@ -109,8 +109,10 @@ def _forecast(job: BatchJob, res: VLLMResource, sample: Any, timing: Any, option
 
     store = open_store(job.spec, job.home, model_id)
     stored = E.count_stored(job.spec, job.home, sample, store)
+    dtype, why = res.dtype_choice()
     m = {**_priced(E.predict, sample, timing, options, stored, res.engine_count(), machine, res, name, candidate),
-         "identity": model_id}
+         "identity": model_id, "dtype": dtype, "dtype_reason": why}
+    log(f"estimate: {m['model']} in {dtype} ({why})")
     log(f"estimate: {m['model']}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, predicted "
         f"{m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']} ({m['best_speed_basis']})")
     prediction = job.home.prediction_path(job.version_for(model_id))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from dagster import AssetExecutionContext, AssetKey, Config
 
 from ..engines.base import LazyEngine
+from ..engines.spans import Spans
 from ..errors import ConfigError
 from ..run import attempts
 from ..run.brake import DEADLINE_MARGIN_S, Brake, check_deadline, check_max_cost, parse_deadline, price
@@ -53,18 +54,22 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
                      code_version: str, pool: str | None, config: LabelConfig | None = None) -> Iterator[Any]:
     """The body of ``labeled_outputs``: the run's partitions, then the rest of its backfill's gaps."""
     spec, home, key = job.spec, job.home, job.keys["labeled_outputs"]
+    spans = Spans(collect=True)  # where the step's time goes: its attempt's record, `sparkbatch run`'s timings_s
     config = config or LabelConfig()
     keys = context.partition_keys  # each read asks the instance for the dynamic partitions
     home.refresh(write=True)  # a bucket home: its shards and commits; bad credentials stop here
     job.check_partitions(keys)  # before any engine starts
-    model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
+    with spans.span("identity"):
+        model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
     version = job.version_for(model_id)
     planned = (home.read_manifest() or {}).get("signature")
     if (home.read_current() or {}).get("version") != version:  # refresh() brought the current one
         home.pull_version(version)
     brake = make_brake(job, version, config)  # a bad max cost or deadline stops here, before the engine
+    resource.use_home(home, context.log)  # a cold start restores the compile cache from it, and saves it there
     # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
-    engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource))
+    engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource),
+                        spans=spans)
     # Downstream assets read the current version: it moves to this one only once it has a
     # committed partition, so a run that fails under new settings never empties them.
     current = home.has_commits(version)
@@ -209,6 +214,8 @@ def _settings_line(resource: VLLMResource) -> str:
     """The engine settings a log reader wants to see (what is set, no secrets)."""
     shown = {k: v for k, v in resource.model_dump().items()
              if v not in (None, {}, "") and k not in ("model", "keep_warm", "api_key")}
+    dtype, why = resource.dtype_choice()
+    shown["dtype"] = f"{dtype} ({why})"
     return "with " + json.dumps(shown, default=str)
 
 

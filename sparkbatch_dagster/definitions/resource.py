@@ -15,6 +15,7 @@ identity in ``engines/model.py``. Unit tests inject a fake engine with
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from ..engines.settings import on_cpu
 from ..engines.start import EngineSettings, start
 from ..errors import ConfigError
 from ..run.progress import tell
+from .compile_cache import for_resource
 
 __all__ = ["THROUGHPUT_ONLY", "VLLMResource", "close_warm_engines", "on_cpu"]
 
@@ -102,7 +104,17 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         "None = one per visible GPU group (CUDA_VISIBLE_DEVICES, else every GPU), 1 on the CPU backend. Speed only: "
         "the answers and the model identity stay the same.",
     )
-    dtype: str = Field(default="auto", description="Weights' dtype for vLLM (auto, bfloat16, float16, ...).")
+    label_decoding: Literal["auto", "grammar"] = Field(
+        default="auto", description="auto: a label job decoded greedily whose labels each begin with a token of "
+        "their own (none spelling the start of another label) gets one decode step with only those tokens allowed, "
+        "instead of vLLM's choice grammar (docs/engine.md: speed, and the answers against the grammar's); other "
+        "label sets keep the grammar. Server mode needs the tokenizer here (server_token_ids). grammar: always the "
+        "grammar.",
+    )
+    dtype: str = Field(default="auto", description="Weights' dtype for vLLM (auto, bfloat16, float16, float32). "
+                       "auto = the model's own, except float32 on a CPU without native bf16 (no avx512_bf16 / "
+                       "amx_bf16), where bf16 runs on slow fallback kernels; preview, the estimate and the run's log "
+                       "say which was chosen and why.")
     window: int | None = Field(
         default=None, ge=1, description="Offline: requests queued in the engine; None = 16 x max_num_seqs."
     )
@@ -150,16 +162,25 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         "with the same settings and model files (notebooks, test sessions): one engine start instead of one per "
         "run. It keeps its GPUs too: another run's engine on them waits until shutdown() or this process ends.",
     )
+    compile_cache: bool = Field(
+        default=True, description="Keep the engine's compile cache (vLLM's torch.compile, Inductor's and Triton's) "
+        "in the job's home, one archive per vLLM build, device, model, dtype and compiled settings: a new machine "
+        "restores it before its engine starts instead of compiling (an H200's first start: 76 s cold, 15 s warm), "
+        "and a start that compiled saves it. Costs the archive's room in the home and one upload per new key "
+        "(docs/engine.md). False: vLLM's and torch's own caches on this machine only.",
+    )
 
     _held: HeldEngine | None = PrivateAttr(default=None)
     _cold_starts: int = PrivateAttr(default=0)
     _run_id: str | None = PrivateAttr(default=None)  # in the GPU lock: whose engine another run waits for
     _warn: Callable[[str], None] | None = PrivateAttr(default=None)  # the run's log (outside a run: logging)
+    _cache_home: tuple[Any, Any] | None = PrivateAttr(default=None)  # (home, log) from use_home
+    _cache_run: Any = PrivateAttr(default=None)  # the compile cache of this resource's cold start
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._held = None
+        self._held, self._cache_home, self._cache_run = None, None, None
         self._run_id = context.run_id
         self._warn = context.log.warning if context.log is not None else None
 
@@ -183,7 +204,9 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             if held is None:
                 self._cold_starts += 1
                 holder = {"run_id": self._run_id, "model": cfg.model}
-                held = HeldEngine.start(cfg._lock_devices(), holder, self._say, cfg._start)
+                self._cache_run = for_resource(cfg, *self._cache_home) if self._cache_home else None
+                with self._cache_run.starting() if self._cache_run else contextlib.nullcontext():
+                    held = HeldEngine.start(cfg._lock_devices(), holder, self._say, cfg._start)
                 if cfg.keep_warm:
                     _WARM[key] = held
             else:
@@ -207,6 +230,15 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         if self._held is not None and not self.keep_warm:
             self._held.close()
         self._held = None
+        if self._cache_run is not None:  # after the engine: what it compiled while running is complete
+            self._cache_run.finish()
+            self._cache_run = None
+
+    def use_home(self, home: Any, log: Any) -> None:
+        """Where this run's compile cache travels (``compile_cache``): the run's job home, and its
+        log for what the cache did (``definitions/compile_cache.py``). Without one, a start uses
+        vLLM's and torch's own caches on this machine."""
+        self._cache_home = (home, log)
 
     def shutdown(self) -> None:
         """Stop the engine even when it is kept warm, and free its GPUs."""
@@ -223,14 +255,14 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         cfg = self.resolved()
         return EngineSettings(
             mode=cfg.engine, model=cfg.model, endpoints=tuple(cfg._endpoints()), llm_kwargs=cfg.llm_kwargs(),
-            answer_settings=answer_settings(cfg.dtype, cfg.max_model_len, cfg.engine_kwargs),
+            answer_settings=answer_settings(cfg.dtype_choice()[0], cfg.max_model_len, cfg.engine_kwargs),
             engine_kwargs=dict(cfg.engine_kwargs), max_num_seqs=cfg.resolved_max_num_seqs(),
             tensor_parallel_size=cfg.tensor_parallel_size, data_parallel_size=cfg.data_parallel_size,
             window=cfg.window, api_key=None if cfg.api_key is None else str(cfg.api_key),
             max_in_flight=cfg.max_in_flight, request_timeout_s=cfg.request_timeout_s, max_retries=cfg.max_retries,
             server_token_ids=cfg.server_token_ids, server_start_timeout_s=cfg.server_start_timeout_s,
             engine_start_timeout_s=cfg.engine_start_timeout_s, gpu_memory_utilization=cfg.gpu_memory_utilization,
-            memory_reserve_gb=cfg.memory_reserve_gb,
+            memory_reserve_gb=cfg.memory_reserve_gb, label_decoding=cfg.label_decoding,
         )
 
     def model_name(self) -> str:
@@ -257,7 +289,16 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             max_num_seqs=self.resolved_max_num_seqs(), gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_memory_gb=self.kv_cache_memory_gb, max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching, tensor_parallel_size=self.tensor_parallel_size,
-            dtype=self.dtype, engine_kwargs=self.engine_kwargs)
+            dtype=self.dtype_choice()[0], engine_kwargs=self.engine_kwargs)
+
+    def dtype_choice(self) -> tuple[str, str]:
+        """The dtype vLLM gets (``dtype``, with ``"auto"`` resolved for this machine) and why:
+        float32 on a CPU without native bf16 (``settings.choose_dtype``). Part of the model
+        identity, as vLLM's dtype always was."""
+        cfg = self.resolved()
+        if cfg._endpoints():  # someone else's server: its own dtype
+            return cfg.dtype, "the server's own"
+        return settings.choose_dtype(cfg.dtype, on_cpu(), settings.cpu_flags())
 
     def engine_envs(self) -> list[dict[str, str]]:
         """The environment of each engine a run starts here: one per data-parallel GPU group

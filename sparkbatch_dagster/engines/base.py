@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from . import memory
+from .spans import Spans
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class Engine(abc.ABC):
     #: Seconds the start waited for another run's engine to free the GPUs (``engines/gpu_lock.py``):
     #: not part of the start, which this run pays for.
     gpu_wait_s: float = 0.0
+    #: The labeling step's parts (:mod:`.spans`): a backend may name its own work there (tokenizing).
+    spans: Spans | None = None
 
     @abc.abstractmethod
     def generate(
@@ -83,6 +89,10 @@ class Engine(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's memory and processes."""
+
+    def part(self, name: str) -> AbstractContextManager[None]:
+        """Count what runs inside as part ``name`` of the step's time (``spans``; none: nothing)."""
+        return self.spans.span(name) if self.spans is not None else contextlib.nullcontext()
 
     def __enter__(self) -> Engine:
         return self
@@ -98,13 +108,25 @@ class LazyEngine(Engine):
     input, a new gold column) then costs no engine start, which is a minute or more.
     ``model_id`` is the identity the run computed and stamps its rows with; an engine that
     answers as another one (new weights copied in since) stops the run before its first answer.
+
+    The start runs in a thread of its own. Meanwhile the caller's thread keeps preparing work:
+    when the request iterable has a ``meanwhile()`` method, it is called again and again until
+    it returns False (nothing more to prepare) or the engine is ready; the requests themselves
+    go to the engine once it is (a start that fails raises its own error here, as if it had
+    run in this thread). ``spans``: the step's parts (:mod:`.spans`), the start among them::
+
+        engine = LazyEngine(model_id, resource.get_engine, log=context.log.info)
+        for result in engine.generate(requests, spec.sampling, spec.output): ...
     """
 
+    spans: Spans  # always one: the step's, or its own
+
     def __init__(self, model_id: str, start: Callable[[], Engine], log: Callable[[str], None] | None = None,
-                 settings: str = "") -> None:
+                 settings: str = "", spans: Spans | None = None) -> None:
         self.model_id = model_id
         self._start = start
         self._log, self._settings = log, settings  # "loading" and "ready" lines, outside the timed start
+        self.spans = spans or Spans()
         self.started: Engine | None = None
 
     def generate(
@@ -115,18 +137,51 @@ class LazyEngine(Engine):
         if first is None:
             return
         if self.started is None:
-            before = memory.host()  # what was free, so the log shows what the start took
-            if self._log:
-                self._log(f"engine loading: {self.model_id} {self._settings} ({memory.free_line(before)})")
-            began = time.perf_counter()
-            self.started = self._start()
-            # What this run paid to get an engine: a cold start in full, a warm one (keep_warm) nothing,
-            # and not the wait for another run's engine to free the GPUs.
-            self.start_seconds = max(time.perf_counter() - began - self.started.gpu_wait_s, 0.0)
-            if self._log:
-                self._log(self._ready_line(before))
+            self._start_meanwhile(getattr(requests, "meanwhile", None))
+        assert self.started is not None
         check_identity(self.model_id, self.started.model_id)
         yield from self.started.generate(itertools.chain([first], source), sampling, output)
+
+    def _start_meanwhile(self, meanwhile: Callable[[], bool] | None) -> None:
+        """Start the engine in a thread, calling ``meanwhile`` on this one until it is ready."""
+        before = memory.host()  # what was free, so the log shows what the start took
+        if self._log:
+            with self.spans.span("events"):
+                self._log(f"engine loading: {self.model_id} {self._settings} ({memory.free_line(before)})")
+        got: dict[str, Any] = {}
+        ready = threading.Event()
+        spans = self.spans
+
+        def start() -> None:
+            try:
+                got["engine"] = self._start()
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                got["error"] = exc
+            finally:
+                got["ended"] = time.perf_counter()
+                spans.cover_until(got["ended"])
+                ready.set()
+
+        began = time.perf_counter()
+        spans.push("engine_start", cover=True)
+        try:
+            threading.Thread(target=start, name="sparkbatch-engine-start", daemon=True).start()
+            while meanwhile is not None and not ready.is_set() and meanwhile():
+                pass
+            ready.wait()
+        finally:
+            spans.pop()
+        if "error" in got:
+            raise got["error"]
+        self.started = got["engine"]
+        # What this run paid to get an engine: a cold start in full, a warm one (keep_warm) nothing,
+        # and not the wait for another run's engine to free the GPUs.
+        self.start_seconds = max(got["ended"] - began - self.started.gpu_wait_s, 0.0)
+        spans.move("engine_start", "gpu_wait", self.started.gpu_wait_s)
+        self.started.spans = spans  # the backend's own parts (tokenizing) in the step's
+        if self._log:
+            with spans.span("events"):
+                self._log(self._ready_line(before))
 
     def _ready_line(self, before: memory.Host) -> str:
         after = memory.host()

@@ -38,6 +38,10 @@ class FakeEngine(Engine):
         ...  # the test sees 35 rows traced, does what it must, then (tmp_path / "go").touch()
     """
 
+    #: Set by ``FakeVLLMResource``'s start (``testing.fake_compile``): whether it found its compiled
+    #: file in the compile cache (True), wrote it (False), or had no cache folder (None).
+    compiled_from_cache: bool | None = None
+
     def __init__(
         self,
         model_id: str = "fake-model",

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from . import spans
 from .base import Engine
 
 DEFAULT_DIR = "~/.cache/sparkbatch/gpu-locks"
@@ -194,8 +195,10 @@ class HeldEngine:
         return cls(engine, lock)
 
     def close(self) -> None:
+        began = time.perf_counter()
         try:
             self.engine.close()
         finally:  # the memory is free only once the engine is gone: then the next run may start
             if self.lock is not None:
                 self.lock.release()
+            spans.note("engine_stop", time.perf_counter() - began)  # `sparkbatch run`'s timings_s

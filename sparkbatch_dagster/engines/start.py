@@ -85,6 +85,9 @@ class EngineSettings:
     gpu_memory_utilization: float | None = None
     #: GiB kept out of an engine's reach on unified memory; None = ``memory.DEFAULT_RESERVE_GB``.
     memory_reserve_gb: float | None = None
+    #: "auto": labels decoded in one step where their first tokens tell them apart
+    #: (``label_tokens``); "grammar": vLLM's choice grammar always.
+    label_decoding: str = "auto"
 
     @property
     def engine_count(self) -> int:
@@ -214,12 +217,13 @@ def _offline(cfg: EngineSettings, model: str, kwargs: dict[str, Any], envs: list
         from .data_parallel import DataParallelEngine, offline_worker
 
         worker = {"model": model, "llm_kwargs": kwargs, "window": window, "chunk": chunk,
-                  "start_timeout_s": cfg.engine_start_timeout_s, "sampling_defaults": cfg.sampling_defaults()}
+                  "start_timeout_s": cfg.engine_start_timeout_s, "sampling_defaults": cfg.sampling_defaults(),
+                  "label_decoding": cfg.label_decoding}
         return DataParallelEngine(offline_worker, worker, envs, window=window + 2 * chunk, batch=chunk)
     with settings.environment(envs[0]):  # the engine core and its workers inherit it (CPU core binding)
         return VLLMOfflineEngine(model, kwargs, window=window, chunk=chunk,
                                  start_timeout_s=cfg.engine_start_timeout_s,
-                                 sampling_defaults=cfg.sampling_defaults())
+                                 sampling_defaults=cfg.sampling_defaults(), label_decoding=cfg.label_decoding)
 
 
 def default_token_ids(cfg: EngineSettings, started_here: bool) -> bool:
@@ -246,4 +250,5 @@ def client(cfg: EngineSettings, url: str | list[str], name: str, key: str | None
     return VLLMServerEngine(url, name, api_key=key, max_in_flight=cfg.max_in_flight
                             or 4 * cfg.max_num_seqs * engines, timeout_s=cfg.request_timeout_s,
                             max_retries=cfg.max_retries, server=server, token_ids=token_ids,
-                            sampling_defaults=cfg.sampling_defaults() if server is not None else {})
+                            sampling_defaults=cfg.sampling_defaults() if server is not None else {},
+                            label_decoding=cfg.label_decoding)

@@ -11,26 +11,30 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from ..spec.prompts import chat_text
+from . import label_tokens
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
 
 
-def sampling_params(sampling: SamplingSpec, output: OutputSpec, defaults: Mapping[str, Any] | None = None) -> Any:
+def sampling_params(sampling: SamplingSpec, output: OutputSpec, defaults: Mapping[str, Any] | None = None,
+                    first: Collection[int] | None = None) -> Any:
     """vLLM ``SamplingParams`` for a job, structured outputs included; ``defaults``: the model's
     own sampling defaults (:func:`.model.generation_defaults`), which a `vllm serve` applies by
-    itself and ``SamplingParams`` would not."""
+    itself and ``SamplingParams`` would not; ``first``: the labels' first tokens, decoded in one
+    step instead of the grammar (:mod:`.label_tokens`)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-    fields = structured_outputs(output)
+    fields = None if first else structured_outputs(output)
     structured = StructuredOutputsParams(**fields) if fields else None
     return SamplingParams(
-        max_tokens=sampling.max_tokens,
+        max_tokens=1 if first else sampling.max_tokens,
+        allowed_token_ids=sorted(first) if first else None,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         seed=sampling.seed,
@@ -49,13 +53,15 @@ class VLLMOfflineEngine(Engine):
     """In-process ``vllm.LLM``. ``llm_kwargs`` go to ``vllm.LLM`` unchanged."""
 
     def __init__(self, model: str, llm_kwargs: dict[str, Any], window: int = 8192, chunk: int = 512,
-                 start_timeout_s: float | None = None, sampling_defaults: Mapping[str, Any] | None = None) -> None:
+                 start_timeout_s: float | None = None, sampling_defaults: Mapping[str, Any] | None = None,
+                 label_decoding: str = "auto") -> None:
         started = time.perf_counter()
         self._llm = _start_llm(model, llm_kwargs, start_timeout_s)
         self.start_seconds = time.perf_counter() - started
         self.model_id = model
         self.model_path = model  # what was loaded; model_id may be renamed to a portable identity
         self.sampling_defaults = dict(sampling_defaults or {})
+        self.label_decoding = label_decoding
         self.window = window
         self.chunk = min(chunk, window)
         self._tokenizer = self._llm.get_tokenizer()
@@ -96,11 +102,15 @@ class VLLMOfflineEngine(Engine):
     ) -> Iterator[EngineResult]:
         from vllm.inputs import TokensPrompt
 
+        step = label_tokens.plan(self._tokenizer, sampling, output, self.label_decoding)
         params = sampling_params(sampling, output, self.sampling_defaults)
+        first = sampling_params(sampling, output, self.sampling_defaults, step.allowed) if step else params
         engine = self._llm.llm_engine
         source = iter(requests)
         in_flight: dict[str, str] = {}
         prompt_lens: dict[str, int] = {}
+        asked: dict[str, EngineRequest] = {}  # in flight as one step (``step``): asked again if it settles nothing
+        again: set[str] = set()  # asked again with the grammar
         exhausted = False
         try:
             while True:
@@ -110,7 +120,9 @@ class VLLMOfflineEngine(Engine):
                 if not exhausted and len(in_flight) <= self.window - self.chunk:
                     batch = list(itertools.islice(source, self.chunk))
                     exhausted = not batch
-                    for req, ids in zip(batch, self.encode(batch), strict=True):
+                    with self.part("tokenize"):  # the step's own work on its thread, named in its timings
+                        encoded = self.encode(batch)
+                    for req, ids in zip(batch, encoded, strict=True):
                         if len(ids) >= self._max_len:
                             yield EngineResult(
                                 req.id, None, len(ids),
@@ -119,9 +131,11 @@ class VLLMOfflineEngine(Engine):
                             continue
                         rid = f"sb-{next(self._ids)}"
                         with _engine_failure():  # the engine core may die between two steps
-                            engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+                            engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), first)
                         in_flight[rid] = req.id
                         prompt_lens[rid] = len(ids)
+                        if step is not None:
+                            asked[rid] = req
                 if not in_flight:
                     if exhausted:
                         return
@@ -129,6 +143,9 @@ class VLLMOfflineEngine(Engine):
                 with _engine_failure():
                     outputs = engine.step()
                 done = [out for out in outputs if out.finished]
+                if step is not None:
+                    done, settled = self._settle(done, step, asked, in_flight, prompt_lens, again, params)
+                    yield from settled
                 texts = self._tokenizer.batch_decode(
                     [list(out.outputs[0].token_ids) for out in done], skip_special_tokens=True
                 ) if done else []
@@ -139,14 +156,44 @@ class VLLMOfflineEngine(Engine):
                         row_id,
                         text,
                         prompt_tokens=n_prompt,
-                        output_tokens=len(out.outputs[0].token_ids),
+                        # A row asked again with the grammar spent the one step too.
+                        output_tokens=len(out.outputs[0].token_ids) + (out.request_id in again),
                         cached_tokens=int(out.num_cached_tokens or 0),
                         finish_reason=out.outputs[0].finish_reason,
                     )
+                    again.discard(out.request_id)
         finally:
             if in_flight:  # the caller stopped early: leave the engine clean for the next shard
                 with contextlib.suppress(Exception):  # a dead engine has nothing to abort
                     engine.abort_request(list(in_flight))
+
+    def _settle(self, done: list[Any], step: label_tokens.FirstStep, asked: dict[str, EngineRequest],
+                in_flight: dict[str, str], prompt_lens: dict[str, int], again: set[str],
+                params: Any) -> tuple[list[Any], list[EngineResult]]:
+        """Of ``done``, the one-step answers settled: a token that begins one label is that label;
+        one that begins several is asked again with the grammar, under a new request id of the
+        same row (``again``). Returns the grammar's outputs (to decode) and the settled results."""
+        from vllm.inputs import TokensPrompt
+
+        rest, settled = [], []
+        for out in done:
+            req = asked.pop(out.request_id, None)
+            if req is None:
+                rest.append(out)
+                continue
+            tokens = out.outputs[0].token_ids
+            label = step.label(tokens[0]) if tokens else None
+            row_id, n_prompt = in_flight.pop(out.request_id), prompt_lens.pop(out.request_id)
+            if label is not None:
+                settled.append(EngineResult(row_id, label, prompt_tokens=n_prompt, output_tokens=1,
+                                            cached_tokens=int(out.num_cached_tokens or 0), finish_reason="stop"))
+                continue
+            rid = f"sb-{next(self._ids)}"
+            with _engine_failure():
+                self._llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=self.encode([req])[0]), params)
+            in_flight[rid], prompt_lens[rid] = row_id, n_prompt
+            again.add(rid)
+        return rest, settled
 
     def close(self) -> None:
         self._closed = True

@@ -22,17 +22,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import queue
 import random
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
+from . import label_tokens
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
 from .endpoints import check_endpoints, check_served, key_error, message, served_models
 from .replicas import Pool, Replica
@@ -48,18 +50,29 @@ _HOLD = 8
 
 
 def request_body(model: str, messages: list[dict[str, str]], sampling: SamplingSpec, output: OutputSpec,
-                 defaults: Mapping[str, Any] | None = None) -> dict:
+                 defaults: Mapping[str, Any] | None = None, first: Collection[int] | None = None) -> dict:
     """The chat-completions payload, structured outputs included; ``defaults``: the sampling
-    defaults offline mode applies too, sent so that the server applies exactly those."""
+    defaults offline mode applies too, sent so that the server applies exactly those; ``first``:
+    the labels' first tokens, one step instead of the grammar (as offline: ``label_tokens``)."""
     body: dict[str, Any] = {
-        "model": model, "messages": messages, "max_tokens": sampling.max_tokens,
+        "model": model, "messages": messages, "max_tokens": 1 if first else sampling.max_tokens,
         "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
         "ignore_eos": sampling.ignore_eos, **(defaults or {}),
     }
-    fields = structured_outputs(output)
+    fields = None if first else structured_outputs(output)
     if fields:
         body["structured_outputs"] = fields
+    if first:
+        body["allowed_token_ids"] = sorted(first)
     return body
+
+
+def grammar_body(body: dict[str, Any], sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
+    """A one-step body (:func:`request_body` with ``first``) asked again with the grammar."""
+    out = {k: v for k, v in body.items() if k != "allowed_token_ids"}
+    out["max_tokens"] = sampling.max_tokens
+    out["structured_outputs"] = structured_outputs(output)
+    return out
 
 
 def _classify(status: int, text: str, url: str) -> str:
@@ -88,11 +101,13 @@ class VLLMServerEngine(Engine):
     def __init__(self, base_url: str | Sequence[str], model_name: str, api_key: str | None = None,
                  max_in_flight: int = 1024, timeout_s: float = 600.0, max_retries: int = 5, backoff_s: float = 0.5,
                  server: ServerProcess | None = None, token_ids: bool = False,
-                 sampling_defaults: Mapping[str, Any] | None = None) -> None:
+                 sampling_defaults: Mapping[str, Any] | None = None, label_decoding: str = "auto") -> None:
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         # What requests ask for; ``model_id`` (what rows record) may be renamed to an identity.
         self.served_name = self.model_id = model_name
         self.sampling_defaults = dict(sampling_defaults or {})
+        self.label_decoding = label_decoding
+        self._step: label_tokens.FirstStep | None = None  # this generate's one-step labels (label_tokens)
         self.max_in_flight = max_in_flight
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.server = server
@@ -130,6 +145,12 @@ class VLLMServerEngine(Engine):
     ) -> Iterator[EngineResult]:
         pool = self.pool
         pool.reset()  # a replica dead in an earlier run gets another chance
+        # One step per label needs the token ids, so the tokenizer here (server_token_ids).
+        tok = self._tokenizer
+        self._step = None if tok is None else label_tokens.plan(tok, sampling, output, self.label_decoding)
+        # The server answers in text: the text of each token that begins one label, read as that label.
+        spelled = {tok.decode([t]): label for t, label in self._step.labels.items()} if tok and self._step else {}
+        again: set[str] = set()  # rows whose one step began several labels: asked again with the grammar
         done: queue.Queue[cf.Future] = queue.Queue()
         pending: dict[cf.Future, tuple[_Sent, Replica]] = {}
         resend: deque[_Sent] = deque()  # a dead replica's rows, and rows another replica may answer
@@ -186,6 +207,14 @@ class VLLMServerEngine(Engine):
                 (row_id, body, tried, last), replica = pending.pop(fut)
                 replica.in_flight -= 1
                 res = fut.result()
+                if spelled and res is not None and res.text is not None and "allowed_token_ids" in body:
+                    if res.text not in spelled:  # its token begins several labels: the grammar decides
+                        again.add(row_id)
+                        resend.append((row_id, grammar_body(body, sampling, output), frozenset(), None))
+                        continue
+                    res = dataclasses.replace(res, text=spelled[res.text], finish_reason="stop")
+                elif res is not None and row_id in again:
+                    res = dataclasses.replace(res, output_tokens=res.output_tokens + 1)  # the one step too
                 if res is None:  # its replica died before answering: the row goes to a live one
                     pool.report(replica)
                     replica.moved += bool(pool.live())
@@ -209,7 +238,8 @@ class VLLMServerEngine(Engine):
             pool.summary()
 
     def _body(self, req: EngineRequest, sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
-        body = request_body(self.served_name, req.messages, sampling, output, self.sampling_defaults)
+        first = self._step.allowed if self._step else None
+        body = request_body(self.served_name, req.messages, sampling, output, self.sampling_defaults, first)
         return body if self._tokenizer is None else token_body(self._tokenizer, body)
 
     def _next_done(self, done: queue.Queue[cf.Future]) -> cf.Future:

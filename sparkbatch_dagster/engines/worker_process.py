@@ -34,7 +34,8 @@ def offline_worker(settings: dict[str, Any]) -> Engine:
 
     return VLLMOfflineEngine(settings["model"], settings["llm_kwargs"], window=settings["window"],
                              chunk=settings["chunk"], start_timeout_s=settings.get("start_timeout_s"),
-                             sampling_defaults=settings.get("sampling_defaults"))
+                             sampling_defaults=settings.get("sampling_defaults"),
+                             label_decoding=settings.get("label_decoding", "auto"))
 
 
 def worker_main(factory: WorkerFactory, settings: dict[str, Any], env: dict[str, str], inbox: Connection,

@@ -5,7 +5,8 @@ temporary name, fsync, rename), the locks between processes (:mod:`.locks`) and 
 of files and objects (:mod:`.digests`), which the model identity and the input signature use;
 and a home in an object store (:mod:`.bucket`, :mod:`.mirror`, :mod:`.uploader`, :mod:`.lease`,
 :mod:`.keeper`, :mod:`.partition_lock`): the bucket the truth, the folder its cache, commits and
-leases written with the store's conditions (the protocol on one page: docs/protocol.md).
+leases written with the store's conditions (the protocol on one page: docs/protocol.md); and
+where a home keeps the engine's compile cache for the next machine (:mod:`.compile_store`).
 
 May import: ``errors``. Every room above uses it; it knows nothing of specs, engines or Dagster.
 """

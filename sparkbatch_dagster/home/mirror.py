@@ -14,6 +14,7 @@ the two in step:
     <url>/leases/<version>/shard-00003.json       who works the shard now (:mod:`.lease`)
     <url>/current.json, out/<version>/prediction.json, estimate/*   small pointers, overwritten
     <url>/results/<context>/seg-*.parquet         the answer store (``run/result_store.py``)
+    <url>/compile-cache/<key>.tar.gz              the engine's compile cache (:mod:`.compile_store`)
 
 Readers trust only what a commit names: a labeled object without its commit is an attempt that
 died before committing, and is never read. A commit is created with create-if-absent, so of two

@@ -1,7 +1,8 @@
 """Running shards: from a shard's rows to its committed labeled file and its numbers.
 
 Owns the runner (:mod:`.runner`: drop duplicates, answer what the result store holds, stream
-the rest through one engine, commit each shard; :mod:`.open_shard`: one shard in flight), which
+the rest through one engine, commit each shard; :mod:`.open_shard`: one shard in flight;
+:mod:`.feed`: the engine's requests, the next shards opened while the engine starts), which
 shards a run may take (:mod:`.claims`: locks, and a bucket home's claims), one row's way (:mod:`.rows`: checked and
 rendered, its answer parsed, truncation, the output row), the row-level checkpoints, the flush
 timer and the every-row-exactly-once finalize (:mod:`.checkpoint`), every attempt's bill

@@ -5,6 +5,7 @@ is finalized only when every input row is present exactly once.
 from __future__ import annotations
 
 import logging
+import queue
 import shutil
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..engines.spans import Spans
 from ..errors import IncompleteShardError
 from ..home import atomic_write_parquet, failpoint
 
@@ -67,6 +69,10 @@ class CheckpointWriter:
         self._seq = 0
         self.rows_written = 0
         self.flushes = 0
+        #: The step's parts: a part file written on the run's thread is named there (``parts``).
+        self.spans: Spans | None = None
+        #: The part files this writer wrote or read, by name: what :meth:`existing` does not read again.
+        self.tables: dict[str, pa.Table] = {}
 
     def existing(self) -> pa.Table:
         """Rows already checkpointed by earlier attempts (temporary files of a crash ignored)."""
@@ -80,8 +86,13 @@ class CheckpointWriter:
         self._seq = max(int(f.stem.split("-")[1]) for f in files)
         tables = []
         for f in files:
+            known = self.tables.get(f.name)
+            if known is not None:  # written (or read) here: the same bytes, no second read
+                tables.append(known)
+                continue
             try:
-                tables.append(pq.read_table(f, schema=OUTPUT_SCHEMA))
+                tables.append(table := pq.read_table(f, schema=OUTPUT_SCHEMA))
+                self.tables[f.name] = table
             except Exception as exc:  # truncated by a disk crash: its rows are simply not done yet
                 log.warning("checkpoint %s is unreadable (%s): its rows will be recomputed", f, exc)
                 f.unlink(missing_ok=True)
@@ -114,6 +125,7 @@ class CheckpointWriter:
         now): parts of other attempts stay, they are that box's to use."""
         with self._lock:
             self._buffer.clear()
+            self.tables.clear()
             if self.tag and self.parts_dir.exists():
                 for part in self.parts_dir.glob(f"part-*-{self.tag}.parquet"):
                     part.unlink(missing_ok=True)
@@ -130,11 +142,19 @@ class CheckpointWriter:
         self._last_flush = time.monotonic()
         if not self._buffer:
             return
+        if self.spans is None:
+            self._write_part()
+            return
+        with self.spans.span("parts"):  # counted when on the run's thread (the timer's writes overlap it)
+            self._write_part()
+
+    def _write_part(self) -> None:
         self._seq += 1
         table = pa.Table.from_pylist(self._buffer, schema=OUTPUT_SCHEMA)
         name = f"part-{self._seq:06d}-{self.tag}" if self.tag else f"part-{self._seq:06d}"
         path = self.parts_dir / f"{name}.parquet"
         atomic_write_parquet(path, table)
+        self.tables[path.name] = table
         self.on_part(path)
         self.rows_written += len(self._buffer)
         self.flushes += 1
@@ -152,7 +172,7 @@ class FlushTimer:
         self.writers: list[CheckpointWriter] = []
         self._on_tick = on_tick  # the attempt's heartbeat
         self._interval = min(max(0.02, every_seconds / 4), 1.0)  # also the heartbeat's clock
-        self._stop = threading.Event()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="sparkbatch-flush", daemon=True)
 
@@ -161,15 +181,30 @@ class FlushTimer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        self._jobs.put(None)  # after the jobs handed over so far: each is done before the run ends
         self._thread.join()
 
+    def later(self, job: Callable[[], None]) -> None:
+        """Run ``job`` in the timer's thread, in order, soon (before the timer stops); a failure
+        is raised in the run's thread by :meth:`check`."""
+        self._jobs.put(job)
+
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        tick = time.monotonic() + self._interval
+        while True:
             try:
-                for writer in list(self.writers):
-                    writer.flush_if_due()
-                self._on_tick()
+                job = self._jobs.get(timeout=max(tick - time.monotonic(), 0.0))
+            except queue.Empty:
+                job = lambda: None  # noqa: E731 - the interval passed: a tick
+            if job is None:
+                return
+            try:
+                job()
+                if time.monotonic() >= tick:
+                    for writer in list(self.writers):
+                        writer.flush_if_due()
+                    self._on_tick()
+                    tick = time.monotonic() + self._interval
             except BaseException as exc:  # a full disk: the run's thread raises it
                 self._error = exc
                 return
@@ -179,13 +214,16 @@ class FlushTimer:
             raise self._error
 
 
-def assemble(parts_dir: Path, expected_ids: Iterable[str], name: str) -> pa.Table:
+def assemble(parts_dir: Path, expected_ids: Iterable[str], name: str, writer: CheckpointWriter | None = None
+             ) -> pa.Table:
     """Join the part files into the shard's output, in input order, every input row once.
+    ``writer``: the shard's own, whose parts are not read back (those on disk it did not write
+    or read are).
 
     Raises :class:`IncompleteShardError` naming missing or unexpected ids; the parts stay on
     disk so a rerun can complete them.
     """
-    table = CheckpointWriter(parts_dir, 1, 1.0).existing()
+    table = (writer or CheckpointWriter(parts_dir, 1, 1.0)).existing()
     ids = table.column("row_id").to_pylist()
     expected = list(expected_ids)
     first: dict[str, int] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engines.spans import Spans
 from ..home import JobHome
 from ..spec import JobSpec
 from .attempts import Attempt
@@ -17,24 +18,31 @@ class OpenShard:
     """One shard in flight: its writer, its unique prompts, and how many are still out."""
 
     def __init__(self, spec: JobSpec, home: JobHome, version: str, model: str, key: str, signature: str | None,
-                 attempt: Attempt | None, store: ResultStore) -> None:
+                 attempt: Attempt | None, store: ResultStore, spans: Spans | None = None) -> None:
         self.key, self.version, self.model = key, version, model
-        self.rows = read_shard(home, key, signature)
+        spans = spans or Spans()
+        with spans.span("read_shards"):
+            self.rows = read_shard(home, key, signature)
         remote = home.remote
         # In a bucket every part is a PUT request (billed, and slower than a local write): parts go
         # out every checkpoint_seconds, not every checkpoint_rows, so their count follows time, not speed.
         every_rows = spec.checkpoint_rows if remote is None else 1 << 62
         tag = attempt.id.rsplit("-", 1)[-1] if remote is not None and attempt is not None else None
         self.writer = CheckpointWriter(home.parts_dir(version, key), every_rows, spec.checkpoint_seconds, tag)
+        self.writer.spans = spans
         if remote is not None:
             self.writer.on_part = remote.push_part
-        done = set(self.writer.existing().column("row_id").to_pylist())
+        with spans.span("resume"):
+            done = set(self.writer.existing().column("row_id").to_pylist())
         self.resumed = len(done)
-        errors, self.groups = plan_rows(spec, self.rows, done)
-        for rid, reason in errors.items():
-            self.writer.add(row(rid, version, model, error=reason))
-        self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
-        self._reuse(store)
+        with spans.span("render"):
+            errors, self.groups = plan_rows(spec, self.rows, done)
+            for rid, reason in errors.items():
+                self.writer.add(row(rid, version, model, error=reason))
+        with spans.span("prompt_keys"):
+            self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
+        with spans.span("store_lookup"):
+            self._reuse(store)
         # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
         self.order = sorted(self.groups)
         self.outstanding = len(self.order)
@@ -83,6 +91,7 @@ class OpenShard:
     def release(self) -> None:
         """Drop the rows once committed, so a run's memory does not grow with its shard count."""
         self.rows, self.groups, self.order, self.keys = [], {}, [], {}
+        self.writer.tables.clear()
 
 
 def new_answers(table: Any) -> list[dict[str, Any]]:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import struct
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -70,6 +72,15 @@ def split_key(key: str) -> tuple[int, int]:
     return int.from_bytes(raw[:8], "big", signed=True), int.from_bytes(raw[8:16], "big", signed=True)
 
 
+def split_keys(keys: list[str]) -> tuple[list[int], list[int]]:
+    """:func:`split_key` of many keys, as the two columns: one parse for a shard's keys."""
+    if any(len(k) != 32 for k in keys):
+        pairs = [split_key(k) for k in keys]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    values = struct.unpack(f">{2 * len(keys)}q", bytes.fromhex("".join(keys)))
+    return list(values[0::2]), list(values[1::2])
+
+
 class ResultStore:
     """Stored answers of one context (one model, sampling and output spec).
 
@@ -89,6 +100,10 @@ class ResultStore:
         self._later = later or (lambda task: task())
         self._lock = FileLock(self.dir / ".lock")
         self._pulled = False
+        # One DuckDB connection for every lookup of this store (opening one costs tens of
+        # milliseconds of CPU, a shard's whole lookup as much again); one lookup at a time on it.
+        self._con: Any = None
+        self._con_lock = threading.Lock()
 
     def pull(self) -> None:
         """With a remote store: segments other boxes added come into the cache. A segment a merge
@@ -126,23 +141,25 @@ class ResultStore:
     def _lookup(self, keys: list[str]) -> dict[str, tuple[str | None, str | None]]:
         from ..inputs.shards import connect
 
-        pairs = [split_key(k) for k in keys]
+        k1, k2 = split_keys(keys)
         probe = pa.table({"i": pa.array(range(len(keys)), pa.int64()),
-                          "k1": pa.array([p[0] for p in pairs], pa.int64()),
-                          "k2": pa.array([p[1] for p in pairs], pa.int64())})
+                          "k1": pa.array(k1, pa.int64()), "k2": pa.array(k2, pa.int64())})
         with self._lock.held(shared=True):
             files = [str(f) for f in self.segments()]
             if not files:
                 return {}
-            con = connect()
-            try:
+            with self._con_lock:
+                if self._con is None:
+                    self._con = connect()
+                con = self._con
                 con.register("probe", probe)
-                hits = con.execute(
-                    "SELECT p.i, any_value(r.output), any_value(r.error) FROM probe p "
-                    "JOIN read_parquet(?) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i", [files]
-                ).fetchall()
-            finally:
-                con.close()
+                try:
+                    hits = con.execute(
+                        "SELECT p.i, any_value(r.output), any_value(r.error) FROM probe p "
+                        "JOIN read_parquet(?) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i", [files]
+                    ).fetchall()
+                finally:
+                    con.unregister("probe")
         return {keys[i]: (output, error) for i, output, error in hits}
 
     def add(self, rows: list[dict[str, Any]]) -> None:
@@ -150,9 +167,9 @@ class ResultStore:
         if not rows:
             return
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        pairs = [split_key(r["prompt_key"]) for r in rows]
+        k1, k2 = split_keys([r["prompt_key"] for r in rows])
         table = pa.table({
-            "k1": [p[0] for p in pairs], "k2": [p[1] for p in pairs],
+            "k1": k1, "k2": k2,
             "output": [r["output"] for r in rows], "error": [r["error"] for r in rows],
             "prompt_tokens": [r["prompt_tokens"] for r in rows], "output_tokens": [r["output_tokens"] for r in rows],
             "model": [r["model"] for r in rows], "created_at": [now] * len(rows),

@@ -5,15 +5,18 @@ new answers, finalize each shard. Knows nothing of Dagster.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import shutil
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from ..engines.base import Engine, EngineRequest
+from ..engines.base import Engine
+from ..engines.spans import Spans
 from ..errors import PendingRowsError
 from ..home import JobHome, atomic_write_text, failpoint
 from ..home.lease import LeaseLost
@@ -22,6 +25,7 @@ from .attempts import Attempt
 from .brake import Brake, Position
 from .checkpoint import FlushTimer, assemble, commit
 from .claims import Claims
+from .feed import Feed
 from .open_shard import OpenShard, new_answers
 from .result_store import open_store
 from .rows import outcome, parse_output, plan_rows, read_shard, row
@@ -39,13 +43,22 @@ class ShardRun:
 
     Requests of shard k+1 are queued behind those of shard k, so the engine keeps a full
     batch while shard k's last rows finish; each shard is finalized as soon as its own last
-    row is in. ``on_done`` receives each shard's statistics as it finalizes.
+    row is in. ``on_done`` receives each shard's statistics as it finalizes. While the engine
+    starts, the next shards are opened ahead, up to ``ahead_rows`` rows (:mod:`.feed`).
+    ``spans``: the step's parts (default: the engine's, a LazyEngine's), where the run's own
+    work is named (reading, rendering, store lookups, answers, commits, events).
     """
+
+    #: Rows opened ahead while the engine starts: the offline engine's window at vLLM's default
+    #: ``max_num_seqs`` on a GPU (1024 x 16), so memory stays within what the run holds anyway.
+    ahead_rows = 16_384
 
     def __init__(self, spec: JobSpec, home: JobHome, version: str, engine: Engine,
                  progress: ProgressFn | None = None, progress_every_s: float = 1.0, run_id: str | None = None,
-                 brake: Brake | None = None, engine_starts: Callable[[], int] = lambda: 0) -> None:
+                 brake: Brake | None = None, engine_starts: Callable[[], int] = lambda: 0,
+                 spans: Spans | None = None) -> None:
         self.spec, self.home, self.version, self.engine = spec, home, version, engine
+        self.spans = spans or engine.spans or Spans(base="bookkeeping")
         self.progress, self.progress_every_s = progress, progress_every_s
         self.signature = (home.read_manifest() or {}).get("signature")
         self.store = open_store(spec, home, engine.model_id)
@@ -78,7 +91,7 @@ class ShardRun:
         self._all_at_first = 0  # rows done, free ones included, at the first answer: the brake's rate
         self._longest_commit = 0.0
         self._lost: list[str] = []  # shards another box took over (appended from the upload thread too)
-        self._rechecked = False  # the store looked up again after a wait for the GPU (once)
+        self.rechecked = False  # the store looked up again after a wait for the GPU (once)
 
     @property
     def committed_elsewhere(self) -> list[str]:
@@ -102,6 +115,8 @@ class ShardRun:
         the first prompt: the timed sample of ``sparkbatch run --estimate``, on this run's engine."""
         # A bucket home's cache: a refresh by another command on this box must not swap the
         # shard files under this run (it skips them while this shared lock is held).
+        # Time outside any named part of the run (claims, the attempt's record) is its bookkeeping.
+        base, self.spans.base = self.spans.base, "bookkeeping"
         shards_lock = self.home.shards_lock() if self.home.remote is not None else None
         if shards_lock is not None:
             shards_lock.acquire(wait=True, shared=True)
@@ -110,6 +125,7 @@ class ShardRun:
         finally:
             if shards_lock is not None:
                 shards_lock.release()
+            self.spans.base = "finish" if base == "prepare" else base
 
     def _stream(self, keys: list[str], optional: Collection[str], before: Callable[[], None] | None
                 ) -> Iterator[dict[str, Any]]:
@@ -186,7 +202,8 @@ class ShardRun:
 
     def _attempt_progress(self) -> dict[str, Any]:
         return {"prompts_generated": self._answered, "engine_starts": self._engine_starts(),
-                "engine_start_s": round(max(self.engine.start_seconds - self._start_paid_at_attempt, 0.0), 3)}
+                "engine_start_s": round(max(self.engine.start_seconds - self._start_paid_at_attempt, 0.0), 3),
+                "timings_s": self.spans.rounded()}
 
     def _before(self, before: Callable[[], None]) -> None:
         began, start_s = time.perf_counter(), self.engine.start_seconds
@@ -213,11 +230,12 @@ class ShardRun:
 
     def _drain(self) -> Iterator[dict[str, Any]]:
         while self._ready:
-            yield self._ready.pop(0)
+            with self.spans.span("events"):  # the caller's turn: its Dagster events and log line
+                yield self._ready.pop(0)
 
     def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
         last_report = time.perf_counter()
-        results = self.engine.generate(self._requests(keys), self.spec.sampling, self.spec.output)
+        results = self.engine.generate(Feed(self, keys, self.ahead_rows), self.spec.sampling, self.spec.output)
         try:
             yield from self._consume(results, self._rows_total, last_report)
         except LeaseLost:  # another box owns our shards now: stop generating them (taken back after)
@@ -233,7 +251,8 @@ class ShardRun:
         if self._lost:
             return  # the shards taken over are waited for by stream(); nothing is pending of them
         if self.progress and self.shards:
-            self._report(self.shards[-1], self._rows_total)
+            with self.spans.span("progress"):
+                self._report(self.shards[-1], self._rows_total)
         pending = {s.key: s.pending for s in self.shards if s.pending}
         if pending:
             raise PendingRowsError(
@@ -242,42 +261,58 @@ class ShardRun:
             )
 
     def _consume(self, results: Iterator[Any], total: int, last_report: float) -> Iterator[dict[str, Any]]:
-        for res in results:
-            if self._first_answer is None:
-                self._first_answer = time.perf_counter()
-                self._done_at_first = self._rows_done - self._rows_free
-                self._all_at_first = self._rows_done
-            idx, _, n = res.id.partition(":")
-            shard = self.shards[int(idx)]
-            if shard.abandoned:
-                continue
-            group = shard.order[int(n)]
-            self._answered += 1
-            ids = shard.groups[group][1]
-            shard.outstanding -= 1
-            if res.retryable:  # not the row's fault: write nothing, so the next run retries it
-                shard.pending += len(ids)
-                self._pending_reason = res.error or "transient failure"
-            else:
-                output, error, cut = outcome(res, self.spec)
-                for i, rid in enumerate(ids):
-                    shard.writer.add(row(rid, self.version, self.engine.model_id, output, error, res,
-                                         dedup=i > 0, key=shard.keys[group], truncated=cut))
-                self._rows_done += len(ids)
-                shard.done += len(ids)
-                shard.fresh_tokens += res.prompt_tokens + res.output_tokens
-            self._timer.check()  # the other shards' rows are flushed on time by the timer
-            if self.home.remote is not None:
-                self.home.remote.uploader.check()  # a commit or upload that failed in its thread
-            if shard.outstanding == 0 and shard.pending == 0:
-                self._finish(shard)
-            now = time.perf_counter()
-            if self.progress and now - last_report >= self.progress_every_s:
-                last_report = now
-                self._report(shard, total)
-            yield from self._drain()
-            self._check_leases()
-            self._consult()
+        # Time waiting on the engine's next answer is generation; handling it, the run's own work.
+        spans = self.spans
+        spans.push("generation")
+        try:
+            for res in results:
+                spans.switch("answers")
+                shard = self._answer(res)
+                if shard is not None:
+                    now = time.perf_counter()
+                    if self.progress and now - last_report >= self.progress_every_s:
+                        last_report = now
+                        with spans.span("progress"):
+                            self._report(shard, total)
+                    yield from self._drain()
+                    self._check_leases()
+                    self._consult()
+                spans.switch("generation")
+        finally:
+            spans.pop()
+
+    def _answer(self, res: Any) -> OpenShard | None:
+        """Write one answer's rows, and commit its shard when it was the last; return the shard
+        (None: another box took it over, and the answer is dropped)."""
+        if self._first_answer is None:
+            self._first_answer = time.perf_counter()
+            self._done_at_first = self._rows_done - self._rows_free
+            self._all_at_first = self._rows_done
+        idx, _, n = res.id.partition(":")
+        shard = self.shards[int(idx)]
+        if shard.abandoned:
+            return None
+        group = shard.order[int(n)]
+        self._answered += 1
+        ids = shard.groups[group][1]
+        shard.outstanding -= 1
+        if res.retryable:  # not the row's fault: write nothing, so the next run retries it
+            shard.pending += len(ids)
+            self._pending_reason = res.error or "transient failure"
+        else:
+            output, error, cut = outcome(res, self.spec)
+            for i, rid in enumerate(ids):
+                shard.writer.add(row(rid, self.version, self.engine.model_id, output, error, res,
+                                     dedup=i > 0, key=shard.keys[group], truncated=cut))
+            self._rows_done += len(ids)
+            shard.done += len(ids)
+            shard.fresh_tokens += res.prompt_tokens + res.output_tokens
+        self._timer.check()  # the other shards' rows are flushed on time by the timer
+        if self.home.remote is not None:
+            self.home.remote.uploader.check()  # a commit or upload that failed in its thread
+        if shard.outstanding == 0 and shard.pending == 0:
+            self.finish(shard)
+        return shard
 
     def _check_leases(self) -> None:
         """After every answer, with a bucket home: raise LeaseLost when another box may have
@@ -297,57 +332,32 @@ class ShardRun:
         report.update(partition_rows_done=shard.done, partition_rows_total=self._sizes.get(shard.key, 0))
         self.progress(report)
 
-    def _requests(self, keys: list[str]) -> Iterator[EngineRequest]:
-        for key in keys:
-            shard = OpenShard(self.spec, self.home, self.version, self.engine.model_id, key, self.signature,
-                              self.attempt, self.store)
-            idx = len(self.shards)
-            self.shards.append(shard)
-            self._timer.writers.append(shard.writer)
-            if self.attempt is not None:
-                shard.writer.on_flush = self.attempt.beat
-            free = len(shard.rows) - sum(len(ids) for _, ids in shard.groups.values())
-            self._rows_done += free
-            self._rows_free += free
-            if shard.outstanding == 0:  # nothing to generate (all resumed or error rows)
-                self._finish(shard)
-            n = 0
-            while n < len(shard.order):  # the order may shrink (below): not a for loop
-                if n and self._waited_for_gpu():
-                    self._reuse_after_wait(shard, n)
-                    if shard.outstanding == 0 and shard.pending == 0:
-                        self._finish(shard)  # every answer in: the rest came from the store
-                    if n == len(shard.order):
-                        break
-                shard.first_sent = shard.first_sent or time.perf_counter()
-                yield EngineRequest(f"{idx}:{n}", shard.groups[shard.order[n]][0].messages())
-                n += 1
+    def open(self, key: str) -> int:
+        """Open shard ``key`` (read, rendered, looked up in the store); return its index."""
+        shard = OpenShard(self.spec, self.home, self.version, self.engine.model_id, key, self.signature,
+                          self.attempt, self.store, self.spans)
+        self.shards.append(shard)
+        self._timer.writers.append(shard.writer)
+        if self.attempt is not None:
+            shard.writer.on_flush = self.attempt.beat
+        self.count_free(len(shard.rows) - sum(len(ids) for _, ids in shard.groups.values()))
+        return len(self.shards) - 1
 
-    def _waited_for_gpu(self) -> bool:
-        """True once, after an engine start that waited for another run's engine to free the GPU."""
-        if self._rechecked:
-            return False
-        started = getattr(self.engine, "started", None)
-        if started is None:
-            return False
-        self._rechecked = True
-        return getattr(started, "gpu_wait_s", 0.0) > 0
+    def count_free(self, rows: int) -> None:
+        """Rows done without the engine (resumed, reused, error rows): not in the ETA's rate."""
+        self._rows_done += rows
+        self._rows_free += rows
 
-    def _reuse_after_wait(self, shard: OpenShard, sent: int) -> None:
-        """The shard was looked up in the result store before the engine waited for the GPU; the
-        run that held it stored answers meanwhile: its prompts not yet sent are looked up again."""
-        written = shard.reuse_unsent(self.store, sent)
-        self._rows_done += written
-        self._rows_free += written
-        if written:
-            log.info("%s: %d rows answered by the run this one waited for (result store): not generated again",
-                     shard.key, written)
+    def finish(self, shard: OpenShard) -> None:
+        """Assemble a shard whose every row is in, store its new answers, commit it."""
+        with self.spans.span("commit"):
+            self._finish(shard)
 
     def _finish(self, shard: OpenShard) -> None:
         began = time.perf_counter()
         shard.writer.flush()
         self._timer.writers.remove(shard.writer)
-        table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key)
+        table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key, shard.writer)
         now = time.perf_counter()
         # Shards overlap in the engine; each is charged the time since the previous one finished
         # (the first: since this ShardRun was made), so per-shard wall times add up to the run's. An engine
@@ -368,9 +378,13 @@ class ShardRun:
         # always has stats, and its answers are in the store for any later layout or version.
         atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
         failpoint("finalize:stats")
-        self.store.add(new_answers(table))
+        with self.spans.span("store_add"):
+            self.store.add(new_answers(table))
         key, bucket = shard.key, self.home.remote is not None
-        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, key), keep_parts=bucket)
+        # The parts go from the timer's thread (a folder home; a bucket's mirror drops them after its commit).
+        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, key), keep_parts=True)
+        if not bucket:
+            self._timer.later(functools.partial(shutil.rmtree, shard.writer.parts_dir, ignore_errors=True))
         shard.release()
         shard.finished = True
 

@@ -1,0 +1,104 @@
+"""Labels without the grammar where the first token settles them (``engines/label_tokens.py``):
+one decode step over every token the grammar's first step allows; a row whose token begins
+several labels is asked again with the grammar. Checked with the embedded SmolLM2's own
+tokenizer, then on the real engine (offline here, `vllm serve` in test_server_engine.py):
+the same answers as the grammar's."""
+
+import pytest
+
+from sparkbatch_dagster import OutputSpec, SamplingSpec
+from sparkbatch_dagster.engines import EngineRequest
+from sparkbatch_dagster.engines.label_tokens import first_step, plan
+from sparkbatch_dagster.engines.vllm_server import grammar_body, request_body
+
+SENTIMENT = ["positive", "negative", "neutral"]
+#: Debian sections whose first tokens begin other sections too ("lib", "de", "java").
+SECTIONS = ["libs", "libdevel", "devel", "doc", "java", "javascript", "python", "net"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from sparkbatch_dagster.engines.model import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(None))
+
+
+def _token(tokenizer, text):
+    [token] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return token
+
+
+def test_the_step_allows_what_the_grammar_allows_and_settles_single_label_tokens(tokenizer):
+    step = first_step(tokenizer, SENTIMENT)
+    assert step is not None
+    for token in step.allowed:  # every token that begins a label, and nothing else
+        assert any(label.startswith(tokenizer.decode([token])) for label in SENTIMENT)
+    assert len(step.allowed) == sum(1 for t in range(len(tokenizer))
+                                    if (text := tokenizer.decode([t])) and any(x.startswith(text) for x in SENTIMENT))
+    assert step.label(_token(tokenizer, "pos")) == "positive" and step.label(_token(tokenizer, "neut")) == "neutral"
+    assert _token(tokenizer, "ne") in step.allowed and step.label(_token(tokenizer, "ne")) is None  # two labels
+
+
+def test_labels_that_share_first_tokens_leave_those_to_the_grammar(tokenizer):
+    step = first_step(tokenizer, SECTIONS)
+    assert step is not None
+    assert step.label(_token(tokenizer, "lib")) is None  # libs or libdevel
+    assert step.label(_token(tokenizer, "java")) is None  # java or javascript
+    assert step.label(_token(tokenizer, "python")) == "python"
+
+
+def test_only_greedy_ascii_label_jobs_in_auto_mode_take_the_step(tokenizer):
+    label = OutputSpec(kind="label", labels=SENTIMENT)
+    greedy = SamplingSpec(max_tokens=8)
+    assert plan(tokenizer, greedy, label, "auto")
+    assert plan(tokenizer, greedy, label, "grammar") is None
+    assert plan(tokenizer, SamplingSpec(max_tokens=8, temperature=0.7), label, "auto") is None
+    assert plan(tokenizer, SamplingSpec(max_tokens=8, ignore_eos=True), label, "auto") is None
+    assert plan(tokenizer, greedy, OutputSpec(kind="json", json_schema={"type": "object"}), "auto") is None
+    assert plan(tokenizer, greedy, OutputSpec(kind="label", labels=["été", "hiver"]), "auto") is None
+
+
+def test_a_server_request_asks_for_one_step_and_again_with_the_grammar():
+    label = OutputSpec(kind="label", labels=SENTIMENT)
+    sampling = SamplingSpec(max_tokens=8)
+    body = request_body("m", [{"role": "user", "content": "x"}], sampling, label, first=(3, 7))
+    assert body["max_tokens"] == 1 and body["allowed_token_ids"] == [3, 7] and "structured_outputs" not in body
+    grammar = request_body("m", [{"role": "user", "content": "x"}], sampling, label)
+    assert grammar["structured_outputs"] == {"choice": SENTIMENT} and "allowed_token_ids" not in grammar
+    assert grammar_body(body, sampling, label) == grammar
+
+
+REVIEWS = ["I loved it, best purchase ever", "Terrible, it broke in a day", "It is a box. It holds things.",
+           "Absolutely wonderful service", "Worst film I have seen", "The meeting is at noon",
+           "What a fantastic surprise", "I want my money back", "The train leaves at six"]
+
+
+PACKAGES = ["libssl3: SSL shared libraries", "libssl-dev: SSL development files", "gcc: the GNU C compiler",
+            "python3-numpy: array computing for Python", "openjdk-17-jre: Java runtime", "node-lodash: JavaScript "
+            "utilities", "curl: command line tool for transferring data with URL syntax", "debian-policy: Debian "
+            "policy manual"]
+
+
+def _answers(engine, mode, labels=SENTIMENT):
+    engine.label_decoding = mode
+    texts = REVIEWS if labels == SENTIMENT else PACKAGES
+    system = f"Answer with one of: {', '.join(labels)}."
+    reqs = [EngineRequest(str(i), [{"role": "system", "content": system}, {"role": "user", "content": text}])
+            for i, text in enumerate(texts)]
+    try:
+        out = list(engine.generate(reqs, SamplingSpec(max_tokens=8), OutputSpec(kind="label", labels=labels)))
+    finally:
+        engine.label_decoding = "auto"
+    return {r.id: r for r in out}
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("labels", [SENTIMENT, SECTIONS])
+def test_the_real_engine_answers_as_the_grammar_does(real_engine, labels):
+    fast, grammar = _answers(real_engine, "auto", labels), _answers(real_engine, "grammar", labels)
+    assert {k: r.text for k, r in fast.items()} == {k: r.text for k, r in grammar.items()}
+    assert all(r.text in labels and r.finish_reason == "stop" for r in fast.values())
+    # Settled in one step, or that step plus the grammar's tokens.
+    assert all(r.output_tokens == 1 or r.output_tokens == grammar[k].output_tokens + 1 for k, r in fast.items())
