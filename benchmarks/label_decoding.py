@@ -98,7 +98,8 @@ def main() -> None:
     emit({
         "benchmark": "label_decoding", "machine": machine(),
         "model": args.model or "SmolLM2-135M-Instruct", "rows": len(data), "labels": SECTIONS,
-        "allowed_tokens": len(heads), "rounds": args.rounds, "warmup_s": warm, "generate_s": times,
+        "allowed_tokens": len(heads.allowed), "settling_tokens": len(heads.labels),
+        "rounds": args.rounds, "warmup_s": warm, "generate_s": times,
         "median_s": median, "grammar_over_one_step": round(median["grammar"] / median["auto"], 3),
         "output_tokens": tokens, "same_answers": same, "same_answers_share": round(same / len(gold), 4),
         "accuracy": {m: round(sum(answers[m][k] == g for k, g in gold.items()) / len(gold), 4) for m in modes},
