@@ -100,20 +100,12 @@ def _gpu_names() -> list[str]:
 
 
 def _cpu_info() -> tuple[str, frozenset[str]]:
-    """The CPU's model name and flags from /proc/cpuinfo (x86 ``flags``, aarch64 ``Features``)."""
-    name, flags = platform.machine(), frozenset[str]()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return name, flags
-    for line in text.splitlines():
-        field, _, value = line.partition(":")
-        field = field.strip()
-        if field in ("model name", "Model name") and name == platform.machine():
-            name = " ".join(value.split())
-        elif field in ("flags", "Features") and not flags:
-            flags = frozenset(value.split())
-    return name, flags
+    """The CPU's model name and flags (``settings.cpuinfo`` / ``settings.cpu_flags``)."""
+    from .settings import cpu_flags, cpuinfo
+
+    info = cpuinfo()
+    name = " ".join((info.get("model name") or info.get("Model name") or platform.machine()).split())
+    return name, cpu_flags() or frozenset()
 
 
 def cache_key(model: str, dtype: str, tensor_parallel_size: int, llm_kwargs: Mapping[str, Any],

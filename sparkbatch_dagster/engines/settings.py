@@ -45,21 +45,30 @@ def platform_default(name: str) -> Any:
 NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def cpu_flags() -> frozenset[str] | None:
-    """This CPU's feature flags; None where they cannot be read (not Linux).
-    ``SPARKBATCH_CPU_FLAGS`` (space-separated) replaces them: a simulated CPU, for tests."""
-    given = os.environ.get("SPARKBATCH_CPU_FLAGS")
-    if given is not None:
-        return frozenset(given.split())
+def cpuinfo() -> dict[str, str]:
+    """The first value of each field of /proc/cpuinfo (``model name``, ``flags``, ...); empty where
+    it cannot be read (not Linux). Read once per call: engine starts and cache keys ask rarely."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return None
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return None
+        name, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """This CPU's feature flags (x86 ``flags``, aarch64 ``Features``); None where they cannot be
+    read. ``SPARKBATCH_CPU_FLAGS`` (space-separated) replaces them: a simulated CPU, for tests."""
+    given = os.environ.get("SPARKBATCH_CPU_FLAGS")
+    if given is not None:
+        return frozenset(given.split())
+    info = cpuinfo()
+    value = info.get("flags", info.get("Features"))
+    return None if value is None else frozenset(value.split())
 
 
 def choose_dtype(configured: str, cpu: bool, flags: frozenset[str] | None) -> tuple[str, str]:
