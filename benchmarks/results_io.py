@@ -5,6 +5,8 @@ from those files by ``doc_tables.py``; ``tests/test_results_files.py`` checks th
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,3 +21,13 @@ def emit(result: dict[str, Any], out: str | None) -> None:
     print(line)
     if out:
         Path(out).write_text(line + "\n")
+
+
+def fresh_process(child: str, args: list[str], env: dict[str, str], cwd: Path, timeout: int, what: str) -> Any:
+    """Run ``child`` (Python source) in a fresh interpreter, as `sparkbatch run` starts, and return
+    the JSON of its last stdout line; its stderr's tail in the error when it fails."""
+    proc = subprocess.run([sys.executable, "-c", child, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what}: {proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
