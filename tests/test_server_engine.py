@@ -203,6 +203,18 @@ def test_offline_and_a_started_server_answer_alike_when_the_model_sets_sampling_
     assert len(answers["offline"]) == 24 and answers["offline"] == answers["server"]
 
 
+def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engine, real_engine):
+    """server_token_ids gives the client the tokenizer, so labels go as one step over their first
+    tokens, asked again with the grammar where that token begins several (``label_tokens``): the
+    offline engine's answers."""
+    from test_label_tokens import SECTIONS, SENTIMENT, _answers
+
+    for labels in (SENTIMENT, SECTIONS):
+        served, offline = _answers(server_engine, "auto", labels), _answers(real_engine, "auto", labels)
+        assert {k: r.text for k, r in served.items()} == {k: r.text for k, r in offline.items()}
+        assert {k: r.output_tokens for k, r in served.items()} == {k: r.output_tokens for k, r in offline.items()}
+
+
 def test_killed_server_fails_promptly_is_stopped_whole_and_a_rerun_resumes(tmp_path, server_engine, real_engine):
     """Runs last in this module: it kills the module's server, its leader alone (as the OOM killer
     would), leaving the engine core and frontend children it started."""
@@ -240,15 +252,3 @@ def test_killed_server_fails_promptly_is_stopped_whole_and_a_rerun_resumes(tmp_p
     # The rerun (here on the offline engine, same model) sends only the rows not yet written.
     stats = label_shard(spec, home, version, "shard-00000", real_engine)
     assert stats["rows"] == 300 and stats["resumed_rows"] == kept
-
-
-def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engine, real_engine):
-    """server_token_ids gives the client the tokenizer, so labels go as one step over their first
-    tokens, asked again with the grammar where that token begins several (``label_tokens``): the
-    offline engine's answers."""
-    from test_label_tokens import SECTIONS, SENTIMENT, _answers
-
-    for labels in (SENTIMENT, SECTIONS):
-        served, offline = _answers(server_engine, "auto", labels), _answers(real_engine, "auto", labels)
-        assert {k: r.text for k, r in served.items()} == {k: r.text for k, r in offline.items()}
-        assert {k: r.output_tokens for k, r in served.items()} == {k: r.output_tokens for k, r in offline.items()}

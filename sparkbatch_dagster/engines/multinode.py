@@ -113,12 +113,12 @@ def serve_worker(cmd: list[str], master: tuple[str, int], once: bool = False,
     stopped (with its worker processes) once the first node's store at ``master`` has been up
     and is gone again, and a fresh one started. Returns when ``cmd`` ends by itself before any
     engine came up (a bad setting, a missing vLLM: its exit code), or after one engine (``once``)."""
-    from .server_process import die_with_parent
+    from .server_process import spawn_owned
 
     while True:
         log(f"worker node: joins the engine at {master[0]}:{master[1]} when it starts")
         # Its own process group, stopped with its workers; and stopped by the kernel if we die.
-        child = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509
+        child = spawn_owned(cmd)
         seen = ended = False
         try:
             while child.poll() is None:

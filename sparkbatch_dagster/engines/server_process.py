@@ -3,6 +3,7 @@ log in a file, stopped on close and by the kernel when this process dies."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import json
@@ -47,6 +48,19 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+#: The one thread that forks owned children. The kernel's "parent" in PR_SET_PDEATHSIG is the
+#: forking *thread*: a child forked on a short-lived thread (a run's engine starts on its own,
+#: ``LazyEngine``) would get SIGTERM the moment that thread ends. This one lives as long as the process.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkbatch-spawner")
+
+
+def spawn_owned(cmd: list[str], **popen: Any) -> subprocess.Popen:
+    """``cmd`` in its own process group, stopped by the kernel when this process dies (not when
+    the calling thread ends), whichever thread asks. ``popen``: more ``subprocess.Popen`` arguments."""
+    return _SPAWNER.submit(subprocess.Popen, cmd, start_new_session=True, preexec_fn=die_with_parent,  # noqa: PLW1509
+                           **popen).result()
+
+
 class ServerProcess:
     """``vllm serve`` on 127.0.0.1, owned by this process and never left running."""
 
@@ -63,8 +77,7 @@ class ServerProcess:
                                offline_batch_defaults=True)
         started = time.perf_counter()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=die_with_parent)  # noqa: PLW1509 - Linux only, by design
+            self.proc = spawn_owned(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             self._wait_healthy(start_timeout_s)
         except BaseException:

@@ -1,0 +1,70 @@
+"""Children this process owns (``vllm serve``, a multinode worker) die with the process, not with
+the thread that started them: a run's engine starts on a thread of its own (``LazyEngine``)."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from sparkbatch_dagster.engines.server_process import die_with_parent, spawn_owned
+
+ECHO = [sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line.strip(), flush=True)"]
+
+
+def _start_on_a_thread_that_ends(start) -> subprocess.Popen:
+    got: dict = {}
+
+    def run() -> None:
+        got["proc"], got["tid"] = start(), threading.get_native_id()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    # join() returns before the kernel has ended the thread; its death signal is sent then.
+    while os.path.exists(f"/proc/self/task/{got['tid']}"):
+        time.sleep(0.01)
+    return got["proc"]
+
+
+def _answers(proc: subprocess.Popen) -> str:
+    try:
+        proc.stdin.write("alive\n")
+        proc.stdin.flush()
+    except BrokenPipeError:
+        return ""
+    return proc.stdout.readline().strip()
+
+
+def test_an_owned_child_outlives_the_thread_that_started_it():
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    owned = _start_on_a_thread_that_ends(lambda: spawn_owned(ECHO, **pipes))
+    # What the kernel does with PR_SET_PDEATHSIG set from a thread that ends: the child gets SIGTERM.
+    plain = _start_on_a_thread_that_ends(
+        lambda: subprocess.Popen(ECHO, preexec_fn=die_with_parent, start_new_session=True, **pipes))  # noqa: PLW1509
+    try:
+        assert _answers(owned) == "alive"
+        assert plain.wait() == -15
+    finally:
+        for proc in (owned, plain):
+            proc.kill()
+            proc.wait()
+
+
+def test_an_owned_child_dies_with_this_process():
+    code = ("import subprocess, sys; from sparkbatch_dagster.engines.server_process import spawn_owned; "
+            "p = spawn_owned(['sleep', '600']); print(p.pid, flush=True)")
+    parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    pid = int(parent.stdout)
+    deadline = time.monotonic() + 60  # bounds a failure: the kernel signals it as the parent exits
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
