@@ -54,11 +54,14 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkbatch-spawner")
 
 
-def spawn_owned(cmd: list[str], **popen: Any) -> subprocess.Popen:
+def spawn_owned(cmd: list[str], **popen: Any) -> subprocess.Popen[Any]:
     """``cmd`` in its own process group, stopped by the kernel when this process dies (not when
     the calling thread ends), whichever thread asks. ``popen``: more ``subprocess.Popen`` arguments."""
-    return _SPAWNER.submit(subprocess.Popen, cmd, start_new_session=True, preexec_fn=die_with_parent,  # noqa: PLW1509
-                           **popen).result()
+
+    def spawn() -> subprocess.Popen[Any]:
+        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent, **popen)  # noqa: PLW1509
+
+    return _SPAWNER.submit(spawn).result()
 
 
 class ServerProcess:
