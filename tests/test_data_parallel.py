@@ -43,11 +43,11 @@ def _label(root: Path, res: Any, n: int = 120, shards: int = 4, **kw: Any) -> tu
     return job, inst, keys, result
 
 
-def _outputs(job: Any) -> dict[str, Any]:
+def _outputs(job: Any, column: str = "output") -> dict[str, Any]:
     table = job.read_outputs()
     ids = table.column("row_id").to_pylist()
     assert len(ids) == len(set(ids)), "a row was written twice"
-    return dict(zip(ids, table.column("output").to_pylist(), strict=True))
+    return dict(zip(ids, table.column(column).to_pylist(), strict=True))
 
 
 def _seen(trace: Path) -> dict[int, dict[str, Any]]:
@@ -69,6 +69,7 @@ def test_two_workers_label_every_row_once_like_one_engine(tmp_path):
 
     one, *_ = _label(tmp_path / "one", FakeVLLMResource())
     assert _outputs(job) == _outputs(one) and len(_outputs(job)) == 120  # same answers as one engine
+    assert _outputs(job, "confidence") == _outputs(one, "confidence")  # every field crosses from the workers
 
     seen = _seen(trace)
     assert len(seen) == 2  # two processes, both answered requests, none twice

@@ -37,6 +37,7 @@ def test_json_schema_output(real_engine):
 
     value = json.loads(res.text)
     assert set(value) >= {"name", "legs"} and isinstance(value["legs"], int)
+    assert res.confidence is not None and 0 < res.confidence <= 1
 
 
 def test_the_engine_says_when_an_answer_hit_max_tokens(tmp_path, real_engine):
@@ -97,6 +98,7 @@ def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engin
     rows = [r for k in keys for r in pq.read_table(job.home.labeled_path(version, k)).to_pylist()]
     assert len(rows) == 90 and {r["row_id"] for r in rows} == {f"id-{i:05d}" for i in range(90)}
     assert all(r["output"] in spec.output.labels for r in rows)
+    assert all(0 < r["confidence"] <= 1 for r in rows)  # how sure the model was, on every label row
     assert {r["model"] for r in rows} == {real_engine.model_id}
     assert real_engine.model_id.startswith("SmolLM2-135M-Instruct@")  # machine-independent name
     mds = [m.metadata for m in run.asset_materializations_for_node("things__run_metrics")]
@@ -129,6 +131,8 @@ def test_appended_rows_are_all_the_real_engine_generates(tmp_path, real_engine):
     md, second = run(shards=3)
     assert md["generated_requests"] == 6 and md["reused_rows"] == 60
     assert {k: r["output"] for k, r in second.items() if k in first} == {k: r["output"] for k, r in first.items()}
+    # A reused answer keeps the confidence it was generated with.
+    assert {k: second[k]["confidence"] for k in first} == {k: r["confidence"] for k, r in first.items()}
     new = [r for k, r in second.items() if k not in first]
     assert len(new) == 6 and all(r["output"] in LABELS and not r["reused"] and r["output_tokens"] > 0 for r in new)
     assert all(r["reused"] and r["output_tokens"] == 0 for k, r in second.items() if k in first)

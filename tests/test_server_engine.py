@@ -213,6 +213,27 @@ def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engi
         served, offline = _answers(server_engine, "auto", labels), _answers(real_engine, "auto", labels)
         assert {k: r.text for k, r in served.items()} == {k: r.text for k, r in offline.items()}
         assert {k: r.output_tokens for k, r in served.items()} == {k: r.output_tokens for k, r in offline.items()}
+        for k, r in offline.items():  # and as sure (test_confidence_real.py checks offline's against the model)
+            assert served[k].confidence == pytest.approx(r.confidence, abs=1e-3)
+
+
+def test_a_chat_server_gives_the_confidence_by_token_text(server_engine, real_engine):
+    """Someone else's server is asked in chat messages, without the tokenizer here: the grammar
+    answers, and its log-probabilities come back keyed by token text, not id."""
+    from test_label_tokens import SECTIONS, SENTIMENT, _answers
+
+    from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
+
+    chat = VLLMServerEngine(server_engine.base_url, server_engine.served_name, token_ids=False)
+    try:
+        for labels in (SENTIMENT, SECTIONS):
+            served, offline = _answers(chat, "auto", labels), _answers(real_engine, "grammar", labels)
+            assert {k: r.text for k, r in served.items()} == {k: r.text for k, r in offline.items()}
+            for k, r in offline.items():
+                assert served[k].confidence == pytest.approx(r.confidence, abs=1e-3)
+    finally:
+        chat.close()
+    assert server_engine.server.alive()  # the chat client's close leaves the server it did not start
 
 
 def test_killed_server_fails_promptly_is_stopped_whole_and_a_rerun_resumes(tmp_path, server_engine, real_engine):

@@ -206,7 +206,7 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
     model_keys = ("model", "configured_as", "weights_gb", "sample_rows", "extra_rows", "accuracy", "accuracy_low",
                   "accuracy_high", "stored_rows", "prompts_to_generate", "predicted_tokens_per_hour",
                   "predicted_wall_s", "engine_start_s", "best_option", "best_cost_usd", "best_speed_basis",
-                  "engine_kwargs")
+                  "engine_kwargs", "reliability")
     return {**{k: report.get(k) for k in keep},
             "options": [{k: o.get(k) for k in OPTION_KEYS} for o in report["options"]],
             "models": [{k: m.get(k) for k in model_keys}
@@ -259,7 +259,8 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
 
 def sql(job: BatchJob, resource: VLLMResource, query: str) -> dict[str, Any]:
     """Run ``query`` on the job's DuckDB file after refreshing its views (``labeled``,
-    ``label_distribution``, ``run_metrics``); prints a table on stderr, returns the rows."""
+    ``label_distribution``, ``review``, ``reliability``, ``run_metrics``); prints a table on
+    stderr, returns the rows."""
     from ..run import metrics
 
     job.home.refresh()  # a bucket home: the tables are rebuilt here from what the bucket holds
@@ -285,7 +286,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("run", "label every partition not yet done"), ("status", "show done/missing partitions"),
                        ("estimate", "time a sample; predict duration and cost; compare models"),
                        ("preview", "show rendered prompts and per-shard counts, without an engine"),
-                       ("sql", "query the job's DuckDB views (labeled, label_distribution, run_metrics)"),
+                       ("sql", "query the job's DuckDB views (labeled, label_distribution, review, reliability, "
+                               "run_metrics)"),
                        ("worker-node", "join this machine to a multi-node engine (docs/multi-node.md)")):
         p = sub.add_parser(name, help=text, parents=[common])
         p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")

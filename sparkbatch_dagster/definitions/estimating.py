@@ -147,13 +147,21 @@ def _report(job: BatchJob, sample: Any, est: EstimateSpec, models: list[dict[str
         # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
         "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
                            on_gpu=not on_cpu(), has_gold=has_gold, models=models, total_rows=sample.total_rows)
-        + extra_advice,
+        + _reliability_advice(models) + extra_advice,
     }
     written = E.write_report(report, job.home.estimate_dir)
     for path in ("json", "chart"):
         if Path(written[path]).exists():
             job.home.publish(Path(written[path]))
     return written
+
+
+def _reliability_advice(models: list[dict[str, Any]]) -> list[str]:
+    """How far each model's confidence can be trusted on the sample, in words (with a gold column)."""
+    from ..run.reliability import describe
+
+    return [f"{m['model']}'s confidence against the gold column on the sample: {'; '.join(describe(m['reliability']))}."
+            for m in models if m.get("reliability")]
 
 
 def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VLLMResource:

@@ -22,6 +22,7 @@ from dagster import (
 )
 
 from ..home import JobHome
+from ..run.reliability import bucket_name, describe
 from ..spec import JobSpec
 
 EXACTLY_ONCE = "every_row_exactly_once"
@@ -43,8 +44,39 @@ def materialization(key: AssetKey, stats: dict[str, Any], *, this_run: bool, tag
         asset_key=key, partition=stats["partition"], tags=tags,
         metadata={**numbers, "error_rate": round(stats["errors"] / max(stats["rows"], 1), 4),
                   "computed_in_this_run": this_run, "model": stats["model"], "version": stats["version"],
+                  **histogram_metadata(stats),
                   "path": MetadataValue.path(str(home.labeled_path(stats["version"], stats["partition"])))},
     )
+
+
+def histogram_metadata(stats: dict[str, Any]) -> dict[str, Any]:
+    """The partition's answers per confidence bucket (``{"0.0-0.1": n, ..., "0.9-1.0": n}``) and
+    their mean confidence; nothing for stats written before confidences were counted, and no
+    mean where no answer had one (free text)."""
+    counts = stats.get("confidence_histogram")
+    if counts is None:
+        return {}
+    out: dict[str, Any] = {"confidence_histogram": MetadataValue.json(
+        {bucket_name(i): n for i, n in enumerate(counts)})}
+    if stats.get("confidence_mean") is not None:
+        out["confidence_mean"] = stats["confidence_mean"]
+    return out
+
+
+def confidence_metadata(summary: dict[str, Any] | None, table: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """``analytics``' confidence entries: the mean, the rows to review (under ``review_below``),
+    and with a gold column the accuracy per confidence bucket, as a table and in words."""
+    out: dict[str, Any] = {}
+    if summary is not None:
+        out.update(confidence_mean=summary["mean"], review_rows=summary["review_rows"],
+                   review_below=summary["review_below"])
+    if table:
+        cols = ["bucket", "rows", "correct", "accuracy", "mean_confidence"]
+        head = "| confidence | rows | correct | accuracy | mean confidence |\n|---|---|---|---|---|\n"
+        out["reliability"] = MetadataValue.md(head + "\n".join(
+            "| " + " | ".join(str(b[c]) for c in cols) + " |" for b in table))
+        out["reliability_summary"] = MetadataValue.text("\n".join(describe(table)))
+    return out
 
 
 def exactly_once(home: JobHome, version: str, partition: str,

@@ -222,7 +222,8 @@ def build_batch_assets(
 
     @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"},
            automation_condition=AutomationCondition.eager(),
-           description="Label distribution, accuracy against the gold column, cost per 1k rows (DuckDB views). "
+           description="Label distribution, accuracy against the gold column, cost per 1k rows, rows to review "
+                       "(confidence under review_below) and accuracy per confidence bucket (DuckDB views). "
                        "Not built while a partition fails its every-row-exactly-once check.")
     def analytics(context: AssetExecutionContext) -> MaterializeResult:
         home.refresh()
@@ -234,8 +235,9 @@ def build_batch_assets(
                                   "not built on them; materialize labeled_outputs for them again")
         result = metrics.analytics(spec, home, version)
         dist = [{"label": k, "rows": v} for k, v in result.pop("label_distribution").items()]
+        sure = events.confidence_metadata(result.pop("confidence", None), result.pop("reliability", None))
         return MaterializeResult(metadata={
-            **{k: v for k, v in result.items() if v is not None},
+            **{k: v for k, v in result.items() if v is not None}, **sure,
             "label_distribution": MetadataValue.md(_md_table(dist, ["label", "rows"])),
             "database": MetadataValue.path(str(home.metrics_db)),
         })
@@ -255,6 +257,8 @@ def build_batch_assets(
                   "95% interval": f"{m['accuracy_low']}-{m['accuracy_high']}" if m["accuracy"] is not None else "",
                   "tokens/hour": m["predicted_tokens_per_hour"], "stored rows": m["stored_rows"],
                   **{f"{o['name']} $": _price(o) for o in m["options"]}} for m in report["models"]]
+        # Accuracy per confidence bucket on the sample, per model (a gold column and confidences).
+        sure = [{"model": m["model"], **b} for m in report["models"] for b in m.get("reliability") or []]
         return MaterializeResult(metadata={
             **{k: report[k] for k in ("sample_rows", "total_rows", "predicted_wall_s", "predicted_tokens_per_hour",
                                       "engine_start_s", "model", "stored_rows", "prompts_to_generate")},
@@ -264,6 +268,8 @@ def build_batch_assets(
             "chosen_model": str(report["chosen_model"]),
             **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
             "models": MetadataValue.md(_md_table(table, list(table[0]))),
+            **({"reliability": MetadataValue.md(_md_table(sure, ["model", "bucket", "rows", "correct", "accuracy",
+                                                                 "mean_confidence"]))} if sure else {}),
             "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
             "how_to_run": MetadataValue.md("\n".join(f"- '{o['name']}' ({o['hardware']}, {o['speed_basis']}): "
                                                      f"{o['how']}" for o in report["options"])),

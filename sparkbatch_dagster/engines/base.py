@@ -33,7 +33,9 @@ class EngineResult:
     ``retryable`` marks a transient failure (5xx, timeout, reset after every retry): it is not
     the row's fault, so nothing is written for it; the row stays pending and the next run
     retries it. ``finish_reason`` is the engine's own (``stop``, ``length`` when the answer hit
-    ``max_tokens``); None when it gave none.
+    ``max_tokens``); None when it gave none. ``confidence``: how sure the model was of the
+    answer (:mod:`.confidence`: a label's probability among the labels; a JSON answer's least
+    likely value token), None for free text and where the engine gave no log-probabilities.
     """
 
     id: str
@@ -44,6 +46,7 @@ class EngineResult:
     error: str | None = None
     retryable: bool = False
     finish_reason: str | None = None
+    confidence: float | None = None
 
 
 def structured_outputs(output: OutputSpec) -> dict[str, Any] | None:

@@ -95,6 +95,7 @@ class FakeEngine(Engine):
                 prompt_tokens=len(prompt.split()) + 4,
                 output_tokens=max(1, len(text.split())),
                 finish_reason="length" if cut else "stop",
+                confidence=_confidence(prompt, output) if self.answer is None else None,
             )
 
     def _wait_at_gate(self) -> None:
@@ -103,6 +104,14 @@ class FakeEngine(Engine):
             if time.monotonic() > deadline:
                 raise EngineError(f"fake engine: gate {self.gate_path} not opened in {GATE_LIMIT_S:.0f} s")
             time.sleep(0.02)
+
+
+def _confidence(prompt: str, output: OutputSpec) -> float | None:
+    """A confidence from the prompt's hash, spread over (0, 1] as a real engine's would be."""
+    if output.kind == "text":
+        return None
+    h = int(hashlib.sha256(b"confidence" + prompt.encode()).hexdigest(), 16)
+    return round(0.05 + (h % 9500) / 10000, 4)
 
 
 def _answer(prompt: str, output: OutputSpec) -> str:

@@ -17,16 +17,17 @@ from typing import Any
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from ..spec.prompts import chat_text
-from . import label_tokens
+from . import confidence, label_tokens
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
 
 
 def sampling_params(sampling: SamplingSpec, output: OutputSpec, defaults: Mapping[str, Any] | None = None,
-                    first: Collection[int] | None = None) -> Any:
+                    first: Collection[int] | None = None, logprobs: int | None = None) -> Any:
     """vLLM ``SamplingParams`` for a job, structured outputs included; ``defaults``: the model's
     own sampling defaults (:func:`.model.generation_defaults`), which a `vllm serve` applies by
     itself and ``SamplingParams`` would not; ``first``: the labels' first tokens, decoded in one
-    step instead of the grammar (:mod:`.label_tokens`)."""
+    step instead of the grammar (:mod:`.label_tokens`); ``logprobs``: top log-probabilities per
+    token, for the answer's confidence (:mod:`.confidence`)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -40,6 +41,7 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec, defaults: Mappin
         seed=sampling.seed,
         ignore_eos=sampling.ignore_eos,
         structured_outputs=structured,
+        logprobs=logprobs,
         **(defaults or {}),
         # Only finished requests come back from step(), as token ids: the engine skips
         # per-step incremental detokenization, and each result is decoded once here, in
@@ -62,6 +64,8 @@ class VLLMOfflineEngine(Engine):
         self.model_path = model  # what was loaded; model_id may be renamed to a portable identity
         self.sampling_defaults = dict(sampling_defaults or {})
         self.label_decoding = label_decoding
+        #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
+        self.confidence = True
         self.window = window
         self.chunk = min(chunk, window)
         self._tokenizer = self._llm.get_tokenizer()
@@ -103,8 +107,10 @@ class VLLMOfflineEngine(Engine):
         from vllm.inputs import TokensPrompt
 
         step = label_tokens.plan(self._tokenizer, sampling, output, self.label_decoding)
-        params = sampling_params(sampling, output, self.sampling_defaults)
-        first = sampling_params(sampling, output, self.sampling_defaults, step.allowed) if step else params
+        top = confidence.logprobs_wanted(output.kind) if self.confidence else None
+        params = sampling_params(sampling, output, self.sampling_defaults, logprobs=top)
+        first = sampling_params(sampling, output, self.sampling_defaults, step.allowed, top) if step else params
+        sure = confidence.Scorer(output, self._tokenizer, step) if top is not None else None
         engine = self._llm.llm_engine
         source = iter(requests)
         in_flight: dict[str, str] = {}
@@ -144,7 +150,7 @@ class VLLMOfflineEngine(Engine):
                     outputs = engine.step()
                 done = [out for out in outputs if out.finished]
                 if step is not None:
-                    done, settled = self._settle(done, step, asked, in_flight, prompt_lens, again, params)
+                    done, settled = self._settle(done, step, asked, in_flight, prompt_lens, again, params, sure)
                     yield from settled
                 texts = self._tokenizer.batch_decode(
                     [list(out.outputs[0].token_ids) for out in done], skip_special_tokens=True
@@ -160,6 +166,7 @@ class VLLMOfflineEngine(Engine):
                         output_tokens=len(out.outputs[0].token_ids) + (out.request_id in again),
                         cached_tokens=int(out.num_cached_tokens or 0),
                         finish_reason=out.outputs[0].finish_reason,
+                        confidence=sure.of_vllm(text, out.outputs[0]) if sure is not None else None,
                     )
                     again.discard(out.request_id)
         finally:
@@ -169,7 +176,7 @@ class VLLMOfflineEngine(Engine):
 
     def _settle(self, done: list[Any], step: label_tokens.FirstStep, asked: dict[str, EngineRequest],
                 in_flight: dict[str, str], prompt_lens: dict[str, int], again: set[str],
-                params: Any) -> tuple[list[Any], list[EngineResult]]:
+                params: Any, sure: confidence.Scorer | None) -> tuple[list[Any], list[EngineResult]]:
         """Of ``done``, the one-step answers settled: a token that begins one label is that label;
         one that begins several is asked again with the grammar, under a new request id of the
         same row (``again``). Returns the grammar's outputs (to decode) and the settled results."""
@@ -186,7 +193,8 @@ class VLLMOfflineEngine(Engine):
             row_id, n_prompt = in_flight.pop(out.request_id), prompt_lens.pop(out.request_id)
             if label is not None:
                 settled.append(EngineResult(row_id, label, prompt_tokens=n_prompt, output_tokens=1,
-                                            cached_tokens=int(out.num_cached_tokens or 0), finish_reason="stop"))
+                                            cached_tokens=int(out.num_cached_tokens or 0), finish_reason="stop",
+                                            confidence=sure.of_vllm(label, out.outputs[0]) if sure else None))
                 continue
             rid = f"sb-{next(self._ids)}"
             with _engine_failure():

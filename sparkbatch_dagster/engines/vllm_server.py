@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
-from . import label_tokens
+from . import confidence, label_tokens
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
 from .endpoints import check_endpoints, check_served, key_error, message, served_models
 from .replicas import Pool, Replica
@@ -108,6 +108,9 @@ class VLLMServerEngine(Engine):
         self.sampling_defaults = dict(sampling_defaults or {})
         self.label_decoding = label_decoding
         self._step: label_tokens.FirstStep | None = None  # this generate's one-step labels (label_tokens)
+        #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
+        self.confidence = True
+        self._sure: confidence.Scorer | None = None  # this generate's, when it asks for log-probabilities
         self.max_in_flight = max_in_flight
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.server = server
@@ -150,6 +153,7 @@ class VLLMServerEngine(Engine):
         self._step = None if tok is None else label_tokens.plan(tok, sampling, output, self.label_decoding)
         # The server answers in text: the text of each token that begins one label, read as that label.
         spelled = {tok.decode([t]): label for t, label in self._step.labels.items()} if tok and self._step else {}
+        self._sure = confidence.Scorer(output, tok, self._step) if self.confidence and output.kind != "text" else None
         again: set[str] = set()  # rows whose one step began several labels: asked again with the grammar
         done: queue.Queue[cf.Future] = queue.Queue()
         pending: dict[cf.Future, tuple[_Sent, Replica]] = {}
@@ -240,6 +244,8 @@ class VLLMServerEngine(Engine):
     def _body(self, req: EngineRequest, sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
         first = self._step.allowed if self._step else None
         body = request_body(self.served_name, req.messages, sampling, output, self.sampling_defaults, first)
+        if self._sure is not None:
+            body.update(self._sure.fields(completions=self._tokenizer is not None))
         return body if self._tokenizer is None else token_body(self._tokenizer, body)
 
     def _next_done(self, done: queue.Queue[cf.Future]) -> cf.Future:
@@ -302,10 +308,12 @@ class VLLMServerEngine(Engine):
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         choice = data["choices"][0]  # chat: its message; completions (server_token_ids): its text
+        text = (choice["text"] if "text" in choice else choice["message"].get("content")) or ""
         return EngineResult(
-            row_id, (choice["text"] if "text" in choice else choice["message"].get("content")) or "",
+            row_id, text,
             prompt_tokens=int(usage.get("prompt_tokens", 0)), output_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=choice.get("finish_reason"),
+            confidence=self._sure.of_openai(text, choice.get("logprobs")) if self._sure is not None else None,
         )
 
     def _check_server(self) -> None:
@@ -334,3 +342,4 @@ def _undecided(held: list[EngineResult], transient: bool, exhausted: bool) -> li
         return held  # the server said why, row by row: a few over-long prompts are those rows' own
     raise ConfigError(f"every request fails with {(held[0].error or '').partition(': ')[2]}: "
                       "check VLLMResource.model and the job's output/sampling settings")
+

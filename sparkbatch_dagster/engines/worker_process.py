@@ -12,6 +12,7 @@ meanwhile as one message: the engine never waits for the pipe. Messages, parent 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import signal
@@ -105,8 +106,7 @@ def _serve(engine: Engine, gen: int, sampling: SamplingSpec, output: OutputSpec,
     results = engine.generate(source(), sampling, output)
     try:
         for r in results:
-            out.put(("result", gen, (r.id, r.text, r.prompt_tokens, r.output_tokens, r.cached_tokens, r.error,
-                                     r.retryable, r.finish_reason)))
+            out.put(("result", gen, dataclasses.astuple(r)))  # every field: EngineResult(*fields) on the other side
             if gen in stopping or "stop" in stopping:
                 break
     finally:

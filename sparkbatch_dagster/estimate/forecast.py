@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..home import atomic_write_text
+from ..run.reliability import reliability
 from ..spec import NodeOption
 from .choice import wilson
 from .machine import Machine
@@ -72,6 +73,8 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
         "measured_on": machine.description, "measured_kind": machine.kind, "measured_tokens_per_s": round(tps, 1),
         "best_speed_basis": best["speed_basis"] if best else None,
         "best_option": best["name"] if best else None, "best_cost_usd": best["cost_usd"] if best else None,
+        # How far the model's confidence can be trusted, on the sample: with a gold column and confidences.
+        "reliability": reliability(timing.sure) if timing.correct is not None and timing.sure else None,
     }
 
 

@@ -72,6 +72,8 @@ class Timing:
     #: :func:`fit`); 0 when the sample was one draw.
     fill_s: float = 0.0
     s_per_token: float = 0.0
+    #: (confidence, right) of each scored row whose answer had a confidence: the reliability table.
+    sure: list[tuple[float, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -145,20 +147,26 @@ def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine) -> Timi
     results, errors, groups = _run(engine, spec, rows)
     seconds = time.perf_counter() - started
     outputs: dict[str, str | None] = {}
+    confidence: dict[str, float | None] = {}
     for key, (_, ids) in groups.items():
         res = results[key]
         out = parse_output(res.text, spec)[0] if res.error is None and res.text is not None else None
         outputs.update(dict.fromkeys(ids, out))
+        confidence.update(dict.fromkeys(ids, res.confidence))
     correct = None
+    right: dict[str, bool] = {}
     if spec.gold_column:
-        correct = sum(1 for r in rows if outputs.get(r["row_id"]) is not None
-                      and outputs[r["row_id"]] == r.get(spec.gold_column))
+        right = {r["row_id"]: outputs.get(r["row_id"]) is not None and outputs[r["row_id"]] == r.get(spec.gold_column)
+                 for r in rows}
+        correct = sum(right.values())
+    # As in the labeled rows: an answer's confidence, none on an error row.
+    sure = [(c, right[i]) for i in right if outputs.get(i) is not None and (c := confidence.get(i)) is not None]
     return Timing(
         model=engine.model_id, engine_start_s=engine.start_seconds, seconds=seconds, rows=len(rows),
         prompt_tokens=sum(r.prompt_tokens for r in results.values()),
         output_tokens=sum(r.output_tokens for r in results.values()),
         errors=len(errors) + sum(1 for v in outputs.values() if v is None), correct=correct,
-        requests=len(groups), steps=[(len(rows), correct or 0)] if correct is not None else [],
+        requests=len(groups), steps=[(len(rows), correct or 0)] if correct is not None else [], sure=sure,
     )
 
 
@@ -182,7 +190,7 @@ def merge(a: Timing, b: Timing, first_rows: int) -> Timing:
         prompt_tokens=a.prompt_tokens + (b.prompt_tokens if fast else 0),
         output_tokens=a.output_tokens + (b.output_tokens if fast else 0),
         requests=(a.requests or a.rows) + ((b.requests or b.rows) if fast else 0),
-        steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [],
+        steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [], sure=[*a.sure, *b.sure],
     )
 
 

@@ -9,8 +9,8 @@ timer and the every-row-exactly-once finalize (:mod:`.checkpoint`), every attemp
 (:mod:`.attempts`), the brake that stops a run over its max cost or at its deadline
 (:mod:`.brake`), the result store that pays once per answer (:mod:`.result_store`), each
 shard's statistics and the run's progress reports (:mod:`.shard_stats`, :mod:`.progress`), and
-the run metrics and analytics views in the job's DuckDB file (:mod:`.metrics`). Knows nothing
-of Dagster.
+the run metrics and analytics views in the job's DuckDB file (:mod:`.metrics`), and the
+confidence buckets they and the estimate share (:mod:`.reliability`). Knows nothing of Dagster.
 
 May import: ``errors``, ``spec``, ``home``, ``inputs``, ``engines``.
 """

@@ -26,7 +26,8 @@ log = logging.getLogger("sparkbatch")
 #: store (null for rows that never had one: input errors); ``reused`` marks answers taken from
 #: the store instead of the engine; ``fingerprint`` is the output version; ``finish_reason`` is
 #: the engine's (null for rows it did not answer), ``truncated`` marks an answer cut at
-#: ``max_tokens``. Files written before the last two existed read with them null.
+#: ``max_tokens``; ``confidence`` is how sure the model was of the answer (``engines/confidence.py``).
+#: Files written before the last three existed read with them null.
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
@@ -42,6 +43,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("model", pa.string()),
         ("finish_reason", pa.string()),
         ("truncated", pa.bool_()),
+        ("confidence", pa.float64()),
     ]
 )
 

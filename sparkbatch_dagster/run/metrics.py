@@ -17,6 +17,7 @@ from ..errors import SparkbatchError
 from ..home import JobHome
 from ..inputs.shards import quote_ident
 from ..spec import JobSpec
+from .reliability import BUCKET_SQL, BUCKETS, bucket_row
 
 METRIC_COLUMNS = [
     ("partition", "VARCHAR"), ("version", "VARCHAR"), ("model", "VARCHAR"), ("rows", "BIGINT"),
@@ -153,7 +154,11 @@ def _sql_path(p: Path) -> str:
 def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     """Refresh the DuckDB views over the labeled output and return the headline numbers.
 
-    Views: ``labeled`` (output rows joined with their input), ``label_distribution``.
+    Views: ``labeled`` (output rows joined with their input), ``label_distribution``, ``review``
+    (rows whose confidence is under ``spec.review_below``, least sure first) and ``reliability``
+    (rows per confidence bucket, :mod:`.reliability`; with a gold column how many were right).
+    Returns ``confidence`` (mean, rows below ``review_below``) when rows have one, and
+    ``reliability`` (a row per non-empty bucket) with a gold column.
     """
     # The committed shards' files by name, not a glob: a file no commit names (with a bucket home,
     # a shard committed in the cache by a run that died before the bucket's commit) is not output.
@@ -161,22 +166,29 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     sync_attempts(home, version)  # the bill as of now, whichever box ran (and a dead one's end recorded)
     files = ", ".join(f"'{_sql_path(home.labeled_path(version, k))}'" for k in sorted(committed))
     if not files:
-        return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}}
+        return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}, "confidence": None,
+                "reliability": None}
     gold = f", s.{quote_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
     with connect(home.metrics_db) as con:
+        # Files written before confidences were kept have no such column: it reads as null there.
         con.execute(
             f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
-            f"FROM read_parquet([{files}], union_by_name = true) o "
+            f"FROM (FROM read_parquet([{files}], union_by_name = true) "
+            "UNION ALL BY NAME SELECT NULL::DOUBLE AS confidence WHERE false) o "
             f"JOIN read_parquet('{_sql_path(home.shards_dir / 'shard-*.parquet')}') s USING (row_id)"
         )
         con.execute(
             "CREATE OR REPLACE VIEW label_distribution AS SELECT output AS label, count(*) AS rows "
             "FROM labeled WHERE error IS NULL GROUP BY ALL ORDER BY rows DESC, label"
         )
+        _confidence_views(con, spec)
         rows, errors, correct = con.execute(
             "SELECT count(*), count(error), count(*) FILTER (WHERE error IS NULL AND output = gold) FROM labeled"
         ).fetchone()
         dist = dict(con.execute("SELECT label, rows FROM label_distribution").fetchall())
+        sure, mean, review = con.execute(
+            "SELECT count(confidence), avg(confidence), (SELECT count(*) FROM review) FROM labeled").fetchone()
+        buckets = con.execute("SELECT low, rows, correct, mean_confidence FROM reliability").fetchall()
         cost = con.execute(
             "SELECT sum(cost_usd), sum(rows) FROM run_metrics WHERE version = ?", [version]
         ).fetchone() if _has_table(con, "run_metrics") else (None, None)
@@ -185,7 +197,29 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
         "accuracy": round(correct / rows, 4) if spec.gold_column and rows else None,
         "label_distribution": dist,
         "cost_per_1k_rows_usd": round(cost[0] / cost[1] * 1000, 6) if cost[0] and cost[1] else None,
+        "confidence": {"rows": sure, "mean": round(mean, 4), "review_below": spec.review_below,
+                       "review_rows": review} if sure else None,
+        "reliability": [bucket_row(round(b * BUCKETS), n, c, m) for b, n, c, m in buckets]
+        if spec.gold_column and sure else None,
     }
+
+
+def _confidence_views(con: Any, spec: JobSpec) -> None:
+    """``review`` and ``reliability`` over ``labeled``; rows with no confidence are in neither."""
+    con.execute(
+        f"CREATE OR REPLACE VIEW review AS SELECT * FROM labeled WHERE confidence < {float(spec.review_below)!r} "
+        "ORDER BY confidence, row_id"
+    )
+    # Without a gold column nothing says what was right: correct and accuracy are null.
+    right = ("count(*) FILTER (WHERE output = gold)" if spec.gold_column else "NULL::BIGINT")
+    con.execute(
+        "CREATE OR REPLACE VIEW reliability AS "
+        f"SELECT printf('%.1f-%.1f', b / {BUCKETS}, (b + 1) / {BUCKETS}) AS bucket, b / {BUCKETS} AS low, "
+        f"(b + 1) / {BUCKETS} AS high, count(*) AS rows, {right} AS correct, "
+        f"round({right} / count(*), 4) AS accuracy, round(avg(confidence), 4) AS mean_confidence "
+        f"FROM (SELECT *, {BUCKET_SQL} AS b FROM labeled WHERE confidence IS NOT NULL) "
+        "GROUP BY b ORDER BY b"
+    )
 
 
 def _has_table(con: Any, name: str) -> bool:

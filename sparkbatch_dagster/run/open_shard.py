@@ -60,10 +60,10 @@ class OpenShard:
         found = store.lookup([self.keys[g] for g in candidates])
         written = 0
         for group in [g for g in candidates if self.keys[g] in found]:
-            stored_output, stored_error = found[self.keys[group]]
+            stored_output, stored_error, confidence = found[self.keys[group]]
             for i, rid in enumerate(self.groups.pop(group)[1]):
                 self.writer.add(row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
-                                     key=self.keys[group], reused=True))
+                                     key=self.keys[group], reused=True, confidence=confidence))
                 written += 1
         return written
 
@@ -98,7 +98,7 @@ def new_answers(table: Any) -> list[dict[str, Any]]:
     """The shard's rows that the engine answered in this version (one per prompt) and that the
     same prompt would get again: what the result store keeps."""
     cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
-            "truncated"]
+            "truncated", "confidence"]
     # A cut answer is not kept: the store holds answers, and a reuse would lose the mark.
     return [r for r in table.select(cols).to_pylist()
             if r["prompt_key"] and not r["reused"] and not r["deduplicated"] and not r["truncated"]

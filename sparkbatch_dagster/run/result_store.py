@@ -3,7 +3,7 @@ any later run (another version, another shard layout, appended input) reuses it 
 paying the engine again.
 
     <store>/<context>/seg-L<level>-<id>.parquet     k1, k2, output, error, prompt_tokens,
-                                                    output_tokens, model, created_at
+                                                    output_tokens, model, created_at, confidence
 
 ``context`` is :meth:`JobSpec.answer_context`: model identity + sampling + output spec. Within
 it an answer is keyed by 128 bits of sha256 of the rendered prompt (system and user text), as
@@ -47,8 +47,10 @@ log = logging.getLogger("sparkbatch")
 SCHEMA = pa.schema([
     ("k1", pa.int64()), ("k2", pa.int64()), ("output", pa.string()), ("error", pa.string()),
     ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()), ("model", pa.string()),
-    ("created_at", pa.string()),
+    ("created_at", pa.string()), ("confidence", pa.float64()),
 ])
+#: A stored answer: (output, error, confidence).
+Answer = tuple[str | None, str | None, float | None]
 #: Segments of one level merged into one of the next level.
 FAN_IN = 16
 
@@ -87,7 +89,7 @@ class ResultStore:
     Example::
 
         store = ResultStore(spec.result_store_path, spec.answer_context(model_id))
-        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error)}
+        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error, confidence)}
         store.add(rows)                            # dicts with prompt_key, output, error, tokens, model
     """
 
@@ -122,8 +124,9 @@ class ResultStore:
     def segments(self) -> list[Path]:
         return sorted(self.dir.glob("seg-*.parquet")) if self.dir.exists() else []
 
-    def lookup(self, keys: list[str]) -> dict[str, tuple[str | None, str | None]]:
-        """Stored (output, error) of each key that has an answer; keys without one are absent."""
+    def lookup(self, keys: list[str]) -> dict[str, Answer]:
+        """Stored (output, error, confidence) of each key that has an answer; keys without one are
+        absent. Answers stored before confidences were kept have none (None)."""
         if not keys:
             return {}
         if not self._pulled:
@@ -138,7 +141,7 @@ class ResultStore:
             log.warning("result store %s had a broken segment (%s): set aside, looking up again", self.dir, exc)
             return self._lookup(keys)
 
-    def _lookup(self, keys: list[str]) -> dict[str, tuple[str | None, str | None]]:
+    def _lookup(self, keys: list[str]) -> dict[str, Answer]:
         from ..inputs.shards import connect
 
         k1, k2 = split_keys(keys)
@@ -155,12 +158,16 @@ class ResultStore:
                 con.register("probe", probe)
                 try:
                     hits = con.execute(
-                        "SELECT p.i, any_value(r.output), any_value(r.error) FROM probe p "
-                        "JOIN read_parquet(?) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i", [files]
+                        # One copy of a key (one struct: its output and confidence from the same copy);
+                        # segments written before the confidence column read it as null.
+                        "SELECT p.i, any_value(struct_pack(o := r.output, e := r.error, c := r.confidence)) "
+                        "FROM probe p JOIN (FROM read_parquet(?, union_by_name = true) UNION ALL BY NAME "
+                        "SELECT NULL::DOUBLE AS confidence WHERE false) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
+                        [files]
                     ).fetchall()
                 finally:
                     con.unregister("probe")
-        return {keys[i]: (output, error) for i, output, error in hits}
+        return {keys[i]: (found["o"], found["e"], found["c"]) for i, found in hits}
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Store newly generated answers as one segment, then merge segments that piled up."""
@@ -173,6 +180,7 @@ class ResultStore:
             "output": [r["output"] for r in rows], "error": [r["error"] for r in rows],
             "prompt_tokens": [r["prompt_tokens"] for r in rows], "output_tokens": [r["output_tokens"] for r in rows],
             "model": [r["model"] for r in rows], "created_at": [now] * len(rows),
+            "confidence": [r.get("confidence") for r in rows],
         }, schema=SCHEMA)
         segment = self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet"
         atomic_write_parquet(segment, table)

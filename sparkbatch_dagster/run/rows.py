@@ -62,7 +62,7 @@ def outcome(res: EngineResult, spec: JobSpec) -> tuple[str | None, str | None, b
 
 def row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
          res: EngineResult | None = None, dedup: bool = False, key: str | None = None,
-         reused: bool = False, truncated: bool = False) -> dict[str, Any]:
+         reused: bool = False, truncated: bool = False, confidence: float | None = None) -> dict[str, Any]:
     # Tokens are counted once per generation: fanned-out duplicates and reused answers carry zeros.
     fresh = None if dedup else res
     return {
@@ -72,6 +72,8 @@ def row(row_id: str, fp: str, model: str, output: str | None = None, error: str 
         "cached_tokens": fresh.cached_tokens if fresh else 0,
         "deduplicated": dedup, "reused": reused, "prompt_key": key, "fingerprint": fp, "model": model,
         "finish_reason": res.finish_reason if res else None, "truncated": truncated,
+        # The answer's, on every row that carries it (fanned-out and reused rows too); none on an error row.
+        "confidence": (res.confidence if res else confidence) if output is not None else None,
     }
 
 

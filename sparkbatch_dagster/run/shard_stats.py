@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..spec import JobSpec
+from .reliability import histogram
 
 
 def progress_report(key: str, done: int, total: int, tokens: int, seconds: float, measured: int,
@@ -50,4 +51,14 @@ def shard_stats(spec: JobSpec, key: str, version: str, model: str, table: Any, w
         "truncated_rows": sum(1 for t in table.column("truncated").to_pylist() if t)
         if "truncated" in table.column_names else 0,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **_confidence(table),
     }
+
+
+def _confidence(table: Any) -> dict[str, Any]:
+    """The shard's answers per confidence bucket (ten counts, :mod:`.reliability`) and their mean
+    confidence (None where none had one: free text, error rows)."""
+    sure = [c for c in (table.column("confidence").to_pylist() if "confidence" in table.column_names else [])
+            if c is not None and c == c]  # c == c: not NaN
+    return {"confidence_histogram": histogram(sure),
+            "confidence_mean": round(sum(sure) / len(sure), 4) if sure else None}

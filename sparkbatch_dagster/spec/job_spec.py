@@ -266,6 +266,11 @@ class JobSpec(_Checked):
     checkpoint_rows: int = Field(default=256, ge=1, description="Flush finished rows every N rows...")
     checkpoint_seconds: float = Field(default=5.0, gt=0.0, description="...or every T seconds.")
     max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Asset check bar.")
+    review_below: float = Field(
+        default=0.5, description="Answers whose confidence is under this (0 < x <= 1) are listed, least sure "
+        "first, in the `review` view for a person to check (`sparkbatch sql -f ... \"FROM review\"`). Changes "
+        "only that view: not the output version, not the stored answers.",
+    )
     estimate: EstimateSpec = Field(default_factory=EstimateSpec, description="`sparkbatch estimate` settings.")
     max_cost_usd: float | None = Field(
         default=None, ge=0.0, description="Brake: a run refuses to generate when the predicted bill of the "
@@ -300,6 +305,14 @@ class JobSpec(_Checked):
             raise ValueError(f"storage_options[{secret[0]!r}] is a secret written in the spec: pass it by reference, "
                              f"{secret[0]}: {{env: MY_VAR}} in YAML or EnvVar('MY_VAR') in Python (or leave it out: "
                              "s3fs and gcsfs read AWS_* / GOOGLE_* variables themselves)")
+        return v
+
+    @field_validator("review_below")
+    @classmethod
+    def _check_review_below(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:  # NaN fails too
+            raise ValueError(f"review_below={v!r} must be above 0 and at most 1: a confidence, e.g. 0.5 (rows "
+                             "whose answer's confidence is under it go to the `review` view)")
         return v
 
     @field_validator("deadline")
@@ -362,7 +375,8 @@ class JobSpec(_Checked):
         return max(1, -(-rows // size))
 
     def prompt_fingerprint(self) -> str:
-        """Hash of everything that shapes an output row except the model and the input."""
+        """Hash of everything that shapes an output row except the model and the input (not
+        what only reads the rows, e.g. ``review_below``: changing it labels nothing again)."""
         payload = {
             "system": self.system_prompt,
             "user": self.user_template,
