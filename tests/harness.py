@@ -86,9 +86,12 @@ class Episode(Steps):
             (box.dagster_home / "dagster.yaml").write_text("")  # the default instance, said so (no warning)
         self.input.parent.mkdir(parents=True)
         params = {"input": str(self.input), "shards": self.plan.shards, "home": self.url, "lease_s": self.plan.lease_s,
-                  "delay_s": self.plan.delay_s}
+                  "delay_s": self.plan.delay_s,
+                  "cascade": [{"below": 0.5}, {"model": "fake-big"}] if self.plan.cascade else []}
         (self.work / "params.json").write_text(json.dumps(params))
         (self.work / "defs.py").write_text(DEFS)
+        if self.plan.cascade and self.plan.rows:  # rows for the second model to answer
+            self.faults["cascade"] += 1
         self.new_generation(empty=False)
 
     def new_generation(self, empty: bool) -> None:
@@ -139,7 +142,7 @@ class Episode(Steps):
         self.prompts_rows = [len(t) for t in tables]
         self.prompts = [len({r["text"] for r in t if not r.get("_input_error") and not check_text(
             r["text"], "text", job.spec.max_input_chars)}) for t in tables]
-        return str(job.version_for(FakeVLLMResource().model_identity()))
+        return str(job.output_version(FakeVLLMResource()))  # a cascade's too
 
     # -- processes --------------------------------------------------------------------------------
 

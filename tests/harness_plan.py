@@ -25,7 +25,7 @@ READS = ("status", "sql", "preview", "read_outputs")
 #: Every kind of fault a plan can inject; the fixed seeds of ``make test`` cover them all.
 FAULT_KINDS = ("sigkill", "sigstop", "store_5xx", "store_lost_reply", "store_delay", "reshard",
                "read_status", "read_sql", "read_preview", "read_read_outputs", "empty_shards", "hostile_ids",
-               "clock_skew", "engine_fail", "failpoint_kill", "failpoint_stop")
+               "clock_skew", "engine_fail", "failpoint_kill", "failpoint_stop", "cascade")
 #: Rows whose ids collide with the ids sharding generates for duplicates and nulls, and a null text.
 HOSTILE = [("a", "A hostile twin, the first."), ("a", "A hostile twin, the second."),
            ("a#dup2", "A real id that looks like a generated one."), (None, "A row with no id at all."),
@@ -102,10 +102,12 @@ class Plan:
     boxes: list[BoxPlan]
     steps: list[Step] = field(default_factory=list)
     final_box: str = "A"
+    cascade: bool = False  # the job is a cascade of two fake models (spec/cascade.py)
 
     def describe(self) -> list[str]:
         head = (f"episode seed={self.seed} home={self.home}: {len(self.boxes)} boxes, lease {self.lease_s:g} s, "
-                f"{self.shards} shards, fake engine {self.delay_s * 1000:.0f} ms a prompt")
+                f"{self.shards} shards, fake engine {self.delay_s * 1000:.0f} ms a prompt"
+                + (", a cascade of two models" if self.cascade else ""))
         rows = f"input v0: {self.rows} rows" + (" plus hostile ids (a, a, a#dup2, <null>, null-id-1) and a null "
                                                 "text" if self.hostile else "")
         lines = [head, f"  {rows}", *(f"  {b.describe()}" for b in self.boxes)]
@@ -119,6 +121,7 @@ class Plan:
         kinds = {"hostile_ids"} if self.hostile else set()
         kinds |= {"empty_shards"} if self.rows < self.shards else set()
         kinds |= {"clock_skew"} if any(b.skew_s for b in self.boxes) else set()
+        kinds |= {"cascade"} if self.cascade and self.rows else set()
         for f in [b.faults for b in self.boxes if b.faults] + [s.faults for s in self.steps if s.faults]:
             kinds |= {k for k, rate in (("store_5xx", f.get("error_rate")), ("store_delay", f.get("delay_rate")),
                                         ("store_lost_reply", f.get("drop_after_upstream_rate"))) if rate}
@@ -281,6 +284,8 @@ def make_plan(seed: int, home: str | None = None) -> Plan:
     rows = rng.randint(50, 110) if rng.random() >= 0.15 else rng.choice([0, 1, shards - 1])
     plan = Plan(seed=seed, home=home or drawn_home, lease_s=lease, shards=shards,
                 delay_s=round(rng.uniform(0.03, 0.06), 3), rows=rows, hostile=rng.random() < 0.3, boxes=[])
+    # Drawn apart from the schedule's stream, so every seed's schedule stays what it was.
+    plan.cascade = random.Random(f"cascade-{seed}").random() < 0.35
     for name in "ABC"[: rng.choice([2, 2, 3])]:
         # Skew within the documented bound (docs/protocol.md: clocks may differ by a third of a
         # lease): at most an eighth of it either way, so two boxes differ by a quarter at most.

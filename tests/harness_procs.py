@@ -26,7 +26,7 @@ spec = JobSpec(name="things", input=P["input"], id_column="id", text_columns=["t
                user_template="What is this? {{ text }}",
                output=OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"]),
                shard_count=P["shards"], home=P["home"], cache_dir=os.environ.get("T_CACHE"),
-               lease_seconds=P["lease_s"], checkpoint_rows=10, checkpoint_seconds=0.3)
+               lease_seconds=P["lease_s"], checkpoint_rows=10, checkpoint_seconds=0.3, cascade=P.get("cascade") or [])
 job = build_batch_assets(spec=spec)
 fake = {"delay_s": P["delay_s"], "trace_path": os.environ.get("T_TRACE")}
 if os.environ.get("T_FAIL_AFTER"):

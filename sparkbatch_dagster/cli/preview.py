@@ -62,7 +62,9 @@ def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[st
     ``home``: where the shards are (:func:`planning_home`); the job's own by default."""
     spec, home = job.spec, home or job.home
     manifest = home.read_manifest() or {"keys": [], "signature": None}
-    model = resource.model_identity()
+    from ..definitions.cascade import model_identity
+
+    model = model_identity(spec, resource)
     store = open_store(spec, home, model)
     shards: list[dict[str, Any]] = []
     samples: list[tuple[str, list[dict[str, str]], list[str]]] = []

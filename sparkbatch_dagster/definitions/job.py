@@ -30,8 +30,10 @@ class BatchJob:
     pool: str | None = "gpu"
 
     def output_version(self, resource: VLLMResource) -> str:
-        """Fingerprint of prompt + sampling + model + input shards: the output folder's name."""
-        return self.version_for(resource.model_identity())
+        """Fingerprint of prompt + sampling + model (a cascade's stages) + input shards: the output folder's name."""
+        from .cascade import model_identity
+
+        return self.version_for(model_identity(self.spec, resource))
 
     def version_for(self, model_id: str) -> str:
         """:meth:`output_version` for a model identity already known (a server asked once, not twice)."""

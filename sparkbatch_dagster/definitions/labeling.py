@@ -27,6 +27,7 @@ from ..run.progress import Relay, tell
 from ..run.runner import ShardRun
 from ..spec import JobSpec, fingerprint
 from . import events
+from .cascade import CascadePlan
 from .deploy import pool_limit
 
 if TYPE_CHECKING:
@@ -53,14 +54,16 @@ class LabelConfig(Config):
 def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource,
                      code_version: str, pool: str | None, config: LabelConfig | None = None) -> Iterator[Any]:
     """The body of ``labeled_outputs``: the run's partitions, then the rest of its backfill's gaps."""
-    spec, home, key = job.spec, job.home, job.keys["labeled_outputs"]
+    spec, home = job.spec, job.home
     spans = Spans(collect=True)  # where the step's time goes: its attempt's record, `sparkbatch run`'s timings_s
     config = config or LabelConfig()
     keys = context.partition_keys  # each read asks the instance for the dynamic partitions
     home.refresh(write=True)  # a bucket home: its shards and commits; bad credentials stop here
     job.check_partitions(keys)  # before any engine starts
     with spans.span("identity"):
-        model_id = resource.model_identity()  # once: for a server it is a request to /v1/models
+        # A cascade answers with its stages' engines, each started when first needed (definitions/cascade.py).
+        plan = CascadePlan(spec, resource, home, context.log) if spec.cascade else None
+        model_id = plan.model_id if plan else resource.model_identity()  # once: for a server, a request
     version = job.version_for(model_id)
     planned = (home.read_manifest() or {}).get("signature")
     if (home.read_current() or {}).get("version") != version:  # refresh() brought the current one
@@ -68,8 +71,22 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
     brake = make_brake(job, version, config)  # a bad max cost or deadline stops here, before the engine
     resource.use_home(home, context.log)  # a cold start restores the compile cache from it, and saves it there
     # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
-    engine = LazyEngine(model_id, resource.get_engine, log=context.log.info, settings=_settings_line(resource),
-                        spans=spans)
+    engine = LazyEngine(model_id, plan.start if plan else resource.get_engine, log=context.log.info,
+                        settings=_settings_line(resource), spans=spans)
+    try:
+        yield from _label(context, job, resource, config, engine, plan, version, planned, brake, code_version, pool,
+                          keys)
+    finally:
+        if plan is not None:
+            plan.close()
+
+
+def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource, config: LabelConfig,
+           engine: LazyEngine, plan: CascadePlan | None, version: str, planned: str | None, brake: Brake,
+           code_version: str, pool: str | None, keys: list[str]) -> Iterator[Any]:
+    """:func:`label_partitions` once the engine is set up: what is done, then what is left."""
+    spec, home, key = job.spec, job.home, job.keys["labeled_outputs"]
+    starts = plan.cold_starts if plan is not None else resource.cold_starts
     # Downstream assets read the current version: it moves to this one only once it has a
     # committed partition, so a run that fails under new settings never empties them.
     current = home.has_commits(version)
@@ -101,9 +118,9 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
     if todo:
         context.log.info(f"labeling {len(todo) + len(gaps)} partition(s) with {engine.model_id}; the engine starts "
                          "when the first prompt that is not in the result store needs it")
-        base = resource.cold_starts()
+        base = starts()
         runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info), run_id=context.run_id,
-                          brake=brake, engine_starts=lambda: resource.cold_starts() - base)
+                          brake=brake, engine_starts=lambda: starts() - base)
         runner.expected_rows_per_s = job.expected_rows_per_s(version)
         before = _estimate_first(job, resource, engine, runner, context.log.info) if config.estimate else None
         for stats in runner.stream(todo + gaps, optional=set(gaps), before=before):

@@ -36,6 +36,7 @@ class EngineResult:
     ``max_tokens``); None when it gave none. ``confidence``: how sure the model was of the
     answer (:mod:`.confidence`: a label's probability among the labels; a JSON answer's least
     likely value token), None for free text and where the engine gave no log-probabilities.
+    ``model``: the model that answered, when it is not the engine's own (a cascade's stage).
     """
 
     id: str
@@ -47,6 +48,7 @@ class EngineResult:
     retryable: bool = False
     finish_reason: str | None = None
     confidence: float | None = None
+    model: str | None = None
 
 
 def structured_outputs(output: OutputSpec) -> dict[str, Any] | None:
@@ -131,6 +133,17 @@ class LazyEngine(Engine):
         self._log, self._settings = log, settings  # "loading" and "ready" lines, outside the timed start
         self.spans = spans or Spans()
         self.started: Engine | None = None
+        self._start_s = 0.0
+
+    @property  # type: ignore[override]
+    def start_seconds(self) -> float:
+        """This run's engine starts: the one here, and those the engine made later (a cascade's stages)."""
+        later = getattr(self.started, "later_start_s", 0.0) if self.started is not None else 0.0
+        return self._start_s + later
+
+    @start_seconds.setter
+    def start_seconds(self, value: float) -> None:
+        self._start_s = value
 
     def generate(
         self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec

@@ -95,7 +95,7 @@ class FakeEngine(Engine):
                 prompt_tokens=len(prompt.split()) + 4,
                 output_tokens=max(1, len(text.split())),
                 finish_reason="length" if cut else "stop",
-                confidence=_confidence(prompt, output) if self.answer is None else None,
+                confidence=_confidence(self.model_id, prompt, output) if self.answer is None else None,
             )
 
     def _wait_at_gate(self) -> None:
@@ -106,11 +106,12 @@ class FakeEngine(Engine):
             time.sleep(0.02)
 
 
-def _confidence(prompt: str, output: OutputSpec) -> float | None:
-    """A confidence from the prompt's hash, spread over (0, 1] as a real engine's would be."""
+def _confidence(model: str, prompt: str, output: OutputSpec) -> float | None:
+    """A confidence from the model's and prompt's hash, spread over (0, 1] as a real engine's
+    would be: another model is sure of other rows (a cascade's stages differ)."""
     if output.kind == "text":
         return None
-    h = int(hashlib.sha256(b"confidence" + prompt.encode()).hexdigest(), 16)
+    h = int(hashlib.sha256(f"confidence\x1e{model}\x1e{prompt}".encode()).hexdigest(), 16)
     return round(0.05 + (h % 9500) / 10000, 4)
 
 

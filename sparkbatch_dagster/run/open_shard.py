@@ -60,9 +60,10 @@ class OpenShard:
         found = store.lookup([self.keys[g] for g in candidates])
         written = 0
         for group in [g for g in candidates if self.keys[g] in found]:
-            stored_output, stored_error, confidence = found[self.keys[group]]
+            stored_output, stored_error, confidence, model = found[self.keys[group]]
             for i, rid in enumerate(self.groups.pop(group)[1]):
-                self.writer.add(row(rid, self.version, self.model, stored_output, stored_error, dedup=i > 0,
+                # The model that gave it: a cascade's stage (the store of one model holds that model's).
+                self.writer.add(row(rid, self.version, model or self.model, stored_output, stored_error, dedup=i > 0,
                                      key=self.keys[group], reused=True, confidence=confidence))
                 written += 1
         return written

@@ -49,8 +49,8 @@ SCHEMA = pa.schema([
     ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()), ("model", pa.string()),
     ("created_at", pa.string()), ("confidence", pa.float64()),
 ])
-#: A stored answer: (output, error, confidence).
-Answer = tuple[str | None, str | None, float | None]
+#: A stored answer: (output, error, confidence, the model that gave it).
+Answer = tuple[str | None, str | None, float | None, str | None]
 #: Segments of one level merged into one of the next level.
 FAN_IN = 16
 
@@ -89,7 +89,7 @@ class ResultStore:
     Example::
 
         store = ResultStore(spec.result_store_path, spec.answer_context(model_id))
-        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error, confidence)}
+        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error, confidence, model)}
         store.add(rows)                            # dicts with prompt_key, output, error, tokens, model
     """
 
@@ -125,8 +125,8 @@ class ResultStore:
         return sorted(self.dir.glob("seg-*.parquet")) if self.dir.exists() else []
 
     def lookup(self, keys: list[str]) -> dict[str, Answer]:
-        """Stored (output, error, confidence) of each key that has an answer; keys without one are
-        absent. Answers stored before confidences were kept have none (None)."""
+        """Stored (output, error, confidence, model) of each key that has an answer; keys without one
+        are absent. Answers stored before confidences were kept have none (None)."""
         if not keys:
             return {}
         if not self._pulled:
@@ -160,14 +160,15 @@ class ResultStore:
                     hits = con.execute(
                         # One copy of a key (one struct: its output and confidence from the same copy);
                         # segments written before the confidence column read it as null.
-                        "SELECT p.i, any_value(struct_pack(o := r.output, e := r.error, c := r.confidence)) "
-                        "FROM probe p JOIN (FROM read_parquet(?, union_by_name = true) UNION ALL BY NAME "
-                        "SELECT NULL::DOUBLE AS confidence WHERE false) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
+                        "SELECT p.i, any_value(struct_pack(o := r.output, e := r.error, c := r.confidence, "
+                        "m := r.model)) FROM probe p JOIN (FROM read_parquet(?, union_by_name = true) "
+                        "UNION ALL BY NAME SELECT NULL::DOUBLE AS confidence WHERE false) r "
+                        "ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
                         [files]
                     ).fetchall()
                 finally:
                     con.unregister("probe")
-        return {keys[i]: (found["o"], found["e"], found["c"]) for i, found in hits}
+        return {keys[i]: (found["o"], found["e"], found["c"], found["m"]) for i, found in hits}
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Store newly generated answers as one segment, then merge segments that piled up."""

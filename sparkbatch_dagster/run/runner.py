@@ -302,7 +302,7 @@ class ShardRun:
         else:
             output, error, cut = outcome(res, self.spec)
             for i, rid in enumerate(ids):
-                shard.writer.add(row(rid, self.version, self.engine.model_id, output, error, res,
+                shard.writer.add(row(rid, self.version, res.model or self.engine.model_id, output, error, res,
                                      dedup=i > 0, key=shard.keys[group], truncated=cut))
             self._rows_done += len(ids)
             shard.done += len(ids)

@@ -8,8 +8,9 @@ text checks that turn bad input into error rows (:mod:`.prompts`).
 May import: ``errors``. The bottom room: everything else builds on it.
 """
 
+from .cascade import CascadeStage
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
 from .job_spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, fingerprint
 
-__all__ = ["PRESETS", "THIS_MACHINE", "EstimateSpec", "HardwareSpec", "JobSpec", "ModelCandidate", "NodeOption",
-           "OutputSpec", "SamplingSpec", "fingerprint"]
+__all__ = ["PRESETS", "THIS_MACHINE", "CascadeStage", "EstimateSpec", "HardwareSpec", "JobSpec", "ModelCandidate",
+           "NodeOption", "OutputSpec", "SamplingSpec", "fingerprint"]

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from .cascade import CascadeStage, check_cascade
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
 
 #: storage_options keys that hold a secret: only by reference (EnvVar / {env: NAME}).
@@ -271,6 +272,10 @@ class JobSpec(_Checked):
         "first, in the `review` view for a person to check (`sparkbatch sql -f ... \"FROM review\"`). Changes "
         "only that view: not the output version, not the stored answers.",
     )
+    cascade: list[CascadeStage] = Field(
+        default_factory=list, description="Models in turn: the first answers every row, each next one the rows "
+        "the one before was less sure of than its `below` (spec/cascade.py). Empty = the configured model alone.",
+    )
     estimate: EstimateSpec = Field(default_factory=EstimateSpec, description="`sparkbatch estimate` settings.")
     max_cost_usd: float | None = Field(
         default=None, ge=0.0, description="Brake: a run refuses to generate when the predicted bill of the "
@@ -331,6 +336,7 @@ class JobSpec(_Checked):
 
         check_template(self.user_template, self.text_columns, "user_template")
         check_template(self.system_prompt, self.text_columns, "system_prompt")
+        check_cascade(self.cascade, self.output.kind)
         return self
 
     @property
