@@ -29,6 +29,8 @@ REQUIRED = {
     "engine_start": {"machine", "rounds", "variants"},
     "compile_cache": {"date", "machine", "model", "rounds", "archive_mb", "cold", "restored", "warm"},
     "cpu_dtype": {"date", "machine", "model", "prompts", "rounds", "arms", "float32_over_native_rows_per_s"},
+    "cascade": {"date", "machine", "rows", "sample_rows", "labels", "hourly_usd", "below", "estimate", "runs",
+                "cascade_over_gemma_generation"},
     "confidence": {"date", "machine", "model", "kind", "rows", "rounds", "median_s", "on_over_off", "same_answers",
                    "rows_with_confidence"},
     "label_decoding": {"date", "machine", "model", "rows", "rounds", "median_s", "grammar_over_one_step",

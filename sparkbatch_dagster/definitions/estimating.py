@@ -48,6 +48,7 @@ def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log)
     log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,} on {machine.description}; models: "
         f"{[resource.model or 'default', *[c.label for c in runnable]]}")
     models: list[dict[str, Any]] = []
+    timings: list[Any] = []  # each model's sample, row by row: the cascades are judged on them
     failed: list[dict[str, str]] = []
     for candidate in [None, *runnable]:
         res = resource if candidate is None else _candidate_resource(resource, candidate)
@@ -64,10 +65,11 @@ def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log)
             res.close() if candidate is None else res.shutdown()
         models.append(_forecast(job, res, sample, timing, options, machine, res.model_identity(), name, candidate,
                                 log))
+        timings.append(timing)
     extra = ([f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed]
              + [f"Candidate {u['model']!r} is listed, not timed: {u['error']}." for u in unrunnable])
     return _report(job, sample, est, models, batch, {"failed_models": failed, "unrunnable_models": unrunnable},
-                   extra)
+                   extra, timings)
 
 
 def estimate_in_run(job: BatchJob, resource: VLLMResource, engine: Any, model_id: str, log: Log) -> dict[str, Any]:
@@ -128,13 +130,15 @@ def _forecast(job: BatchJob, res: VLLMResource, sample: Any, timing: Any, option
 
 
 def _report(job: BatchJob, sample: Any, est: EstimateSpec, models: list[dict[str, Any]], batch: int,
-            left_out: dict[str, Any], extra_advice: list[str]) -> dict[str, Any]:
-    """The estimate's report (the configured model first), written as JSON + chart."""
+            left_out: dict[str, Any], extra_advice: list[str], timings: list[Any] | None = None) -> dict[str, Any]:
+    """The estimate's report (the configured model first), written as JSON + charts."""
     from .. import estimate as E
+    from ..estimate import cascades as K
     from ..estimate import choice as C
 
     has_gold = job.spec.gold_column is not None
     chosen = C.choose(models, est.accuracy_bar, has_gold)
+    pairs = K.evaluate(models, timings, est.accuracy_bar) if has_gold and timings and len(timings) > 1 else []
     primary = models[0]
     report = {
         "job": job.spec.name, "base_sample_rows": len(sample.rows), "sample_rows": len(sample.rows),
@@ -147,13 +151,26 @@ def _report(job: BatchJob, sample: Any, est: EstimateSpec, models: list[dict[str
         # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
         "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
                            on_gpu=not on_cpu(), has_gold=has_gold, models=models, total_rows=sample.total_rows)
-        + _reliability_advice(models) + extra_advice,
+        + _reliability_advice(models) + K.advice(pairs, chosen, est.accuracy_bar) + extra_advice,
+        "cascades": pairs, "best_buy": _best_buy(chosen, K.cheapest(pairs)),
     }
-    written = E.write_report(report, job.home.estimate_dir)
-    for path in ("json", "chart"):
-        if Path(written[path]).exists():
+    chart = K.write_chart(pairs, job.home.estimate_dir / "cascade.png")
+    written = E.write_report({**report, "cascade_chart": str(chart) if chart else None}, job.home.estimate_dir)
+    for path in ("json", "chart", "cascade_chart"):
+        if written.get(path) and Path(written[path]).exists():
             job.home.publish(Path(written[path]))
     return written
+
+
+def _best_buy(model: dict[str, Any] | None, cascade: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The cheapest that clears the bar: the model chosen alone, or a cascade."""
+    found = [(kind, x) for kind, x in (("model", model), ("cascade", cascade))
+             if x is not None and x.get("best_cost_usd") is not None]
+    if not found:
+        return None
+    kind, best = min(found, key=lambda f: f[1]["best_cost_usd"])
+    return {"kind": kind, "model": best["model"], "cost_usd": best["best_cost_usd"],
+            "configured_as": best.get("configured_as")}
 
 
 def _reliability_advice(models: list[dict[str, Any]]) -> list[str]:

@@ -74,6 +74,9 @@ class Timing:
     s_per_token: float = 0.0
     #: (confidence, right) of each scored row whose answer had a confidence: the reliability table.
     sure: list[tuple[float, bool]] = field(default_factory=list)
+    #: Each scored row's (confidence, right): None where its answer had none (an error row). Two
+    #: models' rows in common make a cascade's accuracy on the sample (``estimate/cascades.py``).
+    by_row: dict[str, tuple[float | None, bool]] = field(default_factory=dict)
 
 
 @dataclass
@@ -167,6 +170,7 @@ def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine) -> Timi
         output_tokens=sum(r.output_tokens for r in results.values()),
         errors=len(errors) + sum(1 for v in outputs.values() if v is None), correct=correct,
         requests=len(groups), steps=[(len(rows), correct or 0)] if correct is not None else [], sure=sure,
+        by_row={i: (confidence.get(i) if outputs.get(i) is not None else None, ok) for i, ok in right.items()},
     )
 
 
@@ -191,6 +195,7 @@ def merge(a: Timing, b: Timing, first_rows: int) -> Timing:
         output_tokens=a.output_tokens + (b.output_tokens if fast else 0),
         requests=(a.requests or a.rows) + ((b.requests or b.rows) if fast else 0),
         steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [], sure=[*a.sure, *b.sure],
+        by_row={**a.by_row, **b.by_row},
     )
 
 
