@@ -2,12 +2,17 @@
 unsure of go to the next. Fake engines here (their confidence a hash of model and prompt); the
 real engines (SmolLM2 then Gemma 3 270M) in test_cascade_real.py."""
 
+import textwrap
+
+import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
+from dagster.components.testing import create_defs_folder_sandbox
 
 from conftest import label_then_metrics, make_rows, make_spec, one_shard
 from sparkbatch_dagster import ConfigError, EngineError, build_batch_assets
+from sparkbatch_dagster.definitions.factory import find_job
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.run.cascade import CascadeEngine, Stage
 from sparkbatch_dagster.run.result_store import open_store
@@ -113,3 +118,27 @@ def test_a_wrong_cascade_stops_with_what_to_fix(tmp_path, cascade, says):
 def test_free_text_cannot_cascade(tmp_path):
     with pytest.raises(ConfigError, match="confidence"):
         make_spec(tmp_path, cascade=CASCADE, output={"kind": "text"})
+
+
+def test_a_cascade_travels_from_a_defs_yaml(tmp_path):
+    text = textwrap.dedent(f"""
+        type: sparkbatch_dagster.BatchInferenceComponent
+        attributes:
+          name: things
+          input: {make_spec(tmp_path).input}
+          text_columns: [text]
+          user_template: "What is this? {{{{ text }}}}"
+          output: {{kind: label, labels: [fruit, vehicle, animal]}}
+          cascade:
+            - below: 0.8
+            - model: gemma-3-270m@quantization=fp8
+    """)
+    with create_defs_folder_sandbox() as sandbox:
+        (sandbox.defs_folder_path / "things").mkdir(parents=True)
+        (sandbox.defs_folder_path / "things" / "defs.yaml").write_text(text)
+        with sandbox.build_all_defs():
+            job = find_job(dg.AssetKey(["things", "labeled_outputs"]))
+            assert job is not None
+            first, second = job.spec.cascade
+    assert first.model is None and first.below == 0.8
+    assert second.candidate().model == "gemma-3-270m" and second.candidate().engine_kwargs == {"quantization": "fp8"}
