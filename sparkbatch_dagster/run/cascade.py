@@ -111,15 +111,18 @@ class CascadeEngine(Engine):
         yield from _drain(stored)
         if first is None:
             return
-        engine = self._engine(stage)
+        results = self._engine(stage).generate(itertools.chain([first], pending), sampling, output)
         adding: list[dict[str, Any]] = []
         try:
-            for res in engine.generate(itertools.chain([first], pending), sampling, output):
+            for res in results:
                 yield from _drain(stored)
                 self._keep(stage, res, keys, adding)
                 yield sent.pop(res.id), res
             yield from _drain(stored)
         finally:
+            close = getattr(results, "close", None)
+            if close is not None:  # a caller that stops early (the brake) aborts what is in flight now
+                close()
             self._store(stage, adding)
 
     def _lookup(self, stage: Stage, chunk: list[EngineRequest], keys: dict[str, str]) -> dict[str, EngineResult]:
