@@ -142,3 +142,22 @@ def test_a_cascade_travels_from_a_defs_yaml(tmp_path):
             first, second = job.spec.cascade
     assert first.model is None and first.below == 0.8
     assert second.candidate().model == "gemma-3-270m" and second.candidate().engine_kwargs == {"quantization": "fp8"}
+
+
+def test_shards_commit_as_the_run_goes_not_at_its_end(tmp_path):
+    """Rounds of requests go through both stages in turn: the first shard is committed (and billed)
+    before the first stage has seen the last shard's rows."""
+    from sparkbatch_dagster.home import JobHome
+    from sparkbatch_dagster.inputs.shards import build_shards
+    from sparkbatch_dagster.run.runner import ShardRun
+
+    spec = make_spec(tmp_path, n=80, shards=4, cascade=CASCADE)
+    home = JobHome(spec.home_path)
+    keys = build_shards(spec, home)["keys"]
+    small, big = FakeEngine("small"), FakeEngine("big")
+    stages = [Stage("small", lambda: small, lambda: None, 0.5), Stage("big", lambda: big, lambda: None, None)]
+    engine = CascadeEngine("cascade(small<0.5, big)", stages, spec)
+    engine.round = 10
+    seen_at_commit = [small.requests_seen for _ in ShardRun(spec, home, "00000000000000cb", engine).stream(keys)]
+    assert len(seen_at_commit) == 4 and seen_at_commit[0] < seen_at_commit[-1]
+    assert big.requests_seen > 0  # and the second stage answered along the way

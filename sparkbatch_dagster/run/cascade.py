@@ -8,10 +8,11 @@ are those of every stage that worked on the row (what the row cost).
 Each stage keeps its answers in the result store under its own model identity, as it gives them:
 a rerun of the same cascade reuses the job's own answers, and a cascade whose later stage changed
 asks stage 1 nothing again (its answers are stored) and the new stage only the rows escalated to
-it. A stage's engine starts when its first request is not in its store, once per run: stages run
-one after another over each ``generate`` call's requests (the whole run's, or a shard's with a
-bucket home), and every engine started stays up until :meth:`CascadeEngine.close`, so on a GPU
-the stages share its memory (``definitions/cascade.py`` splits it).
+it. A stage's engine starts when its first request is not in its store, once per run, and stays
+up until :meth:`CascadeEngine.close` (on a GPU the stages share its memory: ``definitions/cascade.py``
+splits it). Requests go through the stages in rounds of ``ROUND``: stage 1 answers a round,
+stage 2 the round's escalated rows, and so on, then the next round; so shards commit as the run
+goes, and each is billed for the time of the rounds that finished it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from .rows import STORED_ERRORS, outcome
 
 #: Requests looked up in a stage's store at a time, and fresh answers stored at a time.
 CHUNK = 256
+#: Requests taken through every stage before the next ones: shards commit as the run goes (not
+#: all at its end), and each stage's engine still sees batches far larger than it runs at once.
+ROUND = 4096
 
 
 @dataclass
@@ -60,9 +64,17 @@ class CascadeEngine(Engine):
         self.later_start_s = 0.0
         #: Rows each stage answered for good, by stage name: what the run reports.
         self.answered: dict[str, int] = {s.name: 0 for s in stages}
+        self.round = ROUND
 
     def generate(self, requests: Iterable[EngineRequest], sampling: SamplingSpec,
                  output: OutputSpec) -> Iterator[EngineResult]:
+        source = iter(requests)
+        while batch := list(itertools.islice(source, self.round)):
+            yield from self._through_stages(batch, sampling, output)
+
+    def _through_stages(self, requests: list[EngineRequest], sampling: SamplingSpec,
+                        output: OutputSpec) -> Iterator[EngineResult]:
+        """One round of requests through the stages, each stage's escalations to the next."""
         todo: Iterable[EngineRequest] = requests
         so_far: dict[str, EngineResult] = {}  # escalated rows: what the stages before cost them
         for stage in self.stages:
