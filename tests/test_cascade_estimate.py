@@ -54,6 +54,8 @@ def test_a_cheap_unsure_model_and_a_dear_sure_one_make_the_cheapest_way_over_the
     assert best is first and best["best_cost_usd"] < models[1]["options"][0]["cost_usd"]  # cheaper than big alone
     line = cascades.advice(pairs, {"model": "big", "best_cost_usd": models[1]["options"][0]["cost_usd"]}, 0.85)[0]
     assert "cheaper than big alone" in line and "25% of rows go to big" in line
+    alone = cascades.advice(pairs, None, 0.85)[0]
+    assert "no model alone clears 0.85: the best buy" in alone
 
 
 def test_pairs_without_enough_rows_or_confidences_are_not_judged():

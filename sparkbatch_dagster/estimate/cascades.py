@@ -102,7 +102,10 @@ def advice(cascades: list[dict[str, Any]], chosen: dict[str, Any] | None, bar: f
         cheaper = best["best_cost_usd"] < chosen["best_cost_usd"]
         line += (f"; {'cheaper than' if cheaper else 'dearer than'} {chosen['model']} alone "
                  f"(${chosen['best_cost_usd']}){': the best buy' if cheaper else ''}")
-    return [line + ". (Escalated rows priced as average rows; the box holds both models.)"]
+    else:
+        line += f"; no model alone clears {bar:g}: the best buy"
+    return [line + f". Its threshold was picked on the same {best['sample_rows']} sample rows it is judged on, "
+            "so its accuracy there flatters it. (Escalated rows priced as average rows; the box holds both models.)"]
 
 
 def write_chart(cascades: list[dict[str, Any]], path: Path) -> Path | None:
