@@ -85,4 +85,6 @@ def test_the_estimate_reports_cascades_a_chart_and_the_best_buy(tmp_path):
     assert Path(report["cascade_chart"]).is_file()
     # The fake models give the same answers: a cascade is as accurate as either, and dearer.
     assert report["best_buy"]["kind"] == "model"
+    md = result.asset_materializations_for_node("things__estimate")[0].metadata
+    assert md["best_buy"].value == report["best_buy"]["model"]
     assert any(line.startswith("Cascade ") for line in report["advice"])

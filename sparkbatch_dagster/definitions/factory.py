@@ -266,6 +266,8 @@ def build_batch_assets(
             **{f"speed_basis {o['name']}": o["speed_basis"] for o in report["options"]},
             "measured_on": report["measured_on"], "measured_tokens_per_s": report["measured_tokens_per_s"],
             "chosen_model": str(report["chosen_model"]),
+            # The cheapest that clears the bar, a cascade of the models included (estimate/cascades.py).
+            **({"best_buy": str(report["best_buy"]["model"])} if report.get("best_buy") else {}),
             **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
             "models": MetadataValue.md(_md_table(table, list(table[0]))),
             **({"reliability": MetadataValue.md(_md_table(sure, ["model", "bucket", "rows", "correct", "accuracy",
