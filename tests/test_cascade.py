@@ -63,6 +63,9 @@ def test_rows_the_first_model_is_unsure_of_are_answered_by_the_next(tmp_path):
     assert {r["model"] for r in rows.values()} == {"small", "big"}
     md = [m.metadata for m in labeled.asset_materializations_for_node("things__labeled_outputs")]
     assert {m["model"].value for m in md} == {"cascade(small<0.5, big)"}  # the version's identity
+    prompts = {name: len({r["prompt_key"] for r in rows.values() if r["model"] == name}) for name in ("small", "big")}
+    logs = [e.user_message for e in DagsterInstance.get().all_logs(labeled.run_id)]
+    assert f"cascade: rows answered in this run, by stage: small {prompts['small']}, big {prompts['big']}" in logs
 
 
 def test_a_rerun_asks_nothing_and_a_new_last_stage_only_the_escalated_rows(tmp_path):

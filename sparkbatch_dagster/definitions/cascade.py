@@ -70,7 +70,7 @@ class CascadePlan:
 
     def __init__(self, spec: JobSpec, resource: VLLMResource, home: JobHome | None = None,
                  log: Any = None) -> None:
-        self.spec, self.resource, self.home = spec, resource, home
+        self.spec, self.resource, self.home, self.log = spec, resource, home, log
         self.resources = stage_resources(spec, resource)
         self.names = [res.model_identity() for res in self.resources]
         self.model_id = identity(spec, self.names)
@@ -92,6 +92,10 @@ class CascadePlan:
         return sum(res.cold_starts() for res in {id(r): r for r in self.resources}.values())
 
     def close(self) -> None:
-        """The run's end: every stage's engine stops (a keep_warm resource keeps its own)."""
+        """The run's end: every stage's engine stops (a keep_warm resource keeps its own), and the
+        log says how many rows each stage answered."""
         if self.engine is not None:
+            if self.log is not None and any(self.engine.answered.values()):
+                self.log.info("cascade: rows answered in this run, by stage: " + ", ".join(
+                    f"{name} {n}" for name, n in self.engine.answered.items()))
             self.engine.close()
