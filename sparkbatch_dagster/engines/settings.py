@@ -115,7 +115,10 @@ def llm_kwargs(
     if clash:
         raise ConfigError(f"engine_kwargs sets {clash}, which VLLMResource has as fields (kv_cache_memory_bytes: "
                           "kv_cache_memory_gb): set the fields instead")
-    return {**kwargs, **engine_kwargs}
+    # Log-probabilities after the grammar's mask and the allowed tokens: each step's already
+    # renormalized over what it may take, which an answer's confidence needs (engines/confidence.py).
+    # Not a field: engine_kwargs may set another.
+    return {"logprobs_mode": "processed_logprobs", **kwargs, **engine_kwargs}
 
 
 def check_memory(kwargs: Mapping[str, Any], copies: int = 1) -> None:

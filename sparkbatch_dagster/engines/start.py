@@ -173,9 +173,6 @@ def start(cfg: EngineSettings) -> Engine:
     # Memory is read last, right before loading: the identity's hashing (a cold one reads every
     # weight file) leaves no page cache behind (home/digests.py), and nothing else runs between.
     kwargs, note = sized_memory(cfg, kwargs, model, engines)
-    # Log-probabilities after the grammar's mask and the allowed tokens: each step's already
-    # renormalized over what it may take, which an answer's confidence needs (engines/confidence.py).
-    kwargs.setdefault("logprobs_mode", "processed_logprobs")
     if cfg.mode == "server":
         from .server_process import ServerProcess, serve_args
 
