@@ -16,7 +16,6 @@ confidence bucket.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from label_decoding import SECTIONS, machine, rows  # noqa: E402
+from label_decoding import SECTIONS, engine_arguments, machine, rows  # noqa: E402
 from results_io import emit  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"section": {"type": "string", "enum": SECTIONS},
@@ -45,13 +44,8 @@ def reliability(pairs: list[tuple[float, bool]]) -> list[dict[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = engine_arguments(__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=["label", "json"], default="label")
-    ap.add_argument("--rows", type=int, default=600)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--model", default=None, help="a model folder (default: the embedded SmolLM2)")
-    ap.add_argument("--engine-kwargs", default="{}", help="JSON, e.g. '{\"load_format\": \"dummy\"}'")
-    ap.add_argument("--out")
     args = ap.parse_args()
     from sparkbatch_dagster import OutputSpec, SamplingSpec, VLLMResource
     from sparkbatch_dagster.engines import EngineRequest

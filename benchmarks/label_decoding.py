@@ -51,14 +51,19 @@ def machine() -> str:
     return str(torch.cuda.get_device_name(0))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def engine_arguments(description: str) -> argparse.ArgumentParser:
+    """The options every one-engine benchmark here takes: rows, rounds, model, engine settings, out."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--rows", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--model", default=None, help="a model folder (default: the embedded SmolLM2)")
     ap.add_argument("--engine-kwargs", default="{}", help="JSON, e.g. '{\"load_format\": \"dummy\"}'")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = engine_arguments(__doc__.splitlines()[0]).parse_args()
     from sparkbatch_dagster import OutputSpec, SamplingSpec, VLLMResource
     from sparkbatch_dagster.engines import EngineRequest
     from sparkbatch_dagster.engines.label_tokens import plan

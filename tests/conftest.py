@@ -83,6 +83,22 @@ def written_parts(home: JobHome, version: str, key: str) -> list[dict[str, Any]]
     return [r for p in home.parts_dir(version, key).glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
 
 
+
+def yaml_job_spec(text: str) -> JobSpec:
+    """The JobSpec a ``things/defs.yaml`` of ``text`` builds, loaded as `dg` loads a defs folder."""
+    import dagster as dg
+    from dagster.components.testing import create_defs_folder_sandbox
+
+    from sparkbatch_dagster.definitions.factory import find_job
+
+    with create_defs_folder_sandbox() as sandbox:
+        (sandbox.defs_folder_path / "things").mkdir(parents=True)
+        (sandbox.defs_folder_path / "things" / "defs.yaml").write_text(text)
+        with sandbox.build_all_defs():
+            job = find_job(dg.AssetKey(["things", "labeled_outputs"]))
+            assert job is not None
+            return job.spec
+
 @pytest.fixture
 def spec(tmp_path: Path) -> JobSpec:
     return make_spec(tmp_path)

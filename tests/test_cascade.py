@@ -4,15 +4,12 @@ real engines (SmolLM2 then Gemma 3 270M) in test_cascade_real.py."""
 
 import textwrap
 
-import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
-from dagster.components.testing import create_defs_folder_sandbox
 
-from conftest import label_then_metrics, make_rows, make_spec, one_shard
+from conftest import label_then_metrics, make_rows, make_spec, one_shard, yaml_job_spec
 from sparkbatch_dagster import ConfigError, EngineError, build_batch_assets
-from sparkbatch_dagster.definitions.factory import find_job
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.run.cascade import CascadeEngine, Stage
 from sparkbatch_dagster.run.result_store import open_store
@@ -136,13 +133,7 @@ def test_a_cascade_travels_from_a_defs_yaml(tmp_path):
             - below: 0.8
             - model: gemma-3-270m@quantization=fp8
     """)
-    with create_defs_folder_sandbox() as sandbox:
-        (sandbox.defs_folder_path / "things").mkdir(parents=True)
-        (sandbox.defs_folder_path / "things" / "defs.yaml").write_text(text)
-        with sandbox.build_all_defs():
-            job = find_job(dg.AssetKey(["things", "labeled_outputs"]))
-            assert job is not None
-            first, second = job.spec.cascade
+    first, second = yaml_job_spec(text).cascade
     assert first.model is None and first.below == 0.8
     assert second.candidate().model == "gemma-3-270m" and second.candidate().engine_kwargs == {"quantization": "fp8"}
 

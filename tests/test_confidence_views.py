@@ -15,16 +15,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import duckdb
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
-from dagster.components.testing import create_defs_folder_sandbox
 
-from conftest import label_then_metrics, make_spec
+from conftest import label_then_metrics, make_spec, yaml_job_spec
 from sparkbatch_dagster import ConfigError, build_batch_assets
-from sparkbatch_dagster.definitions.factory import find_job
 from sparkbatch_dagster.run import metrics
 from sparkbatch_dagster.testing import FakeVLLMResource
 
@@ -242,13 +239,7 @@ def test_review_below_travels_from_a_defs_yaml(tmp_path, monkeypatch):
               output: {{kind: label, labels: [fruit, vehicle, animal]}}
               review_below: {below}
         """)
-        with create_defs_folder_sandbox() as sandbox:
-            (sandbox.defs_folder_path / "things").mkdir(parents=True)
-            (sandbox.defs_folder_path / "things" / "defs.yaml").write_text(text)
-            with sandbox.build_all_defs():
-                job = find_job(dg.AssetKey(["things", "labeled_outputs"]))
-                assert job is not None
-                return job.spec.review_below
+        return yaml_job_spec(text).review_below
 
     assert load("0.2") == 0.2
     assert load("\"{{ env('REVIEW_AT') }}\"") == 0.3

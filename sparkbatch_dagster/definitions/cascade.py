@@ -34,8 +34,7 @@ def stage_resources(spec: JobSpec, resource: VLLMResource) -> list[VLLMResource]
         candidate = stage.candidate()
         res = resource if candidate is None else resource.with_model(candidate.model, candidate.engine_kwargs or None)
         if share is not None:
-            fields = {name: getattr(res, name) for name in type(res).model_fields}
-            res = type(res)(**{**fields, "gpu_memory_utilization": share})
+            res = res.with_fields(gpu_memory_utilization=share)
         out.append(res)
     return out
 

@@ -279,9 +279,12 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     def with_model(self, model: str, engine_kwargs: dict[str, Any] | None = None) -> Self:
         """The same settings with another model: a candidate in a model comparison;
         ``engine_kwargs`` (a precision: ``{"quantization": "fp8"}``) merge over this resource's."""
+        return self.with_fields(model=model, engine_kwargs={**self.engine_kwargs, **(engine_kwargs or {})})
+
+    def with_fields(self, **update: Any) -> Self:
+        """The same settings with ``update``'s fields changed (a cascade stage's share of the GPU)."""
         fields = {name: getattr(self, name) for name in type(self).model_fields}
-        merged = {**self.engine_kwargs, **(engine_kwargs or {})}
-        return type(self)(**{**fields, "model": model, "engine_kwargs": merged})
+        return type(self)(**{**fields, **update})
 
     def llm_kwargs(self) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments of the offline engine (``vllm serve`` flags in server mode)."""
