@@ -48,6 +48,11 @@ OUTPUT_SCHEMA = pa.schema(
 )
 
 
+#: Appended to a DuckDB ``FROM read_parquet(..., union_by_name = true)``: a ``confidence``
+#: column even when no file read has one (all written before it existed); null there.
+WITH_CONFIDENCE = "UNION ALL BY NAME SELECT NULL::DOUBLE AS confidence WHERE false"
+
+
 class CheckpointWriter:
     """Buffers finished rows and appends them to part files every ``every_rows`` rows or
     ``every_seconds`` seconds, whichever comes first. A crash loses at most that much.

@@ -17,6 +17,7 @@ from ..errors import SparkbatchError
 from ..home import JobHome
 from ..inputs.shards import quote_ident
 from ..spec import JobSpec
+from .checkpoint import WITH_CONFIDENCE
 from .reliability import BUCKET_SQL, BUCKETS, bucket_row
 
 METRIC_COLUMNS = [
@@ -174,7 +175,7 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
         con.execute(
             f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
             f"FROM (FROM read_parquet([{files}], union_by_name = true) "
-            "UNION ALL BY NAME SELECT NULL::DOUBLE AS confidence WHERE false) o "
+            f"{WITH_CONFIDENCE}) o "
             f"JOIN read_parquet('{_sql_path(home.shards_dir / 'shard-*.parquet')}') s USING (row_id)"
         )
         con.execute(

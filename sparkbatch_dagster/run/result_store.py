@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..home import Bucket, FileLock, JobHome, atomic_write_parquet
+from .checkpoint import WITH_CONFIDENCE
 
 log = logging.getLogger("sparkbatch")
 
@@ -161,9 +162,8 @@ class ResultStore:
                         # One copy of a key (one struct: its output and confidence from the same copy);
                         # segments written before the confidence column read it as null.
                         "SELECT p.i, any_value(struct_pack(o := r.output, e := r.error, c := r.confidence, "
-                        "m := r.model)) FROM probe p JOIN (FROM read_parquet(?, union_by_name = true) "
-                        "UNION ALL BY NAME SELECT NULL::DOUBLE AS confidence WHERE false) r "
-                        "ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
+                        f"m := r.model)) FROM probe p JOIN (FROM read_parquet(?, union_by_name = true) "
+                        f"{WITH_CONFIDENCE}) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
                         [files]
                     ).fetchall()
                 finally:
