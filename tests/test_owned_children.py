@@ -44,7 +44,7 @@ def test_an_owned_child_outlives_the_thread_that_started_it():
         lambda: subprocess.Popen(ECHO, preexec_fn=die_with_parent, start_new_session=True, **pipes))  # noqa: PLW1509
     try:
         assert _answers(owned) == "alive"
-        assert plain.wait() == -15
+        assert plain.wait(timeout=60) == -15  # the timeout only bounds a hang
     finally:
         for proc in (owned, plain):
             proc.kill()
@@ -52,14 +52,25 @@ def test_an_owned_child_outlives_the_thread_that_started_it():
 
 
 def test_an_owned_child_dies_with_this_process():
-    code = ("import subprocess, sys; from sparkbatch_dagster.engines.server_process import spawn_owned; "
-            "p = spawn_owned(['sleep', '600']); print(p.pid, flush=True)")
+    assert not _left_behind_by(setup="")
+
+
+def test_an_owned_child_dies_with_its_process_even_where_sigterm_is_ignored():
+    """A parent that ignores SIGTERM (a Dagster worker, a test runner) does not hand that on."""
+    assert not _left_behind_by(setup="signal.signal(signal.SIGTERM, signal.SIG_IGN); ")
+
+
+def _left_behind_by(setup: str) -> bool:
+    """Whether a process that ran ``setup`` and started an owned child leaves it running once it exits."""
+    code = ("import signal, subprocess; from sparkbatch_dagster.engines.server_process import spawn_owned; " + setup
+            + "p = spawn_owned(['sleep', '600'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+            "print(p.pid, flush=True)")
     parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     pid = int(parent.stdout)
     deadline = time.monotonic() + 60  # bounds a failure: the kernel signals it as the parent exits
     while _running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _running(pid)
+    return _running(pid)
 
 
 def _running(pid: int) -> bool:

@@ -45,7 +45,11 @@ def free_port() -> int:
 
 def die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL("libc.so.6")
+        # An ignored signal stays ignored across exec: a parent that ignores SIGTERM (a Dagster
+        # worker, a test runner) would hand that on, and the death signal would do nothing.
+        libc.signal(signal.SIGTERM, 0)  # SIG_DFL
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 #: The one thread that forks owned children. The kernel's "parent" in PR_SET_PDEATHSIG is the
