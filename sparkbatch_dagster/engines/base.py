@@ -20,10 +20,25 @@ from .spans import Spans
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """One prompt to generate; ``id`` comes back on its result."""
+    """One prompt to generate; ``id`` comes back on its result. ``sampling`` / ``output``: this
+    request's own settings, where they differ from the ones ``generate`` got (a batch file's line
+    sets its own ``max_tokens`` or ``response_format``); None: those."""
 
     id: str
     messages: list[dict[str, str]]
+    sampling: SamplingSpec | None = None
+    output: OutputSpec | None = None
+
+
+def request_of(rid: str, prompt: Any) -> EngineRequest:
+    """The request for a prompt (``RenderedPrompt``, or a batch file's ``RequestPrompt`` with
+    its own sampling and output)."""
+    return EngineRequest(rid, prompt.messages(), getattr(prompt, "sampling", None), getattr(prompt, "output", None))
+
+
+def settings_key(sampling: SamplingSpec, output: OutputSpec) -> str:
+    """One string per (sampling, output) pair: the key of per-request parameters built once."""
+    return sampling.model_dump_json() + "\x1e" + output.model_dump_json()
 
 
 @dataclass(frozen=True)

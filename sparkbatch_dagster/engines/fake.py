@@ -82,11 +82,12 @@ class FakeEngine(Engine):
                 yield EngineResult(id=req.id, text=None, error="server_error: HTTP 503 after 5 retries", retryable=True)
                 continue
             prompt = "\n".join(m["content"] for m in req.messages)
-            text = self.answer if self.answer is not None else _answer(prompt, output)
+            own, limit = req.output or output, (req.sampling or sampling).max_tokens
+            text = self.answer if self.answer is not None else _answer(prompt, own)
             words = text.split(" ")
-            cut = len(words) > sampling.max_tokens  # a word a token: an answer longer than max_tokens is cut
+            cut = len(words) > limit  # a word a token: an answer longer than max_tokens is cut
             if cut:
-                text = " ".join(words[: sampling.max_tokens])
+                text = " ".join(words[:limit])
             if self._trace:
                 self._trace.write(req.id + "\n")
             yield EngineResult(
@@ -95,7 +96,7 @@ class FakeEngine(Engine):
                 prompt_tokens=len(prompt.split()) + 4,
                 output_tokens=max(1, len(text.split())),
                 finish_reason="length" if cut else "stop",
-                confidence=_confidence(self.model_id, prompt, output) if self.answer is None else None,
+                confidence=_confidence(self.model_id, prompt, own) if self.answer is None else None,
             )
 
     def _wait_at_gate(self) -> None:

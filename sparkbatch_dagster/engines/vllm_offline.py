@@ -18,7 +18,7 @@ from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from ..spec.prompts import chat_text
 from . import confidence, label_tokens
-from .base import Engine, EngineRequest, EngineResult, structured_outputs
+from .base import Engine, EngineRequest, EngineResult, settings_key, structured_outputs
 
 
 def sampling_params(sampling: SamplingSpec, output: OutputSpec, defaults: Mapping[str, Any] | None = None,
@@ -116,6 +116,7 @@ class VLLMOfflineEngine(Engine):
         in_flight: dict[str, str] = {}
         prompt_lens: dict[str, int] = {}
         asked: dict[str, EngineRequest] = {}  # in flight as one step (``step``): asked again if it settles nothing
+        own_params: dict[str, Any] = {}  # requests' own settings (a batch file's lines), built once each
         again: set[str] = set()  # asked again with the grammar
         exhausted = False
         try:
@@ -136,11 +137,14 @@ class VLLMOfflineEngine(Engine):
                             )
                             continue
                         rid = f"sb-{next(self._ids)}"
+                        own = req.sampling is not None or req.output is not None  # a batch file line's own
                         with _engine_failure():  # the engine core may die between two steps
-                            engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), first)
+                            engine.add_request(rid, TokensPrompt(prompt_token_ids=ids),
+                                               self._own_params(req, sampling, output, top, own_params) if own
+                                               else first)
                         in_flight[rid] = req.id
                         prompt_lens[rid] = len(ids)
-                        if step is not None:
+                        if step is not None and not own:
                             asked[rid] = req
                 if not in_flight:
                     if exhausted:
@@ -173,6 +177,15 @@ class VLLMOfflineEngine(Engine):
             if in_flight:  # the caller stopped early: leave the engine clean for the next shard
                 with contextlib.suppress(Exception):  # a dead engine has nothing to abort
                     engine.abort_request(list(in_flight))
+
+    def _own_params(self, req: EngineRequest, sampling: SamplingSpec, output: OutputSpec, top: int | None,
+                    built: dict[str, Any]) -> Any:
+        """``SamplingParams`` of a request that sets its own sampling or output, built once per pair."""
+        pair = (req.sampling or sampling, req.output or output)
+        key = settings_key(*pair)
+        if key not in built:
+            built[key] = sampling_params(*pair, self.sampling_defaults, logprobs=top)
+        return built[key]
 
     def _settle(self, done: list[Any], step: label_tokens.FirstStep, asked: dict[str, EngineRequest],
                 in_flight: dict[str, str], prompt_lens: dict[str, int], again: set[str],

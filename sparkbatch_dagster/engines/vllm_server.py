@@ -242,8 +242,10 @@ class VLLMServerEngine(Engine):
             pool.summary()
 
     def _body(self, req: EngineRequest, sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
-        first = self._step.allowed if self._step else None
-        body = request_body(self.served_name, req.messages, sampling, output, self.sampling_defaults, first)
+        own = req.sampling is not None or req.output is not None  # a batch file line's own settings
+        first = self._step.allowed if self._step and not own else None
+        body = request_body(self.served_name, req.messages, req.sampling or sampling, req.output or output,
+                            self.sampling_defaults, first)
         if self._sure is not None:
             body.update(self._sure.fields(completions=self._tokenizer is not None))
         return body if self._tokenizer is None else token_body(self._tokenizer, body)

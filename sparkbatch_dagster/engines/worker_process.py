@@ -4,7 +4,7 @@ what runs in each engine's own process.
 The parent's messages arrive on a pipe (a thread puts them on a local queue), the engine pulls
 its requests from that queue, and a sender thread ships results back, those that queued up
 meanwhile as one message: the engine never waits for the pipe. Messages, parent to worker:
-``("begin", gen, sampling, output)``, ``("reqs", gen, [(id, messages), ...])``, ``("end", gen)``,
+``("begin", gen, sampling, output)``, ``("reqs", gen, [(id, messages, sampling, output), ...])``, ``("end", gen)``,
 ``("abort", gen)``, ``("reset_prefix_cache",)``, ``("stop",)``; worker to parent: ``("ready", pid, start_seconds)``,
 ``("results", gen, [fields, ...])``, ``("done", gen)``, ``("failed", message)``.
 """
@@ -96,7 +96,7 @@ def _serve(engine: Engine, gen: int, sampling: SamplingSpec, output: OutputSpec,
         while True:
             msg = local.get()
             if msg[0] == "reqs" and msg[1] == gen:
-                yield from (EngineRequest(rid, messages) for rid, messages in msg[2])
+                yield from (EngineRequest(*fields) for fields in msg[2])
             elif msg[0] == "stop":
                 local.put(msg)  # for the main loop, once this generation has stopped
                 return

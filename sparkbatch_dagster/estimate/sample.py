@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..engines.base import Engine, EngineRequest
+from ..engines.base import Engine, request_of
 from ..errors import SparkbatchError
 from ..home import JobHome
 from ..run.result_store import ResultStore, prompt_key
@@ -139,7 +139,7 @@ def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
 
 def _run(engine: Engine, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str], Any]:
     errors, groups = plan_rows(spec, rows, set())
-    requests = [EngineRequest(key, prompt.messages()) for key, (prompt, _) in groups.items()]
+    requests = [request_of(key, prompt) for key, (prompt, _) in groups.items()]
     results = {r.id: r for r in engine.generate(requests, spec.sampling, spec.output)}
     return results, errors, groups
 
@@ -151,9 +151,10 @@ def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine) -> Timi
     seconds = time.perf_counter() - started
     outputs: dict[str, str | None] = {}
     confidence: dict[str, float | None] = {}
-    for key, (_, ids) in groups.items():
+    for key, (prompt, ids) in groups.items():
         res = results[key]
-        out = parse_output(res.text, spec)[0] if res.error is None and res.text is not None else None
+        own = getattr(prompt, "output", None)  # a batch file line's response_format
+        out = parse_output(res.text, spec, own)[0] if res.error is None and res.text is not None else None
         outputs.update(dict.fromkeys(ids, out))
         confidence.update(dict.fromkeys(ids, res.confidence))
     correct = None

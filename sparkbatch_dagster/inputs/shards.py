@@ -20,7 +20,8 @@ from typing import Any
 
 from ..errors import InputError
 from ..home import JobHome, atomic_write_text, failpoint, shard_key
-from ..spec import JobSpec, fingerprint
+from ..spec import BATCH_INPUTS, JobSpec, fingerprint
+from .batch_input import stage_batch
 from .csv_input import stage_csv
 from .files import csv_options, delimiter_hint, empty_files, sniff
 from .ids import quote_ident, shard_sql  # noqa: F401 - quote_ident: imported from here by run/, estimate/
@@ -84,6 +85,8 @@ def _signature(spec: JobSpec, files: list[str]) -> str:
                "shards": (spec.shard_count, spec.shard_size)}
     if spec.csv_delimiter:  # only when set, so the signatures of existing jobs stay as they are
         payload["csv_delimiter"] = spec.csv_delimiter
+    if spec.input_format in BATCH_INPUTS:  # the same file read as requests is another input
+        payload["format"] = spec.input_format
     return fingerprint(payload)
 
 
@@ -167,9 +170,14 @@ def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     scratch = home.shards_dir.with_name(f".input-tmp-{os.getpid()}")
     try:
         try:
-            rows, k, sql = _read_in_one_go(con, spec, fmt, files, tmp)
+            if fmt in BATCH_INPUTS:  # a provider batch file: always line by line, each line checked
+                scratch.mkdir(parents=True, exist_ok=True)
+                staged = stage_batch(con, spec, files, scratch)
+                rows, k, sql = _write_tmp(con, spec, fmt, files, tmp, staged.order, staged, None)
+            else:
+                rows, k, sql = _read_in_one_go(con, spec, fmt, files, tmp)
         except Exception as exc:
-            if not _input_problem(exc):
+            if fmt in BATCH_INPUTS or not _input_problem(exc):
                 raise
             # Bad bytes, a broken line, a ragged row, a stray quote: re-read line by line.
             log.warning("DuckDB cannot read %s in one go (%s): reading it line by line", spec.input,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from ..engines.base import Engine, EngineRequest
+from ..engines.base import Engine, EngineRequest, request_of
 from .open_shard import OpenShard
 from .result_store import ResultStore
 
@@ -68,7 +68,7 @@ class Feed:
                     if n == len(shard.order):
                         break
                 shard.first_sent = shard.first_sent or time.perf_counter()
-                yield EngineRequest(f"{idx}:{n}", shard.groups[shard.order[n]][0].messages())
+                yield request_of(f"{idx}:{n}", shard.groups[shard.order[n]][0])
                 n += 1
 
     def meanwhile(self) -> bool:

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 from ..engines.base import EngineResult
 from ..errors import ConfigError, SparkbatchError
 from ..home import JobHome
-from ..spec import JobSpec
+from ..spec import BATCH_INPUTS, JobSpec, OutputSpec
+from ..spec.batch_requests import RequestPrompt, request_prompt
 from ..spec.prompts import RenderedPrompt, check_text, render
 
 #: Row errors that the same prompt under the same settings would get again: stored for reuse.
@@ -21,12 +22,14 @@ from ..spec.prompts import RenderedPrompt, check_text, render
 STORED_ERRORS = ("prompt_too_long", "bad_output")
 
 
-def parse_output(text: str, spec: JobSpec) -> tuple[str | None, str | None]:
-    """(output, error) for one generated text, checked against the declared output kind."""
-    kind = spec.output.kind
+def parse_output(text: str, spec: JobSpec, own: OutputSpec | None = None) -> tuple[str | None, str | None]:
+    """(output, error) for one generated text, checked against the declared output kind (``own``:
+    the row's own, a batch file line's ``response_format``)."""
+    declared = own or spec.output
+    kind = declared.kind
     if kind == "label":
         label = text.strip()
-        if label in spec.output.labels:
+        if label in declared.labels:
             return label, None
         return None, f"bad_output: {label[:80]!r} is not one of the declared labels"
     if kind == "json":
@@ -37,27 +40,31 @@ def parse_output(text: str, spec: JobSpec) -> tuple[str | None, str | None]:
         if not isinstance(value, dict):
             return None, f"bad_output: expected a JSON object, got {type(value).__name__}"
         return json.dumps(value, sort_keys=True), None
-    if spec.output.regex and not re.fullmatch(spec.output.regex, text):
+    if declared.regex and not re.fullmatch(declared.regex, text):
         return None, f"bad_output: {text[:80]!r} does not match the output regex"
     return text, None
 
 
-def outcome(res: EngineResult, spec: JobSpec) -> tuple[str | None, str | None, bool]:
+def outcome(res: EngineResult, spec: JobSpec, prompt: Any = None) -> tuple[str | None, str | None, bool]:
     """(output, error, truncated) of one engine result.
 
     An answer that hit ``max_tokens`` is cut unless it is whole anyway: a declared label or a
     JSON object that parses is (the engine stopped at the limit before its end-of-text token,
     with nothing left to say). A cut label or JSON is an error row, ``truncated`` (half a label
-    is no label); a cut text keeps its text, marked ``truncated``.
+    is no label); a cut text keeps its text, marked ``truncated``. ``prompt``: the row's prompt,
+    whose own output and sampling (a batch file line's) count instead of the job's.
     """
     if res.error is not None or res.text is None:
         return None, res.error, False
-    output, error = parse_output(res.text, spec)
-    if res.finish_reason != "length" or (error is None and spec.output.kind != "text"):
+    own: OutputSpec | None = getattr(prompt, "output", None)
+    kind = (own or spec.output).kind
+    output, error = parse_output(res.text, spec, own)
+    if res.finish_reason != "length" or (error is None and kind != "text"):
         return output, error, False
-    if spec.output.kind == "text":
+    if kind == "text":
         return output, error, True
-    return None, f"truncated: hit max_tokens={spec.sampling.max_tokens}; raise sampling.max_tokens", True
+    limit = (getattr(prompt, "sampling", None) or spec.sampling).max_tokens
+    return None, f"truncated: hit max_tokens={limit}; raise sampling.max_tokens", True
 
 
 def row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
@@ -78,10 +85,13 @@ def row(row_id: str, fp: str, model: str, output: str | None = None, error: str 
 
 
 def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
-              ) -> tuple[dict[str, str], dict[str, tuple[RenderedPrompt, list[str]]]]:
-    """Split pending rows into error rows {id: reason} and unique prompts {key: (prompt, ids)}."""
+              ) -> tuple[dict[str, str], dict[str, tuple[RenderedPrompt | RequestPrompt, list[str]]]]:
+    """Split pending rows into error rows {id: reason} and unique prompts {key: (prompt, ids)}.
+    A batch file's row (``input_format`` openai_batch / anthropic_batch) is its own request:
+    its prompt is its messages, with its own sampling and output, not the job's template."""
     errors: dict[str, str] = {}
-    groups: dict[str, tuple[RenderedPrompt, list[str]]] = {}
+    groups: dict[str, tuple[RenderedPrompt | RequestPrompt, list[str]]] = {}
+    own = spec.input_format in BATCH_INPUTS
     for row in rows:
         rid = row["row_id"]
         if rid in skip:
@@ -93,7 +103,8 @@ def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
             errors[rid] = reason
             continue
         try:
-            prompt = render(spec.system_prompt, spec.user_template, {c: row[c] for c in spec.text_columns})
+            prompt: RenderedPrompt | RequestPrompt = request_prompt(row["request"], spec.sampling) if own else \
+                render(spec.system_prompt, spec.user_template, {c: row[c] for c in spec.text_columns})
         except ConfigError as exc:
             errors[rid] = f"render_error: {exc}"
             continue

@@ -294,13 +294,13 @@ class ShardRun:
             return None
         group = shard.order[int(n)]
         self._answered += 1
-        ids = shard.groups[group][1]
+        prompt, ids = shard.groups[group]
         shard.outstanding -= 1
         if res.retryable:  # not the row's fault: write nothing, so the next run retries it
             shard.pending += len(ids)
             self._pending_reason = res.error or "transient failure"
         else:
-            output, error, cut = outcome(res, self.spec)
+            output, error, cut = outcome(res, self.spec, prompt)
             for i, rid in enumerate(ids):
                 shard.writer.add(row(rid, self.version, res.model or self.engine.model_id, output, error, res,
                                      dedup=i > 0, key=shard.keys[group], truncated=cut))

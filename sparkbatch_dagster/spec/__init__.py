@@ -3,14 +3,15 @@
 Owns :class:`JobSpec` and its parts (:class:`OutputSpec`, :class:`SamplingSpec`,
 :class:`EstimateSpec`, :class:`NodeOption`), the fingerprints that name outputs
 (:func:`fingerprint`), and the prompt templates: sandboxed Jinja over each row and the per-row
-text checks that turn bad input into error rows (:mod:`.prompts`).
+text checks that turn bad input into error rows (:mod:`.prompts`), and provider batch-file
+request lines, each row its own prompt (:mod:`.batch_requests`).
 
 May import: ``errors``. The bottom room: everything else builds on it.
 """
 
 from .cascade import CascadeStage
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
-from .job_spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, fingerprint
+from .job_spec import BATCH_INPUTS, EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, fingerprint
 
-__all__ = ["PRESETS", "THIS_MACHINE", "CascadeStage", "EstimateSpec", "HardwareSpec", "JobSpec", "ModelCandidate",
+__all__ = ["BATCH_INPUTS", "PRESETS", "THIS_MACHINE", "CascadeStage", "EstimateSpec", "HardwareSpec", "JobSpec", "ModelCandidate",
            "NodeOption", "OutputSpec", "SamplingSpec", "fingerprint"]

@@ -41,6 +41,9 @@ def _is_url(location: str | None) -> bool:
     return bool(location) and "://" in str(location) and not str(location).startswith("file://")
 
 
+#: Input formats that are provider batch files: every line its own request (spec/batch_requests.py).
+BATCH_INPUTS = ("openai_batch", "anthropic_batch")
+
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -227,7 +230,10 @@ class JobSpec(_Checked):
 
     name: str = Field(description="Job name: lowercase letters, digits, '_'. Used in asset keys.")
     input: str = Field(description="Path, glob or fsspec URL of Parquet, CSV or JSONL files.")
-    input_format: Literal["auto", "parquet", "csv", "json"] = "auto"
+    input_format: Literal["auto", "parquet", "csv", "json", "openai_batch", "anthropic_batch"] = Field(
+        default="auto", description="auto: from the file name. openai_batch / anthropic_batch: a provider's batch "
+        "file, each line its own request (docs/batch-files.md); the job's template is then each row's messages.",
+    )
     csv_delimiter: str | None = Field(
         default=None, min_length=1, max_length=1, description="CSV field delimiter; None lets DuckDB detect it."
     )
@@ -287,6 +293,20 @@ class JobSpec(_Checked):
         "2026-12-01T18:00:00+00:00); a run stops cleanly early enough to commit. None = no deadline.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_file_defaults(cls, data: Any) -> Any:
+        """A provider batch file brings its own prompts: the row id is its ``custom_id`` and its one
+        text column the normalized request (``inputs/batch_input.py``), which only these values read."""
+        if isinstance(data, dict) and data.get("input_format") in BATCH_INPUTS:
+            fixed = {"id_column": "custom_id", "text_columns": ["request"], "user_template": "{{ request }}"}
+            wrong = sorted(k for k, v in fixed.items() if data.get(k) not in (None, v))
+            if wrong:
+                raise ValueError(f"input_format={data['input_format']!r} sets {wrong[0]} itself (to "
+                                 f"{fixed[wrong[0]]!r}): leave {wrong} out; each line's messages are its prompt")
+            data = {**data, **fixed, "max_input_chars": data.get("max_input_chars", 1_000_000)}
+        return data
+
     @field_validator("name")
     @classmethod
     def _check_name(cls, v: str) -> str:
@@ -337,6 +357,10 @@ class JobSpec(_Checked):
         check_template(self.user_template, self.text_columns, "user_template")
         check_template(self.system_prompt, self.text_columns, "system_prompt")
         check_cascade(self.cascade, self.output.kind)
+        if self.input_format in BATCH_INPUTS and (self.output.kind != "text" or self.cascade or self.system_prompt
+                                                  or self.gold_column):
+            raise ValueError(f"input_format={self.input_format!r}: each line sets its own prompt and output "
+                             "(response_format): leave output, system_prompt, gold_column and cascade unset")
         return self
 
     @property
@@ -391,6 +415,8 @@ class JobSpec(_Checked):
             "sampling": self.sampling.model_dump(),
             "max_input_chars": self.max_input_chars,
         }
+        if self.input_format in BATCH_INPUTS:  # only then, so the fingerprints of existing jobs stay as they are
+            payload["input_format"] = self.input_format
         return fingerprint(payload)
 
 

@@ -1,0 +1,138 @@
+"""A batch-file job's rows as the provider's result files: the OpenAI Batch output and error
+files, or an Anthropic Message Batches results file.
+
+Every row of the job is written once: an answer to the output file, an error row (a line that
+could not run, a repeated ``custom_id``, a prompt too long, an answer that broke its schema) to
+the error file (the output file when no error file is given, as ``vllm run-batch`` and Anthropic
+do). ``custom_id`` is the row id: the line's own, or for a line that had none usable the name
+the job gave it (``unparsable-line-7``, ``a#dup2``), so a line is never lost. While the job runs
+(or after a cancel) the rows finished so far are written, committed partitions and the
+checkpointed rows of the others alike, and the summary says how many remain. Example::
+
+    summary = export(home, version, "openai_batch", Path("out.jsonl"), Path("errors.jsonl"))
+    summary["written"], summary["errors"], summary["remaining"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..home import JobHome
+from .checkpoint import OUTPUT_SCHEMA
+
+#: Row errors that are the request's fault: HTTP 400, as the provider answers them.
+_CLIENT_ERRORS = ("bad_request", "unsupported", "unparsable_row", "invalid_text", "duplicate_id", "null_id",
+                  "prompt_too_long", "too_long", "empty_text", "null_text", "bad_type", "render_error")
+_LINE = re.compile(r"\bline (\d+)\b")
+
+
+def finished_rows(home: JobHome, version: str, keys: list[str]) -> Iterator[tuple[dict[str, Any], float]]:
+    """(output row, when it was written) of every finished row: a committed partition's, else the
+    rows its checkpoint parts hold so far (a running or cancelled job's)."""
+    import pyarrow.parquet as pq
+
+    for key in keys:
+        if home.is_done(version, key):
+            path = home.labeled_path(version, key)
+            files = [path]
+        else:  # whole parts only: a part is written under a temporary name, then renamed
+            files = sorted(home.parts_dir(version, key).glob("part-*.parquet"))
+        seen: set[str] = set()
+        for f in files:
+            try:
+                table, when = pq.read_table(f, schema=OUTPUT_SCHEMA), f.stat().st_mtime
+            except (OSError, ValueError):  # committed or dropped meanwhile: its rows come in the next export
+                continue
+            for row in table.to_pylist():
+                if row["row_id"] not in seen:
+                    seen.add(row["row_id"])
+                    yield row, when
+
+
+def _uid(*parts: str) -> str:
+    return hashlib.sha256("\x1e".join(parts).encode()).hexdigest()[:24]
+
+
+def _kind(error: str) -> str:
+    return error.split(":", 1)[0].strip() or "error"
+
+
+def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[int, int]) -> dict[str, Any]:
+    """One line of an OpenAI Batch output file (an answer) or error file (an error row)."""
+    rid = row["row_id"]
+    req = f"req_{_uid(version, rid, 'request')}"
+    line: dict[str, Any] = {"id": f"batch_req_{_uid(version, rid)}", "custom_id": rid}
+    if row["error"] is not None:
+        kind, status = _kind(row["error"]), 400 if _kind(row["error"]).startswith(_CLIENT_ERRORS) else 500
+        where = _LINE.search(row["error"])
+        body = {"error": {"message": row["error"], "type": "invalid_request_error" if status == 400 else "server_error",
+                          "param": None, "code": kind}}
+        return {**line, "response": {"status_code": status, "request_id": req, "body": body},
+                "error": {"code": kind, "message": row["error"], "line": int(where.group(1)) if where else None,
+                          "param": None}}
+    finish = row["finish_reason"] if row["finish_reason"] in ("stop", "length") else "stop"
+    body = {
+        "id": f"chatcmpl-{_uid(version, rid, 'completion')}", "object": "chat.completion", "created": created,
+        "model": row["model"], "system_fingerprint": version,
+        "choices": [{"index": 0, "finish_reason": "length" if row["truncated"] else finish, "logprobs": None,
+                     "message": {"role": "assistant", "content": row["output"], "refusal": None}}],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+    }
+    return {**line, "response": {"status_code": 200, "request_id": req, "body": body}, "error": None}
+
+
+def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int]) -> dict[str, Any]:
+    """One line of an Anthropic Message Batches results file (``succeeded`` or ``errored``)."""
+    rid = row["row_id"]
+    if row["error"] is not None:
+        client = _kind(row["error"]).startswith(_CLIENT_ERRORS)
+        error = {"type": "invalid_request_error" if client else "api_error", "message": row["error"]}
+        return {"custom_id": rid, "result": {"type": "errored", "error": {"type": "error", "error": error,
+                                                                          "request_id": None}}}
+    cut = row["truncated"] or row["finish_reason"] == "length"
+    message = {"id": f"msg_{_uid(version, rid)}", "type": "message", "role": "assistant", "model": row["model"],
+               "content": [{"type": "text", "text": row["output"]}],
+               "stop_reason": "max_tokens" if cut else "end_turn", "stop_sequence": None,
+               "usage": {"input_tokens": usage[0], "output_tokens": usage[1]}}
+    return {"custom_id": rid, "result": {"type": "succeeded", "message": message}}
+
+
+def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None = None) -> dict[str, Any]:
+    """Write the finished rows of ``version`` as ``fmt``'s result files (each replaced whole);
+    return counts: ``written`` answers, ``errors``, ``remaining`` rows not finished yet."""
+    manifest = home.read_manifest() or {"keys": [], "rows": 0}
+    rows = list(finished_rows(home, version, manifest["keys"]))
+    # Tokens are counted once per generated prompt in the rows (fanned-out duplicates carry zeros):
+    # every row of a prompt reports the usage of the generation that answered it.
+    usage: dict[str, tuple[int, int]] = {}
+    for row, _ in rows:
+        if row["prompt_key"] and not row["deduplicated"]:
+            usage[row["prompt_key"]] = (row["prompt_tokens"], row["output_tokens"])
+    ok, bad = [], []
+    for row, when in rows:
+        used = usage.get(row["prompt_key"] or "", (row["prompt_tokens"], row["output_tokens"]))
+        line = openai_line(row, version, int(when), used) if fmt == "openai_batch" else \
+            anthropic_line(row, version, used)
+        (bad if row["error"] is not None else ok).append(line)
+    _write(out, ok if errors is not None else ok + bad)
+    if errors is not None:
+        _write(errors, bad)
+    total = int(manifest.get("rows") or 0)
+    return {"written": len(ok), "errors": len(bad), "remaining": total - len(rows), "rows": total,
+            "output_file": str(out), "error_file": str(errors or out), "complete": len(rows) == total}
+
+
+def _write(path: Path, lines: list[dict[str, Any]]) -> None:
+    """The lines as JSONL, replacing ``path`` whole (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)

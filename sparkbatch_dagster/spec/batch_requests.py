@@ -1,0 +1,206 @@
+"""Provider batch files: one request line of an OpenAI Batch input file (``/v1/chat/completions``)
+or an Anthropic Message Batches file, checked and reduced to what this product runs.
+
+A line becomes ``(custom_id, request, error)``: ``request`` is the normalized request as
+canonical JSON (``{"messages": [...], "sampling": {...}, "output": {...}}``, the row's one text
+column), or ``error`` says why the line cannot run (``bad_request: ...``, ``unsupported: ...``).
+What does not map to this product (tools, several choices, stop sequences, images...) is an
+error naming the field, never dropped silently. :class:`RequestPrompt` is a normalized request
+as the run's prompt: its own messages, and its own sampling and output when they differ from
+the job's. Example::
+
+    cid, request, error = parse_line(line, "openai_batch", SamplingSpec())
+    prompt = request_prompt(request, job_sampling)   # when error is None
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .job_spec import BATCH_INPUTS, OutputSpec, SamplingSpec
+
+__all__ = ["BATCH_INPUTS", "LineError", "RequestPrompt", "normalize", "parse_line", "request_prompt"]
+#: The one endpoint an OpenAI line may name (vLLM's ``run-batch`` also takes ``/v1/embeddings``...).
+CHAT_URLS = ("/v1/chat/completions",)
+#: Request fields accepted and not acted on: they change nothing this product generates.
+_IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls",
+            "prompt_cache_key", "safety_identifier", "container", "context_management", "mcp_servers"}
+#: Fields accepted when they hold the value that means "nothing special".
+_NEUTRAL = {"n": 1, "stream": False, "frequency_penalty": 0, "presence_penalty": 0, "logprobs": False,
+            "top_k": None, "stop": None, "stop_sequences": None, "tools": None, "tool_choice": None}
+_SAMPLING_KEYS = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "seed"}
+_ROLES = {"openai_batch": ("system", "developer", "user", "assistant"), "anthropic_batch": ("user", "assistant")}
+
+
+class LineError(ValueError):
+    """Why one request line cannot run: its message is the error row's reason."""
+
+
+def parse_line(obj: Any, fmt: str, job: SamplingSpec) -> tuple[str | None, str]:
+    """(custom_id or None, normalized request JSON) of one decoded line; raises :class:`LineError`
+    (after ``custom_id`` is known, as ``LineError.args[1]``) when it cannot run."""
+    if not isinstance(obj, dict):
+        raise LineError(f"bad_request: a JSON {type(obj).__name__}, expected an object", None)
+    cid = obj.get("custom_id")
+    cid = cid if isinstance(cid, str) and cid else None
+    try:
+        if cid is None:
+            raise LineError("bad_request: custom_id is missing or not a non-empty string")
+        body = _openai_body(obj) if fmt == "openai_batch" else _anthropic_params(obj)
+        return cid, normalize(body, fmt, job)
+    except LineError as exc:
+        raise LineError(exc.args[0], cid) from None
+
+
+def _openai_body(obj: dict[str, Any]) -> dict[str, Any]:
+    extra = sorted(set(obj) - {"custom_id", "method", "url", "body"})
+    if extra:
+        raise LineError(f"bad_request: unknown field {extra[0]!r} in the line (a line has custom_id, method, url, body)")
+    if obj.get("method") != "POST":
+        raise LineError(f"bad_request: method {obj.get('method')!r}: only POST is supported")
+    if obj.get("url") not in CHAT_URLS:
+        raise LineError(f"unsupported: url {obj.get('url')!r}: only {CHAT_URLS[0]} is supported")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise LineError("bad_request: body is missing or not an object")
+    return body
+
+
+def _anthropic_params(obj: dict[str, Any]) -> dict[str, Any]:
+    extra = sorted(set(obj) - {"custom_id", "params"})
+    if extra:
+        raise LineError(f"bad_request: unknown field {extra[0]!r} in the line (a line has custom_id, params)")
+    params = obj.get("params")
+    if not isinstance(params, dict):
+        raise LineError("bad_request: params is missing or not an object")
+    if "max_tokens" not in params:
+        raise LineError("bad_request: params.max_tokens is required (Anthropic's Messages API requires it)")
+    return params
+
+
+def normalize(body: dict[str, Any], fmt: str, job: SamplingSpec) -> str:
+    """A request body as canonical JSON: messages, the sampling fields it sets, its output."""
+    where = "body" if fmt == "openai_batch" else "params"
+    for key, value in body.items():
+        if key in _IGNORED or key in _SAMPLING_KEYS or key in ("messages", "system", "response_format"):
+            continue
+        if key in _NEUTRAL and value == _NEUTRAL[key]:
+            continue
+        raise LineError(f"unsupported: {where}.{key}={json.dumps(value)[:60]}: sparkbatch runs plain chat "
+                        "requests (messages, max_tokens, temperature, top_p, seed, response_format)")
+    messages = _messages(body.get("messages"), fmt, where)
+    if fmt == "anthropic_batch" and body.get("system") is not None:
+        messages.insert(0, {"role": "system", "content": _text(body["system"], f"{where}.system")})
+    elif "system" in body:
+        raise LineError(f"unsupported: {where}.system: give the system prompt as a message with role 'system'")
+    sampling = _sampling(body, job, where)
+    output = _output(body.get("response_format"), where)
+    return json.dumps({"messages": messages, "sampling": sampling, "output": output}, sort_keys=True,
+                      ensure_ascii=False, separators=(",", ":"))
+
+
+def _messages(value: Any, fmt: str, where: str) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise LineError(f"bad_request: {where}.messages is missing or empty")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES[fmt]:
+            role = m.get("role") if isinstance(m, dict) else m
+            raise LineError(f"unsupported: {where}.messages[{i}].role {role!r}: roles are {list(_ROLES[fmt])}")
+        role = "system" if m["role"] == "developer" else m["role"]
+        other = sorted(set(m) - {"role", "content", "name"})
+        if other:
+            raise LineError(f"unsupported: {where}.messages[{i}].{other[0]} (tool calls and audio are not supported)")
+        out.append({"role": role, "content": _text(m.get("content"), f"{where}.messages[{i}].content")})
+    if out[-1]["role"] == "assistant":
+        raise LineError(f"unsupported: {where}.messages ends with an assistant turn (a prefill): end with a user turn")
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's text: a string, or text parts joined (any other part is refused)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise LineError(f"unsupported: {where} part of type {kind!r}: only text parts are supported")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise LineError(f"bad_request: {where} is missing, empty or not text")
+
+
+def _sampling(body: dict[str, Any], job: SamplingSpec, where: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None:
+        fields["max_tokens"] = limit
+    for key in ("temperature", "top_p", "seed"):
+        if body.get(key) is not None:
+            fields[key] = body[key]
+    try:
+        merged = SamplingSpec(**{**job.model_dump(), **fields})
+    except ValueError as exc:
+        first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": ("?",), "msg": str(exc)}
+        raise LineError(f"bad_request: {where}.{first['loc'][0]}: {first['msg']}") from None
+    # Only what differs from the job's: a line that asks for nothing special shares the job's settings.
+    return {k: v for k, v in merged.model_dump().items() if v != getattr(job, k)}
+
+
+def _output(fmt: Any, where: str) -> dict[str, Any] | None:
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return None
+    if not isinstance(fmt, dict):
+        raise LineError(f"bad_request: {where}.response_format is not an object")
+    if fmt.get("type") == "json_object":
+        return {"kind": "json", "json_schema": {"type": "object"}}
+    schema = (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" else None
+    if not isinstance(schema, dict) or not schema:
+        raise LineError(f"unsupported: {where}.response_format {json.dumps(fmt)[:80]}: use json_schema with a "
+                        "schema, json_object or text")
+    return {"kind": "json", "json_schema": schema}
+
+
+@dataclass(frozen=True)
+class RequestPrompt:
+    """A batch-file row's request as a prompt: its messages, and the sampling and output it sets
+    (None: the job's). ``system``/``user`` name it in the result store (``prompt_key``); a plain
+    system + user request is named as the column path's prompt of the same text would be."""
+
+    chat: tuple[tuple[str, str], ...]
+    sampling: SamplingSpec | None = None
+    output: OutputSpec | None = None
+    extra: str = ""  # the overrides as canonical JSON: part of the name
+
+    @property
+    def system(self) -> str:
+        roles = [r for r, _ in self.chat]
+        if not self.extra and roles in (["user"], ["system", "user"]):
+            return self.chat[0][1] if len(self.chat) == 2 else ""
+        return "\x1d" + self.extra + json.dumps(self.chat[:-1], ensure_ascii=False)
+
+    @property
+    def user(self) -> str:
+        return self.chat[-1][1]
+
+    @property
+    def key(self) -> str:
+        return self.system + "\x1e" + self.user
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": r, "content": c} for r, c in self.chat]
+
+
+def request_prompt(request: str, job: SamplingSpec) -> RequestPrompt:
+    """The prompt of one normalized request (:func:`normalize`'s JSON)."""
+    data = json.loads(request)
+    chat = tuple((m["role"], m["content"]) for m in data["messages"])
+    sampling = SamplingSpec(**{**job.model_dump(), **data["sampling"]}) if data["sampling"] else None
+    output = OutputSpec(**data["output"]) if data["output"] else None
+    extra = json.dumps({"sampling": data["sampling"], "output": data["output"]}, sort_keys=True) \
+        if sampling is not None or output is not None else ""
+    return RequestPrompt(chat, sampling, output, extra)
