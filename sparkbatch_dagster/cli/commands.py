@@ -9,6 +9,8 @@
     sparkbatch preview -f definitions.py   rendered prompts, token counts, what a run would generate
     sparkbatch sql -f definitions.py "FROM label_distribution"   query the results with DuckDB
     sparkbatch prepare-model [NAME ...]    convert embedded models once (default: SmolLM2)
+    sparkbatch run-batch -i in.jsonl -o out.jsonl   an OpenAI/Anthropic batch file end to end (cli/batch.py)
+    sparkbatch export-batch -i in.jsonl -o out.jsonl   its finished rows as the provider's result files
 
 Stdout carries one JSON line, the result; logs, the progress bar and advice go to stderr, and
 an error is one ``sparkbatch:`` line with its fix (``--debug``: logs, warnings, tracebacks).
@@ -32,7 +34,7 @@ from ..engines.spans import Collected, collecting
 from ..errors import SparkbatchError
 from ..home import check_key
 from ..run.progress import Bar, listening
-from . import console
+from . import batch, console
 from .budget import continue_with, label_config
 from .locate import instance, load
 
@@ -316,6 +318,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--once", action="store_true", help="serve one engine of the first node, then exit")
             p.add_argument("--print", dest="print_only", action="store_true",
                            help="print the vLLM command; start nothing")
+    batch.add_parsers(sub, common)
     p = sub.add_parser("prepare-model", help="convert embedded models once", parents=[common])
     p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
     return parser
@@ -329,6 +332,8 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         if unknown:
             raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
         return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
+    if args.command in ("run-batch", "export-batch"):
+        return batch.command(args)
     job, defs = load(args.file, args.job)
     resource = defs.resources[job.resource_key]
     if args.command == "status":

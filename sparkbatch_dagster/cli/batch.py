@@ -1,0 +1,66 @@
+"""``sparkbatch run-batch`` and ``sparkbatch export-batch``: a provider batch file end to end, as
+``vllm run-batch -i in.jsonl -o out.jsonl`` runs one, but as a job (partitions, resume, reuse,
+the estimate and the bill; docs/batch-files.md)::
+
+    sparkbatch run-batch -i requests.jsonl -o results.jsonl --errors errors.jsonl --model /models/qwen-7b
+    sparkbatch export-batch -i requests.jsonl -o results.jsonl     # what is finished so far (while it runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..definitions.batch_files import batch_file_job, export_batch
+from ..definitions.resource import VLLMResource
+from ..spec import SamplingSpec
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The two commands' arguments, on ``sparkbatch``'s sub-parsers."""
+    for name, text in (("run-batch", "run an OpenAI or Anthropic batch file end to end, then write its results"),
+                       ("export-batch", "write a batch-file job's finished rows as the provider's result files")):
+        p = sub.add_parser(name, help=text, parents=[common])
+        p.add_argument("-i", "--input", required=True, help="the batch file (JSONL: one request a line)")
+        p.add_argument("-o", "--output", required=True, help="results file (JSONL)")
+        p.add_argument("--errors", help="error file; default: error lines go to the results file (as vllm run-batch)")
+        p.add_argument("--format", default="auto", choices=["auto", "openai_batch", "anthropic_batch"],
+                       help="the file's provider (auto: from its first line)")
+        p.add_argument("--home", help="the job's folder (default: <input>.sparkbatch beside the file)")
+        p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a line that sets none (256)")
+        p.add_argument("--shard-size", type=int, default=10_000, help="requests per partition (10000)")
+        if name == "run-batch":
+            p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2)")
+            p.add_argument("--hourly-rate", type=float, default=0.79, help="the box's price per hour, for the bill")
+
+
+def command(args: argparse.Namespace) -> dict[str, Any]:
+    """Run (``run-batch``) or only export (``export-batch``); return the summary line."""
+    resource = VLLMResource(model=getattr(args, "model", None))
+    extra = {"hourly_rate_usd": args.hourly_rate} if getattr(args, "hourly_rate", None) is not None else {}
+    job, defs = batch_file_job(args.input, args.format, home=args.home, resource=resource,
+                               sampling=SamplingSpec(max_tokens=args.max_tokens), shard_size=args.shard_size, **extra)
+    out, errors = Path(args.output), Path(args.errors) if args.errors else None
+    if args.command == "export-batch":
+        return export_batch(job, out, errors)
+    return run_batch(job, defs, out, errors)
+
+
+def run_batch(job: Any, defs: Any, out: Path, errors: Path | None) -> dict[str, Any]:
+    """Run the job through ``sparkbatch run``'s machinery (missing partitions only), then export.
+    A run that stops (a cancel, a failure) still exports the rows it finished, then re-raises."""
+    from .commands import run
+
+    try:
+        summary = run(job, defs)
+    except BaseException:
+        try:
+            partial = export_batch(job, out, errors)
+            print(f"sparkbatch: the run stopped; {partial['written'] + partial['errors']} finished rows written to "
+                  f"{out}, {partial['remaining']} remain: run the same command again to finish them", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - nothing was finished: the run's own error says why
+            print(f"sparkbatch: no partial export ({exc})", file=sys.stderr)
+        raise
+    return {**summary, "export": export_batch(job, out, errors)}
