@@ -44,8 +44,9 @@ def batch_file_job(input: str | Path, input_format: str = "auto", *, home: str |
     if fmt not in BATCH_INPUTS:
         raise ConfigError(f"input_format={input_format!r} is not a batch file format: use one of {list(BATCH_INPUTS)}")
     path = Path(str(input))
-    job_spec = JobSpec(name=name or job_name(path), input=str(path.resolve()) if "://" not in str(input) else str(input),
-                       input_format=fmt, home=str(home or path.resolve().with_name(path.name + ".sparkbatch")),
+    where = str(path.resolve()) if "://" not in str(input) else str(input)
+    job_spec = JobSpec(name=name or job_name(path), input=where, input_format=fmt,  # type: ignore[arg-type]
+                       home=str(home or path.resolve().with_name(path.name + ".sparkbatch")),
                        sampling=sampling or SamplingSpec(max_tokens=256), shard_size=shard_size, **spec)
     vllm = resource or VLLMResource()
     job = build_batch_assets(spec=job_spec, resource=vllm)

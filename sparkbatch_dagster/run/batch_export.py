@@ -71,13 +71,13 @@ def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[in
     if row["error"] is not None:
         kind, status = _kind(row["error"]), 400 if _kind(row["error"]).startswith(_CLIENT_ERRORS) else 500
         where = _LINE.search(row["error"])
-        body = {"error": {"message": row["error"], "type": "invalid_request_error" if status == 400 else "server_error",
-                          "param": None, "code": kind}}
-        return {**line, "response": {"status_code": status, "request_id": req, "body": body},
+        kind_of = "invalid_request_error" if status == 400 else "server_error"
+        error: dict[str, Any] = {"error": {"message": row["error"], "type": kind_of, "param": None, "code": kind}}
+        return {**line, "response": {"status_code": status, "request_id": req, "body": error},
                 "error": {"code": kind, "message": row["error"], "line": int(where.group(1)) if where else None,
                           "param": None}}
     finish = row["finish_reason"] if row["finish_reason"] in ("stop", "length") else "stop"
-    body = {
+    body: dict[str, Any] = {
         "id": f"chatcmpl-{_uid(version, rid, 'completion')}", "object": "chat.completion", "created": created,
         "model": row["model"], "system_fingerprint": version,
         "choices": [{"index": 0, "finish_reason": "length" if row["truncated"] else finish, "logprobs": None,
@@ -114,7 +114,8 @@ def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None
     for row, _ in rows:
         if row["prompt_key"] and not row["deduplicated"]:
             usage[row["prompt_key"]] = (row["prompt_tokens"], row["output_tokens"])
-    ok, bad = [], []
+    ok: list[dict[str, Any]] = []
+    bad: list[dict[str, Any]] = []
     for row, when in rows:
         used = usage.get(row["prompt_key"] or "", (row["prompt_tokens"], row["output_tokens"]))
         line = openai_line(row, version, int(when), used) if fmt == "openai_batch" else \

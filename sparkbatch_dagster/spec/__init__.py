@@ -13,5 +13,5 @@ from .cascade import CascadeStage
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
 from .job_spec import BATCH_INPUTS, EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, fingerprint
 
-__all__ = ["BATCH_INPUTS", "PRESETS", "THIS_MACHINE", "CascadeStage", "EstimateSpec", "HardwareSpec", "JobSpec", "ModelCandidate",
-           "NodeOption", "OutputSpec", "SamplingSpec", "fingerprint"]
+__all__ = ["BATCH_INPUTS", "PRESETS", "THIS_MACHINE", "CascadeStage", "EstimateSpec", "HardwareSpec", "JobSpec",
+           "ModelCandidate", "NodeOption", "OutputSpec", "SamplingSpec", "fingerprint"]

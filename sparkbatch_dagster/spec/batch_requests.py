@@ -57,7 +57,8 @@ def parse_line(obj: Any, fmt: str, job: SamplingSpec) -> tuple[str | None, str]:
 def _openai_body(obj: dict[str, Any]) -> dict[str, Any]:
     extra = sorted(set(obj) - {"custom_id", "method", "url", "body"})
     if extra:
-        raise LineError(f"bad_request: unknown field {extra[0]!r} in the line (a line has custom_id, method, url, body)")
+        raise LineError(f"bad_request: unknown field {extra[0]!r} in the line (a line has custom_id, method, url, "
+                        "body)")
     if obj.get("method") != "POST":
         raise LineError(f"bad_request: method {obj.get('method')!r}: only POST is supported")
     if obj.get("url") not in CHAT_URLS:
