@@ -31,7 +31,7 @@ def job_name(path: str | Path) -> str:
 
 def batch_file_job(input: str | Path, input_format: str = "auto", *, home: str | Path | None = None,
                    name: str | None = None, resource: VLLMResource | None = None,
-                   sampling: SamplingSpec | None = None, shard_size: int = 10_000,
+                   sampling: SamplingSpec | None = None, shard_size: int | None = 10_000,
                    **spec: Any) -> tuple[BatchJob, Any]:
     """A job over a provider batch file: ``input_format`` ``openai_batch`` / ``anthropic_batch``
     (``auto``: sniffed from its first line), its home ``<file>.sparkbatch`` beside it unless
