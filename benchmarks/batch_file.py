@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results_io import emit  # noqa: E402
-from throughput import arg_parser, build_spec, machine, set_up, shape_of, vllm_version  # noqa: E402
+from throughput import arg_parser, machine, set_up, shape_of, vllm_version  # noqa: E402
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
 from sparkbatch_dagster.definitions.batch_files import batch_file_job, export_batch  # noqa: E402

@@ -65,6 +65,8 @@ REQUIRED = {
     "fault_harness": {"date", "machine", "code", "command", "start_seed", "episodes", "passed", "homes", "faults",
                       "invariant_breaks", "failing_seeds", "harness_errors"},
     "label_step": {"date", "machine", "engine", "rows", "shards", "code", "label_s", "timings_s"},
+    "batch_file": {"date", "machine", "model", "shape", "mode", "rows", "rounds", "column", "batch", "ratio",
+                   "labeling_ratio", "sharding_ratio", "cpu_ratio", "export_s_per_1k_rows", "same_tokens"},
 }
 
 
@@ -135,6 +137,11 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
     if kind == "fault_harness":  # every episode passed, failed (with its replay command) or broke the harness
         assert d["passed"] + len(d["failing_seeds"]) + len(d["harness_errors"]) == d["episodes"], path.name
         assert all(f["replay"].startswith("python tests/harness.py --seed ") for f in d["failing_seeds"]), path.name
+    if kind == "batch_file":  # the ratios are sums of the rounds' figures, batch file over column
+        for key, name in (("ratio", "total_s"), ("labeling_ratio", "labeling_s"), ("cpu_ratio", "cpu_s")):
+            want = sum(r[name] for r in d["batch"]) / sum(r[name] for r in d["column"])
+            assert close(d[key], want, rel=0.01), f"{path.name}: {key}"
+        assert len(d["batch"]) == len(d["column"]) == d["rounds"], path.name
     if kind == "lease_scaling":  # the per-minute figures are the counts over the hold, and the old design's formula
         assert close(d["renewal_requests_per_min"], d["renewal_requests"] * 60 / d["hold_s"], rel=0.01), path.name
         assert close(d["old_design_requests_per_min"], d["shards"] * 2 * 3 / d["lease_seconds"] * 60), path.name

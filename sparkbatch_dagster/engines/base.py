@@ -20,20 +20,24 @@ from .spans import Spans
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """One prompt to generate; ``id`` comes back on its result. ``sampling`` / ``output``: this
-    request's own settings, where they differ from the ones ``generate`` got (a batch file's line
-    sets its own ``max_tokens`` or ``response_format``); None: those."""
+    """One prompt to generate; ``id`` comes back on its result. ``key``: the rendered prompt's
+    name in the result store (``run.result_store.prompt_key``), when the caller has it.
+    ``sampling`` / ``output``: this request's own settings, where they differ from the ones
+    ``generate`` got (a batch file's line sets its own ``max_tokens`` or ``response_format``);
+    None: those."""
 
     id: str
     messages: list[dict[str, str]]
+    key: str | None = None
     sampling: SamplingSpec | None = None
     output: OutputSpec | None = None
 
 
-def request_of(rid: str, prompt: Any) -> EngineRequest:
+def request_of(rid: str, prompt: Any, key: str | None = None) -> EngineRequest:
     """The request for a prompt (``RenderedPrompt``, or a batch file's ``RequestPrompt`` with
-    its own sampling and output)."""
-    return EngineRequest(rid, prompt.messages(), getattr(prompt, "sampling", None), getattr(prompt, "output", None))
+    its own sampling and output); ``key``: its name in the result store."""
+    return EngineRequest(rid, prompt.messages(), key, getattr(prompt, "sampling", None),
+                         getattr(prompt, "output", None))
 
 
 def settings_key(sampling: SamplingSpec, output: OutputSpec) -> str:

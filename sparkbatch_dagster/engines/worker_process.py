@@ -4,7 +4,7 @@ what runs in each engine's own process.
 The parent's messages arrive on a pipe (a thread puts them on a local queue), the engine pulls
 its requests from that queue, and a sender thread ships results back, those that queued up
 meanwhile as one message: the engine never waits for the pipe. Messages, parent to worker:
-``("begin", gen, sampling, output)``, ``("reqs", gen, [(id, messages, sampling, output), ...])``, ``("end", gen)``,
+``("begin", gen, sampling, output)``, ``("reqs", gen, [(id, messages, key, sampling, output), ...])``, ``("end", gen)``,
 ``("abort", gen)``, ``("reset_prefix_cache",)``, ``("stop",)``; worker to parent: ``("ready", pid, start_seconds)``,
 ``("results", gen, [fields, ...])``, ``("done", gen)``, ``("failed", message)``.
 """
