@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REAL_SETTINGS
 from sparkbatch_dagster import VLLMResource
-from sparkbatch_dagster.cli.batch import run_batch
+from sparkbatch_dagster.cli.commands import run_batch
 from sparkbatch_dagster.definitions.batch_files import batch_file_job
 
 pytestmark = pytest.mark.real

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
             p.add_argument("--hourly-rate", type=float, default=0.79, help="the box's price per hour, for the bill")
 
 
-def command(args: argparse.Namespace) -> dict[str, Any]:
-    """Run (``run-batch``) or only export (``export-batch``); return the summary line."""
+def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
+    """Run (``run-batch``, through ``run``: ``sparkbatch run``'s) or only export
+    (``export-batch``); return the summary line."""
     resource = VLLMResource(model=getattr(args, "model", None))
     extra = {"hourly_rate_usd": args.hourly_rate} if getattr(args, "hourly_rate", None) is not None else {}
     job, defs = batch_file_job(args.input, args.format, home=args.home, resource=resource,
@@ -45,14 +47,14 @@ def command(args: argparse.Namespace) -> dict[str, Any]:
     out, errors = Path(args.output), Path(args.errors) if args.errors else None
     if args.command == "export-batch":
         return export_batch(job, out, errors)
-    return run_batch(job, defs, out, errors)
+    return run_batch(job, defs, out, errors, run)
 
 
-def run_batch(job: Any, defs: Any, out: Path, errors: Path | None) -> dict[str, Any]:
-    """Run the job through ``sparkbatch run``'s machinery (missing partitions only), then export.
+def run_batch(job: Any, defs: Any, out: Path, errors: Path | None,
+              run: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
+    """Run the job with ``run`` (``sparkbatch run``'s machinery: missing partitions only; passed
+    in, as ``commands.run_batch`` does, so this module never imports ``commands``), then export.
     A run that stops (a cancel, a failure) still exports the rows it finished, then re-raises."""
-    from .commands import run
-
     try:
         summary = run(job, defs)
     except BaseException:

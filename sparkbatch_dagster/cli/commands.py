@@ -147,6 +147,16 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
             "timings_s": clock.laps}
 
 
+def run_batch(job: BatchJob, defs: Any, out: Any, errors: Any = None) -> dict[str, Any]:
+    """A batch-file job (``definitions.batch_files.batch_file_job``) run as :func:`run` runs a job,
+    then its result files written (``sparkbatch run-batch``; :func:`.batch.run_batch`). Example::
+
+        job, defs = batch_file_job("requests.jsonl", resource=VLLMResource())
+        run_batch(job, defs, Path("results.jsonl"), Path("errors.jsonl"))["export"]["complete"]
+    """
+    return batch.run_batch(job, defs, out, errors, run)
+
+
 def label_parts(found: Collected, began: float, ended: float, label_s: float) -> dict[str, float]:
     """The ``label`` lap in parts that add up to no more than it: ``run_start`` (Dagster creates the
     run, sets up its resources, starts the step), the step's own parts as it named them
@@ -333,7 +343,7 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
             raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
         return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
     if args.command in ("run-batch", "export-batch"):
-        return batch.command(args)
+        return batch.command(args, run)
     job, defs = load(args.file, args.job)
     resource = defs.resources[job.resource_key]
     if args.command == "status":
