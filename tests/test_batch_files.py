@@ -198,3 +198,12 @@ def test_bad_files_and_specs_stop_early(tmp_path: Path) -> None:
         JobSpec(name="b", input="x.jsonl", input_format="openai_batch", output={"kind": "label", "labels": ["a", "b"]})
     spec = JobSpec(name="b", input="x.jsonl", input_format="anthropic_batch")
     assert (spec.id_column, spec.text_columns) == ("custom_id", ["request"])
+
+
+def test_a_defs_yaml_reads_a_batch_file() -> None:
+    from conftest import yaml_job_spec
+
+    spec = yaml_job_spec('type: sparkbatch_dagster.BatchInferenceComponent\nattributes:\n  name: things\n'
+                         '  input: /data/requests.jsonl\n  input_format: openai_batch\n'
+                         '  text_columns: [request]\n  user_template: "{{ request }}"\n')
+    assert (spec.input_format, spec.id_column, spec.max_input_chars) == ("openai_batch", "custom_id", 1_000_000)
