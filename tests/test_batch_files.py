@@ -163,9 +163,10 @@ def test_failed_run_exports_what_finished_then_resumes(tmp_path: Path) -> None:
     job, defs = batch_file_job(tmp_path / "in.jsonl", resource=broken, shard_size=10, checkpoint_rows=1)
     with pytest.raises(Exception, match="died after 25"):
         run_batch(job, defs, out, err)
-    partial = export_batch(job, out, err)
+    partial = export_batch(job, out, err, broken)
     ok, bad = _check_openai(out, err)
     assert 0 < len(ok) <= 25 and not bad and partial["remaining"] == 40 - len(ok) and not partial["complete"]
+    assert len(ok) > 20  # the failed shard's checkpointed rows too, not only the committed shards
     job, defs = batch_file_job(tmp_path / "in.jsonl", resource=FakeVLLMResource(keep_warm=True), shard_size=10,
                                checkpoint_rows=1)
     summary = run_batch(job, defs, out, err)
@@ -207,3 +208,14 @@ def test_a_defs_yaml_reads_a_batch_file() -> None:
                          '  input: /data/requests.jsonl\n  input_format: openai_batch\n'
                          '  text_columns: [request]\n  user_template: "{{ request }}"\n')
     assert (spec.input_format, spec.id_column, spec.max_input_chars) == ("openai_batch", "custom_id", 1_000_000)
+
+
+def test_a_run_stopped_before_its_first_commit_still_exports_its_rows(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_text("\n".join(openai_line(f"r{i}", f"q {i}") for i in range(30)) + "\n")
+    broken = FakeVLLMResource(keep_warm=False, fail_after=7)
+    job, defs = batch_file_job(tmp_path / "in.jsonl", resource=broken, checkpoint_rows=1)
+    with pytest.raises(Exception, match="died after 7"):
+        run_batch(job, defs, tmp_path / "out.jsonl", None)
+    assert job.home.read_current() is None  # no partition committed
+    ok, _ = _check_openai(tmp_path / "out.jsonl", tmp_path / "none.jsonl")
+    assert len(ok) == 7  # run_batch wrote the checkpointed rows as it stopped

@@ -32,8 +32,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--home", help="the job's folder (default: <input>.sparkbatch beside the file)")
         p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a line that sets none (256)")
         p.add_argument("--shard-size", type=int, default=10_000, help="requests per partition (10000)")
+        p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2); "
+                       "export-batch: the model whose rows to write")
         if name == "run-batch":
-            p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2)")
             p.add_argument("--hourly-rate", type=float, default=0.79, help="the box's price per hour, for the bill")
 
 
@@ -46,7 +47,7 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
                                sampling=SamplingSpec(max_tokens=args.max_tokens), shard_size=args.shard_size, **extra)
     out, errors = Path(args.output), Path(args.errors) if args.errors else None
     if args.command == "export-batch":
-        return export_batch(job, out, errors)
+        return export_batch(job, out, errors, resource)
     return run_batch(job, defs, out, errors, run)
 
 
@@ -55,14 +56,15 @@ def run_batch(job: Any, defs: Any, out: Path, errors: Path | None,
     """Run the job with ``run`` (``sparkbatch run``'s machinery: missing partitions only; passed
     in, as ``commands.run_batch`` does, so this module never imports ``commands``), then export.
     A run that stops (a cancel, a failure) still exports the rows it finished, then re-raises."""
+    resource = defs.resources[job.resource_key]  # its output version: the rows this run wrote, committed or not
     try:
         summary = run(job, defs)
     except BaseException:
         try:
-            partial = export_batch(job, out, errors)
+            partial = export_batch(job, out, errors, resource)
             print(f"sparkbatch: the run stopped; {partial['written'] + partial['errors']} finished rows written to "
                   f"{out}, {partial['remaining']} remain: run the same command again to finish them", file=sys.stderr)
         except Exception as exc:  # noqa: BLE001 - nothing was finished: the run's own error says why
             print(f"sparkbatch: no partial export ({exc})", file=sys.stderr)
         raise
-    return {**summary, "export": export_batch(job, out, errors)}
+    return {**summary, "export": export_batch(job, out, errors, resource)}

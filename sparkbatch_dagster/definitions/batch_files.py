@@ -53,12 +53,18 @@ def batch_file_job(input: str | Path, input_format: str = "auto", *, home: str |
     return job, Definitions(assets=job.assets, resources={job.resource_key: vllm})
 
 
-def export_batch(job: BatchJob, out: Path, errors: Path | None = None, version: str | None = None) -> dict[str, Any]:
-    """Write ``job``'s finished rows (of ``version``; default the latest run's) as its input
-    format's result files: answers to ``out``, error rows to ``errors`` (``None``: to ``out``
-    too). Returns the counts (``written``, ``errors``, ``remaining``, ``complete``)."""
+def export_batch(job: BatchJob, out: Path, errors: Path | None = None, resource: VLLMResource | None = None,
+                 version: str | None = None) -> dict[str, Any]:
+    """Write ``job``'s finished rows as its input format's result files: answers to ``out``, error
+    rows to ``errors`` (``None``: to ``out`` too). Which output version: ``version``, else the one
+    ``resource`` labels when it has rows (a run's, before its first commit too), else the latest
+    committed one. Returns the counts (``written``, ``errors``, ``remaining``, ``complete``)."""
     if job.spec.input_format not in BATCH_INPUTS:
         raise ConfigError(f"job {job.spec.name!r} reads input_format={job.spec.input_format!r}: only a batch-file job "
                           f"({', '.join(BATCH_INPUTS)}) exports batch result files; use read_outputs() for others")
     job.home.refresh()
-    return export(job.home, version or job.current_version(), job.spec.input_format, out, errors)
+    if version is None and resource is not None:
+        mine = job.output_version(resource)
+        version = mine if job.home.version_dir(mine).exists() else None
+    version = version or job.current_version()
+    return export(job.home, version, job.spec.input_format, out, errors)
