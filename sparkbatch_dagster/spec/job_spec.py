@@ -70,6 +70,14 @@ class OutputSpec(BaseModel):
     labels: list[str] = Field(default_factory=list, description="Allowed labels (kind='label').")
     json_schema: dict[str, Any] | None = Field(default=None, description="JSON schema (kind='json').")
     regex: str | None = Field(default=None, description="Optional regex for kind='text'.")
+    confidence: bool = Field(default=True, description=(
+        "Give each label or JSON row a confidence from the engine's log-probabilities (docs/labels.md). "
+        "Off: no log-probabilities are asked (they cost time on a fast GPU) and the column is null. It does "
+        "not change the answers, so it is not part of the output version."))
+
+    def identity(self) -> dict[str, Any]:
+        """What of the spec shapes an answer (the fingerprints'): all but ``confidence``."""
+        return self.model_dump(exclude={"confidence"})
 
     @model_validator(mode="after")
     def _check_kind(self) -> OutputSpec:
@@ -336,7 +344,7 @@ class JobSpec(_Checked):
 
         check_template(self.user_template, self.text_columns, "user_template")
         check_template(self.system_prompt, self.text_columns, "system_prompt")
-        check_cascade(self.cascade, self.output.kind)
+        check_cascade(self.cascade, self.output.kind, self.output.confidence)
         return self
 
     @property
@@ -371,7 +379,7 @@ class JobSpec(_Checked):
     def answer_context(self, model: str) -> str:
         """Everything besides the rendered prompt that determines a generated answer: the
         model identity, sampling and the output spec. Names the result store's folder."""
-        return fingerprint({"model": model, "output": self.output.model_dump(), "sampling": self.sampling.model_dump()})
+        return fingerprint({"model": model, "output": self.output.identity(), "sampling": self.sampling.model_dump()})
 
     def shards_for(self, rows: int) -> int:
         """Number of shards for an input of ``rows`` rows."""
@@ -387,7 +395,7 @@ class JobSpec(_Checked):
             "system": self.system_prompt,
             "user": self.user_template,
             "text_columns": self.text_columns,
-            "output": self.output.model_dump(),
+            "output": self.output.identity(),
             "sampling": self.sampling.model_dump(),
             "max_input_chars": self.max_input_chars,
         }
