@@ -41,12 +41,15 @@ from ..spec import EstimateSpec, JobSpec, fingerprint
 from . import events
 from .job import BatchJob
 from .labeling import LabelConfig, label_partitions
+from .outputs_io import io_manager_def
 from .resource import VLLMResource
 
 # One run per backfill is the point of this plugin (one engine start); Dagster marks these
 # parameters beta/preview, notices no user of these assets can act on.
 warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta")
 warnings.filterwarnings("ignore", message=r".*partitions_def.*AssetCheckSpec")
+# The job's IO manager travels with its assets (resource_defs, beta): no wiring for the user.
+warnings.filterwarnings("ignore", message=r"Parameter `resource_defs` of .* is currently in beta")
 
 __all__ = ["BatchJob", "LabelConfig", "build_batch_assets"]
 
@@ -148,8 +151,12 @@ def build_batch_assets(
     job.keys = {n: AssetKey([*prefix, n]) for n in names}
     labeled_key = job.keys["labeled_outputs"]
     code_version = fingerprint({"prompt": spec.prompt_fingerprint(), "model": _model_config(resource)})[:16]
+    # Every asset carries the job's IO manager (under a key of its own: a user's "io_manager" stays
+    # theirs), so AssetIn on labeled_outputs or run_metrics loads the committed rows (outputs_io.py).
+    io: dict[str, Any] = {"io_manager_key": job.io_manager_key,
+                          "resource_defs": {job.io_manager_key: io_manager_def(job)}}
 
-    @asset(key=job.keys["input_shards"], deps=list(upstream), group_name=group, kinds={"duckdb", "parquet"},
+    @asset(key=job.keys["input_shards"], deps=list(upstream), group_name=group, kinds={"duckdb", "parquet"}, **io,
            description=f"{spec.input} split into shards by a hash of the row id.")
     def input_shards(context: AssetExecutionContext) -> MaterializeResult:
         manifest = build_shards(spec, home)
@@ -182,10 +189,12 @@ def build_batch_assets(
     @multi_asset(
         name="__".join(labeled_key.path), partitions_def=parts, backfill_policy=labeled_policy,
         required_resource_keys={resource_key}, check_specs=checks, can_subset=True, pool=pool,
+        resource_defs=io["resource_defs"],
         specs=[AssetSpec(labeled_key, deps=[input_shards], skippable=True, group_name=group,
                          kinds={"vllm", "parquet"}, code_version=code_version,
                          description="One shard labeled by the model; every input row exactly once (a label or "
-                                     "an error). Each partition materializes as its shard commits.")],
+                                     "an error). Each partition materializes as its shard commits."
+                         ).with_io_manager_key(job.io_manager_key)],
     )
     def labeled_outputs(context: AssetExecutionContext, config: LabelConfig) -> Iterator[Any]:
         yield from label_partitions(context, job, getattr(context.resources, resource_key), code_version, pool,
@@ -194,7 +203,7 @@ def build_batch_assets(
     follow = AutomationCondition.eager().ignore(AssetSelection.assets(job.keys["estimate"]))
 
     @asset(key=job.keys["run_metrics"], deps=[labeled_outputs, job.keys["estimate"]], partitions_def=parts,
-           backfill_policy=metrics_policy, group_name=group,
+           backfill_policy=metrics_policy, group_name=group, **io,
            kinds={"duckdb"}, automation_condition=follow,
            description="Rows, errors, tokens, time, tokens/hour and cost per partition, in metrics.duckdb; "
                        "predicted vs actual generation time when an estimate was made.")
@@ -220,7 +229,7 @@ def build_batch_assets(
             "database": MetadataValue.path(str(home.metrics_db)),
         })
 
-    @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"},
+    @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"}, **io,
            automation_condition=AutomationCondition.eager(),
            description="Label distribution, accuracy against the gold column, cost per 1k rows, rows to review "
                        "(confidence under review_below) and accuracy per confidence bucket (DuckDB views). "
@@ -242,7 +251,7 @@ def build_batch_assets(
             "database": MetadataValue.path(str(home.metrics_db)),
         })
 
-    @asset(key=job.keys["estimate"], deps=[input_shards], group_name=group, kinds={"vllm"},
+    @asset(key=job.keys["estimate"], deps=[input_shards], group_name=group, kinds={"vllm"}, **io,
            required_resource_keys={resource_key}, pool=pool,
            description="Timed sample on the real engine: predicted duration, tokens/hour and cost per node "
                        "option (engine start included), and the cheapest model whose accuracy interval clears "
