@@ -41,6 +41,7 @@ from ..spec import EstimateSpec, JobSpec, fingerprint
 from . import events
 from .job import BatchJob
 from .labeling import LabelConfig, label_partitions
+from .metadata import estimate_metadata, md_table
 from .outputs_io import io_manager_def
 from .resource import VLLMResource
 
@@ -63,26 +64,6 @@ def find_job(key: AssetKey) -> BatchJob | None:
     return _JOBS.get(key)
 
 
-def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
-    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
-    return head + "\n".join("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
-
-
-def _bars(rows: Sequence[tuple[str, float]], width: int = 30) -> str:
-    """A bar chart in Markdown, which the Dagster UI shows in place (a PNG path it does not)."""
-    top = max((v for _, v in rows), default=0) or 1
-    return "\n".join(f"- `{name}` {'█' * max(1, round(width * v / top))} ${v:.4f}" for name, v in rows)
-
-
-def _price(option: dict[str, Any]) -> str:
-    """An option's cost in a table cell: a point when measured, a range when projected."""
-    if option["cost_usd"] is None:
-        return f"not priced ({option['speed_basis']})"
-    if option["speed_basis"] == "projected":
-        return f"{option['cost_low_usd']:.4f}-{option['cost_usd']:.4f} (projected)"
-    return f"{option['cost_usd']:.4f} (measured)"
-
-
 class EstimateConfig(Config):
     """Launchpad overrides of the job's ``estimate`` settings (unset: the spec's)."""
 
@@ -90,6 +71,7 @@ class EstimateConfig(Config):
     models: Optional[list[str]] = None  # noqa: UP045 - 'model' or 'model@quantization=fp8'
     accuracy_bar: Optional[float] = None  # noqa: UP045
     hourly_rate_usd: Optional[float] = None  # noqa: UP045 - adds 'this machine' at the measured speed
+    hosted_prices: Optional[str] = None  # noqa: UP045 - a YAML/CSV file of hosted batch prices (EstimateSpec)
 
 
 def _model_config(resource: VLLMResource | None) -> Any:
@@ -224,7 +206,7 @@ def build_batch_assets(
             context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
         return MaterializeResult(metadata={
-            "all_committed_partitions": MetadataValue.md(_md_table(list(committed.values()), cols)),
+            "all_committed_partitions": MetadataValue.md(md_table(list(committed.values()), cols)),
             **{f"job_{k}": v for k, v in check.items() if v is not None},
             "database": MetadataValue.path(str(home.metrics_db)),
         })
@@ -247,7 +229,7 @@ def build_batch_assets(
         sure = events.confidence_metadata(result.pop("confidence", None), result.pop("reliability", None))
         return MaterializeResult(metadata={
             **{k: v for k, v in result.items() if v is not None}, **sure,
-            "label_distribution": MetadataValue.md(_md_table(dist, ["label", "rows"])),
+            "label_distribution": MetadataValue.md(md_table(dist, ["label", "rows"])),
             "database": MetadataValue.path(str(home.metrics_db)),
         })
 
@@ -262,33 +244,7 @@ def build_batch_assets(
         report = job.estimate(getattr(context.resources, resource_key), est, log=context.log.info)
         for line in report["advice"]:
             context.log.info(line)
-        table = [{"model": m["model"], "rows": m["sample_rows"], "accuracy": m["accuracy"],
-                  "95% interval": f"{m['accuracy_low']}-{m['accuracy_high']}" if m["accuracy"] is not None else "",
-                  "tokens/hour": m["predicted_tokens_per_hour"], "stored rows": m["stored_rows"],
-                  **{f"{o['name']} $": _price(o) for o in m["options"]}} for m in report["models"]]
-        # Accuracy per confidence bucket on the sample, per model (a gold column and confidences).
-        sure = [{"model": m["model"], **b} for m in report["models"] for b in m.get("reliability") or []]
-        return MaterializeResult(metadata={
-            **{k: report[k] for k in ("sample_rows", "total_rows", "predicted_wall_s", "predicted_tokens_per_hour",
-                                      "engine_start_s", "model", "stored_rows", "prompts_to_generate")},
-            **{f"cost_usd {o['name']}": o["cost_usd"] for o in report["options"] if o["cost_usd"] is not None},
-            **{f"speed_basis {o['name']}": o["speed_basis"] for o in report["options"]},
-            "measured_on": report["measured_on"], "measured_tokens_per_s": report["measured_tokens_per_s"],
-            "chosen_model": str(report["chosen_model"]),
-            # The cheapest that clears the bar, a cascade of the models included (estimate/cascades.py).
-            **({"best_buy": str(report["best_buy"]["model"])} if report.get("best_buy") else {}),
-            **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
-            "models": MetadataValue.md(_md_table(table, list(table[0]))),
-            **({"reliability": MetadataValue.md(_md_table(sure, ["model", "bucket", "rows", "correct", "accuracy",
-                                                                 "mean_confidence"]))} if sure else {}),
-            "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
-            "how_to_run": MetadataValue.md("\n".join(f"- '{o['name']}' ({o['hardware']}, {o['speed_basis']}): "
-                                                     f"{o['how']}" for o in report["options"])),
-            "cost_chart": MetadataValue.md(_bars([(f"{m['model']} {o['name']}", o["cost_usd"])
-                                                  for m in report["models"] for o in m["options"]
-                                                  if o["cost_usd"] is not None])),
-            "chart": MetadataValue.path(report["chart"]), "report": MetadataValue.path(report["json"]),
-        })
+        return MaterializeResult(metadata=estimate_metadata(report))
 
     job.assets = [input_shards, labeled_outputs, run_metrics, analytics, estimate]
     _JOBS[job.keys["labeled_outputs"]] = job
