@@ -165,3 +165,19 @@ def test_duckdb_resource_reads_the_views(tmp_path):
     assert top_labels.runs == (4, 200)
     # The job's own next analytics run opens the file again: the resource left no lock behind.
     assert materialize(job.assets, selection=[job.keys["analytics"]], resources=res, instance=inst).success
+
+
+def test_a_bucket_home_is_read_through_the_bucket_on_a_new_box(tmp_path, s3_bucket):
+    url = f"s3://{s3_bucket}/jobs/things"
+    job, res, inst = _job(tmp_path, home=url, cache_dir=str(tmp_path / "box-a"))
+    assert label_then_metrics(job.assets, job.keys, res, inst, KEYS[0], KEYS[1])[0].success
+    # A new box: an empty cache, the same bucket. Its downstream assets load what the bucket committed.
+    box_b = build_batch_assets(spec=make_spec(tmp_path, n=200, shards=4, home=url, cache_dir=str(tmp_path / "box-b")))
+    down, shard = _all_rows(box_b), _per_shard(box_b)
+    assert materialize([*box_b.assets, down], selection=[down.key], resources=res, instance=inst).success
+    version = job.current_version()
+    assert sorted(down.seen.column("row_id").to_pylist()) == _rows_on_disk(job, version, KEYS[:2])
+    assert materialize([*box_b.assets, shard], selection=[shard.key], partition_key=KEYS[0], resources=res,
+                       instance=inst).success
+    assert sorted(shard.seen[0].column("row_id").to_pylist()) == _rows_on_disk(job, version, [KEYS[0]])
+    assert (tmp_path / "box-b").exists() and box_b.home.is_done(version, KEYS[0])  # pulled into box-b's cache
