@@ -124,3 +124,10 @@ def test_the_cli_takes_a_price_file_and_stops_early_on_a_bad_one(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert bad.returncode != 0 and "input_per_million_usd=-1" in bad.stderr
     assert report.stat().st_mtime_ns == before  # stopped before the estimate ran
+
+
+def test_the_docs_example_table_loads_and_says_it_is_made_up():
+    path = Path(__file__).resolve().parents[1] / "docs" / "hosted-prices.example.yaml"
+    table = EstimateSpec(hosted_prices=str(path)).hosted_prices
+    assert table and all("made-up" in (h.note or "") for h in table)
+    assert "EXAMPLE ONLY" in path.read_text().splitlines()[0]
