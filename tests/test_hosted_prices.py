@@ -97,7 +97,8 @@ def test_the_estimate_asset_and_report_put_the_job_beside_hosted_batch(tmp_path)
     assert {h["name"]: h["cost_usd"] for h in report["hosted"]} == pytest.approx(expected, abs=1e-6)
     # Beside the box: the metadata has both, the models table a column per offer, the advice a line.
     assert md["hosted_cost_usd offer-a"].value == pytest.approx(expected["offer-a"], abs=1e-6)
-    assert md["cost_usd this machine"].value > 0
+    box = next(o for o in report["options"] if o["name"] == "this machine")
+    assert md["cost_usd this machine"].value == box["cost_usd"] is not None  # the box's option, beside them
     assert "hosted: offer-b $" in md["models"].value and "hosted: offer-a" in md["cost_chart"].value
     assert "test figures" in md["hosted_prices"].value
     line = next(a for a in report["advice"] if a.startswith("At your hosted batch prices"))

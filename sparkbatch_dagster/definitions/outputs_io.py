@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dagster import InputContext, IOManager, IOManagerDefinition, OutputContext
+from dagster import DagsterInvariantViolationError, InputContext, IOManager, IOManagerDefinition, OutputContext
 
 from ..errors import SparkbatchError
 
@@ -88,7 +88,7 @@ def _downstream_partitioned(context: InputContext) -> bool:
     to every registered partition, committed or not: it wants what is committed instead)."""
     try:
         assets_def = context.step_context.assets_def
-    except Exception:  # an input context built by hand (build_input_context): its partition key says
+    except DagsterInvariantViolationError:  # a context built by hand (build_input_context): its partition key says
         return context.has_partition_key
     return assets_def is not None and assets_def.partitions_def is not None
 
