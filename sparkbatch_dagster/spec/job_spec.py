@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ConfigError
 from .cascade import CascadeStage, check_cascade
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
+from .hosted import HostedPrice, check_table, load_hosted_prices
 
 #: storage_options keys that hold a secret: only by reference (EnvVar / {env: NAME}).
 _SECRET_KEYS = {"key", "secret", "token", "password", "aws_secret_access_key", "aws_access_key_id",
@@ -202,6 +203,22 @@ class EstimateSpec(_Checked):
         "its sample is doubled (new rows, same engine) up to this many rows; no growth when sample_rows is "
         "already at or above it.",
     )
+    hosted_prices: list[HostedPrice] = Field(
+        default_factory=list, description="Your table of hosted batch API prices (USD per million input and "
+        "output tokens), or the path of a YAML/CSV file of it: the estimate prices the job's measured tokens "
+        "at each, beside the box's options. No price is built in.",
+    )
+
+    @field_validator("hosted_prices", mode="before")
+    @classmethod
+    def _price_table(cls, value: Any) -> Any:
+        # A path (the CLI's --hosted-prices, a launchpad string, YAML) is read here: checked like a list.
+        return load_hosted_prices(value) if isinstance(value, (str, Path)) else value
+
+    @field_validator("hosted_prices")
+    @classmethod
+    def _one_row_per_offer(cls, value: list[HostedPrice]) -> list[HostedPrice]:
+        return check_table(value)
 
     @field_validator("models", mode="before")
     @classmethod
