@@ -80,6 +80,20 @@ def _price(option: dict[str, Any]) -> str:
     return f"{option['cost_usd']:.4f} (measured)"
 
 
+def _sync_sink(context: AssetExecutionContext, spec: JobSpec, home: Any, version: str) -> dict[str, Any]:
+    """The job's table brought in step with the commits (nothing without a sink), as metadata."""
+    if spec.sink is None:
+        return {}
+    from ..run.table_sink import sync_table  # imports deltalake: only where a sink is configured
+
+    synced = sync_table(spec, home, version)
+    if synced["shards_added"] or synced["versions_replaced"]:
+        context.log.info(f"table {synced['uri']}: {len(synced['shards_added'])} shard(s) added, "
+                         f"version(s) {synced['versions_replaced']} replaced")
+    return {"table_uri": synced["uri"], "table_rows": synced["rows"], "table_shards_added": len(synced["shards_added"]),
+            **({"table_version": synced["table_version"]} if synced["table_version"] is not None else {})}
+
+
 class EstimateConfig(Config):
     """Launchpad overrides of the job's ``estimate`` settings (unset: the spec's)."""
 
@@ -237,7 +251,7 @@ def build_batch_assets(
         dist = [{"label": k, "rows": v} for k, v in result.pop("label_distribution").items()]
         sure = events.confidence_metadata(result.pop("confidence", None), result.pop("reliability", None))
         return MaterializeResult(metadata={
-            **{k: v for k, v in result.items() if v is not None}, **sure,
+            **{k: v for k, v in result.items() if v is not None}, **sure, **_sync_sink(context, spec, home, version),
             "label_distribution": MetadataValue.md(_md_table(dist, ["label", "rows"])),
             "database": MetadataValue.path(str(home.metrics_db)),
         })

@@ -11,6 +11,7 @@ May import: ``errors``. The bottom room: everything else builds on it.
 from .cascade import CascadeStage
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
 from .job_spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, fingerprint
+from .sink import SinkSpec
 
 __all__ = ["PRESETS", "THIS_MACHINE", "CascadeStage", "EstimateSpec", "HardwareSpec", "JobSpec", "ModelCandidate",
-           "NodeOption", "OutputSpec", "SamplingSpec", "fingerprint"]
+           "NodeOption", "OutputSpec", "SamplingSpec", "SinkSpec", "fingerprint"]

@@ -1,0 +1,214 @@
+"""The table sink: the committed rows of the current version as a Delta Lake table, each row once,
+through the real Dagster instance with the fake engine; read back with delta-rs and with DuckDB,
+in a folder home and in a bucket home (moto's S3 server)."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from dagster import DagsterInstance, EnvVar, materialize
+
+from conftest import fake_resource, make_spec, yaml_job_spec
+from sparkbatch_dagster import SinkSpec, build_batch_assets
+from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
+from sparkbatch_dagster.errors import ConfigError
+
+deltalake = pytest.importorskip("deltalake", reason="the table sink needs the delta extra (pip install -e '.[dev]')")
+from deltalake import DeltaTable, write_deltalake  # noqa: E402
+from deltalake.exceptions import CommitFailedError  # noqa: E402
+
+from sparkbatch_dagster.run.table_sink import open_table, sync_table, table_uri  # noqa: E402
+
+N = 200
+
+
+def _setup(tmp_path, **kw):
+    kw.setdefault("sink", SinkSpec())
+    spec = make_spec(tmp_path, n=N, shards=4, **kw)
+    job = build_batch_assets(spec=spec)
+    res = {"vllm": fake_resource()[0]}
+    inst = DagsterInstance.get()
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    return spec, job, res, inst
+
+
+def _label(job, res, inst, **kw):
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}
+    return materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources=res, instance=inst, tags=tags,
+                       **kw)
+
+
+def _analytics(job, res, inst):
+    result = materialize(job.assets, selection=[job.keys["analytics"]], resources=res, instance=inst)
+    assert result.success
+    return {k: v.value for k, v in result.asset_materializations_for_node("things__analytics")[0].metadata.items()}
+
+
+def _duckdb_rows(table, con=None):
+    """The table read by DuckDB itself: its Parquet files, as delta-rs lists the live ones."""
+    con = con or duckdb.connect()
+    files = table.file_uris()
+    return con.execute("SELECT version, shard, row_id, output FROM read_parquet(?) ORDER BY row_id", [files]).fetchall()
+
+
+def _expected(job):
+    """What the table must hold: every committed row of the current version, as the job reads it."""
+    out = job.read_outputs()
+    return sorted(zip(out.column("row_id").to_pylist(), out.column("output").to_pylist(), strict=True))
+
+
+def test_the_table_holds_each_committed_row_once_and_a_replay_adds_nothing(tmp_path):
+    spec, job, res, inst = _setup(tmp_path)
+    assert _label(job, res, inst).success
+    md = _analytics(job, res, inst)
+    uri = table_uri(spec)
+    assert uri == str(spec.home_path / "tables" / "labeled") and md["table_uri"] == uri
+    assert md["table_rows"] == N and md["table_shards_added"] == 4
+    table = DeltaTable(uri)
+    rows = table.to_pyarrow_table().sort_by("row_id")
+    assert rows.num_rows == N and len(set(rows.column("row_id").to_pylist())) == N
+    assert sorted(zip(rows.column("row_id").to_pylist(), rows.column("output").to_pylist(), strict=True)) == \
+        _expected(job)
+    version = job.current_version()
+    assert set(rows.column("version").to_pylist()) == {version}
+    stats = {k: job.home.stats_path(version, k).read_text() for k in inst.get_dynamic_partitions("things_shards")}
+    assert {s for s in rows.column("shard").to_pylist()} == set(stats)
+    # DuckDB over the same files: the same rows, once each.
+    seen = _duckdb_rows(table)
+    assert len(seen) == N and [(r[2], r[3]) for r in seen] == _expected(job)
+    # A replay: analytics again, and the sync itself, write nothing (the table's version stays).
+    before = table.version()
+    md = _analytics(job, res, inst)
+    assert md["table_shards_added"] == 0 and md["table_version"] == before and md["table_rows"] == N
+    again = sync_table(spec, job.home, version)
+    assert again["shards_added"] == [] and again["table_version"] == before
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == N
+
+
+def test_a_crash_mid_run_then_resume_gives_each_row_once(tmp_path):
+    spec, job, res, inst = _setup(tmp_path)
+    res["vllm"] = fake_resource(fail_after=90)[0]  # the engine dies midway: some shards committed, not all
+    assert not _label(job, res, inst, raise_on_error=False).success
+    version = job.current_version()
+    keys = inst.get_dynamic_partitions(job.partitions_def.name)
+    done = [k for k in keys if job.home.is_done(version, k)]
+    assert 0 < len(done) < len(keys)
+    md = _analytics(job, res, inst)  # the sync sees the committed shards only
+    table = open_table(spec)
+    part = table.to_pyarrow_table()
+    assert set(part.column("shard").to_pylist()) == set(done) and md["table_rows"] == part.num_rows
+    assert part.num_rows == len(set(part.column("row_id").to_pylist())) == len(_expected(job))
+    # Resume on a working engine: the rest commits, the next sync adds only what was missing.
+    res["vllm"] = fake_resource()[0]
+    assert _label(job, res, inst).success
+    md = _analytics(job, res, inst)
+    assert md["table_shards_added"] == len(keys) - len(done) and md["table_rows"] == N
+    whole = open_table(spec).to_pyarrow_table()
+    assert whole.num_rows == N and len(set(whole.column("row_id").to_pylist())) == N
+    assert len(_duckdb_rows(open_table(spec))) == N
+
+
+def test_a_new_version_replaces_the_old_rows_and_the_old_table_stays_readable(tmp_path):
+    spec, job, res, inst = _setup(tmp_path)
+    assert _label(job, res, inst).success
+    _analytics(job, res, inst)
+    old_version, old_table = job.current_version(), open_table(spec).version()
+    spec2 = make_spec(tmp_path, n=N, shards=4, sink=SinkSpec(), user_template="Kind? {{ text }}")
+    job2 = build_batch_assets(spec=spec2)
+    assert _label(job2, res, inst).success
+    new_version = job2.current_version()
+    assert new_version != old_version
+    md = _analytics(job2, res, inst)
+    assert md["table_rows"] == N
+    table = open_table(spec2)
+    rows = table.to_pyarrow_table()
+    assert set(rows.column("version").to_pylist()) == {new_version} and rows.num_rows == N
+    assert {r[0] for r in _duckdb_rows(table)} == {new_version}
+    # Delta time travel: the table as it was before the new version came.
+    then = DeltaTable(table_uri(spec2), version=old_table).to_pyarrow_table()
+    assert set(then.column("version").to_pylist()) == {old_version} and then.num_rows == N
+
+
+def test_a_writer_that_lost_the_race_is_refused_and_the_next_sync_finds_the_rows(tmp_path):
+    """What the sync relies on between boxes: a replace-where based on an older snapshot does not
+    commit over rows another writer added meanwhile (delta-rs refuses it), so they are never doubled."""
+    spec, job, res, inst = _setup(tmp_path)
+    res["vllm"] = fake_resource(fail_after=90)[0]
+    assert not _label(job, res, inst, raise_on_error=False).success
+    version = job.current_version()
+    first = sync_table(spec, job.home, version)
+    stale = open_table(spec)  # what a second box read before the first box's next sync
+    res["vllm"] = fake_resource()[0]
+    assert _label(job, res, inst).success
+    second = sync_table(spec, job.home, version)  # the first box adds the rest
+    assert second["shards_added"] and second["table_version"] == first["table_version"] + 1
+    keys = second["shards_added"]
+    now = open_table(spec).to_pyarrow_table()
+    theirs = now.filter(pc.is_in(now.column("shard"), value_set=pa.array(keys)))
+    # The second box, late, writes the same shards from its older snapshot, as sync_table would.
+    with pytest.raises(CommitFailedError, match="concurrent"):
+        write_deltalake(stale, theirs, mode="overwrite",
+                        predicate=f"version <> '{version}' OR shard IN ({', '.join(repr(k) for k in keys)})")
+    assert open_table(spec).to_pyarrow_table().num_rows == N
+    assert sync_table(spec, job.home, version)["shards_added"] == []
+
+
+def test_the_table_in_the_bucket_home(tmp_path, s3_server, s3_bucket):
+    home = f"s3://{s3_bucket}/jobs/things"
+    spec, job, res, inst = _setup(tmp_path, home=home, cache_dir=str(tmp_path / "cache"),
+                                  sink=SinkSpec(storage_options={"AWS_ALLOW_HTTP": "true"}))
+    assert _label(job, res, inst).success
+    md = _analytics(job, res, inst)
+    assert md["table_uri"] == f"{home}/tables/labeled" and md["table_rows"] == N
+    fs = s3_server.fs()
+    assert fs.ls(f"{s3_bucket}/jobs/things/tables/labeled/_delta_log")  # in the bucket, not the cache
+    assert not (tmp_path / "cache" / "tables").exists()
+    table = DeltaTable(md["table_uri"], storage_options={"AWS_ALLOW_HTTP": "true"})
+    rows = table.to_pyarrow_table()
+    assert rows.num_rows == N and len(set(rows.column("row_id").to_pylist())) == N
+    # DuckDB reads the bucket's files through s3fs (its httpfs extension cannot be installed offline).
+    con = duckdb.connect()
+    con.register_filesystem(fs)
+    seen = _duckdb_rows(table, con)
+    assert [(r[2], r[3]) for r in seen] == _expected(job)
+    assert _analytics(job, res, inst)["table_shards_added"] == 0
+
+
+def test_bad_sink_settings_stop_with_the_fix(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"sink.uri 'ftp://x/t': delta-rs cannot write to ftp://"):
+        make_spec(tmp_path, sink={"uri": "ftp://x/t"})
+    with pytest.raises(ConfigError, match=r"format"):
+        make_spec(tmp_path, sink={"format": "iceberg"})
+    with pytest.raises(ConfigError, match=r"AWS_SECRET_ACCESS_KEY'\] is a secret written in the spec"):
+        make_spec(tmp_path, sink={"storage_options": {"AWS_SECRET_ACCESS_KEY": "abc"}})
+    spec = make_spec(tmp_path, sink={"uri": "s3://w/t", "storage_options": {"AWS_SECRET_ACCESS_KEY": EnvVar("W_S")}})
+    assert table_uri(spec) == "s3://w/t" and "W_S" not in repr(spec)
+    from sparkbatch_dagster.run.table_sink import _options
+
+    with pytest.raises(ConfigError, match="W_S, which is not set"):
+        _options(spec)
+    monkeypatch.setenv("W_S", "s-1")
+    assert _options(spec) == {"AWS_SECRET_ACCESS_KEY": "s-1"}
+    assert table_uri(make_spec(tmp_path, sink={"uri": "t/labels"})) == str(tmp_path / "home" / "t" / "labels")
+
+
+def test_a_sink_in_yaml(tmp_path):
+    spec = yaml_job_spec(f"""
+type: sparkbatch_dagster.BatchInferenceComponent
+attributes:
+  name: things
+  input: {tmp_path}/in.parquet
+  text_columns: [text]
+  user_template: "{{{{ text }}}}"
+  sink:
+    format: delta
+    uri: s3://warehouse/labels/things
+    storage_options:
+      AWS_REGION: eu-west-1
+      AWS_SECRET_ACCESS_KEY: {{env: WAREHOUSE_SECRET}}
+""")
+    assert spec.sink is not None and table_uri(spec) == "s3://warehouse/labels/things"
+    assert spec.sink.storage_options["AWS_SECRET_ACCESS_KEY"] == {"env": "WAREHOUSE_SECRET"}
