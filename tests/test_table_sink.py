@@ -175,6 +175,17 @@ def test_the_table_in_the_bucket_home(tmp_path, s3_server, s3_bucket):
     seen = _duckdb_rows(table, con)
     assert [(r[2], r[3]) for r in seen] == _expected(job)
     assert _analytics(job, res, inst)["table_shards_added"] == 0
+    # Two boxes that read the same snapshot both rewrite shard-00000: S3's conditional write lets
+    # one commit, and delta-rs refuses the other (it would have left the rows twice).
+    options = {"AWS_ALLOW_HTTP": "true"}
+    one, two = DeltaTable(md["table_uri"], storage_options=options), DeltaTable(md["table_uri"], storage_options=options)
+    shard = rows.filter(pc.equal(rows.column("shard"), "shard-00000"))
+    predicate = f"version <> '{job.current_version()}' OR shard IN ('shard-00000')"
+    write_deltalake(one, shard, mode="overwrite", predicate=predicate)
+    with pytest.raises(CommitFailedError, match="concurrent"):
+        write_deltalake(two, shard, mode="overwrite", predicate=predicate)
+    after = DeltaTable(md["table_uri"], storage_options=options).to_pyarrow_table()
+    assert after.num_rows == N and len(set(after.column("row_id").to_pylist())) == N
 
 
 def test_bad_sink_settings_stop_with_the_fix(tmp_path, monkeypatch):
@@ -212,3 +223,19 @@ attributes:
 """)
     assert spec.sink is not None and table_uri(spec) == "s3://warehouse/labels/things"
     assert spec.sink.storage_options["AWS_SECRET_ACCESS_KEY"] == {"env": "WAREHOUSE_SECRET"}
+
+
+def test_a_job_with_a_sink_loads_without_deltalake(tmp_path):
+    """The UI loads the code where deltalake is not installed: it is imported by the sync alone."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (f"import sys; sys.path.insert(0, {str(root / 'tests')!r})\n"
+            "from pathlib import Path\nfrom conftest import make_spec\n"
+            "from sparkbatch_dagster import SinkSpec, build_batch_assets\n"
+            f"job = build_batch_assets(spec=make_spec(Path({str(tmp_path)!r}), sink=SinkSpec()))\n"
+            "print('deltalake' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.split()[-1] == "False"
