@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -45,10 +44,16 @@ TRIES = 8
 
 
 def check_sink(spec: JobSpec) -> None:
-    """Stop before any engine starts when the job has a sink this machine cannot write."""
-    if spec.sink is not None and importlib.util.find_spec("deltalake") is None:
+    """Stop before any engine starts when the job has a sink this machine cannot write: no
+    deltalake package, or a ``storage_options`` variable that is not set."""
+    if spec.sink is None:
+        return
+    try:
+        import deltalake  # noqa: F401 - here, not at module level: the UI loads without it
+    except ImportError:
         raise ConfigError("the job has a sink (format: delta) but the deltalake package is not installed: "
-                          "pip install 'sparkbatch-dagster[delta]' (or remove sink from the job)")
+                          "pip install 'sparkbatch-dagster[delta]' (or remove sink from the job)") from None
+    _options(spec)
 
 
 def table_uri(spec: JobSpec) -> str:
