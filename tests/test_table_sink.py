@@ -86,9 +86,9 @@ def test_the_table_holds_each_committed_row_once_and_a_replay_adds_nothing(tmp_p
     before = table.version()
     md = _analytics(job, res, inst)
     assert md["table_shards_added"] == 0 and md["table_version"] == before and md["table_rows"] == N
-    again = sync_table(spec, job.home, version)
+    again = job.sync_table()
     assert again["shards_added"] == [] and again["table_version"] == before
-    assert DeltaTable(uri).to_pyarrow_table().num_rows == N
+    assert job.table().version() == before and job.table().to_pyarrow_table().num_rows == N
 
 
 def test_a_crash_mid_run_then_resume_gives_each_row_once(tmp_path):

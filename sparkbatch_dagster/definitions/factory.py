@@ -237,8 +237,9 @@ def build_batch_assets(
     @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"},
            automation_condition=AutomationCondition.eager(),
            description="Label distribution, accuracy against the gold column, cost per 1k rows, rows to review "
-                       "(confidence under review_below) and accuracy per confidence bucket (DuckDB views). "
-                       "Not built while a partition fails its every-row-exactly-once check.")
+                       "(confidence under review_below) and accuracy per confidence bucket (DuckDB views); with a "
+                       "sink, the Delta Lake table synced. Not built while a partition fails its every-row-exactly-"
+                       "once check.")
     def analytics(context: AssetExecutionContext) -> MaterializeResult:
         home.refresh()
         version = job.current_version()
