@@ -133,6 +133,26 @@ def test_a_new_version_replaces_the_old_rows_and_the_old_table_stays_readable(tm
     # Delta time travel: the table as it was before the new version came.
     then = DeltaTable(table_uri(spec2), version=old_table).to_pyarrow_table()
     assert set(then.column("version").to_pylist()) == {old_version} and then.num_rows == N
+    # A version with nothing committed yet: no row of another version stays (one delete, one commit).
+    empty = sync_table(spec2, job2.home, "0" * 16)
+    assert empty["versions_replaced"] == [new_version] and empty["rows"] == 0
+    assert open_table(spec2).version() == table.version() + 1
+
+
+def test_a_table_of_another_job_or_of_nobody_is_refused(tmp_path):
+    spec, job, res, inst = _setup(tmp_path)
+    assert _label(job, res, inst).success
+    other = spec.model_copy(update={"name": "other_job"})  # same home and table, another job
+    assert job.sync_table()["rows"] == N
+    with pytest.raises(ConfigError, match=r"is job 'things''s table, and a sync would replace its rows: give job "
+                                          r"'other_job' a sink.uri of its own"):
+        sync_table(other, job.home, job.current_version())
+    foreign = tmp_path / "foreign"
+    write_deltalake(str(foreign), pa.table({"x": [1]}))
+    theirs = spec.model_copy(update={"sink": SinkSpec(uri=str(foreign))})
+    with pytest.raises(ConfigError, match="not a table a sparkbatch job created"):
+        sync_table(theirs, job.home, job.current_version())
+    assert DeltaTable(str(foreign)).to_pyarrow_table().num_rows == 1  # untouched
 
 
 def test_a_writer_that_lost_the_race_is_refused_and_the_next_sync_finds_the_rows(tmp_path):

@@ -122,6 +122,7 @@ def sync_table(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     committed = [k for k in keys if home.is_done(version, k)]
     for _ in range(TRIES):
         table = open_table(spec)
+        _check_owner(spec, uri, table)
         present = _present(table)
         missing = [k for k in committed if (version, k) not in present]
         stale = sorted({v for v, _ in present if v != version})
@@ -133,7 +134,8 @@ def sync_table(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
                 reader = pa.RecordBatchReader.from_batches(TABLE_SCHEMA, _rows(home, version, missing))
                 # A DeltaTable, not the URI: the write is checked against the snapshot read above.
                 write_deltalake(table if table is not None else uri, reader, mode="overwrite", predicate=predicate,
-                                storage_options=options, schema_mode="merge")
+                                storage_options=options, schema_mode="merge", name=spec.name,
+                                description=f"sparkbatch job {spec.name}: labeled rows of the current output version")
             else:
                 table.delete(f"version <> '{version}'")
         except CommitFailedError as exc:
@@ -144,6 +146,18 @@ def sync_table(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
         return _summary(uri, open_table(spec), missing, stale)
     raise SparkbatchError(f"the table {uri} kept changing under {TRIES} syncs in a row: another writer is "
                           "writing it all the time; run analytics again when it is quiet")
+
+
+def _check_owner(spec: JobSpec, uri: str, table: Any) -> None:
+    """Refuse a table this job did not create: a sync replaces every other version's rows, so two
+    jobs on one table would delete each other's (the table's name, set at creation, is the job's)."""
+    if table is None:
+        return
+    owner = table.metadata().name
+    if owner != spec.name:
+        whose = f"job {owner!r}'s" if owner else "not a table a sparkbatch job created: it is someone else's"
+        raise ConfigError(f"sink.uri {uri} is {whose} table, and a sync would replace its rows: give job "
+                          f"{spec.name!r} a sink.uri of its own")
 
 
 def _summary(uri: str, table: Any, added: list[str], replaced: list[str]) -> dict[str, Any]:
