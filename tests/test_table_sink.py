@@ -267,3 +267,13 @@ def test_a_job_with_a_sink_loads_without_deltalake(tmp_path):
             "print('deltalake' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.split()[-1] == "False"
+
+
+def test_a_run_without_deltalake_stops_before_the_engine(tmp_path, monkeypatch):
+    spec, job, res, inst = _setup(tmp_path)
+    res["vllm"], engine = fake_resource()
+    monkeypatch.setitem(sys.modules, "deltalake", None)  # as on a machine without the delta extra
+    result = _label(job, res, inst, raise_on_error=False)
+    assert not result.success and engine.requests_seen == 0
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+    assert "deltalake package is not installed: pip install 'sparkbatch-dagster[delta]'" in str(failure)
