@@ -64,6 +64,20 @@ def find_job(key: AssetKey) -> BatchJob | None:
     return _JOBS.get(key)
 
 
+def _sync_sink(context: AssetExecutionContext, spec: JobSpec, home: Any, version: str) -> dict[str, Any]:
+    """The job's table brought in step with the commits (nothing without a sink), as metadata."""
+    if spec.sink is None:
+        return {}
+    from ..run.table_sink import sync_table  # imports deltalake: only where a sink is configured
+
+    synced = sync_table(spec, home, version)
+    if synced["shards_added"] or synced["versions_replaced"]:
+        context.log.info(f"table {synced['uri']}: {len(synced['shards_added'])} shard(s) added, "
+                         f"version(s) {synced['versions_replaced']} replaced")
+    return {"table_uri": synced["uri"], "table_rows": synced["rows"], "table_shards_added": len(synced["shards_added"]),
+            **({"table_version": synced["table_version"]} if synced["table_version"] is not None else {})}
+
+
 class EstimateConfig(Config):
     """Launchpad overrides of the job's ``estimate`` settings (unset: the spec's)."""
 
@@ -214,8 +228,9 @@ def build_batch_assets(
     @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"}, **io,
            automation_condition=AutomationCondition.eager(),
            description="Label distribution, accuracy against the gold column, cost per 1k rows, rows to review "
-                       "(confidence under review_below) and accuracy per confidence bucket (DuckDB views). "
-                       "Not built while a partition fails its every-row-exactly-once check.")
+                       "(confidence under review_below) and accuracy per confidence bucket (DuckDB views); with a "
+                       "sink, the Delta Lake table synced. Not built while a partition fails its every-row-exactly-"
+                       "once check.")
     def analytics(context: AssetExecutionContext) -> MaterializeResult:
         home.refresh()
         version = job.current_version()
@@ -228,7 +243,7 @@ def build_batch_assets(
         dist = [{"label": k, "rows": v} for k, v in result.pop("label_distribution").items()]
         sure = events.confidence_metadata(result.pop("confidence", None), result.pop("reliability", None))
         return MaterializeResult(metadata={
-            **{k: v for k, v in result.items() if v is not None}, **sure,
+            **{k: v for k, v in result.items() if v is not None}, **sure, **_sync_sink(context, spec, home, version),
             "label_distribution": MetadataValue.md(md_table(dist, ["label", "rows"])),
             "database": MetadataValue.path(str(home.metrics_db)),
         })

@@ -197,6 +197,31 @@ class BatchJob:
         """The resource key of the IO manager the job's assets carry (``outputs_io.py``)."""
         return "__".join([*self.keys["labeled_outputs"].path[:-1], "sparkbatch_outputs_io_manager"])
 
+    def table(self) -> Any:
+        """The job's Delta Lake table (``spec.sink``) as delta-rs reads it, or None before its first
+        sync: what a downstream asset or a notebook reads instead of the home's files.
+
+        Example::
+
+            rows = job.table().to_pyarrow_table(columns=["row_id", "output"])
+        """
+        from ..run.table_sink import open_table
+
+        return open_table(self.spec)
+
+    def sync_table(self) -> dict[str, Any]:
+        """Bring the table in step with the committed shards now (``analytics`` does it on each
+        materialization); a no-op when it already is. Returns what it did.
+
+        Example::
+
+            job.sync_table()["shards_added"]
+        """
+        from ..run.table_sink import sync_table
+
+        self.home.refresh()
+        return sync_table(self.spec, self.home, self.current_version())
+
     def prediction(self, version: str) -> dict[str, Any] | None:
         """The estimate's prediction file for this version (written by every estimate), or None."""
         path = self.home.prediction_path(version)

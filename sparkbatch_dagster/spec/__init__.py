@@ -13,6 +13,8 @@ from .cascade import CascadeStage
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
 from .hosted import HostedPrice, load_hosted_prices
 from .job_spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, fingerprint
+from .sink import SinkSpec
 
 __all__ = ["PRESETS", "THIS_MACHINE", "CascadeStage", "EstimateSpec", "HardwareSpec", "HostedPrice", "JobSpec",
-           "ModelCandidate", "NodeOption", "OutputSpec", "SamplingSpec", "fingerprint", "load_hosted_prices"]
+           "ModelCandidate", "NodeOption", "OutputSpec", "SamplingSpec", "SinkSpec", "fingerprint",
+           "load_hosted_prices"]

@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from .cascade import CascadeStage, check_cascade
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
 from .hosted import HostedPrice, check_table, load_hosted_prices
+from .sink import SinkSpec
 
 #: storage_options keys that hold a secret: only by reference (EnvVar / {env: NAME}).
 _SECRET_KEYS = {"key", "secret", "token", "password", "aws_secret_access_key", "aws_access_key_id",
@@ -310,6 +311,10 @@ class JobSpec(_Checked):
     deadline: datetime | None = Field(
         default=None, description="Brake: when the rental ends (a time with its zone, e.g. "
         "2026-12-01T18:00:00+00:00); a run stops cleanly early enough to commit. None = no deadline.",
+    )
+    sink: SinkSpec | None = Field(
+        default=None, description="The labeled rows as a Delta Lake table too, kept in step with the commits by "
+        "analytics (docs/table-sink.md): {format: delta, uri: ..., storage_options: ...}. None = no table.",
     )
 
     @field_validator("name")
