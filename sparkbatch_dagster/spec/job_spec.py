@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ConfigError
 from .cascade import CascadeStage, check_cascade
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
+from .hosted import HostedPrice, check_table, load_hosted_prices
+from .sink import SinkSpec
 
 #: storage_options keys that hold a secret: only by reference (EnvVar / {env: NAME}).
 _SECRET_KEYS = {"key", "secret", "token", "password", "aws_secret_access_key", "aws_access_key_id",
@@ -73,6 +75,14 @@ class OutputSpec(BaseModel):
     labels: list[str] = Field(default_factory=list, description="Allowed labels (kind='label').")
     json_schema: dict[str, Any] | None = Field(default=None, description="JSON schema (kind='json').")
     regex: str | None = Field(default=None, description="Optional regex for kind='text'.")
+    confidence: bool = Field(default=True, description=(
+        "Give each label or JSON row a confidence from the engine's log-probabilities (docs/labels.md). "
+        "Off: no log-probabilities are asked (they cost time on a fast GPU) and the column is null. It does "
+        "not change the answers, so it is not part of the output version."))
+
+    def identity(self) -> dict[str, Any]:
+        """What of the spec shapes an answer (the fingerprints'): all but ``confidence``."""
+        return self.model_dump(exclude={"confidence"})
 
     @model_validator(mode="after")
     def _check_kind(self) -> OutputSpec:
@@ -197,6 +207,22 @@ class EstimateSpec(_Checked):
         "its sample is doubled (new rows, same engine) up to this many rows; no growth when sample_rows is "
         "already at or above it.",
     )
+    hosted_prices: list[HostedPrice] = Field(
+        default_factory=list, description="Your table of hosted batch API prices (USD per million input and "
+        "output tokens), or the path of a YAML/CSV file of it: the estimate prices the job's measured tokens "
+        "at each, beside the box's options. No price is built in.",
+    )
+
+    @field_validator("hosted_prices", mode="before")
+    @classmethod
+    def _price_table(cls, value: Any) -> Any:
+        # A path (the CLI's --hosted-prices, a launchpad string, YAML) is read here: checked like a list.
+        return load_hosted_prices(value) if isinstance(value, (str, Path)) else value
+
+    @field_validator("hosted_prices")
+    @classmethod
+    def _one_row_per_offer(cls, value: list[HostedPrice]) -> list[HostedPrice]:
+        return check_table(value)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -292,6 +318,10 @@ class JobSpec(_Checked):
         default=None, description="Brake: when the rental ends (a time with its zone, e.g. "
         "2026-12-01T18:00:00+00:00); a run stops cleanly early enough to commit. None = no deadline.",
     )
+    sink: SinkSpec | None = Field(
+        default=None, description="The labeled rows as a Delta Lake table too, kept in step with the commits by "
+        "analytics (docs/table-sink.md): {format: delta, uri: ..., storage_options: ...}. None = no table.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -356,7 +386,7 @@ class JobSpec(_Checked):
 
         check_template(self.user_template, self.text_columns, "user_template")
         check_template(self.system_prompt, self.text_columns, "system_prompt")
-        check_cascade(self.cascade, self.output.kind)
+        check_cascade(self.cascade, self.output.kind, self.output.confidence)
         if self.input_format in BATCH_INPUTS and (self.output.kind != "text" or self.cascade or self.system_prompt
                                                   or self.gold_column):
             raise ValueError(f"input_format={self.input_format!r}: each line sets its own prompt and output "
@@ -395,7 +425,7 @@ class JobSpec(_Checked):
     def answer_context(self, model: str) -> str:
         """Everything besides the rendered prompt that determines a generated answer: the
         model identity, sampling and the output spec. Names the result store's folder."""
-        return fingerprint({"model": model, "output": self.output.model_dump(), "sampling": self.sampling.model_dump()})
+        return fingerprint({"model": model, "output": self.output.identity(), "sampling": self.sampling.model_dump()})
 
     def shards_for(self, rows: int) -> int:
         """Number of shards for an input of ``rows`` rows."""
@@ -411,7 +441,7 @@ class JobSpec(_Checked):
             "system": self.system_prompt,
             "user": self.user_template,
             "text_columns": self.text_columns,
-            "output": self.output.model_dump(),
+            "output": self.output.identity(),
             "sampling": self.sampling.model_dump(),
             "max_input_chars": self.max_input_chars,
         }
