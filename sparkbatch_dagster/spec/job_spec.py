@@ -70,6 +70,10 @@ class OutputSpec(BaseModel):
     labels: list[str] = Field(default_factory=list, description="Allowed labels (kind='label').")
     json_schema: dict[str, Any] | None = Field(default=None, description="JSON schema (kind='json').")
     regex: str | None = Field(default=None, description="Optional regex for kind='text'.")
+    keep_reasoning: bool = Field(
+        default=False, description="With sampling.reasoning on: keep each answer's thinking text in a `reasoning` "
+        "column (and in the result store, so a reused answer keeps it). Off: only its token count is kept.",
+    )
 
     @model_validator(mode="after")
     def _check_kind(self) -> OutputSpec:
@@ -84,6 +88,14 @@ class OutputSpec(BaseModel):
             re.compile(self.regex)
         return self
 
+    def identity(self) -> dict[str, Any]:
+        """What names the output version: every field, ``keep_reasoning`` only when on (so the
+        versions of jobs written before it existed stay what they were)."""
+        data = self.model_dump()
+        if not self.keep_reasoning:
+            data.pop("keep_reasoning")
+        return data
+
 
 class SamplingSpec(BaseModel):
     """Sampling settings; part of the fingerprint, so changing them starts a new output version."""
@@ -95,6 +107,37 @@ class SamplingSpec(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int = 0
     ignore_eos: bool = Field(default=False, description="Always generate max_tokens (benchmarks).")
+    reasoning: Literal["off", "auto"] | int = Field(
+        default="off", description="A reasoning model's thinking: 'off' (the chat template's default prompt, the "
+        "grammar from the first token), a budget in tokens (the model thinks at most that long, then answers under "
+        "the grammar), or 'auto' (a budget of 1024 when the chat template thinks, else off). max_tokens counts the "
+        "thinking too: it must hold the budget plus the answer. docs/reasoning.md.",
+    )
+
+    @field_validator("reasoning")
+    @classmethod
+    def _check_reasoning(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"reasoning={value} must be 'off', 'auto' or a thinking budget of at least 1 token "
+                             "(e.g. 512)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_room(self) -> SamplingSpec:
+        budget = self.reasoning
+        if isinstance(budget, int) and self.max_tokens < budget + 2:
+            raise ValueError(f"max_tokens={self.max_tokens} cannot hold the thinking budget reasoning={budget} plus "
+                             f"the end of the thinking and an answer: raise max_tokens to at least {budget + 2} "
+                             f"plus the answer's length (e.g. {budget + 64}), or lower reasoning")
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        """What names the output version: every field, ``reasoning`` only when on (so the
+        versions of jobs written before it existed stay what they were)."""
+        data = self.model_dump()
+        if self.reasoning == "off":
+            data.pop("reasoning")
+        return data
 
 
 class NodeOption(BaseModel):
@@ -371,7 +414,7 @@ class JobSpec(_Checked):
     def answer_context(self, model: str) -> str:
         """Everything besides the rendered prompt that determines a generated answer: the
         model identity, sampling and the output spec. Names the result store's folder."""
-        return fingerprint({"model": model, "output": self.output.model_dump(), "sampling": self.sampling.model_dump()})
+        return fingerprint({"model": model, "output": self.output.identity(), "sampling": self.sampling.identity()})
 
     def shards_for(self, rows: int) -> int:
         """Number of shards for an input of ``rows`` rows."""
@@ -387,8 +430,8 @@ class JobSpec(_Checked):
             "system": self.system_prompt,
             "user": self.user_template,
             "text_columns": self.text_columns,
-            "output": self.output.model_dump(),
-            "sampling": self.sampling.model_dump(),
+            "output": self.output.identity(),
+            "sampling": self.sampling.identity(),
             "max_input_chars": self.max_input_chars,
         }
         return fingerprint(payload)
