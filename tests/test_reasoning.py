@@ -130,7 +130,8 @@ def test_plan_from_real_templates(tmp_path: Path) -> None:
     thinker = AutoTokenizer.from_pretrained(reasoning_model(tmp_path / "r"))
     plain = AutoTokenizer.from_pretrained(ensure_embedded(DEFAULT_MODEL_NAME))
     plan = reasoning.plan(thinker, SamplingSpec(reasoning="auto", max_tokens=1100))
-    assert plan is not None and plan.budget == reasoning.AUTO_BUDGET and plan.template_kwargs == {"enable_thinking": True}
+    assert plan is not None and plan.budget == reasoning.AUTO_BUDGET
+    assert plan.template_kwargs == {"enable_thinking": True}
     assert plan.markers.end_id == thinker.convert_tokens_to_ids("</think>")
     assert reasoning.thinks_by_default(thinker) and not reasoning.thinks_by_default(plain)
     with pytest.raises(ConfigError, match="max_tokens=64 cannot hold the thinking budget"):
@@ -139,3 +140,50 @@ def test_plan_from_real_templates(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="names no thinking markers"):
         reasoning.plan(plain, THINKING)
     assert reasoning.plan(thinker, SamplingSpec()) is None
+
+
+def test_preview_warns_when_max_tokens_cannot_hold_the_thinking(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from conftest import make_spec
+    from sparkbatch_dagster.cli.preview import reasoning_warnings
+    from sparkbatch_dagster.testing import reasoning_model
+
+    thinker = AutoTokenizer.from_pretrained(reasoning_model(tmp_path / "r"))
+    spec = make_spec(tmp_path)
+    [off] = reasoning_warnings(spec, thinker)  # thinks by default, reasoning off
+    assert "thinks by default" in off and "sampling.reasoning to 'auto'" in off and "at least 1026" in off
+    [auto] = reasoning_warnings(spec.model_copy(update={"sampling": SamplingSpec(reasoning="auto")}), thinker)
+    assert "max_tokens=64 cannot hold the thinking budget (1024" in auto
+    # A budget leaving one token for a label of several: the longest label's tokens name the fix.
+    long_label = "a fruit of the vine"
+    tight = spec.model_copy(update={"sampling": SamplingSpec(reasoning=16, max_tokens=18),
+                                    "output": OutputSpec(kind="label", labels=[long_label, "vehicle"])})
+    longest = len(thinker(long_label, add_special_tokens=False)["input_ids"])
+    [warned] = reasoning_warnings(tight, thinker)
+    assert longest > 1 and f"raise sampling.max_tokens to {17 + longest}" in warned
+    roomy = spec.model_copy(update={"sampling": SamplingSpec(reasoning=16, max_tokens=40)})
+    assert reasoning_warnings(roomy, thinker) == []
+    assert reasoning_warnings(spec, None) == []  # no tokenizer here: nothing to say
+
+
+def test_server_answers_with_the_thinking_apart_or_inline() -> None:
+    from sparkbatch_dagster.engines.reasoning_server import reasoned_result, reasoning_fields, server_reasoning
+
+    plan = server_reasoning(None, THINKING)
+    assert plan is not None and reasoning_fields(plan) == {"thinking_token_budget": 16,
+                                                           "chat_template_kwargs": {"enable_thinking": True}}
+    with pytest.raises(ConfigError, match="server_token_ids=True"):
+        server_reasoning(None, SamplingSpec(reasoning="auto", max_tokens=2000))
+    usage = {"prompt_tokens": 9, "completion_tokens": 12, "completion_tokens_details": {"reasoning_tokens": 10}}
+    # A server run with --reasoning-parser: the thinking comes apart from the answer.
+    apart = {"message": {"content": "\n\nfruit", "reasoning": "round, sweet"}, "finish_reason": "stop"}
+    res = reasoned_result("r1", "\n\nfruit", apart, usage, plan, None)
+    assert (res.text, res.reasoning, res.reasoning_tokens, res.output_tokens) == ("fruit", "round, sweet", 10, 12)
+    # Inline (no parser on the server): split here; no count from the server, none without a tokenizer.
+    inline = {"message": {"content": "<think>round</think>\n\nfruit"}, "finish_reason": "stop"}
+    res = reasoned_result("r2", inline["message"]["content"], inline, {"completion_tokens": 5}, plan, None)
+    assert (res.text, res.reasoning, res.reasoning_tokens) == ("fruit", "round", 0)
+    cut = {"message": {"content": "<think>round and"}, "finish_reason": "length"}
+    res = reasoned_result("r3", "<think>round and", cut, {"completion_tokens": 40}, plan, None)
+    assert res.text is None and res.error.startswith("reasoning_unfinished") and res.reasoning == "round and"
