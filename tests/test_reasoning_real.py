@@ -81,3 +81,33 @@ def test_a_run_keeps_the_reasoning_and_counts_its_tokens(tmp_path: Path, thinker
     assert all(r["reasoning"] for r in rows)  # a fanned-out duplicate carries its answer's thinking too
     assert stats["reasoning_tokens"] == sum(r["reasoning_tokens"] for r in rows) > 0
     assert stats["output_tokens"] > stats["reasoning_tokens"]
+
+
+def test_a_started_server_and_a_chat_client_bound_the_thinking_too(tmp_path: Path) -> None:
+    """`vllm serve --reasoning-parser` started here (token ids to /v1/completions, the thinking split
+    here), and the same server as someone else's (chat bodies, the thinking apart in its answer)."""
+    from sparkbatch_dagster.engines.start import client
+    from sparkbatch_dagster.testing import reasoning_model
+
+    folder = reasoning_model(tmp_path / "qwen3-style")
+    resource = VLLMResource(model=str(folder), engine="server", kv_cache_memory_gb=0.5, max_num_seqs=16,
+                            max_model_len=1024,
+                            engine_kwargs={"load_format": "dummy", "reasoning_parser": "deepseek_r1"})
+    sampling = SamplingSpec(reasoning=BUDGET, max_tokens=BUDGET + 8)
+    ours = resource.get_engine()
+    try:
+        started = list(ours.generate(_requests(4), sampling, OUT))
+        server = _offline(ours)
+        chat = client(resource.engine_settings(), server.base_url, server.served_name, None)  # type: ignore[attr-defined]
+        try:
+            answered = list(chat.generate(_requests(4), sampling, OUT))
+        finally:
+            chat.close()
+    finally:
+        resource.shutdown()
+    for res in started + answered:
+        assert res.error is None and res.text in LABELS, res.error
+        assert res.reasoning and res.output_tokens <= BUDGET + 8
+    # Counted here with the tokenizer (started), or as the server's usage gives them (chat: it may not).
+    assert all(2 <= r.reasoning_tokens <= BUDGET + 1 for r in started)
+    assert all(r.reasoning_tokens <= BUDGET + 1 for r in answered)

@@ -202,4 +202,5 @@ def _added(before: EngineResult | None, res: EngineResult) -> EngineResult:
         return res
     return dataclasses.replace(res, prompt_tokens=res.prompt_tokens + before.prompt_tokens,
                                output_tokens=res.output_tokens + before.output_tokens,
-                               cached_tokens=res.cached_tokens + before.cached_tokens)
+                               cached_tokens=res.cached_tokens + before.cached_tokens,
+                               reasoning_tokens=res.reasoning_tokens + before.reasoning_tokens)
