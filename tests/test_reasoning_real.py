@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import LABELS, make_rows, one_shard
-from sparkbatch_dagster import OutputSpec, VLLMResource
+from sparkbatch_dagster import ConfigError, OutputSpec, VLLMResource
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.base import Engine
 from sparkbatch_dagster.run.runner import label_shard
@@ -47,10 +47,15 @@ def _offline(engine: Engine) -> object:
     return getattr(engine, "started", None) or engine
 
 
+def _started(engine: Engine) -> object:
+    """The engine behind the resource's lazy one, started by one reasoning request."""
+    list(engine.generate(_requests(1), SamplingSpec(reasoning=BUDGET, max_tokens=BUDGET + 8), OUT))
+    return _offline(engine)
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["vllm-budget", "two-requests"])
 def test_budget_holds_and_the_grammar_applies_after_the_thinking(thinker: Engine, native: bool) -> None:
-    list(thinker.generate(_requests(1), SamplingSpec(max_tokens=4), OUT))  # starts the (lazy) engine
-    offline = _offline(thinker)
+    offline = _started(thinker)
     assert offline.native_budget  # type: ignore[attr-defined]  # this vllm has it, the parser turns it on
     offline.native_budget = native  # type: ignore[attr-defined]
     try:
@@ -67,6 +72,13 @@ def test_budget_holds_and_the_grammar_applies_after_the_thinking(thinker: Engine
         # Thinking and answer both counted, within max_tokens.
         assert res.reasoning_tokens < res.output_tokens <= BUDGET + 8
         assert res.confidence is not None and 0 < res.confidence <= 1  # the answer's tokens alone
+
+
+def test_reasoning_off_on_an_engine_with_a_reasoning_parser_stops(thinker: Engine) -> None:
+    _started(thinker)
+    # Its grammar would wait for a </think> this template's model may never write: refused, naming both ways out.
+    with pytest.raises(ConfigError, match="started with a reasoning parser.*reasoning_parser"):
+        list(thinker.generate(_requests(2), SamplingSpec(max_tokens=4), OUT))
 
 
 def test_a_run_keeps_the_reasoning_and_counts_its_tokens(tmp_path: Path, thinker: Engine) -> None:

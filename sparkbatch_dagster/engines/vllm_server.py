@@ -351,5 +351,3 @@ def _undecided(held: list[EngineResult], transient: bool, exhausted: bool) -> li
         return held  # the server said why, row by row: a few over-long prompts are those rows' own
     raise ConfigError(f"every request fails with {(held[0].error or '').partition(': ')[2]}: "
                       "check VLLMResource.model and the job's output/sampling settings")
-
-
