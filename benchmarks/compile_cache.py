@@ -5,6 +5,7 @@ process.
 
     python benchmarks/compile_cache.py                          # 2 rounds, the embedded SmolLM2
     python benchmarks/compile_cache.py --rounds 3 --model /models/llama-8b --out benchmarks/results/x.json
+    python benchmarks/compile_cache.py --model /tmp/llama-1b --resource '{"engine_kwargs": {"load_format": "dummy"}}'
 
 Each measurement is a fresh Python process (as `sparkbatch run` is) that builds ``VLLMResource``
 with ``compile_cache=True``, gives it a folder home (``use_home``, as a labeling run does) and
@@ -56,7 +57,8 @@ class Log:
     warning = info
 
 model, home, max_model_len, prompts = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-res = VLLMResource(model=model, max_model_len=max_model_len, compile_cache=True)
+fields = json.loads(sys.argv[5])
+res = VLLMResource(model=model, max_model_len=max_model_len, compile_cache=True, **fields)
 res.use_home(JobHome(Path(home)), Log())
 t0 = time.perf_counter()
 engine = res.get_engine()
@@ -77,7 +79,8 @@ print(json.dumps({"start_s": round(start_s, 2), "engine_start_s": round(engine.s
 def child(model: str, home: Path, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One engine start in a fresh process, with ``cache`` as its SPARKBATCH_CACHE_DIR."""
     env = {**os.environ, "SPARKBATCH_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, model, str(home), str(args.max_model_len), str(args.prompts)],
+    proc = subprocess.run([sys.executable, "-c", CHILD, model, str(home), str(args.max_model_len), str(args.prompts),
+                           args.resource],
                           env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"engine start failed:\n{proc.stderr[-3000:]}")
@@ -118,6 +121,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a model folder or hub name; default: the embedded SmolLM2")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--prompts", type=int, default=32, help="answered after each start, to see the engine works")
+    ap.add_argument("--resource", default="{}", metavar="JSON",
+                    help='more VLLMResource fields, e.g. \'{"engine_kwargs": {"load_format": "dummy"}}\' (a GPU box)')
     ap.add_argument("--out", default=None, help="default: benchmarks/results/compile-cache-<cpu|gpu>.json")
     args = ap.parse_args()
     from sparkbatch_dagster.engines.model import resolve_model
@@ -140,7 +145,7 @@ def main() -> None:
                    for v in VARIANTS}
         summary = {
             "benchmark": "compile_cache", "machine": f"{first['covers']['device']}, {os.cpu_count()} cores",
-            "model": Path(model).name,
+            "model": Path(model).name, "resource": json.loads(args.resource),
             "versions": first["covers"]["versions"], "key": first["key"], "rounds": args.rounds,
             "prompts": args.prompts, "archive_mb": round(archive.stat().st_size / 1e6, 1),
             "unpacked_mb": round(sum(p.stat().st_size for p in key_dirs(cache)[0].rglob("*") if p.is_file()) / 1e6, 1),

@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from results_io import emit  # noqa: E402
 
-DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
+#: The Debian set: ../shared here; on a GPU box, the copy benchmarks/make_bench_dir.sh puts in .bench.
+DEBIAN = next((p for p in (ROOT.parent / "shared" / "data" / "debian_packages.parquet",
+                           ROOT / ".bench" / "debian_packages.parquet") if p.exists()),
+              ROOT.parent / "shared" / "data" / "debian_packages.parquet")
 #: The 13 most common sections of the Debian set (libs, libdevel, ... java); those whose first
 #: tokens begin another section (libs / libdevel, java / javascript) are left out.
 SECTIONS = ["python", "doc", "perl", "devel", "utils", "haskell", "net", "rust", "golang", "java"]

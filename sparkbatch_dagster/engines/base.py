@@ -20,10 +20,12 @@ from .spans import Spans
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """One prompt to generate; ``id`` comes back on its result."""
+    """One prompt to generate; ``id`` comes back on its result. ``key``: the rendered prompt's
+    name in the result store (``run.result_store.prompt_key``), when the caller has it."""
 
     id: str
     messages: list[dict[str, str]]
+    key: str | None = None
 
 
 @dataclass(frozen=True)

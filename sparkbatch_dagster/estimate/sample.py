@@ -72,11 +72,14 @@ class Timing:
     #: :func:`fit`); 0 when the sample was one draw.
     fill_s: float = 0.0
     s_per_token: float = 0.0
-    #: (confidence, right) of each scored row whose answer had a confidence: the reliability table.
-    sure: list[tuple[float, bool]] = field(default_factory=list)
     #: Each scored row's (confidence, right): None where its answer had none (an error row). Two
     #: models' rows in common make a cascade's accuracy on the sample (``estimate/cascades.py``).
     by_row: dict[str, tuple[float | None, bool]] = field(default_factory=dict)
+
+    @property
+    def sure(self) -> list[tuple[float, bool]]:
+        """(confidence, right) of each scored row whose answer had a confidence: the reliability table."""
+        return [(c, ok) for c, ok in self.by_row.values() if c is not None]
 
 
 @dataclass
@@ -139,7 +142,8 @@ def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
 
 def _run(engine: Engine, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str], Any]:
     errors, groups = plan_rows(spec, rows, set())
-    requests = [EngineRequest(key, prompt.messages()) for key, (prompt, _) in groups.items()]
+    requests = [EngineRequest(key, prompt.messages(), prompt_key(prompt.system, prompt.user))
+                for key, (prompt, _) in groups.items()]
     results = {r.id: r for r in engine.generate(requests, spec.sampling, spec.output)}
     return results, errors, groups
 
@@ -162,14 +166,13 @@ def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine) -> Timi
         right = {r["row_id"]: outputs.get(r["row_id"]) is not None and outputs[r["row_id"]] == r.get(spec.gold_column)
                  for r in rows}
         correct = sum(right.values())
-    # As in the labeled rows: an answer's confidence, none on an error row.
-    sure = [(c, right[i]) for i in right if outputs.get(i) is not None and (c := confidence.get(i)) is not None]
     return Timing(
         model=engine.model_id, engine_start_s=engine.start_seconds, seconds=seconds, rows=len(rows),
         prompt_tokens=sum(r.prompt_tokens for r in results.values()),
         output_tokens=sum(r.output_tokens for r in results.values()),
         errors=len(errors) + sum(1 for v in outputs.values() if v is None), correct=correct,
-        requests=len(groups), steps=[(len(rows), correct or 0)] if correct is not None else [], sure=sure,
+        requests=len(groups), steps=[(len(rows), correct or 0)] if correct is not None else [],
+        # As in the labeled rows: an answer's confidence, none on an error row.
         by_row={i: (confidence.get(i) if outputs.get(i) is not None else None, ok) for i, ok in right.items()},
     )
 
@@ -194,7 +197,7 @@ def merge(a: Timing, b: Timing, first_rows: int) -> Timing:
         prompt_tokens=a.prompt_tokens + (b.prompt_tokens if fast else 0),
         output_tokens=a.output_tokens + (b.output_tokens if fast else 0),
         requests=(a.requests or a.rows) + ((b.requests or b.rows) if fast else 0),
-        steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [], sure=[*a.sure, *b.sure],
+        steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [],
         by_row={**a.by_row, **b.by_row},
     )
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..engines.base import Engine, EngineRequest, EngineResult
 from ..spec import JobSpec, OutputSpec, SamplingSpec
-from .result_store import ResultStore, prompt_key
+from .result_store import ResultStore
 from .rows import STORED_ERRORS, outcome
 
 #: Requests looked up in a stage's store at a time, and fresh answers stored at a time.
@@ -140,13 +140,12 @@ class CascadeEngine(Engine):
     def _lookup(self, stage: Stage, chunk: list[EngineRequest], keys: dict[str, str]) -> dict[str, EngineResult]:
         if stage.store is None:
             return {}
-        for req in chunk:
-            system = next((m["content"] for m in req.messages if m["role"] == "system"), "")
-            keys[req.id] = prompt_key(system, req.messages[-1]["content"])
-        found = stage.store.lookup([keys[r.id] for r in chunk])
+        # A request without its prompt's key (a caller that has none) is neither looked up nor stored.
+        keys.update({req.id: req.key for req in chunk if req.key is not None})
+        found = stage.store.lookup([keys[r.id] for r in chunk if r.id in keys])
         out = {}
         for req in chunk:
-            if keys[req.id] in found:
+            if req.id in keys and keys[req.id] in found:
                 text, error, confidence, _, reasoning = found[keys[req.id]]
                 out[req.id] = EngineResult(req.id, text, error=error, finish_reason="stop" if error is None else None,
                                            confidence=confidence, reasoning=reasoning)

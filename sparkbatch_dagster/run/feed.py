@@ -68,7 +68,8 @@ class Feed:
                     if n == len(shard.order):
                         break
                 shard.first_sent = shard.first_sent or time.perf_counter()
-                yield EngineRequest(f"{idx}:{n}", shard.groups[shard.order[n]][0].messages())
+                group = shard.order[n]
+                yield EngineRequest(f"{idx}:{n}", shard.groups[group][0].messages(), shard.keys[group])
                 n += 1
 
     def meanwhile(self) -> bool:
