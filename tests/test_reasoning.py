@@ -187,3 +187,23 @@ def test_server_answers_with_the_thinking_apart_or_inline() -> None:
     cut = {"message": {"content": "<think>round and"}, "finish_reason": "length"}
     res = reasoned_result("r3", "<think>round and", cut, {"completion_tokens": 40}, plan, None)
     assert res.text is None and res.error.startswith("reasoning_unfinished") and res.reasoning == "round and"
+
+
+@pytest.mark.parametrize("value", ["auto", 256])
+def test_a_defs_yaml_sets_the_reasoning(tmp_path: Path, value: object) -> None:
+    import textwrap
+
+    from conftest import make_spec, yaml_job_spec
+
+    text = textwrap.dedent(f"""
+        type: sparkbatch_dagster.BatchInferenceComponent
+        attributes:
+          name: things
+          input: {make_spec(tmp_path).input}
+          text_columns: [text]
+          user_template: "What is this? {{{{ text }}}}"
+          output: {{kind: label, labels: [fruit, vehicle, animal], keep_reasoning: true}}
+          sampling: {{reasoning: {value}, max_tokens: 1200}}
+    """)
+    spec = yaml_job_spec(text)
+    assert spec.sampling.reasoning == value and spec.output.keep_reasoning
