@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from ..spec import OutputSpec, SamplingSpec
 from . import confidence, reasoning
-from .base import EngineRequest, EngineResult
+from .base import EngineRequest, EngineResult, structured_outputs
 
 if TYPE_CHECKING:
     from .vllm_offline import VLLMOfflineEngine
@@ -46,6 +47,18 @@ def native_budget(llm: Any) -> bool:
         return False
     config = getattr(getattr(llm.llm_engine, "vllm_config", None), "reasoning_config", None)
     return bool(config is not None and getattr(config, "enabled", False))
+
+
+def check_unbounded(tokenizer: Any, sampling: SamplingSpec, output: OutputSpec) -> None:
+    """On an engine started with a reasoning parser, a job without a thinking budget: its grammar
+    would wait for a ``</think>`` that the model of a template thinking by default may never
+    write, leaving its answers unchecked. Refused (ConfigError), naming both ways out."""
+    if structured_outputs(output) and reasoning.thinks_by_default(tokenizer):
+        raise ConfigError(
+            f"sampling.reasoning={sampling.reasoning!r} on an engine started with a reasoning parser, whose grammar "
+            "starts only after a </think>: this model's template thinks by default, so its answers would go "
+            "unchecked; set sampling.reasoning to a budget (or 'auto'), or start the engine without "
+            "engine_kwargs.reasoning_parser")
 
 
 @dataclass

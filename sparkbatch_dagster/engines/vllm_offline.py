@@ -14,7 +14,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
-from ..errors import ConfigError, EngineError
+from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from ..spec.prompts import chat_text
 from . import confidence, label_tokens, reasoning
@@ -122,12 +122,10 @@ class VLLMOfflineEngine(Engine):
 
             yield from generate_reasoned(self, requests, sampling, output, thinking)
             return
-        if self.native_budget and structured_outputs(output) and reasoning.thinks_by_default(self._tokenizer):
-            raise ConfigError(
-                f"sampling.reasoning={sampling.reasoning!r} on an engine started with a reasoning parser, whose "
-                "grammar starts only after a </think>: this model's template thinks by default, so its answers would "
-                "go unchecked; set sampling.reasoning to a budget (or 'auto'), or start the engine without "
-                "engine_kwargs.reasoning_parser")
+        if self.native_budget:
+            from .reasoning_offline import check_unbounded
+
+            check_unbounded(self._tokenizer, sampling, output)
         step = label_tokens.plan(self._tokenizer, sampling, output, self.label_decoding)
         top = confidence.logprobs_wanted(output.kind) if self.confidence else None
         params = sampling_params(sampling, output, self.sampling_defaults, logprobs=top)
