@@ -51,7 +51,7 @@ def main() -> None:
         lazy = res.get_engine()
         try:
             list(lazy.generate(reqs[:1], sampling, output))
-            engine = lazy.started  # type: ignore[attr-defined]
+            engine = getattr(lazy, "started", None) or lazy  # a lazy engine, or the engine itself
             assert engine.native_budget, "this vLLM has no thinking_token_budget: nothing to compare"
 
             def timed(native: bool) -> tuple[float, dict[str, object]]:
