@@ -207,3 +207,18 @@ def test_a_defs_yaml_sets_the_reasoning(tmp_path: Path, value: object) -> None:
     """)
     spec = yaml_job_spec(text)
     assert spec.sampling.reasoning == value and spec.output.keep_reasoning
+
+
+def test_a_parser_engine_refuses_a_grammar_that_would_wait_for_the_thinking(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, ensure_embedded
+    from sparkbatch_dagster.engines.reasoning_offline import check_unbounded
+    from sparkbatch_dagster.testing import reasoning_model
+
+    thinker = AutoTokenizer.from_pretrained(reasoning_model(tmp_path / "r"))
+    with pytest.raises(ConfigError, match="started with a reasoning parser.*engine_kwargs.reasoning_parser"):
+        check_unbounded(thinker, SamplingSpec(), OutputSpec(kind="label", labels=LABELS))
+    check_unbounded(thinker, SamplingSpec(), OutputSpec(kind="text"))  # no grammar: nothing waits
+    plain = AutoTokenizer.from_pretrained(ensure_embedded(DEFAULT_MODEL_NAME))
+    check_unbounded(plain, SamplingSpec(), OutputSpec(kind="label", labels=LABELS))  # a model that does not think
