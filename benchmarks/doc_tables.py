@@ -247,10 +247,25 @@ def lease_scaling_table(results: Results) -> str:
                   "file"], rows)
 
 
+def table_sink_table(results: Results) -> str:
+    """The table sink's sync (table_sink.py): every shard into an empty table, a replay, one shard."""
+    rows = []
+    for name, d in of_kind(results, "table_sink"):
+        for home in ("local", "bucket"):
+            a = d[home]
+            label = f"{d['fake_engine_label_s']:.0f} s" if home == "local" else "-"  # timed on the folder home
+            rows.append([d["date"], machine(d, name), f"{num(d['rows'])} rows ({d['input']}), {d['shards']} shards",
+                         "folder" if home == "local" else "bucket (moto, loopback)", f"{a['first_s']:.2f} s",
+                         f"{a['replay_s']:.3f} s", f"{a['one_shard_s']:.2f} s", label,
+                         f"deltalake {d['deltalake']}", f"`{name}`"])
+    return table(["date", "machine", "job", "home", "every shard, empty table", "replay (writes nothing)",
+                  "one missing shard", "labeling it, fake engine", "writer", "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
     "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
-    "lease_scaling": lease_scaling_table}
+    "lease_scaling": lease_scaling_table, "table_sink": table_sink_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:

@@ -25,7 +25,7 @@ from .definitions.component import BatchInferenceComponent
 from .definitions.factory import BatchJob, build_batch_assets
 from .definitions.resource import VLLMResource
 from .errors import ConfigError, EngineError, InputError, SparkbatchError
-from .spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec
+from .spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, SinkSpec
 
 _moved.install()
 
@@ -49,6 +49,7 @@ __all__ = [
     "NodeOption",
     "OutputSpec",
     "SamplingSpec",
+    "SinkSpec",
     "SparkbatchError",
     "VLLMResource",
     "build_batch_assets",

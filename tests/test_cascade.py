@@ -120,6 +120,11 @@ def test_free_text_cannot_cascade(tmp_path):
         make_spec(tmp_path, cascade=CASCADE, output={"kind": "text"})
 
 
+def test_a_cascade_needs_the_confidence_on(tmp_path):
+    with pytest.raises(ConfigError, match="output.confidence=True"):
+        make_spec(tmp_path, cascade=CASCADE, output={"kind": "label", "labels": ["a", "b"], "confidence": False})
+
+
 def test_a_cascade_travels_from_a_defs_yaml(tmp_path):
     text = textwrap.dedent(f"""
         type: sparkbatch_dagster.BatchInferenceComponent

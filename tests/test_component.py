@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -270,3 +271,12 @@ def test_dg_list_defs_lists_the_demo(tmp_path):
     demo = ROOT / "assets" / "defs" / "debian_sections" / "defs.yaml"
     line = 1 + demo.read_text().splitlines().index(f"type: {TYPE}")
     assert assets["debian_sections/labeled_outputs"]["source"] == f"{demo.relative_to(ROOT)}:{line}"
+
+
+def test_a_bad_sink_is_reported_once_at_its_line(tmp_path):
+    text = job_yaml(make_spec(tmp_path), sink={"format": "delta", "uri": "ftp://x/t"})
+    line = 1 + next(i for i, t in enumerate(text.splitlines()) if "ftp://x/t" in t)
+    err = load_error(things=text)
+    assert re.search(rf"attributes\.sink\.uri at \S+defs\.yaml:{line}`\n  Value error, sink\.uri 'ftp://x/t': "
+                     "delta-rs cannot write to ftp://", err), err
+    assert "1 validation error" in err and "constrained-str" not in err  # literal YAML, not a template: one error

@@ -87,3 +87,33 @@ def test_a_json_answer_is_as_sure_as_its_least_sure_value_token(real_engine):
                   if pieces[i] and any(s < starts[i] + len(pieces[i]) and starts[i] < e for s, e in spans)]
         assert json.loads(got[req.id].text)  # the same answer
         assert got[req.id].confidence == pytest.approx(min(inside), abs=1e-4)
+
+
+def test_confidence_off_asks_no_log_probabilities_and_answers_the_same(real_engine):
+    """`OutputSpec(confidence=False)`: the same labels, no confidence, and vLLM asked for no
+    log-probabilities (its outputs carry none)."""
+    reqs = [EngineRequest(str(i), [{"role": "system", "content": f"Answer with one of: {', '.join(SENTIMENT)}."},
+                                   {"role": "user", "content": t}]) for i, t in enumerate(REVIEWS)]
+    seen: list = []
+    engine = real_engine._llm.llm_engine
+    original = engine.step
+
+    def recording_step():
+        outs = original()
+        seen.extend(o for o in outs if o.finished)
+        return outs
+
+    engine.step = recording_step
+    try:
+        on = {r.id: r for r in real_engine.generate(reqs, SamplingSpec(max_tokens=8),
+                                                    OutputSpec(kind="label", labels=SENTIMENT))}
+        with_logprobs = [o.outputs[0].logprobs for o in seen]
+        seen.clear()
+        off = {r.id: r for r in real_engine.generate(reqs, SamplingSpec(max_tokens=8),
+                                                     OutputSpec(kind="label", labels=SENTIMENT, confidence=False))}
+    finally:
+        engine.step = original
+    assert {k: r.text for k, r in off.items()} == {k: r.text for k, r in on.items()}
+    assert all(r.confidence is not None for r in on.values()) and all(with_logprobs)
+    assert all(r.confidence is None for r in off.values())
+    assert seen and not any(o.outputs[0].logprobs for o in seen)

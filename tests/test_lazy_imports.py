@@ -18,9 +18,9 @@ def _loaded_after(code: str) -> set[str]:
 def test_package_import_loads_neither_vllm_nor_torch():
     mods = _loaded_after("import sparkbatch_dagster; from sparkbatch_dagster import *")
     assert "dagster" in mods
-    assert not {"vllm", "torch", "transformers"} & mods
+    assert not {"vllm", "torch", "transformers", "deltalake"} & mods
 
 
 def test_deployment_definitions_load_without_vllm_or_torch():
     mods = _loaded_after("import definitions; definitions.defs.get_repository_def()")
-    assert not {"vllm", "torch", "transformers"} & mods
+    assert not {"vllm", "torch", "transformers", "deltalake"} & mods

@@ -2,9 +2,10 @@
 
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import AssetIn, DagsterInstance, asset, materialize
 
 from conftest import LABELS, REAL_SETTINGS, label_then_metrics, make_rows, make_spec, total, write_parquet
 from sparkbatch_dagster import OutputSpec, VLLMResource, build_batch_assets
@@ -104,6 +105,22 @@ def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engin
     mds = [m.metadata for m in run.asset_materializations_for_node("things__run_metrics")]
     assert total(run.asset_materializations_for_node("things__run_metrics"), "rows") == 90
     assert all(md["output_tokens"].value > 0 for md in mds)
+    # Downstream assets take the real answers as an input (the job's IO manager; no engine needed).
+    seen = {}
+
+    @asset(ins={"labeled": AssetIn(key=job.keys["labeled_outputs"])})
+    def every_row(labeled: pa.Table) -> None:
+        seen["all"] = labeled
+
+    @asset(partitions_def=job.partitions_def, ins={"labeled": AssetIn(key=job.keys["labeled_outputs"])})
+    def one_shard(labeled: pa.Table) -> None:
+        seen["one"] = labeled
+
+    assert materialize([*job.assets, every_row], selection=[every_row.key], resources=res, instance=inst).success
+    assert materialize([*job.assets, one_shard], selection=[one_shard.key], partition_key=keys[1], resources=res,
+                       instance=inst).success
+    assert sorted(seen["all"].to_pylist(), key=lambda r: r["row_id"]) == sorted(rows, key=lambda r: r["row_id"])
+    assert seen["one"].to_pylist() == pq.read_table(job.home.labeled_path(version, keys[1])).to_pylist()
 
 
 def test_appended_rows_are_all_the_real_engine_generates(tmp_path, real_engine):

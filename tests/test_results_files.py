@@ -59,6 +59,8 @@ REQUIRED = {
     "bucket_home": {"date", "machine", "model", "shape", "rows", "shards", "rounds", "local", "bucket",
                     "labeling_ratio_rounds", "pipeline_ratio_rounds", "bucket_requests_per_round", "command",
                     "variant"},
+    "table_sink": {"date", "machine", "deltalake", "input", "rows", "shards", "rounds", "fake_engine_label_s", "local",
+                   "bucket", "command"},
     "lease_scaling": {"date", "machine", "shards", "injected_latency_ms", "lease_seconds", "claim_take_s", "hold_s",
                       "renewal_requests", "renewal_requests_per_min", "claim_requests_during_hold",
                       "old_design_requests_per_min", "shards_taken_over_while_live", "leases_left_after_release",

@@ -31,6 +31,16 @@ def test_bad_config_names_the_value(change, needle):
     assert needle in str(err.value)
 
 
+def test_confidence_off_keeps_the_output_version_and_the_stored_answers():
+    """Turning the confidence off changes no answer: the same version, the same result store."""
+    out = {"kind": "label", "labels": ["a", "b"]}
+    on, off = JobSpec(**BASE, output=out), JobSpec(**BASE, output={**out, "confidence": False})
+    assert on.prompt_fingerprint() == off.prompt_fingerprint()
+    assert on.answer_context("m") == off.answer_context("m")
+    # Fixed values: a field added to OutputSpec later must not move every job's version either.
+    assert on.prompt_fingerprint() == "28064e2df273d3f7" and on.answer_context("m") == "63568497b80b0e87"
+
+
 def test_fingerprint_changes_with_prompt_and_sampling():
     a = JobSpec(**BASE)
     assert a.prompt_fingerprint() == JobSpec(**BASE).prompt_fingerprint()

@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ..definitions.deploy import pool_limit
@@ -202,7 +203,8 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
     keep = ("sample_rows", "total_rows", "model", "measured_on", "measured_tokens_per_s", "engine_start_s",
             "predicted_wall_s", "predicted_tokens_per_hour", "best_speed_basis",
             "accuracy", "accuracy_low", "accuracy_high", "stored_rows", "prompts_to_generate", "best_option",
-            "best_cost_usd", "accuracy_bar", "chosen_model", "chosen_configured_as", "chosen_cost_usd", "chart", "json")
+            "best_cost_usd", "accuracy_bar", "chosen_model", "chosen_configured_as", "chosen_cost_usd", "chart", "json",
+            "predicted_input_tokens", "predicted_output_tokens", "hosted")
     model_keys = ("model", "configured_as", "weights_gb", "sample_rows", "extra_rows", "accuracy", "accuracy_low",
                   "accuracy_high", "stored_rows", "prompts_to_generate", "predicted_tokens_per_hour",
                   "predicted_wall_s", "engine_start_s", "best_option", "best_cost_usd", "best_speed_basis",
@@ -210,7 +212,9 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
     return {**{k: report.get(k) for k in keep},
             "options": [{k: o.get(k) for k in OPTION_KEYS} for o in report["options"]],
             "models": [{k: m.get(k) for k in model_keys}
-                       | {"cost_usd": {o["name"]: o["cost_usd"] for o in m["options"]}} for m in report["models"]],
+                       | {"cost_usd": {o["name"]: o["cost_usd"] for o in m["options"]},
+                          "hosted_cost_usd": {h["name"]: h["cost_usd"] for h in m.get("hosted", [])}}
+                       for m in report["models"]],
             "unrunnable_models": report.get("unrunnable_models", []), "advice": report["advice"]}
 
 
@@ -307,6 +311,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--hourly-rate", type=float, metavar="USD",
                            help="this machine's price per hour: adds the option 'this machine' at the measured speed")
             p.add_argument("--accuracy-bar", type=float, help="least sample accuracy a model needs")
+            p.add_argument("--hosted-prices", metavar="FILE",
+                           help="your table of hosted batch prices (YAML or CSV: name, input_per_million_usd, "
+                                "output_per_million_usd): the job's tokens priced at each, beside the box's options")
         if name == "preview":
             p.add_argument("-n", type=int, default=5, help="prompts to show (default 5)")
         if name == "sql":
@@ -319,6 +326,17 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare-model", help="convert embedded models once", parents=[common])
     p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
     return parser
+
+
+def _price_file(path: str | None) -> str | None:
+    """``--hosted-prices``: checked now, before any engine starts; the asset reads it by its path."""
+    if path is None:
+        return None
+    from ..spec import EstimateSpec
+
+    fields: dict[str, Any] = {"hosted_prices": path}
+    EstimateSpec(**fields)  # a bad table stops here, naming the file, row and value
+    return str(Path(path).resolve())
 
 
 def _command(args: argparse.Namespace) -> dict[str, Any]:
@@ -355,7 +373,7 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         return report
     if args.command == "estimate":
         overrides = {"sample_rows": args.sample_rows, "accuracy_bar": args.accuracy_bar,
-                     "hourly_rate_usd": args.hourly_rate,
+                     "hourly_rate_usd": args.hourly_rate, "hosted_prices": _price_file(args.hosted_prices),
                      "models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None}
         return estimate(job, defs, {k: v for k, v in overrides.items() if v is not None})
     only = None

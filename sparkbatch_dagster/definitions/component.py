@@ -18,7 +18,8 @@ import re
 from collections.abc import Mapping, Sequence
 from functools import cache, reduce
 from pathlib import Path
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, create_model
@@ -80,10 +81,12 @@ class EnvRef(dg.Model):
 
 def _loose(info: FieldInfo, *extra: Any) -> tuple[Any, Any]:
     """A field as YAML may write it: its own type and checks, or a template (and ``extra``).
-    A nested spec (``output``, ``sampling``, ``estimate``) is literal, so that an error inside
+    A nested spec (``output``, ``sampling``, ``estimate``, ``sink``) is literal, so that an error inside
     it is reported at its own line."""
     ann = info.rebuild_annotation()
-    nested = isinstance(ann, type) and issubclass(ann, BaseModel)
+    # A nested spec, or an optional one (``sink``: ``SinkSpec | None``): literal too.
+    options = get_args(ann) if get_origin(ann) in (Union, UnionType) else (ann,)
+    nested = all(a is type(None) or isinstance(a, type) and issubclass(a, BaseModel) for a in options)
     kinds = (ann,) if ann is str or nested else (ann, TemplateStr)
     typ: Any = reduce(operator.or_, (*kinds, *extra))
     if info.is_required():
@@ -225,7 +228,7 @@ def _render(context: dg.ResolutionContext, value: Any) -> Any:
         return [_render(context.at_path(i), v) for i, v in enumerate(value)]
     if isinstance(value, dict):
         return {k: _render(context.at_path(k), v) for k, v in value.items()}
-    return value  # a validated nested spec (output, sampling, estimate): literal, as written
+    return value  # a validated nested spec (output, sampling, estimate, sink): literal, as written
 
 
 def _relative_to(base: Path, value: str) -> str:

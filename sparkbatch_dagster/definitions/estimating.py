@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, SparkbatchError
 from ..home import JobHome, atomic_write_text
-from ..spec import THIS_MACHINE, EstimateSpec, JobSpec, ModelCandidate, NodeOption
+from ..spec import THIS_MACHINE, EstimateSpec, HostedPrice, JobSpec, ModelCandidate, NodeOption
 from .resource import VLLMResource, on_cpu
 
 Log = Callable[[str], None]
@@ -64,7 +64,7 @@ def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log)
         finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
             res.close() if candidate is None else res.shutdown()
         models.append(_forecast(job, res, sample, timing, options, machine, res.model_identity(), name, candidate,
-                                log))
+                                log, est.hosted_prices))
         timings.append(timing)
     extra = ([f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed]
              + [f"Candidate {u['model']!r} is listed, not timed: {u['error']}." for u in unrunnable])
@@ -81,7 +81,8 @@ def estimate_in_run(job: BatchJob, resource: VLLMResource, engine: Any, model_id
     log(f"estimate: timing {len(sample.rows)} sample rows of {sample.total_rows:,} on this run's engine "
         f"({machine.description})")
     timing = E.sample_model(job.spec, job.home, est, sample, engine)
-    model = _forecast(job, resource, sample, timing, options, machine, model_id, resource.model_name(), None, log)
+    model = _forecast(job, resource, sample, timing, options, machine, model_id, resource.model_name(), None, log,
+                      est.hosted_prices)
     return _report(job, sample, est, [model], batch, {"failed_models": [], "unrunnable_models": []}, [])
 
 
@@ -104,15 +105,18 @@ def _setup(job: BatchJob, resource: VLLMResource, est: EstimateSpec) -> tuple[Es
 
 
 def _forecast(job: BatchJob, res: VLLMResource, sample: Any, timing: Any, options: list[NodeOption], machine: Any,
-              model_id: str, name: str, candidate: ModelCandidate | None, log: Log) -> dict[str, Any]:
-    """One model's prediction for the whole job; also written as its version's prediction file."""
+              model_id: str, name: str, candidate: ModelCandidate | None, log: Log,
+              hosted: list[HostedPrice]) -> dict[str, Any]:
+    """One model's prediction for the whole job (its tokens at the ``hosted`` batch prices too);
+    also written as its version's prediction file."""
     from .. import estimate as E
     from ..run.result_store import open_store
 
     store = open_store(job.spec, job.home, model_id)
     stored = E.count_stored(job.spec, job.home, sample, store)
     dtype, why = res.dtype_choice()
-    m = {**_priced(E.predict, sample, timing, options, stored, res.engine_count(), machine, res, name, candidate),
+    m = {**_priced(E.predict, sample, timing, options, stored, res.engine_count(), machine, res, name, candidate,
+                   hosted),
          "identity": model_id, "dtype": dtype, "dtype_reason": why}
     log(f"estimate: {m['model']} in {dtype} ({why})")
     log(f"estimate: {m['model']}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, predicted "
@@ -151,7 +155,8 @@ def _report(job: BatchJob, sample: Any, est: EstimateSpec, models: list[dict[str
         # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
         "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
                            on_gpu=not on_cpu(), has_gold=has_gold, models=models, total_rows=sample.total_rows)
-        + _reliability_advice(models) + K.advice(pairs, chosen, est.accuracy_bar) + extra_advice,
+        + C.hosted_line(primary) + _reliability_advice(models) + K.advice(pairs, chosen, est.accuracy_bar)
+        + extra_advice,
         "cascades": pairs, "best_buy": _best_buy(chosen, K.cheapest(pairs)),
     }
     chart = K.write_chart(pairs, job.home.estimate_dir / "cascade.png")
@@ -190,7 +195,7 @@ def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VL
 
 def _priced(predict: Callable[..., dict[str, Any]], sample: Any, timing: Any, options: list[NodeOption],
             stored: Any, engines: int, machine: Any, res: VLLMResource, name: str,
-            candidate: ModelCandidate | None) -> dict[str, Any]:
+            candidate: ModelCandidate | None, hosted: list[HostedPrice]) -> dict[str, Any]:
     """One model's prediction, sized by its precision (fp8 weights are 1 byte a parameter), named in
     the report by its identity plus any engine settings of its own (fp8 and bf16 of one model
     differ in the hash alone)."""
@@ -203,7 +208,8 @@ def _priced(predict: Callable[..., dict[str, Any]], sample: Any, timing: Any, op
     size = shape.weights_gb if shape is not None else weights_gb(name)
     # Projected hardware is a GPU box: the GPU default batch unless the resource sets one.
     concurrency = cfg.max_num_seqs or int(GPU_DEFAULTS["max_num_seqs"])
-    m = predict(sample, timing, options, size, stored, engines, machine=machine, shape=shape, concurrency=concurrency)
+    m = predict(sample, timing, options, size, stored, engines, machine=machine, shape=shape, concurrency=concurrency,
+                hosted=hosted)
     settings = candidate.engine_kwargs if candidate is not None else {}
     label = f"{timing.model} ({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})" if settings else None
     return {**m, "model": label or timing.model, "configured_as": res.model, "engine_kwargs": settings}

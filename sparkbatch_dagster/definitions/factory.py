@@ -41,12 +41,16 @@ from ..spec import EstimateSpec, JobSpec, fingerprint
 from . import events
 from .job import BatchJob
 from .labeling import LabelConfig, label_partitions
+from .metadata import estimate_metadata, md_table
+from .outputs_io import io_manager_def
 from .resource import VLLMResource
 
 # One run per backfill is the point of this plugin (one engine start); Dagster marks these
 # parameters beta/preview, notices no user of these assets can act on.
 warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta")
 warnings.filterwarnings("ignore", message=r".*partitions_def.*AssetCheckSpec")
+# The job's IO manager travels with its assets (resource_defs, beta): no wiring for the user.
+warnings.filterwarnings("ignore", message=r"Parameter `resource_defs` of .* is currently in beta")
 
 __all__ = ["BatchJob", "LabelConfig", "build_batch_assets"]
 
@@ -60,24 +64,18 @@ def find_job(key: AssetKey) -> BatchJob | None:
     return _JOBS.get(key)
 
 
-def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
-    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
-    return head + "\n".join("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
+def _sync_sink(context: AssetExecutionContext, spec: JobSpec, home: Any, version: str) -> dict[str, Any]:
+    """The job's table brought in step with the commits (nothing without a sink), as metadata."""
+    if spec.sink is None:
+        return {}
+    from ..run.table_sink import sync_table  # imports deltalake: only where a sink is configured
 
-
-def _bars(rows: Sequence[tuple[str, float]], width: int = 30) -> str:
-    """A bar chart in Markdown, which the Dagster UI shows in place (a PNG path it does not)."""
-    top = max((v for _, v in rows), default=0) or 1
-    return "\n".join(f"- `{name}` {'█' * max(1, round(width * v / top))} ${v:.4f}" for name, v in rows)
-
-
-def _price(option: dict[str, Any]) -> str:
-    """An option's cost in a table cell: a point when measured, a range when projected."""
-    if option["cost_usd"] is None:
-        return f"not priced ({option['speed_basis']})"
-    if option["speed_basis"] == "projected":
-        return f"{option['cost_low_usd']:.4f}-{option['cost_usd']:.4f} (projected)"
-    return f"{option['cost_usd']:.4f} (measured)"
+    synced = sync_table(spec, home, version)
+    if synced["shards_added"] or synced["versions_replaced"]:
+        context.log.info(f"table {synced['uri']}: {len(synced['shards_added'])} shard(s) added, "
+                         f"version(s) {synced['versions_replaced']} replaced")
+    return {"table_uri": synced["uri"], "table_rows": synced["rows"], "table_shards_added": len(synced["shards_added"]),
+            **({"table_version": synced["table_version"]} if synced["table_version"] is not None else {})}
 
 
 class EstimateConfig(Config):
@@ -87,6 +85,7 @@ class EstimateConfig(Config):
     models: Optional[list[str]] = None  # noqa: UP045 - 'model' or 'model@quantization=fp8'
     accuracy_bar: Optional[float] = None  # noqa: UP045
     hourly_rate_usd: Optional[float] = None  # noqa: UP045 - adds 'this machine' at the measured speed
+    hosted_prices: Optional[str] = None  # noqa: UP045 - a YAML/CSV file of hosted batch prices (EstimateSpec)
 
 
 def _model_config(resource: VLLMResource | None) -> Any:
@@ -148,8 +147,12 @@ def build_batch_assets(
     job.keys = {n: AssetKey([*prefix, n]) for n in names}
     labeled_key = job.keys["labeled_outputs"]
     code_version = fingerprint({"prompt": spec.prompt_fingerprint(), "model": _model_config(resource)})[:16]
+    # Every asset carries the job's IO manager (under a key of its own: a user's "io_manager" stays
+    # theirs), so AssetIn on labeled_outputs or run_metrics loads the committed rows (outputs_io.py).
+    io: dict[str, Any] = {"io_manager_key": job.io_manager_key,
+                          "resource_defs": {job.io_manager_key: io_manager_def(job)}}
 
-    @asset(key=job.keys["input_shards"], deps=list(upstream), group_name=group, kinds={"duckdb", "parquet"},
+    @asset(key=job.keys["input_shards"], deps=list(upstream), group_name=group, kinds={"duckdb", "parquet"}, **io,
            description=f"{spec.input} split into shards by a hash of the row id.")
     def input_shards(context: AssetExecutionContext) -> MaterializeResult:
         manifest = build_shards(spec, home)
@@ -182,10 +185,12 @@ def build_batch_assets(
     @multi_asset(
         name="__".join(labeled_key.path), partitions_def=parts, backfill_policy=labeled_policy,
         required_resource_keys={resource_key}, check_specs=checks, can_subset=True, pool=pool,
+        resource_defs=io["resource_defs"],
         specs=[AssetSpec(labeled_key, deps=[input_shards], skippable=True, group_name=group,
                          kinds={"vllm", "parquet"}, code_version=code_version,
                          description="One shard labeled by the model; every input row exactly once (a label or "
-                                     "an error). Each partition materializes as its shard commits.")],
+                                     "an error). Each partition materializes as its shard commits."
+                         ).with_io_manager_key(job.io_manager_key)],
     )
     def labeled_outputs(context: AssetExecutionContext, config: LabelConfig) -> Iterator[Any]:
         yield from label_partitions(context, job, getattr(context.resources, resource_key), code_version, pool,
@@ -194,7 +199,7 @@ def build_batch_assets(
     follow = AutomationCondition.eager().ignore(AssetSelection.assets(job.keys["estimate"]))
 
     @asset(key=job.keys["run_metrics"], deps=[labeled_outputs, job.keys["estimate"]], partitions_def=parts,
-           backfill_policy=metrics_policy, group_name=group,
+           backfill_policy=metrics_policy, group_name=group, **io,
            kinds={"duckdb"}, automation_condition=follow,
            description="Rows, errors, tokens, time, tokens/hour and cost per partition, in metrics.duckdb; "
                        "predicted vs actual generation time when an estimate was made.")
@@ -215,16 +220,17 @@ def build_batch_assets(
             context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
         return MaterializeResult(metadata={
-            "all_committed_partitions": MetadataValue.md(_md_table(list(committed.values()), cols)),
+            "all_committed_partitions": MetadataValue.md(md_table(list(committed.values()), cols)),
             **{f"job_{k}": v for k, v in check.items() if v is not None},
             "database": MetadataValue.path(str(home.metrics_db)),
         })
 
-    @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"},
+    @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"}, **io,
            automation_condition=AutomationCondition.eager(),
            description="Label distribution, accuracy against the gold column, cost per 1k rows, rows to review "
-                       "(confidence under review_below) and accuracy per confidence bucket (DuckDB views). "
-                       "Not built while a partition fails its every-row-exactly-once check.")
+                       "(confidence under review_below) and accuracy per confidence bucket (DuckDB views); with a "
+                       "sink, the Delta Lake table synced. Not built while a partition fails its every-row-exactly-"
+                       "once check.")
     def analytics(context: AssetExecutionContext) -> MaterializeResult:
         home.refresh()
         version = job.current_version()
@@ -237,12 +243,12 @@ def build_batch_assets(
         dist = [{"label": k, "rows": v} for k, v in result.pop("label_distribution").items()]
         sure = events.confidence_metadata(result.pop("confidence", None), result.pop("reliability", None))
         return MaterializeResult(metadata={
-            **{k: v for k, v in result.items() if v is not None}, **sure,
-            "label_distribution": MetadataValue.md(_md_table(dist, ["label", "rows"])),
+            **{k: v for k, v in result.items() if v is not None}, **sure, **_sync_sink(context, spec, home, version),
+            "label_distribution": MetadataValue.md(md_table(dist, ["label", "rows"])),
             "database": MetadataValue.path(str(home.metrics_db)),
         })
 
-    @asset(key=job.keys["estimate"], deps=[input_shards], group_name=group, kinds={"vllm"},
+    @asset(key=job.keys["estimate"], deps=[input_shards], group_name=group, kinds={"vllm"}, **io,
            required_resource_keys={resource_key}, pool=pool,
            description="Timed sample on the real engine: predicted duration, tokens/hour and cost per node "
                        "option (engine start included), and the cheapest model whose accuracy interval clears "
@@ -253,33 +259,7 @@ def build_batch_assets(
         report = job.estimate(getattr(context.resources, resource_key), est, log=context.log.info)
         for line in report["advice"]:
             context.log.info(line)
-        table = [{"model": m["model"], "rows": m["sample_rows"], "accuracy": m["accuracy"],
-                  "95% interval": f"{m['accuracy_low']}-{m['accuracy_high']}" if m["accuracy"] is not None else "",
-                  "tokens/hour": m["predicted_tokens_per_hour"], "stored rows": m["stored_rows"],
-                  **{f"{o['name']} $": _price(o) for o in m["options"]}} for m in report["models"]]
-        # Accuracy per confidence bucket on the sample, per model (a gold column and confidences).
-        sure = [{"model": m["model"], **b} for m in report["models"] for b in m.get("reliability") or []]
-        return MaterializeResult(metadata={
-            **{k: report[k] for k in ("sample_rows", "total_rows", "predicted_wall_s", "predicted_tokens_per_hour",
-                                      "engine_start_s", "model", "stored_rows", "prompts_to_generate")},
-            **{f"cost_usd {o['name']}": o["cost_usd"] for o in report["options"] if o["cost_usd"] is not None},
-            **{f"speed_basis {o['name']}": o["speed_basis"] for o in report["options"]},
-            "measured_on": report["measured_on"], "measured_tokens_per_s": report["measured_tokens_per_s"],
-            "chosen_model": str(report["chosen_model"]),
-            # The cheapest that clears the bar, a cascade of the models included (estimate/cascades.py).
-            **({"best_buy": str(report["best_buy"]["model"])} if report.get("best_buy") else {}),
-            **({"chosen_cost_usd": report["chosen_cost_usd"]} if report["chosen_cost_usd"] is not None else {}),
-            "models": MetadataValue.md(_md_table(table, list(table[0]))),
-            **({"reliability": MetadataValue.md(_md_table(sure, ["model", "bucket", "rows", "correct", "accuracy",
-                                                                 "mean_confidence"]))} if sure else {}),
-            "advice": MetadataValue.md("\n".join(f"- {a}" for a in report["advice"])),
-            "how_to_run": MetadataValue.md("\n".join(f"- '{o['name']}' ({o['hardware']}, {o['speed_basis']}): "
-                                                     f"{o['how']}" for o in report["options"])),
-            "cost_chart": MetadataValue.md(_bars([(f"{m['model']} {o['name']}", o["cost_usd"])
-                                                  for m in report["models"] for o in m["options"]
-                                                  if o["cost_usd"] is not None])),
-            "chart": MetadataValue.path(report["chart"]), "report": MetadataValue.path(report["json"]),
-        })
+        return MaterializeResult(metadata=estimate_metadata(report))
 
     job.assets = [input_shards, labeled_outputs, run_metrics, analytics, estimate]
     _JOBS[job.keys["labeled_outputs"]] = job

@@ -113,9 +113,11 @@ class BatchJob:
                                   f"{self.keys['labeled_outputs'].to_user_string()} first")
         return str(current["version"])
 
-    def read_outputs(self, partitions: list[str] | None = None) -> Any:
+    def read_outputs(self, partitions: list[str] | None = None, require: bool = False) -> Any:
         """The current labeled rows (every committed partition, or ``partitions``) as a pyarrow
-        Table: what a downstream asset reads, without an engine resource.
+        Table: what a downstream asset reads, without an engine resource. ``require``: each of
+        ``partitions`` must be committed (else an error naming them); without it one that is not
+        is left out.
 
         Example::
 
@@ -123,19 +125,102 @@ class BatchJob:
             def label_counts() -> dict:
                 table = job.read_outputs()
                 return dict(Counter(table.column("output").to_pylist()))
+
+        (Or ``ins={"labeled": AssetIn(key=job.keys["labeled_outputs"])}``: the job's IO manager
+        reads it the same way, ``outputs_io.py``.)
         """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from ..run.checkpoint import OUTPUT_SCHEMA
 
-        self.home.refresh()
-        version = self.current_version()
-        keys = partitions or (self.home.read_manifest() or {"keys": []})["keys"]
-        paths = [self.home.labeled_path(version, k) for k in keys if self.home.is_done(version, k)]
+        version, keys = self._committed(partitions, require)
         # With the schema: files written before a column existed read with it null.
-        tables = [pq.read_table(p, schema=OUTPUT_SCHEMA) for p in paths]
+        tables = [pq.read_table(self.home.labeled_path(version, k), schema=OUTPUT_SCHEMA) for k in keys]
         return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
+
+    def read_run_metrics(self, partitions: list[str] | None = None, require: bool = False) -> Any:
+        """The current version's per-partition statistics (rows, errors, tokens, seconds, cost:
+        ``run_metrics``' columns) as a pyarrow Table, one row per committed partition (or of
+        ``partitions``, as :meth:`read_outputs` takes them).
+
+        Example::
+
+            stats = job.read_run_metrics()
+            sum(stats.column("cost_usd").to_pylist())
+        """
+        import pyarrow as pa
+
+        from ..run.metrics import METRIC_COLUMNS, committed_stats
+
+        version, keys = self._committed(partitions, require)
+        stats = committed_stats(self.home, version)
+        arrow = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64()}  # run_metrics' DuckDB types
+        schema = pa.schema([(c, arrow[t]) for c, t in METRIC_COLUMNS])
+        return pa.Table.from_pylist([{c: stats[k].get(c) for c in schema.names} for k in keys], schema=schema)
+
+    def _committed(self, partitions: list[str] | None, require: bool) -> tuple[str, list[str]]:
+        """The current output version and those of ``partitions`` (None: every shard) it has
+        committed; with ``require``, an error naming the ones it has not."""
+        self.home.refresh()  # a bucket home: the bucket's current version and commits
+        version = self.current_version()
+        keys = partitions if partitions is not None else (self.home.read_manifest() or {"keys": []})["keys"]
+        done = [k for k in keys if self.home.is_done(version, k)]
+        missing = [k for k in keys if k not in done]
+        if require and missing:
+            raise SparkbatchError(
+                f"partition(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} of "
+                f"{self.keys['labeled_outputs'].to_user_string()} have no committed output in the current version "
+                f"{version} ({self.home.location}): materialize {self.keys['labeled_outputs'].to_user_string()} "
+                "for them first")
+        return version, done
+
+    @property
+    def duckdb_path(self) -> str:
+        """The job's DuckDB file (table ``run_metrics``, views ``labeled``, ``label_distribution``,
+        ``review``, ``reliability``, refreshed by the ``analytics`` asset), for dagster-duckdb.
+
+        Example::
+
+            @asset(deps=[job.keys["analytics"]])
+            def top_label(duckdb: DuckDBResource) -> str:
+                with duckdb.get_connection() as con:
+                    return con.execute("FROM label_distribution LIMIT 1").fetchone()[0]
+
+            Definitions(assets=[*job.assets, top_label],
+                        resources={"vllm": vllm, "duckdb": DuckDBResource(database=job.duckdb_path)})
+        """
+        return str(self.home.metrics_db)
+
+    @property
+    def io_manager_key(self) -> str:
+        """The resource key of the IO manager the job's assets carry (``outputs_io.py``)."""
+        return "__".join([*self.keys["labeled_outputs"].path[:-1], "sparkbatch_outputs_io_manager"])
+
+    def table(self) -> Any:
+        """The job's Delta Lake table (``spec.sink``) as delta-rs reads it, or None before its first
+        sync: what a downstream asset or a notebook reads instead of the home's files.
+
+        Example::
+
+            rows = job.table().to_pyarrow_table(columns=["row_id", "output"])
+        """
+        from ..run.table_sink import open_table
+
+        return open_table(self.spec)
+
+    def sync_table(self) -> dict[str, Any]:
+        """Bring the table in step with the committed shards now (``analytics`` does it on each
+        materialization); a no-op when it already is. Returns what it did.
+
+        Example::
+
+            job.sync_table()["shards_added"]
+        """
+        from ..run.table_sink import sync_table
+
+        self.home.refresh()
+        return sync_table(self.spec, self.home, self.current_version())
 
     def prediction(self, version: str) -> dict[str, Any] | None:
         """The estimate's prediction file for this version (written by every estimate), or None."""

@@ -25,6 +25,7 @@ from ..run import attempts
 from ..run.brake import DEADLINE_MARGIN_S, Brake, check_deadline, check_max_cost, parse_deadline, price
 from ..run.progress import Relay, tell
 from ..run.runner import ShardRun
+from ..run.table_sink import check_sink
 from ..spec import JobSpec, fingerprint
 from . import events
 from .cascade import CascadePlan
@@ -60,6 +61,7 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
     keys = context.partition_keys  # each read asks the instance for the dynamic partitions
     home.refresh(write=True)  # a bucket home: its shards and commits; bad credentials stop here
     job.check_partitions(keys)  # before any engine starts
+    check_sink(spec)  # a sink this machine cannot write stops here too, not after the bill
     with spans.span("identity"):
         # A cascade answers with its stages' engines, each started when first needed (definitions/cascade.py).
         plan = CascadePlan(spec, resource, home, context.log) if spec.cascade else None

@@ -146,7 +146,7 @@ class FakeEngine(Engine):
 def _confidence(model: str, prompt: str, output: OutputSpec) -> float | None:
     """A confidence from the model's and prompt's hash, spread over (0, 1] as a real engine's
     would be: another model is sure of other rows (a cascade's stages differ)."""
-    if output.kind == "text":
+    if output.kind == "text" or not output.confidence:
         return None
     h = int(hashlib.sha256(f"confidence\x1e{model}\x1e{prompt}".encode()).hexdigest(), 16)
     return round(0.05 + (h % 9500) / 10000, 4)

@@ -80,7 +80,7 @@ def generate_reasoned(engine: VLLMOfflineEngine, requests: Iterable[EngineReques
     from .vllm_offline import _engine_failure, sampling_params
 
     native = engine.native_budget
-    top = confidence.logprobs_wanted(output.kind) if engine.confidence else None
+    top = confidence.logprobs_wanted(output.kind) if engine.confidence and output.confidence else None
     sure = confidence.Scorer(output, engine._tokenizer) if top is not None else None
     defaults = engine.sampling_defaults
     if native:

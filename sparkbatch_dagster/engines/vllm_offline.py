@@ -127,7 +127,7 @@ class VLLMOfflineEngine(Engine):
 
             check_unbounded(self._tokenizer, sampling, output)
         step = label_tokens.plan(self._tokenizer, sampling, output, self.label_decoding)
-        top = confidence.logprobs_wanted(output.kind) if self.confidence else None
+        top = confidence.logprobs_wanted(output.kind) if self.confidence and output.confidence else None
         params = sampling_params(sampling, output, self.sampling_defaults, logprobs=top)
         first = sampling_params(sampling, output, self.sampling_defaults, step.allowed, top) if step else params
         sure = confidence.Scorer(output, self._tokenizer, step) if top is not None else None

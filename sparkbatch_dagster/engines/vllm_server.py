@@ -155,7 +155,8 @@ class VLLMServerEngine(Engine):
         self._step = None if tok is None else label_tokens.plan(tok, sampling, output, self.label_decoding)
         # The server answers in text: the text of each token that begins one label, read as that label.
         spelled = {tok.decode([t]): label for t, label in self._step.labels.items()} if tok and self._step else {}
-        self._sure = confidence.Scorer(output, tok, self._step) if self.confidence and output.kind != "text" else None
+        self._sure = confidence.Scorer(output, tok, self._step) \
+            if self.confidence and output.confidence and output.kind != "text" else None
         self._thinking = server_reasoning(tok, sampling)
         if self._thinking is not None:  # the grammar after the thinking: no one step, no confidence (see there)
             self._step, self._sure, spelled = None, None, {}

@@ -105,6 +105,20 @@ def measured_line(m: dict[str, Any]) -> str:
     return text
 
 
+def hosted_line(m: dict[str, Any]) -> list[str]:
+    """The job's tokens at the user's hosted batch prices, beside the box's cheapest option, in
+    words ([] without a price table)."""
+    if not m.get("hosted"):
+        return []
+    offers = "; ".join(f"'{h['name']}' ${h['cost_usd']:.4f}" for h in m["hosted"])
+    box = (f"this job on the box: ${m['best_cost_usd']:.4f} on '{m['best_option']}', engine start included"
+           if m.get("best_cost_usd") is not None else "no box option is priced")
+    return [f"At your hosted batch prices, the same job ({m['prompts_to_generate']:,} prompts: "
+            f"{m['predicted_input_tokens']:,} input and {m['predicted_output_tokens']:,} output tokens, as "
+            f"{m['model']}'s tokenizer counts them; a hosted model's count and answer length differ) would cost: "
+            f"{offers}; {box}."]
+
+
 def _interval(m: dict[str, Any]) -> str:
     return (f"{m['accuracy']:.3f}, 95% interval {m['accuracy_low']:.3f}-{m['accuracy_high']:.3f} "
             f"on {m['sample_rows']} rows")

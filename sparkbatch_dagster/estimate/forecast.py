@@ -11,17 +11,18 @@ from typing import Any
 
 from ..home import atomic_write_text
 from ..run.reliability import reliability
-from ..spec import NodeOption
+from ..spec import HostedPrice, NodeOption
 from .choice import wilson
 from .machine import Machine
-from .pricing import price_options
+from .pricing import price_hosted, price_options
 from .roofline import ModelShape, Workload
 from .sample import Sample, Stored, Timing
 
 
 def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_gb: float | None,
             stored: Stored | None = None, engines: int = 1, *, machine: Machine | None = None,
-            shape: ModelShape | None = None, concurrency: int = 1024) -> dict[str, Any]:
+            shape: ModelShape | None = None, concurrency: int = 1024,
+            hosted: list[HostedPrice] | None = None) -> dict[str, Any]:
     """Extrapolate one model's timed sample to the prompts the job still has to generate, and
     price the whole job (engine start included) on every node option, each with its
     ``speed_basis`` (:mod:`.pricing`): measured on ``machine``'s kind (default: unknown), else
@@ -32,6 +33,8 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
     they are not predicted, and a job with nothing left to generate starts no engine.
     ``engines``: how many engines timed the sample together (a data-parallel resource, several
     servers): ``predicted_wall_s`` is this setup's, each option's is that of its own engines.
+    ``hosted``: the user's hosted batch prices; ``hosted`` in the result prices the same input and
+    output tokens (per distinct prompt, times the prompts to generate) at each.
     """
     machine = machine or Machine("unknown", "an unknown machine")
     stored = stored or Stored(0, 0, sample.distinct_prompts)
@@ -55,6 +58,7 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
     work = Workload(stored.to_generate, timing.prompt_tokens * scale, timing.output_tokens * scale, concurrency)
     priced = price_options(options, wall=wall, engines=engines, start=start, weights_gb=weights_gb,
                            machine=machine, work=work, shape=shape)
+    hosted_rows = price_hosted(hosted or [], work.prompt_tokens, work.output_tokens)
     best = min((o for o in priced if o["cost_usd"] is not None), key=lambda o: o["cost_usd"], default=None)
     first_rows = timing.steps[0][0] if timing.steps else timing.rows
     return {
@@ -70,6 +74,8 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
         "prompts_to_generate": stored.to_generate,
         "predicted_tokens": round(predicted_tokens), "predicted_wall_s": round(wall, 1),
         "predicted_tokens_per_hour": round(tps * 3600), "sample_engines": engines, "options": priced,
+        "predicted_input_tokens": round(work.prompt_tokens), "predicted_output_tokens": round(work.output_tokens),
+        "hosted": hosted_rows,
         "measured_on": machine.description, "measured_kind": machine.kind, "measured_tokens_per_s": round(tps, 1),
         "best_speed_basis": best["speed_basis"] if best else None,
         "best_option": best["name"] if best else None, "best_cost_usd": best["cost_usd"] if best else None,

@@ -11,13 +11,16 @@ Every priced option carries ``speed_basis``:
   None, ``why`` says what is missing), never another machine's speed at this one's price.
 
 The engine start is the one measured on the sample's machine, for every option.
+
+Beside them, :func:`price_hosted` puts the same tokens at the user's hosted batch prices
+(:class:`~sparkbatch_dagster.spec.HostedPrice`; none is built in).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..spec import THIS_MACHINE, NodeOption
+from ..spec import THIS_MACHINE, HostedPrice, NodeOption
 from ..spec.hardware import PRESET_NAMES
 from .machine import Machine
 from .placement import gpus_needed, place
@@ -91,3 +94,12 @@ def price_options(options: list[NodeOption], *, wall: float, engines: int, start
                    cost_usd=_cost(opt.hourly_usd, high, start), cost_low_usd=_cost(opt.hourly_usd, low, start))
         rows.append(row)
     return rows
+
+
+def price_hosted(prices: list[HostedPrice], input_tokens: float, output_tokens: float) -> list[dict[str, Any]]:
+    """One row per offer of the user's hosted batch price table: the job's tokens (the prompts
+    still to generate, counted as the box's estimate counts them) at its prices. The tokens are
+    this model's, by its tokenizer: a hosted model's count and answer length differ."""
+    return [{"name": p.name, "input_tokens": round(input_tokens), "output_tokens": round(output_tokens),
+             "input_per_million_usd": p.input_per_million_usd, "output_per_million_usd": p.output_per_million_usd,
+             "cost_usd": round(p.cost_usd(input_tokens, output_tokens), 6), "note": p.note} for p in prices]

@@ -47,7 +47,7 @@ class CascadeStage(BaseModel):
         return ModelCandidate(model=parsed.model, engine_kwargs={**parsed.engine_kwargs, **self.engine_kwargs})
 
 
-def check_cascade(stages: list[CascadeStage], kind: str) -> None:
+def check_cascade(stages: list[CascadeStage], kind: str, confidence: bool = True) -> None:
     """Raise ValueError naming what is wrong with a cascade and the fix."""
     if not stages:
         return
@@ -57,6 +57,9 @@ def check_cascade(stages: list[CascadeStage], kind: str) -> None:
     if kind == "text":
         raise ValueError("cascade needs an answer's confidence, which free text has none of: use output.kind "
                          "'label' or 'json', or leave cascade out")
+    if not confidence:
+        raise ValueError("cascade escalates on each answer's confidence, and output.confidence is off: set "
+                         "output.confidence=True (the default), or leave cascade out")
     for i, stage in enumerate(stages[:-1]):
         if stage.below is None or not 0 < stage.below <= 1:
             raise ValueError(f"cascade stage {i + 1} has below={stage.below!r}: every stage but the last needs a "

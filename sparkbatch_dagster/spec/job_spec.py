@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ConfigError
 from .cascade import CascadeStage, check_cascade
 from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
+from .hosted import HostedPrice, check_table, load_hosted_prices
+from .sink import SinkSpec
 
 #: storage_options keys that hold a secret: only by reference (EnvVar / {env: NAME}).
 _SECRET_KEYS = {"key", "secret", "token", "password", "aws_secret_access_key", "aws_access_key_id",
@@ -70,6 +72,10 @@ class OutputSpec(BaseModel):
     labels: list[str] = Field(default_factory=list, description="Allowed labels (kind='label').")
     json_schema: dict[str, Any] | None = Field(default=None, description="JSON schema (kind='json').")
     regex: str | None = Field(default=None, description="Optional regex for kind='text'.")
+    confidence: bool = Field(default=True, description=(
+        "Give each label or JSON row a confidence from the engine's log-probabilities (docs/labels.md). "
+        "Off: no log-probabilities are asked (they cost time on a fast GPU) and the column is null. It does "
+        "not change the answers, so it is not part of the output version."))
     keep_reasoning: bool = Field(
         default=False, description="With sampling.reasoning on: keep each answer's thinking text in a `reasoning` "
         "column (and in the result store, so a reused answer keeps it). Off: only its token count is kept.",
@@ -89,9 +95,10 @@ class OutputSpec(BaseModel):
         return self
 
     def identity(self) -> dict[str, Any]:
-        """What names the output version: every field, ``keep_reasoning`` only when on (so the
-        versions of jobs written before it existed stay what they were)."""
-        data = self.model_dump()
+        """What of the spec shapes an answer (the fingerprints'): all but ``confidence``, and
+        ``keep_reasoning`` only when on (so the versions of jobs written before it existed stay
+        what they were)."""
+        data = self.model_dump(exclude={"confidence"})
         if not self.keep_reasoning:
             data.pop("keep_reasoning")
         return data
@@ -237,6 +244,22 @@ class EstimateSpec(_Checked):
         "its sample is doubled (new rows, same engine) up to this many rows; no growth when sample_rows is "
         "already at or above it.",
     )
+    hosted_prices: list[HostedPrice] = Field(
+        default_factory=list, description="Your table of hosted batch API prices (USD per million input and "
+        "output tokens), or the path of a YAML/CSV file of it: the estimate prices the job's measured tokens "
+        "at each, beside the box's options. No price is built in.",
+    )
+
+    @field_validator("hosted_prices", mode="before")
+    @classmethod
+    def _price_table(cls, value: Any) -> Any:
+        # A path (the CLI's --hosted-prices, a launchpad string, YAML) is read here: checked like a list.
+        return load_hosted_prices(value) if isinstance(value, (str, Path)) else value
+
+    @field_validator("hosted_prices")
+    @classmethod
+    def _one_row_per_offer(cls, value: list[HostedPrice]) -> list[HostedPrice]:
+        return check_table(value)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -329,6 +352,10 @@ class JobSpec(_Checked):
         default=None, description="Brake: when the rental ends (a time with its zone, e.g. "
         "2026-12-01T18:00:00+00:00); a run stops cleanly early enough to commit. None = no deadline.",
     )
+    sink: SinkSpec | None = Field(
+        default=None, description="The labeled rows as a Delta Lake table too, kept in step with the commits by "
+        "analytics (docs/table-sink.md): {format: delta, uri: ..., storage_options: ...}. None = no table.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -379,7 +406,7 @@ class JobSpec(_Checked):
 
         check_template(self.user_template, self.text_columns, "user_template")
         check_template(self.system_prompt, self.text_columns, "system_prompt")
-        check_cascade(self.cascade, self.output.kind)
+        check_cascade(self.cascade, self.output.kind, self.output.confidence)
         return self
 
     @property
