@@ -216,3 +216,38 @@ def dummy_model(shape: str, out: str | Path, tokenizer: str | Path | None = None
         if (src / name).exists():
             shutil.copy(src / name, folder / name)
     return folder
+
+
+#: A Qwen3-style chat template (ChatML, as SmolLM2's) for :func:`reasoning_model`: the generation
+#: prompt opens the thinking (as Qwen3's thinking templates and DeepSeek-R1's do), and
+#: ``enable_thinking=False`` closes an empty one instead (as Qwen3's hybrid template does).
+QWEN3_STYLE_TEMPLATE = (
+    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else %}{{ '<think>\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+def reasoning_model(out: str | Path, tokenizer: str | Path | None = None) -> Path:
+    """A tiny reasoning model folder: :func:`dummy_model`'s ``tiny`` shape with ``<think>`` and
+    ``</think>`` added to SmolLM2's tokenizer as tokens of their own (not special: decoded text
+    keeps them, as Qwen3's does) and :data:`QWEN3_STYLE_TEMPLATE`. Random weights with vLLM's
+    ``load_format="dummy"``: the model never ends its thinking by itself, so the budget is what
+    ends it (what tests of the mechanics need)::
+
+        VLLMResource(model=str(reasoning_model(tmp_path / "r")), engine_kwargs={"load_format": "dummy"})
+    """
+    from transformers import AutoTokenizer
+
+    folder = dummy_model("tiny", out, tokenizer)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_tokens(["<think>", "</think>"])
+    tok.chat_template = QWEN3_STYLE_TEMPLATE
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    tok.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = max(int(config["vocab_size"]), -(-len(tok) // 64) * 64)  # room for the new ids
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder

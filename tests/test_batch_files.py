@@ -197,6 +197,8 @@ def test_bad_files_and_specs_stop_early(tmp_path: Path) -> None:
         JobSpec(name="b", input="x.jsonl", input_format="openai_batch", text_columns=["t"], user_template="{{ t }}")
     with pytest.raises(ConfigError, match="leave output"):
         JobSpec(name="b", input="x.jsonl", input_format="openai_batch", output={"kind": "label", "labels": ["a", "b"]})
+    with pytest.raises(ConfigError, match="reasoning 'off'"):
+        JobSpec(name="b", input="x.jsonl", input_format="openai_batch", sampling={"reasoning": 256, "max_tokens": 512})
     spec = JobSpec(name="b", input="x.jsonl", input_format="anthropic_batch")
     assert (spec.id_column, spec.text_columns) == ("custom_id", ["request"])
 

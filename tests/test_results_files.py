@@ -35,6 +35,8 @@ REQUIRED = {
                    "rows_with_confidence"},
     "label_decoding": {"date", "machine", "model", "rows", "rounds", "median_s", "grammar_over_one_step",
                        "same_answers", "same_answers_share", "output_tokens"},
+    "reasoning": {"date", "machine", "model", "rows", "rounds", "budget", "median_s", "two_requests_over_native",
+                  "reasoning_tokens_mean", "output_tokens", "same_answers_share"},
     "estimate_accuracy": {"machine", "started", "command", "jobs"},
     "estimate_accuracy_round": {"date", "rows", "sample_rows", "model", "predicted_wall_s", "actual_wall_s",
                                 "error_pct", "models"},

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..engines import reasoning
+from ..errors import ConfigError
 from ..run.result_store import open_store, prompt_key
 from ..run.rows import plan_rows, read_shard
 from ..spec.prompts import chat_text
@@ -80,10 +82,11 @@ def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[st
         samples += [(key, groups[g][0].messages(), groups[g][1]) for g in todo[: max(0, show - len(samples))]]
     path = resource.model_name()
     tokenizer = load_tokenizer(path)
+    thinking = _thinking_kwargs(tokenizer, spec)
     prompts = []
     for key, messages, ids in samples:
-        text, special = chat_text(tokenizer, messages) if tokenizer else ("\n\n".join(m["content"] for m in messages),
-                                                                          True)
+        text, special = chat_text(tokenizer, messages, thinking) if tokenizer else (
+            "\n\n".join(m["content"] for m in messages), True)
         tokens = len(tokenizer(text, add_special_tokens=special)["input_ids"]) if tokenizer else None
         prompts.append({"partition": key, "row_ids": ids[:3], "rows": len(ids), "messages": messages,
                         "text": text, "tokens": tokens})
@@ -93,7 +96,7 @@ def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[st
     return {"job": spec.name, "model": model, "dtype": dtype, "dtype_reason": why,
             "chat_template": bool(tokenizer and tokenizer.chat_template),
             "tokenizer": tokenizer is not None, **totals, "shards": shards, "prompts": prompts,
-            "warnings": label_warnings(spec, tokenizer)}
+            "warnings": label_warnings(spec, tokenizer) + reasoning_warnings(spec, tokenizer)}
 
 
 def label_warnings(spec: Any, tokenizer: Any | None) -> list[str]:
@@ -106,6 +109,53 @@ def label_warnings(spec: Any, tokenizer: Any | None) -> list[str]:
         return []
     return [f"sampling.max_tokens={spec.sampling.max_tokens} is below the longest label's {tokens} tokens "
             f"({longest!r}): its answers would be cut and become error rows; raise sampling.max_tokens to {tokens}"]
+
+
+def _thinking_kwargs(tokenizer: Any | None, spec: Any) -> dict[str, Any] | None:
+    """The template variables a run renders with (a reasoning job's ``enable_thinking``)."""
+    if tokenizer is None:
+        return None
+    with contextlib.suppress(ConfigError):  # a plan that cannot run: reasoning_warnings says why
+        plan = reasoning.plan(tokenizer, spec.sampling)
+        return plan.template_kwargs if plan else None
+    return None
+
+
+def reasoning_warnings(spec: Any, tokenizer: Any | None) -> list[str]:
+    """A chat template that thinks by default: whether ``max_tokens`` holds the thinking budget
+    plus the answer (with reasoning off, whether the grammar's first token lands in the thinking);
+    and a reasoning setting this model cannot run (``engines/reasoning.py``)."""
+    if tokenizer is None:
+        return []
+    sampling = spec.sampling
+    thinks = reasoning.thinks_by_default(tokenizer)
+    if sampling.reasoning == "off":
+        if not thinks:
+            return []
+        room = reasoning.AUTO_BUDGET + 1 + _answer_tokens(spec, tokenizer)
+        raise_to = f" with sampling.max_tokens at least {room}" if sampling.max_tokens < room else ""
+        return [f"the chat template thinks by default, but sampling.reasoning is 'off': the answer's grammar applies "
+                f"from the first token, where the model would think; set sampling.reasoning to 'auto' (a budget of "
+                f"{reasoning.AUTO_BUDGET}){raise_to}, or a budget of your own"]
+    try:
+        plan = reasoning.plan(tokenizer, sampling)
+    except ConfigError as exc:
+        return [str(exc)]
+    if plan is None:
+        return []
+    need = plan.budget + 1 + _answer_tokens(spec, tokenizer)
+    if sampling.max_tokens >= need:
+        return []
+    return [f"sampling.max_tokens={sampling.max_tokens} cannot hold the thinking budget ({plan.budget}) plus the end "
+            f"of the thinking and the longest answer ({need - plan.budget - 1} tokens): answers would be cut; raise "
+            f"sampling.max_tokens to {need} or lower sampling.reasoning"]
+
+
+def _answer_tokens(spec: Any, tokenizer: Any) -> int:
+    """The longest label's tokens (a label job), else 1: the least an answer needs."""
+    if spec.output.kind != "label":
+        return 1
+    return max(len(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in spec.output.labels)
 
 
 def describe(report: dict[str, Any]) -> list[str]:

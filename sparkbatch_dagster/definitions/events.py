@@ -29,7 +29,7 @@ EXACTLY_ONCE = "every_row_exactly_once"
 ERROR_RATE = "error_rate"
 #: What a partition's materialization carries; sums over materializations give the real bill.
 NUMBERS = ("rows", "labeled", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour",
-           "engine_start_s", "cost_usd", "generated_requests", "reused_rows", "truncated_rows")
+           "engine_start_s", "cost_usd", "generated_requests", "reused_rows", "truncated_rows", "reasoning_tokens")
 
 
 def materialization(key: AssetKey, stats: dict[str, Any], *, this_run: bool, tags: dict[str, str],

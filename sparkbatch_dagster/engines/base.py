@@ -56,6 +56,9 @@ class EngineResult:
     answer (:mod:`.confidence`: a label's probability among the labels; a JSON answer's least
     likely value token), None for free text and where the engine gave no log-probabilities.
     ``model``: the model that answered, when it is not the engine's own (a cascade's stage).
+    ``reasoning``: a reasoning model's thinking (:mod:`.reasoning`), None when it did not think;
+    ``text`` is then the answer after it, and ``reasoning_tokens`` the thinking's tokens (its
+    markers included), which ``output_tokens`` counts too.
     """
 
     id: str
@@ -68,6 +71,8 @@ class EngineResult:
     finish_reason: str | None = None
     confidence: float | None = None
     model: str | None = None
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
 
 
 def structured_outputs(output: OutputSpec) -> dict[str, Any] | None:

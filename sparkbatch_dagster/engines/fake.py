@@ -8,8 +8,9 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 
-from ..errors import EngineError
+from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
+from . import reasoning
 from .base import Engine, EngineRequest, EngineResult
 
 #: How long a fake engine holds at a gate nobody opens (a test that failed before opening it).
@@ -31,6 +32,10 @@ class FakeEngine(Engine):
             process starts, a kill lands). A gate never opened raises :class:`EngineError`
             after ``GATE_LIMIT_S``, so a forgotten process does not live forever.
         gate_after: answers given before the gate (0: before the first).
+        thinking: makes it a reasoning model whose template thinks by default: with
+            ``sampling.reasoning`` on, each output is ``<think>{thinking}</think>`` and the answer
+            (an ``answer`` holding a marker is the whole output as it is: the parsing paths). The
+            thinking is cut at the budget, a word a token, as vLLM's budget cuts it.
 
     Example: hold after 35 answers until the test says go::
 
@@ -52,6 +57,7 @@ class FakeEngine(Engine):
         transient_first: int = 0,
         gate_path: str | None = None,
         gate_after: int = 0,
+        thinking: str | None = None,
     ) -> None:
         self.model_id = model_id
         self.delay_s = delay_s
@@ -60,6 +66,7 @@ class FakeEngine(Engine):
         self.requests_seen = 0
         self.transient_first = transient_first
         self.gate_path, self.gate_after = gate_path, gate_after
+        self.thinking = thinking
         self.closed = False  # set by close(): a test sees a stale warm engine stopped
         # Kill tests read this file to learn how many rows were generated before the kill.
         self._trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115
@@ -70,6 +77,10 @@ class FakeEngine(Engine):
     def generate(
         self, requests: Iterable[EngineRequest], sampling: SamplingSpec, output: OutputSpec
     ) -> Iterator[EngineResult]:
+        budget = reasoning.budget_of(sampling, self.thinking is not None)
+        if budget is not None and self.thinking is None:
+            raise ConfigError(f"sampling.reasoning={sampling.reasoning!r}, but fake model {self.model_id} does not "
+                              "think (FakeEngine(thinking=...)): set sampling.reasoning to 'off' or 'auto'")
         for req in requests:
             if self.gate_path is not None and self.requests_seen == self.gate_after:
                 self._wait_at_gate()
@@ -84,6 +95,9 @@ class FakeEngine(Engine):
             prompt = "\n".join(m["content"] for m in req.messages)
             own, limit = req.output or output, (req.sampling or sampling).max_tokens
             text = self.answer if self.answer is not None else _answer(prompt, own)
+            if budget is not None:
+                yield self._reasoned(req.id, prompt, text, budget, sampling, output)
+                continue
             words = text.split(" ")
             cut = len(words) > limit  # a word a token: an answer longer than max_tokens is cut
             if cut:
@@ -98,6 +112,29 @@ class FakeEngine(Engine):
                 finish_reason="length" if cut else "stop",
                 confidence=_confidence(self.model_id, prompt, own) if self.answer is None else None,
             )
+
+    def _reasoned(self, rid: str, prompt: str, text: str, budget: int, sampling: SamplingSpec,
+                  output: OutputSpec) -> EngineResult:
+        """One answer of the reasoning model: its thinking (cut at ``budget``), then the answer."""
+        marks = reasoning.Markers(*reasoning.KNOWN_MARKERS[0])
+        raw = text if marks.start in text or marks.end in text else f"{marks.start}{self.thinking}{marks.end}\n\n{text}"
+        thought, answer = reasoning.split_text(raw, marks)
+        words = thought.split()
+        if len(words) > budget:  # the budget ends the thinking: the answer follows
+            thought, answer = " ".join(words[:budget]), answer if answer is not None else _answer(prompt, output)
+        thought_tokens = len(thought.split()) + 2  # a word a token, and the two markers
+        n_prompt = len(prompt.split()) + 4
+        if answer is None:  # the model stopped inside its thinking
+            return EngineResult(rid, None, n_prompt, output_tokens=thought_tokens, finish_reason="stop",
+                                error=reasoning.unfinished(sampling), reasoning=thought,
+                                reasoning_tokens=thought_tokens)
+        room = max(sampling.max_tokens - thought_tokens, 1)
+        cut = len(answer.split(" ")) > room
+        answer = " ".join(answer.split(" ")[:room]) if cut else answer
+        return EngineResult(rid, answer, n_prompt, output_tokens=thought_tokens + max(1, len(answer.split())),
+                            finish_reason="length" if cut else "stop", reasoning=thought,
+                            reasoning_tokens=thought_tokens,
+                            confidence=_confidence(self.model_id, prompt, output) if self.answer is None else None)
 
     def _wait_at_gate(self) -> None:
         deadline = time.monotonic() + GATE_LIMIT_S

@@ -35,6 +35,7 @@ def load_tokenizer(path: str) -> Any:
 def token_body(tokenizer: Any, body: dict[str, Any]) -> dict[str, Any]:
     """A chat-completions body as a completions body: ``messages`` become ``prompt`` token ids."""
     out = dict(body)
-    text, special = chat_text(tokenizer, out.pop("messages"))  # the text offline mode and preview use
+    kwargs = out.pop("chat_template_kwargs", None)  # a reasoning job's enable_thinking: applied here
+    text, special = chat_text(tokenizer, out.pop("messages"), kwargs)  # the text offline mode and preview use
     out["prompt"] = list(tokenizer(text, add_special_tokens=special)["input_ids"])
     return out

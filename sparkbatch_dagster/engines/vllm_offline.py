@@ -17,24 +17,27 @@ from typing import Any
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from ..spec.prompts import chat_text
-from . import confidence, label_tokens
+from . import confidence, label_tokens, reasoning
 from .base import Engine, EngineRequest, EngineResult, settings_key, structured_outputs
 
 
-def sampling_params(sampling: SamplingSpec, output: OutputSpec, defaults: Mapping[str, Any] | None = None,
-                    first: Collection[int] | None = None, logprobs: int | None = None) -> Any:
+def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults: Mapping[str, Any] | None = None,
+                    first: Collection[int] | None = None, logprobs: int | None = None,
+                    max_tokens: int | None = None, **extra: Any) -> Any:
     """vLLM ``SamplingParams`` for a job, structured outputs included; ``defaults``: the model's
     own sampling defaults (:func:`.model.generation_defaults`), which a `vllm serve` applies by
     itself and ``SamplingParams`` would not; ``first``: the labels' first tokens, decoded in one
     step instead of the grammar (:mod:`.label_tokens`); ``logprobs``: top log-probabilities per
-    token, for the answer's confidence (:mod:`.confidence`)."""
+    token, for the answer's confidence (:mod:`.confidence`); ``output`` None: no grammar (a
+    reasoning model's thinking); ``max_tokens`` and ``extra``: what a reasoning job sets
+    (:mod:`.reasoning_offline`)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-    fields = None if first else structured_outputs(output)
+    fields = None if first or output is None else structured_outputs(output)
     structured = StructuredOutputsParams(**fields) if fields else None
     return SamplingParams(
-        max_tokens=1 if first else sampling.max_tokens,
+        max_tokens=1 if first else max_tokens or sampling.max_tokens,
         allowed_token_ids=sorted(first) if first else None,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
@@ -43,6 +46,7 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec, defaults: Mappin
         structured_outputs=structured,
         logprobs=logprobs,
         **(defaults or {}),
+        **extra,
         # Only finished requests come back from step(), as token ids: the engine skips
         # per-step incremental detokenization, and each result is decoded once here, in
         # batches. That keeps this process ahead of the GPU, so the queue never runs dry.
@@ -71,6 +75,11 @@ class VLLMOfflineEngine(Engine):
         self._tokenizer = self._llm.get_tokenizer()
         self._max_len = int(self._llm.llm_engine.model_config.max_model_len)
         self._ids = itertools.count()
+        from .reasoning_offline import native_budget
+
+        #: Whether a reasoning job's thinking budget is vLLM's own (:mod:`.reasoning_offline`);
+        #: else two requests a row. Settable to measure or test the other way.
+        self.native_budget = native_budget(self._llm)
         self._closed = False
         threading.Thread(target=self._watch_engine_core, name="sparkbatch-watchdog", daemon=True).start()
 
@@ -93,11 +102,12 @@ class VLLMOfflineEngine(Engine):
                 outputs.put_nowait(EngineError("the vLLM engine core process died"))
                 return
 
-    def encode(self, batch: list[EngineRequest]) -> list[list[int]]:
-        """Token ids of each request's prompt (chat template applied when the model has one)."""
+    def encode(self, batch: list[EngineRequest], template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
+        """Token ids of each request's prompt (chat template applied when the model has one, with
+        ``template_kwargs``: a reasoning job's ``enable_thinking``)."""
         if not batch:
             return []
-        rendered = [chat_text(self._tokenizer, r.messages) for r in batch]  # what `sparkbatch preview` shows
+        rendered = [chat_text(self._tokenizer, r.messages, template_kwargs) for r in batch]  # as preview shows
         special = rendered[0][1]  # one tokenizer: the same answer for every request
         return list(self._tokenizer([text for text, _ in rendered], add_special_tokens=special)["input_ids"])
 
@@ -106,6 +116,16 @@ class VLLMOfflineEngine(Engine):
     ) -> Iterator[EngineResult]:
         from vllm.inputs import TokensPrompt
 
+        thinking = reasoning.plan(self._tokenizer, sampling)
+        if thinking is not None:  # a reasoning model that thinks first: its own loop
+            from .reasoning_offline import generate_reasoned
+
+            yield from generate_reasoned(self, requests, sampling, output, thinking)
+            return
+        if self.native_budget:
+            from .reasoning_offline import check_unbounded
+
+            check_unbounded(self._tokenizer, sampling, output)
         step = label_tokens.plan(self._tokenizer, sampling, output, self.label_decoding)
         top = confidence.logprobs_wanted(output.kind) if self.confidence and output.confidence else None
         params = sampling_params(sampling, output, self.sampling_defaults, logprobs=top)

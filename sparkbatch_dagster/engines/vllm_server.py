@@ -34,9 +34,10 @@ from typing import Any
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
-from . import confidence, label_tokens
+from . import confidence, label_tokens, reasoning
 from .base import Engine, EngineRequest, EngineResult, structured_outputs
 from .endpoints import check_endpoints, check_served, key_error, message, served_models
+from .reasoning_server import reasoned_result, reasoning_fields, server_reasoning
 from .replicas import Pool, Replica
 from .server_process import ServerProcess, free_port
 from .token_prompts import load_tokenizer, token_body
@@ -111,6 +112,7 @@ class VLLMServerEngine(Engine):
         #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
         self.confidence = True
         self._sure: confidence.Scorer | None = None  # this generate's, when it asks for log-probabilities
+        self._thinking: reasoning.Plan | None = None  # this generate's reasoning (server_reasoning)
         self.max_in_flight = max_in_flight
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.server = server
@@ -155,6 +157,9 @@ class VLLMServerEngine(Engine):
         spelled = {tok.decode([t]): label for t, label in self._step.labels.items()} if tok and self._step else {}
         self._sure = confidence.Scorer(output, tok, self._step) \
             if self.confidence and output.confidence and output.kind != "text" else None
+        self._thinking = server_reasoning(tok, sampling)
+        if self._thinking is not None:  # the grammar after the thinking: no one step, no confidence (see there)
+            self._step, self._sure, spelled = None, None, {}
         again: set[str] = set()  # rows whose one step began several labels: asked again with the grammar
         done: queue.Queue[cf.Future] = queue.Queue()
         pending: dict[cf.Future, tuple[_Sent, Replica]] = {}
@@ -249,6 +254,8 @@ class VLLMServerEngine(Engine):
                             self.sampling_defaults, first)
         if self._sure is not None:
             body.update(self._sure.fields(completions=self._tokenizer is not None))
+        if self._thinking is not None:
+            body.update(reasoning_fields(self._thinking))
         return body if self._tokenizer is None else token_body(self._tokenizer, body)
 
     def _next_done(self, done: queue.Queue[cf.Future]) -> cf.Future:
@@ -312,6 +319,8 @@ class VLLMServerEngine(Engine):
         details = usage.get("prompt_tokens_details") or {}
         choice = data["choices"][0]  # chat: its message; completions (server_token_ids): its text
         text = (choice["text"] if "text" in choice else choice["message"].get("content")) or ""
+        if self._thinking is not None:
+            return reasoned_result(row_id, text, choice, usage, self._thinking, self._tokenizer)
         return EngineResult(
             row_id, text,
             prompt_tokens=int(usage.get("prompt_tokens", 0)), output_tokens=int(usage.get("completion_tokens", 0)),
@@ -345,4 +354,3 @@ def _undecided(held: list[EngineResult], transient: bool, exhausted: bool) -> li
         return held  # the server said why, row by row: a few over-long prompts are those rows' own
     raise ConfigError(f"every request fails with {(held[0].error or '').partition(': ')[2]}: "
                       "check VLLMResource.model and the job's output/sampling settings")
-

@@ -146,9 +146,9 @@ class CascadeEngine(Engine):
         out = {}
         for req in chunk:
             if req.id in keys and keys[req.id] in found:
-                text, error, confidence, _ = found[keys[req.id]]
+                text, error, confidence, _, reasoning = found[keys[req.id]]
                 out[req.id] = EngineResult(req.id, text, error=error, finish_reason="stop" if error is None else None,
-                                           confidence=confidence)
+                                           confidence=confidence, reasoning=reasoning)
         return out
 
     def _keep(self, stage: Stage, res: EngineResult, keys: dict[str, str], adding: list[dict[str, Any]]) -> None:
@@ -161,7 +161,8 @@ class CascadeEngine(Engine):
             return
         adding.append({"prompt_key": keys[res.id], "output": text, "error": error, "prompt_tokens": res.prompt_tokens,
                        "output_tokens": res.output_tokens, "model": stage.name,
-                       "confidence": res.confidence if text is not None else None})
+                       "confidence": res.confidence if text is not None else None,
+                       "reasoning": res.reasoning if self.spec.output.keep_reasoning else None})
         if len(adding) >= CHUNK:
             self._store(stage, adding)
 
@@ -200,4 +201,5 @@ def _added(before: EngineResult | None, res: EngineResult) -> EngineResult:
         return res
     return dataclasses.replace(res, prompt_tokens=res.prompt_tokens + before.prompt_tokens,
                                output_tokens=res.output_tokens + before.output_tokens,
-                               cached_tokens=res.cached_tokens + before.cached_tokens)
+                               cached_tokens=res.cached_tokens + before.cached_tokens,
+                               reasoning_tokens=res.reasoning_tokens + before.reasoning_tokens)

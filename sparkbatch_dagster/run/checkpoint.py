@@ -26,8 +26,10 @@ log = logging.getLogger("sparkbatch")
 #: store (null for rows that never had one: input errors); ``reused`` marks answers taken from
 #: the store instead of the engine; ``fingerprint`` is the output version; ``finish_reason`` is
 #: the engine's (null for rows it did not answer), ``truncated`` marks an answer cut at
-#: ``max_tokens``; ``confidence`` is how sure the model was of the answer (``engines/confidence.py``).
-#: Files written before the last three existed read with them null.
+#: ``max_tokens``; ``confidence`` is how sure the model was of the answer (``engines/confidence.py``);
+#: ``reasoning`` is a reasoning model's thinking (only when ``output.keep_reasoning``) and
+#: ``reasoning_tokens`` its tokens, which ``output_tokens`` counts too (``engines/reasoning.py``).
+#: Files written before the last five existed read with them null.
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
@@ -44,6 +46,8 @@ OUTPUT_SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("truncated", pa.bool_()),
         ("confidence", pa.float64()),
+        ("reasoning", pa.string()),
+        ("reasoning_tokens", pa.int64()),
     ]
 )
 
@@ -51,6 +55,8 @@ OUTPUT_SCHEMA = pa.schema(
 #: Appended to a DuckDB ``FROM read_parquet(..., union_by_name = true)``: a ``confidence``
 #: column even when no file read has one (all written before it existed); null there.
 WITH_CONFIDENCE = "UNION ALL BY NAME SELECT NULL::DOUBLE AS confidence WHERE false"
+#: The same for ``reasoning`` (the result store's, and the output rows'): null in older files.
+WITH_REASONING = "UNION ALL BY NAME SELECT NULL::VARCHAR AS reasoning WHERE false"
 
 
 class CheckpointWriter:

@@ -17,7 +17,7 @@ from ..errors import SparkbatchError
 from ..home import JobHome
 from ..inputs.shards import quote_ident
 from ..spec import JobSpec
-from .checkpoint import WITH_CONFIDENCE
+from .checkpoint import WITH_CONFIDENCE, WITH_REASONING
 from .reliability import BUCKET_SQL, BUCKETS, bucket_row
 
 METRIC_COLUMNS = [
@@ -27,6 +27,7 @@ METRIC_COLUMNS = [
     ("prefix_cache_hit_rate", "DOUBLE"), ("resumed_rows", "BIGINT"), ("deduplicated_rows", "BIGINT"),
     ("finished_at", "VARCHAR"), ("generated_requests", "BIGINT"), ("reused_rows", "BIGINT"),
     ("engine_start_s", "DOUBLE"), ("generation_cost_usd", "DOUBLE"), ("truncated_rows", "BIGINT"),
+    ("reasoning_tokens", "BIGINT"),
 ]
 
 
@@ -171,11 +172,11 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
                 "reliability": None}
     gold = f", s.{quote_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
     with connect(home.metrics_db) as con:
-        # Files written before confidences were kept have no such column: it reads as null there.
+        # Files written before confidences (thinking) were kept have no such column: null there.
         con.execute(
             f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
             f"FROM (FROM read_parquet([{files}], union_by_name = true) "
-            f"{WITH_CONFIDENCE}) o "
+            f"{WITH_CONFIDENCE} {WITH_REASONING}) o "
             f"JOIN read_parquet('{_sql_path(home.shards_dir / 'shard-*.parquet')}') s USING (row_id)"
         )
         con.execute(

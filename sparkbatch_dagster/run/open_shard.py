@@ -60,11 +60,11 @@ class OpenShard:
         found = store.lookup([self.keys[g] for g in candidates])
         written = 0
         for group in [g for g in candidates if self.keys[g] in found]:
-            stored_output, stored_error, confidence, model = found[self.keys[group]]
+            stored_output, stored_error, confidence, model, reasoning = found[self.keys[group]]
             for i, rid in enumerate(self.groups.pop(group)[1]):
                 # The model that gave it: a cascade's stage (the store of one model holds that model's).
                 self.writer.add(row(rid, self.version, model or self.model, stored_output, stored_error, dedup=i > 0,
-                                     key=self.keys[group], reused=True, confidence=confidence))
+                                     key=self.keys[group], reused=True, confidence=confidence, reasoning=reasoning))
                 written += 1
         return written
 
@@ -99,7 +99,7 @@ def new_answers(table: Any) -> list[dict[str, Any]]:
     """The shard's rows that the engine answered in this version (one per prompt) and that the
     same prompt would get again: what the result store keeps."""
     cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
-            "truncated", "confidence"]
+            "truncated", "confidence", "reasoning"]
     # A cut answer is not kept: the store holds answers, and a reuse would lose the mark.
     return [r for r in table.select(cols).to_pylist()
             if r["prompt_key"] and not r["reused"] and not r["deduplicated"] and not r["truncated"]

@@ -3,7 +3,8 @@ any later run (another version, another shard layout, appended input) reuses it 
 paying the engine again.
 
     <store>/<context>/seg-L<level>-<id>.parquet     k1, k2, output, error, prompt_tokens,
-                                                    output_tokens, model, created_at, confidence
+                                                    output_tokens, model, created_at, confidence,
+                                                    reasoning
 
 ``context`` is :meth:`JobSpec.answer_context`: model identity + sampling + output spec. Within
 it an answer is keyed by 128 bits of sha256 of the rendered prompt (system and user text), as
@@ -41,17 +42,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..home import Bucket, FileLock, JobHome, atomic_write_parquet
-from .checkpoint import WITH_CONFIDENCE
+from .checkpoint import WITH_CONFIDENCE, WITH_REASONING
 
 log = logging.getLogger("sparkbatch")
 
 SCHEMA = pa.schema([
     ("k1", pa.int64()), ("k2", pa.int64()), ("output", pa.string()), ("error", pa.string()),
     ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()), ("model", pa.string()),
-    ("created_at", pa.string()), ("confidence", pa.float64()),
+    ("created_at", pa.string()), ("confidence", pa.float64()), ("reasoning", pa.string()),
 ])
-#: A stored answer: (output, error, confidence, the model that gave it).
-Answer = tuple[str | None, str | None, float | None, str | None]
+#: A stored answer: (output, error, confidence, the model that gave it, its thinking). The
+#: thinking is stored only by jobs that keep it (``output.keep_reasoning``, part of the context).
+Answer = tuple[str | None, str | None, float | None, str | None, str | None]
 #: Segments of one level merged into one of the next level.
 FAN_IN = 16
 
@@ -90,7 +92,7 @@ class ResultStore:
     Example::
 
         store = ResultStore(spec.result_store_path, spec.answer_context(model_id))
-        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error, confidence, model)}
+        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error, confidence, model, reasoning)}
         store.add(rows)                            # dicts with prompt_key, output, error, tokens, model
     """
 
@@ -126,8 +128,8 @@ class ResultStore:
         return sorted(self.dir.glob("seg-*.parquet")) if self.dir.exists() else []
 
     def lookup(self, keys: list[str]) -> dict[str, Answer]:
-        """Stored (output, error, confidence, model) of each key that has an answer; keys without one
-        are absent. Answers stored before confidences were kept have none (None)."""
+        """Stored (output, error, confidence, model, reasoning) of each key that has an answer; keys
+        without one are absent. Answers stored before confidences (thinking) were kept have none (None)."""
         if not keys:
             return {}
         if not self._pulled:
@@ -160,15 +162,15 @@ class ResultStore:
                 try:
                     hits = con.execute(
                         # One copy of a key (one struct: its output and confidence from the same copy);
-                        # segments written before the confidence column read it as null.
+                        # segments written before the confidence (reasoning) column read it as null.
                         "SELECT p.i, any_value(struct_pack(o := r.output, e := r.error, c := r.confidence, "
-                        f"m := r.model)) FROM probe p JOIN (FROM read_parquet(?, union_by_name = true) "
-                        f"{WITH_CONFIDENCE}) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
+                        f"m := r.model, t := r.reasoning)) FROM probe p JOIN (FROM read_parquet(?, union_by_name "
+                        f"= true) {WITH_CONFIDENCE} {WITH_REASONING}) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
                         [files]
                     ).fetchall()
                 finally:
                     con.unregister("probe")
-        return {keys[i]: (found["o"], found["e"], found["c"], found["m"]) for i, found in hits}
+        return {keys[i]: (found["o"], found["e"], found["c"], found["m"], found["t"]) for i, found in hits}
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Store newly generated answers as one segment, then merge segments that piled up."""
@@ -181,7 +183,7 @@ class ResultStore:
             "output": [r["output"] for r in rows], "error": [r["error"] for r in rows],
             "prompt_tokens": [r["prompt_tokens"] for r in rows], "output_tokens": [r["output_tokens"] for r in rows],
             "model": [r["model"] for r in rows], "created_at": [now] * len(rows),
-            "confidence": [r.get("confidence") for r in rows],
+            "confidence": [r.get("confidence") for r in rows], "reasoning": [r.get("reasoning") for r in rows],
         }, schema=SCHEMA)
         segment = self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet"
         atomic_write_parquet(segment, table)

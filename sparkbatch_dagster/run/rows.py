@@ -69,7 +69,10 @@ def outcome(res: EngineResult, spec: JobSpec, prompt: Any = None) -> tuple[str |
 
 def row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
          res: EngineResult | None = None, dedup: bool = False, key: str | None = None,
-         reused: bool = False, truncated: bool = False, confidence: float | None = None) -> dict[str, Any]:
+         reused: bool = False, truncated: bool = False, confidence: float | None = None,
+         reasoning: str | None = None) -> dict[str, Any]:
+    """One output row (``OUTPUT_SCHEMA``). ``reasoning``: the answer's thinking text, given only
+    when the job keeps it (``output.keep_reasoning``)."""
     # Tokens are counted once per generation: fanned-out duplicates and reused answers carry zeros.
     fresh = None if dedup else res
     return {
@@ -81,6 +84,7 @@ def row(row_id: str, fp: str, model: str, output: str | None = None, error: str 
         "finish_reason": res.finish_reason if res else None, "truncated": truncated,
         # The answer's, on every row that carries it (fanned-out and reused rows too); none on an error row.
         "confidence": (res.confidence if res else confidence) if output is not None else None,
+        "reasoning": reasoning, "reasoning_tokens": fresh.reasoning_tokens if fresh else 0,
     }
 
 

@@ -301,9 +301,10 @@ class ShardRun:
             self._pending_reason = res.error or "transient failure"
         else:
             output, error, cut = outcome(res, self.spec, prompt)
+            kept = res.reasoning if self.spec.output.keep_reasoning else None
             for i, rid in enumerate(ids):
                 shard.writer.add(row(rid, self.version, res.model or self.engine.model_id, output, error, res,
-                                     dedup=i > 0, key=shard.keys[group], truncated=cut))
+                                     dedup=i > 0, key=shard.keys[group], truncated=cut, reasoning=kept))
             self._rows_done += len(ids)
             shard.done += len(ids)
             shard.fresh_tokens += res.prompt_tokens + res.output_tokens

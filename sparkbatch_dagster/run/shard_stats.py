@@ -50,6 +50,9 @@ def shard_stats(spec: JobSpec, key: str, version: str, model: str, table: Any, w
         # Answers cut at max_tokens: texts kept and marked, labels and JSON as ``truncated`` error rows.
         "truncated_rows": sum(1 for t in table.column("truncated").to_pylist() if t)
         if "truncated" in table.column_names else 0,
+        # A reasoning model's thinking (output_tokens counts it too): null in files older than the column.
+        "reasoning_tokens": sum(t or 0 for t in table.column("reasoning_tokens").to_pylist())
+        if "reasoning_tokens" in table.column_names else 0,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **_confidence(table),
     }

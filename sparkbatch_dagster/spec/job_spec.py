@@ -79,10 +79,10 @@ class OutputSpec(BaseModel):
         "Give each label or JSON row a confidence from the engine's log-probabilities (docs/labels.md). "
         "Off: no log-probabilities are asked (they cost time on a fast GPU) and the column is null. It does "
         "not change the answers, so it is not part of the output version."))
-
-    def identity(self) -> dict[str, Any]:
-        """What of the spec shapes an answer (the fingerprints'): all but ``confidence``."""
-        return self.model_dump(exclude={"confidence"})
+    keep_reasoning: bool = Field(
+        default=False, description="With sampling.reasoning on: keep each answer's thinking text in a `reasoning` "
+        "column (and in the result store, so a reused answer keeps it). Off: only its token count is kept.",
+    )
 
     @model_validator(mode="after")
     def _check_kind(self) -> OutputSpec:
@@ -97,6 +97,15 @@ class OutputSpec(BaseModel):
             re.compile(self.regex)
         return self
 
+    def identity(self) -> dict[str, Any]:
+        """What of the spec shapes an answer (the fingerprints'): all but ``confidence``, and
+        ``keep_reasoning`` only when on (so the versions of jobs written before it existed stay
+        what they were)."""
+        data = self.model_dump(exclude={"confidence"})
+        if not self.keep_reasoning:
+            data.pop("keep_reasoning")
+        return data
+
 
 class SamplingSpec(BaseModel):
     """Sampling settings; part of the fingerprint, so changing them starts a new output version."""
@@ -108,6 +117,37 @@ class SamplingSpec(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int = 0
     ignore_eos: bool = Field(default=False, description="Always generate max_tokens (benchmarks).")
+    reasoning: Literal["off", "auto"] | int = Field(
+        default="off", description="A reasoning model's thinking: 'off' (the chat template's default prompt, the "
+        "grammar from the first token), a budget in tokens (the model thinks at most that long, then answers under "
+        "the grammar), or 'auto' (a budget of 1024 when the chat template thinks, else off). max_tokens counts the "
+        "thinking too: it must hold the budget plus the answer. docs/reasoning.md.",
+    )
+
+    @field_validator("reasoning")
+    @classmethod
+    def _check_reasoning(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"reasoning={value} must be 'off', 'auto' or a thinking budget of at least 1 token "
+                             "(e.g. 512)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_room(self) -> SamplingSpec:
+        budget = self.reasoning
+        if isinstance(budget, int) and self.max_tokens < budget + 2:
+            raise ValueError(f"max_tokens={self.max_tokens} cannot hold the thinking budget reasoning={budget} plus "
+                             f"the end of the thinking and an answer: raise max_tokens to at least {budget + 2} "
+                             f"plus the answer's length (e.g. {budget + 64}), or lower reasoning")
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        """What names the output version: every field, ``reasoning`` only when on (so the
+        versions of jobs written before it existed stay what they were)."""
+        data = self.model_dump()
+        if self.reasoning == "off":
+            data.pop("reasoning")
+        return data
 
 
 class NodeOption(BaseModel):
@@ -391,6 +431,11 @@ class JobSpec(_Checked):
                                                   or self.gold_column):
             raise ValueError(f"input_format={self.input_format!r}: each line sets its own prompt and output "
                              "(response_format): leave output, system_prompt, gold_column and cascade unset")
+        if self.input_format in BATCH_INPUTS and self.sampling.reasoning != "off":
+            # A line's own settings would bypass the thinking's bound (the reasoning loop takes the job's).
+            raise ValueError(f"input_format={self.input_format!r} with sampling.reasoning="
+                             f"{self.sampling.reasoning!r}: a batch file's lines are not run as reasoning requests "
+                             "yet; leave sampling.reasoning 'off' (a line's max_tokens then holds any thinking)")
         return self
 
     @property
@@ -425,7 +470,7 @@ class JobSpec(_Checked):
     def answer_context(self, model: str) -> str:
         """Everything besides the rendered prompt that determines a generated answer: the
         model identity, sampling and the output spec. Names the result store's folder."""
-        return fingerprint({"model": model, "output": self.output.identity(), "sampling": self.sampling.model_dump()})
+        return fingerprint({"model": model, "output": self.output.identity(), "sampling": self.sampling.identity()})
 
     def shards_for(self, rows: int) -> int:
         """Number of shards for an input of ``rows`` rows."""
@@ -442,7 +487,7 @@ class JobSpec(_Checked):
             "user": self.user_template,
             "text_columns": self.text_columns,
             "output": self.output.identity(),
-            "sampling": self.sampling.model_dump(),
+            "sampling": self.sampling.identity(),
             "max_input_chars": self.max_input_chars,
         }
         if self.input_format in BATCH_INPUTS:  # only then, so the fingerprints of existing jobs stay as they are
