@@ -19,7 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .job_spec import BATCH_INPUTS, OutputSpec, SamplingSpec
+from .answer import OutputSpec, SamplingSpec
+from .job_spec import BATCH_INPUTS
 
 __all__ = ["BATCH_INPUTS", "LineError", "RequestPrompt", "normalize", "parse_line", "request_prompt"]
 #: The one endpoint an OpenAI line may name (vLLM's ``run-batch`` also takes ``/v1/embeddings``...).

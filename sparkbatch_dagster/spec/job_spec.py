@@ -19,18 +19,17 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from ..errors import ConfigError
+from .answer import OutputSpec, SamplingSpec
 from .cascade import CascadeStage, check_cascade
-from .hardware import PRESETS, THIS_MACHINE, HardwareSpec, ModelCandidate
-from .hosted import HostedPrice, check_table, load_hosted_prices
+from .checked import Checked, fingerprint
+from .estimate_spec import EstimateSpec
 from .sink import SinkSpec
 
 #: storage_options keys that hold a secret: only by reference (EnvVar / {env: NAME}).
@@ -49,242 +48,7 @@ BATCH_INPUTS = ("openai_batch", "anthropic_batch")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
-class _Checked(BaseModel):
-    """Settings whose validation errors become a :class:`ConfigError` naming field and fix."""
-
-    _owner: ClassVar[str] = "settings"
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise ConfigError(_explain(exc, self._owner)) from None
-
-
-class OutputSpec(BaseModel):
-    """What the model must produce for each row.
-
-    - ``label``: exactly one of ``labels``, enforced by vLLM structured outputs.
-    - ``json``: an object matching ``json_schema``, enforced the same way.
-    - ``text``: free text, optionally constrained by ``regex``.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["label", "json", "text"] = "text"
-    labels: list[str] = Field(default_factory=list, description="Allowed labels (kind='label').")
-    json_schema: dict[str, Any] | None = Field(default=None, description="JSON schema (kind='json').")
-    regex: str | None = Field(default=None, description="Optional regex for kind='text'.")
-    confidence: bool = Field(default=True, description=(
-        "Give each label or JSON row a confidence from the engine's log-probabilities (docs/labels.md). "
-        "Off: no log-probabilities are asked (they cost time on a fast GPU) and the column is null. It does "
-        "not change the answers, so it is not part of the output version."))
-    keep_reasoning: bool = Field(
-        default=False, description="With sampling.reasoning on: keep each answer's thinking text in a `reasoning` "
-        "column (and in the result store, so a reused answer keeps it). Off: only its token count is kept.",
-    )
-
-    @model_validator(mode="after")
-    def _check_kind(self) -> OutputSpec:
-        if self.kind == "label":
-            if len(self.labels) < 2:
-                raise ValueError("output.kind='label' needs at least two labels: set output.labels")
-            if len(set(self.labels)) != len(self.labels):
-                raise ValueError("output.labels has duplicates: list each label once")
-        if self.kind == "json" and not self.json_schema:
-            raise ValueError("output.kind='json' needs output.json_schema (a JSON schema dict)")
-        if self.regex is not None:
-            re.compile(self.regex)
-        return self
-
-    def identity(self) -> dict[str, Any]:
-        """What of the spec shapes an answer (the fingerprints'): all but ``confidence``, and
-        ``keep_reasoning`` only when on (so the versions of jobs written before it existed stay
-        what they were)."""
-        data = self.model_dump(exclude={"confidence"})
-        if not self.keep_reasoning:
-            data.pop("keep_reasoning")
-        return data
-
-
-class SamplingSpec(BaseModel):
-    """Sampling settings; part of the fingerprint, so changing them starts a new output version."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_tokens: int = Field(default=64, ge=1, le=32768)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int = 0
-    ignore_eos: bool = Field(default=False, description="Always generate max_tokens (benchmarks).")
-    reasoning: Literal["off", "auto"] | int = Field(
-        default="off", description="A reasoning model's thinking: 'off' (the chat template's default prompt, the "
-        "grammar from the first token), a budget in tokens (the model thinks at most that long, then answers under "
-        "the grammar), or 'auto' (a budget of 1024 when the chat template thinks, else off). max_tokens counts the "
-        "thinking too: it must hold the budget plus the answer. docs/reasoning.md.",
-    )
-
-    @field_validator("reasoning")
-    @classmethod
-    def _check_reasoning(cls, value: str | int) -> str | int:
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise ValueError(f"reasoning={value} must be 'off', 'auto' or a thinking budget of at least 1 token "
-                             "(e.g. 512)")
-        return value
-
-    @model_validator(mode="after")
-    def _check_room(self) -> SamplingSpec:
-        budget = self.reasoning
-        if isinstance(budget, int) and self.max_tokens < budget + 2:
-            raise ValueError(f"max_tokens={self.max_tokens} cannot hold the thinking budget reasoning={budget} plus "
-                             f"the end of the thinking and an answer: raise max_tokens to at least {budget + 2} "
-                             f"plus the answer's length (e.g. {budget + 64}), or lower reasoning")
-        return self
-
-    def identity(self) -> dict[str, Any]:
-        """What names the output version: every field, ``reasoning`` only when on (so the
-        versions of jobs written before it existed stay what they were)."""
-        data = self.model_dump()
-        if self.reasoning == "off":
-            data.pop("reasoning")
-        return data
-
-
-class NodeOption(BaseModel):
-    """One way to rent the box. ``hourly_usd`` is the price of all ``nodes`` together; the
-    estimate prices a model only on options whose GPUs hold it, and says how to run each
-    (``sparkbatch_dagster.placement``). ``hardware`` says what the speed is: an option on the kind
-    of machine the sample ran on is priced as measured; on other declared hardware (a preset or
-    :class:`HardwareSpec` figures) as a roofline projection, a range; with neither, not at all.
-    Example, a 2-GPU H200 host::
-
-        NodeOption(name="2x H200", hourly_usd=7.0, gpus_per_node=2, hardware="h200")
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    hourly_usd: float = Field(ge=0.0)
-    nodes: int = Field(default=1, ge=1, le=64)
-    gpus_per_node: int = Field(default=1, ge=1, le=16, description="GPUs in each node (a DGX Spark: 1).")
-    memory_gb: float | None = Field(default=None, gt=0.0, description="Memory per GPU; None = the hardware's "
-                                    "(a DGX Spark: its 128 GB, unified; an H200: 141), else 128.")
-    hardware: str | HardwareSpec | None = Field(
-        default=None, description=f"A preset ({', '.join(PRESETS)}), figures (HardwareSpec), or "
-        f"{THIS_MACHINE!r} (the machine the sample ran on, at its measured speed); None = unknown: not priced.",
-    )
-
-    @field_validator("hardware")
-    @classmethod
-    def _known_preset(cls, value: str | HardwareSpec | None) -> str | HardwareSpec | None:
-        if isinstance(value, str) and value not in PRESETS and value != THIS_MACHINE:
-            raise ValueError(f"unknown hardware preset {value!r}: choose from {[*PRESETS, THIS_MACHINE]} or "
-                             "give HardwareSpec(memory_bandwidth_gbs=..., bf16_tflops=..., memory_gb=...)")
-        return value
-
-    @property
-    def figures(self) -> HardwareSpec | None:
-        """The declared hardware's figures (None for no hardware and for ``this-machine``)."""
-        return PRESETS.get(self.hardware) if isinstance(self.hardware, str) else self.hardware
-
-    @property
-    def gpu_memory_gb(self) -> float:
-        """Memory per GPU for placement: ``memory_gb``, else the hardware's, else 128."""
-        figures = self.figures
-        return self.memory_gb or (figures.memory_gb if figures else 128.0)
-
-
-class EstimateSpec(_Checked):
-    """How ``sparkbatch estimate`` samples, prices and compares models for a job.
-
-    Example::
-
-        JobSpec(..., estimate=EstimateSpec(sample_rows=100, models=["gemma-3-270m"], accuracy_bar=0.3))
-
-    The chosen model is the cheapest (predicted cost of the whole job, engine start included, on
-    its cheapest node option) whose accuracy interval clears ``accuracy_bar``.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    _owner: ClassVar[str] = "estimate"
-
-    sample_rows: int = Field(default=80, ge=10, le=100_000, description="Rows timed on the real engine.")
-    fill_batch: bool = Field(
-        default=True, description="Time at least one full batch (max_num_seqs rows): a smaller sample leaves "
-        "the engine part idle and overstates the time (H200: +38% at 80 rows, +2.5% at 1024).",
-    )
-    min_sample_seconds: float = Field(
-        default=5.0, ge=0.0, le=3600.0, description="While the timed rows took less than this, more rows "
-        "(the sample doubled, new rows, same engine) are timed, up to a quarter of the job: on an H200 one "
-        "batch of short prompts takes under a second, and two such samples of one job were -2% and +28% off. "
-        "0: no time floor.",
-    )
-    strata: int = Field(default=5, ge=1, le=100, description="Input-length bands the sample is spread over.")
-    warmup_rows: int = Field(default=8, ge=0, le=10_000, description="Untimed rows run first (other rows).")
-    seed: int = 0
-    options: list[NodeOption] = Field(min_length=1, default_factory=lambda: [
-        NodeOption(name="1 node", hourly_usd=0.79, nodes=1, hardware="dgx-spark"),
-        NodeOption(name="2-node cluster", hourly_usd=1.79, nodes=2, hardware="dgx-spark"),
-    ])
-    models: list[str | ModelCandidate] = Field(
-        default_factory=list, description="Candidates compared with the configured model: a model, or a model "
-        "with engine settings ('/models/qwen-8b@quantization=fp8', or ModelCandidate).",
-    )
-    hourly_rate_usd: float | None = Field(
-        default=None, ge=0.0, description="Price per hour of the machine the sample runs on: adds the option "
-        "'this machine', priced at the measured speed.",
-    )
-    sample_hardware: str | None = Field(
-        default=None, description="What kind of machine the sample runs on (a hardware preset, or 'cpu'); "
-        "None = detected from this machine's GPU. Set it when the engine is a server elsewhere.",
-    )
-    accuracy_bar: float = Field(
-        default=0.0, ge=0.0, le=1.0, description="Least accuracy a model needs: the LOWER bound of its 95% "
-        "(Wilson) interval on the sample must reach it.",
-    )
-    max_sample_rows: int = Field(
-        default=400, ge=10, le=100_000, description="While a model's accuracy interval straddles accuracy_bar, "
-        "its sample is doubled (new rows, same engine) up to this many rows; no growth when sample_rows is "
-        "already at or above it.",
-    )
-    hosted_prices: list[HostedPrice] = Field(
-        default_factory=list, description="Your table of hosted batch API prices (USD per million input and "
-        "output tokens), or the path of a YAML/CSV file of it: the estimate prices the job's measured tokens "
-        "at each, beside the box's options. No price is built in.",
-    )
-
-    @field_validator("hosted_prices", mode="before")
-    @classmethod
-    def _price_table(cls, value: Any) -> Any:
-        # A path (the CLI's --hosted-prices, a launchpad string, YAML) is read here: checked like a list.
-        return load_hosted_prices(value) if isinstance(value, (str, Path)) else value
-
-    @field_validator("hosted_prices")
-    @classmethod
-    def _one_row_per_offer(cls, value: list[HostedPrice]) -> list[HostedPrice]:
-        return check_table(value)
-
-    @field_validator("models", mode="before")
-    @classmethod
-    def _parse_candidates(cls, value: Any) -> Any:
-        # 'model@key=value' strings (CLI, launchpad, YAML) become candidates with engine settings.
-        if not isinstance(value, list):
-            return value
-        return [ModelCandidate.parse(v) if isinstance(v, str) and "@" in v else v for v in value]
-
-    @field_validator("sample_hardware")
-    @classmethod
-    def _known_kind(cls, value: str | None) -> str | None:
-        if value is not None and value not in {*PRESETS, "cpu", "gpu"}:
-            raise ValueError(f"unknown sample_hardware {value!r}: choose from {[*PRESETS, 'cpu', 'gpu']}")
-        return value
-
-    def candidates(self) -> list[ModelCandidate]:
-        """``models`` as candidates (a plain model name is one without engine settings)."""
-        return [m if isinstance(m, ModelCandidate) else ModelCandidate(model=m) for m in self.models]
-
-
-class JobSpec(_Checked):
+class JobSpec(Checked):
     """A batch job: one fixed prompt over every row of an input.
 
     Attributes are validated on construction; a bad value raises :class:`ConfigError`
@@ -495,18 +259,3 @@ class JobSpec(_Checked):
         return fingerprint(payload)
 
 
-def fingerprint(payload: Any) -> str:
-    """A short stable hash of JSON-serializable data."""
-    raw = json.dumps(payload, sort_keys=True, default=str).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
-
-
-def _explain(exc: ValidationError, owner: str) -> str:
-    lines = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "spec"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"{owner}.{where}: {msg}{shown}")
-    return f"invalid {owner} settings:\n  " + "\n  ".join(lines)
