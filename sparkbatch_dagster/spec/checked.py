@@ -45,3 +45,23 @@ def explain(exc: ValidationError, owner: str) -> str:
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         lines.append(f"{owner}.{where}: {msg}{shown}")
     return f"invalid {owner} settings:\n  " + "\n  ".join(lines)
+
+
+#: storage_options keys that hold a secret (compared in lower case): only by reference (EnvVar /
+#: {env: NAME}), for the home and the table sink alike.
+SECRET_KEYS = {"key", "secret", "token", "password", "aws_secret_access_key", "aws_access_key_id",
+               "aws_session_token", "session_token", "account_key", "sas_token", "client_secret",
+               "azure_storage_account_key", "azure_storage_sas_key", "azure_client_secret",
+               "google_service_account_key"}
+
+
+def no_written_secret(options: dict[str, Any], field: str, readers: str) -> dict[str, Any]:
+    """``options`` unchanged, or a ValueError naming the first secret written out in them and how
+    to pass it by reference; ``readers``: who reads them from the environment instead."""
+    secret = sorted(k for k, x in options.items() if k.lower() in SECRET_KEYS and isinstance(x, str)
+                    and type(x).__name__ != "EnvVar")
+    if secret:
+        raise ValueError(f"{field}[{secret[0]!r}] is a secret written in the spec: pass it by reference, "
+                         f"{secret[0]}: {{env: MY_VAR}} in YAML or EnvVar('MY_VAR') in Python (or leave it out: "
+                         f"{readers})")
+    return options

@@ -28,13 +28,9 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .answer import OutputSpec, SamplingSpec
 from .cascade import CascadeStage, check_cascade
-from .checked import Checked, fingerprint
+from .checked import Checked, fingerprint, no_written_secret
 from .estimate_spec import EstimateSpec
 from .sink import SinkSpec
-
-#: storage_options keys that hold a secret: only by reference (EnvVar / {env: NAME}).
-_SECRET_KEYS = {"key", "secret", "token", "password", "aws_secret_access_key", "aws_access_key_id",
-                "aws_session_token", "session_token", "account_key", "sas_token", "client_secret"}
 
 
 def _is_url(location: str | None) -> bool:
@@ -158,13 +154,7 @@ class JobSpec(Checked):
     @field_validator("storage_options")
     @classmethod
     def _check_storage_options(cls, v: dict[str, Any]) -> dict[str, Any]:
-        secret = sorted(k for k, x in v.items() if k.lower() in _SECRET_KEYS and isinstance(x, str)
-                        and type(x).__name__ != "EnvVar")
-        if secret:
-            raise ValueError(f"storage_options[{secret[0]!r}] is a secret written in the spec: pass it by reference, "
-                             f"{secret[0]}: {{env: MY_VAR}} in YAML or EnvVar('MY_VAR') in Python (or leave it out: "
-                             "s3fs and gcsfs read AWS_* / GOOGLE_* variables themselves)")
-        return v
+        return no_written_secret(v, "storage_options", "s3fs and gcsfs read AWS_* / GOOGLE_* variables themselves")
 
     @field_validator("review_below")
     @classmethod

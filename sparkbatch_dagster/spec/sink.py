@@ -19,14 +19,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .checked import no_written_secret
+
 #: URL schemes delta-rs writes to (its object_store backends); anything else is a local path.
 DELTA_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "file", "memory")
-
-#: Option keys that hold a secret (compared in lower case): only by reference, as for the home.
-_SECRET_KEYS = {"aws_secret_access_key", "aws_access_key_id", "aws_session_token", "session_token", "secret",
-                "key", "token", "password", "account_key", "azure_storage_account_key", "sas_token",
-                "azure_storage_sas_key", "client_secret", "azure_client_secret", "google_service_account_key"}
-
 
 class SinkSpec(BaseModel):
     """Where the labeled rows go as a table (``JobSpec.sink``).
@@ -69,13 +65,8 @@ class SinkSpec(BaseModel):
     @field_validator("storage_options")
     @classmethod
     def _check_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        secret = sorted(k for k, x in value.items() if k.lower() in _SECRET_KEYS and isinstance(x, str)
-                        and type(x).__name__ != "EnvVar")
-        if secret:
-            raise ValueError(f"sink.storage_options[{secret[0]!r}] is a secret written in the spec: pass it by "
-                             f"reference, {secret[0]}: {{env: MY_VAR}} in YAML or EnvVar('MY_VAR') in Python (or "
-                             "leave it out: delta-rs reads AWS_* / GOOGLE_* / AZURE_* variables itself)")
-        return value
+        return no_written_secret(value, "sink.storage_options",
+                                 "delta-rs reads AWS_* / GOOGLE_* / AZURE_* variables itself")
 
     def location(self, home: str) -> str:
         """The table's URI for a job whose home is ``home`` (a folder or URL)."""
