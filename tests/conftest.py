@@ -84,6 +84,23 @@ def written_parts(home: JobHome, version: str, key: str) -> list[dict[str, Any]]
 
 
 
+def label_defs_yaml(tmp_path: Path, more: str, output_extra: str = "") -> str:
+    """A ``things/defs.yaml`` of a label job over :func:`make_spec`'s input, with ``more``
+    (attribute lines, indented as attributes) and ``output_extra`` (more keys of ``output``)."""
+    import textwrap
+
+    head = textwrap.dedent(f"""\
+        type: sparkbatch_dagster.BatchInferenceComponent
+        attributes:
+          name: things
+          input: {make_spec(tmp_path).input}
+          text_columns: [text]
+          user_template: "What is this? {{{{ text }}}}"
+          output: {{kind: label, labels: [fruit, vehicle, animal]{output_extra}}}
+        """)
+    return head + textwrap.indent(textwrap.dedent(more), "  ")
+
+
 def yaml_job_spec(text: str) -> JobSpec:
     """The JobSpec a ``things/defs.yaml`` of ``text`` builds, loaded as `dg` loads a defs folder."""
     import dagster as dg

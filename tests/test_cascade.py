@@ -2,13 +2,12 @@
 unsure of go to the next. Fake engines here (their confidence a hash of model and prompt); the
 real engines (SmolLM2 then Gemma 3 270M) in test_cascade_real.py."""
 
-import textwrap
 
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import label_then_metrics, make_rows, make_spec, one_shard, yaml_job_spec
+from conftest import label_defs_yaml, label_then_metrics, make_rows, make_spec, one_shard, yaml_job_spec
 from sparkbatch_dagster import ConfigError, EngineError, build_batch_assets
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.run.cascade import CascadeEngine, Stage
@@ -126,17 +125,10 @@ def test_a_cascade_needs_the_confidence_on(tmp_path):
 
 
 def test_a_cascade_travels_from_a_defs_yaml(tmp_path):
-    text = textwrap.dedent(f"""
-        type: sparkbatch_dagster.BatchInferenceComponent
-        attributes:
-          name: things
-          input: {make_spec(tmp_path).input}
-          text_columns: [text]
-          user_template: "What is this? {{{{ text }}}}"
-          output: {{kind: label, labels: [fruit, vehicle, animal]}}
-          cascade:
-            - below: 0.8
-            - model: gemma-3-270m@quantization=fp8
+    text = label_defs_yaml(tmp_path, """\
+        cascade:
+          - below: 0.8
+          - model: gemma-3-270m@quantization=fp8
     """)
     first, second = yaml_job_spec(text).cascade
     assert first.model is None and first.below == 0.8

@@ -6,13 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import fake_resource, make_spec, unique_rows, write_parquet, yaml_job_spec
+from conftest import fake_resource, label_defs_yaml, make_spec, unique_rows, write_parquet, yaml_job_spec
 from sparkbatch_dagster import ConfigError, build_batch_assets
 from sparkbatch_dagster.estimate.forecast import predict
 from sparkbatch_dagster.estimate.sample import Sample, Stored, Timing
@@ -136,17 +135,10 @@ def test_the_docs_example_table_loads_and_says_it_is_made_up():
 
 
 def test_a_price_table_travels_from_a_defs_yaml(tmp_path):
-    text = textwrap.dedent(f"""
-        type: sparkbatch_dagster.BatchInferenceComponent
-        attributes:
-          name: things
-          input: {make_spec(tmp_path).input}
-          text_columns: [text]
-          user_template: "What is this? {{{{ text }}}}"
-          output: {{kind: label, labels: [fruit, vehicle, animal]}}
-          estimate:
-            hosted_prices:
-              - {{name: offer-a, input_per_million_usd: 0.5, output_per_million_usd: 2.0}}
+    text = label_defs_yaml(tmp_path, """\
+        estimate:
+          hosted_prices:
+            - {name: offer-a, input_per_million_usd: 0.5, output_per_million_usd: 2.0}
     """)
     (offer,) = yaml_job_spec(text).estimate.hosted_prices
     assert (offer.name, offer.input_per_million_usd, offer.output_per_million_usd) == ("offer-a", 0.5, 2.0)

@@ -191,20 +191,11 @@ def test_server_answers_with_the_thinking_apart_or_inline() -> None:
 
 @pytest.mark.parametrize("value", ["auto", 256])
 def test_a_defs_yaml_sets_the_reasoning(tmp_path: Path, value: object) -> None:
-    import textwrap
+    from conftest import label_defs_yaml, yaml_job_spec
 
-    from conftest import make_spec, yaml_job_spec
-
-    text = textwrap.dedent(f"""
-        type: sparkbatch_dagster.BatchInferenceComponent
-        attributes:
-          name: things
-          input: {make_spec(tmp_path).input}
-          text_columns: [text]
-          user_template: "What is this? {{{{ text }}}}"
-          output: {{kind: label, labels: [fruit, vehicle, animal], keep_reasoning: true}}
-          sampling: {{reasoning: {value}, max_tokens: 1200}}
-    """)
+    text = label_defs_yaml(tmp_path, f"""\
+        sampling: {{reasoning: {value}, max_tokens: 1200}}
+    """, ", keep_reasoning: true")
     spec = yaml_job_spec(text)
     assert spec.sampling.reasoning == value and spec.output.keep_reasoning
 
