@@ -90,7 +90,7 @@ browser:
 
 test: model lint $(DAGSTER_HOME) browser
 	$(BIN)/dagster definitions validate -w workspace.yaml
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25
 
 ui: model $(DAGSTER_HOME)
 	$(BIN)/dagster dev -w workspace.yaml

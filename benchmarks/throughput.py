@@ -114,7 +114,7 @@ def conversations(spec: JobSpec, rows: list[dict[str, Any]]) -> list[list[dict[s
 
 def raw_generate(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
     """What a plain vLLM user writes: render every row, one LLM.chat call."""
-    from sparkbatch_dagster.engines.vllm_offline import sampling_params
+    from sparkbatch_dagster.engines.vllm_params import sampling_params
 
     convs = conversations(spec, rows)
     params = sampling_params(spec.sampling, spec.output)
@@ -137,7 +137,7 @@ def token_prompts(tokenizer: Any, convs: list[list[dict[str, str]]]) -> list[Any
 def raw_generate_tokens(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
     """The fastest plain vLLM script: the chat template over every row and one batch encode, then
     one LLM.generate call over token ids (template and tokenizer timed, as in ``LLM.chat``)."""
-    from sparkbatch_dagster.engines.vllm_offline import sampling_params
+    from sparkbatch_dagster.engines.vllm_params import sampling_params
 
     convs = conversations(spec, rows)
     params = sampling_params(spec.sampling, spec.output)

@@ -228,7 +228,8 @@ def test_the_brake_keeps_a_margin_before_the_deadline():
 
 # --- the real engine: one CLI run in its own process -------------------------------------------
 
-REAL_RESOURCE = "VLLMResource(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024)"
+REAL_RESOURCE = ("VLLMResource(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024, "
+                 "engine_kwargs={'enforce_eager': True})")  # as conftest.REAL_SETTINGS
 
 
 def _engine_cores(dagster_home: Path) -> set[int]:

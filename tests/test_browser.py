@@ -35,7 +35,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import LABELS, make_rows, write_parquet
+from conftest import EAGER, LABELS, make_rows, write_parquet
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
@@ -44,7 +44,8 @@ ROWS, SHARDS = 40, 4
 ASSETS = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
 #: Test-sized engine. One sequence at a time, so the shards commit one after the other, each
 #: a visible moment apart (with a full batch all four would finish in the same step).
-ENGINE: dict[str, Any] = {"kv_cache_memory_gb": 1.0, "max_num_seqs": 1, "max_model_len": 1024}
+ENGINE: dict[str, Any] = {"kv_cache_memory_gb": 1.0, "max_num_seqs": 1, "max_model_len": 1024,
+                          "engine_kwargs": EAGER}
 #: Each partition of the single-run backfill materializes the moment its shard commits (not all
 #: at the end of the run): their event timestamps are strictly increasing, this far apart at least.
 PER_PARTITION_EVENTS = True

@@ -66,7 +66,7 @@ def test_a_json_answer_is_as_sure_as_its_least_sure_value_token(real_engine):
     """Against vLLM's own figures for the same request, read here token by token."""
     from vllm.inputs import TokensPrompt
 
-    from sparkbatch_dagster.engines.vllm_offline import sampling_params
+    from sparkbatch_dagster.engines.vllm_params import sampling_params
 
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
               "required": ["name", "legs"]}

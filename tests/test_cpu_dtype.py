@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_spec
+from conftest import EAGER, make_spec
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.preview import describe, preview
 from sparkbatch_dagster.definitions.labeling import _settings_line
@@ -107,7 +107,7 @@ def test_a_real_engine_on_a_cpu_without_bf16_runs_float32(tmp_path, monkeypatch,
     from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 
     monkeypatch.setenv("SPARKBATCH_CPU_FLAGS", NO_AVX2)
-    res = VLLMResource(kv_cache_memory_gb=0.25, max_num_seqs=8, max_model_len=512)
+    res = VLLMResource(kv_cache_memory_gb=0.25, max_num_seqs=8, max_model_len=512, engine_kwargs=EAGER)
     try:
         engine = res.get_engine()
         import torch

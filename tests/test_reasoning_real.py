@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import LABELS, make_rows, one_shard
+from conftest import EAGER, LABELS, make_rows, one_shard
 from sparkbatch_dagster import ConfigError, OutputSpec, VLLMResource
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.base import Engine
@@ -32,7 +32,7 @@ def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
     folder = reasoning_model(tmp_path_factory.mktemp("thinker") / "qwen3-style")
     resource = VLLMResource(model=str(folder), kv_cache_memory_gb=0.5, max_num_seqs=16, max_model_len=1024,
-                            engine_kwargs={"load_format": "dummy", "reasoning_parser": "deepseek_r1"})
+                            engine_kwargs={**EAGER, "load_format": "dummy", "reasoning_parser": "deepseek_r1"})
     engine = resource.get_engine()
     yield engine
     engine.close()
@@ -104,7 +104,7 @@ def test_a_started_server_and_a_chat_client_bound_the_thinking_too(tmp_path: Pat
     folder = reasoning_model(tmp_path / "qwen3-style")
     resource = VLLMResource(model=str(folder), engine="server", kv_cache_memory_gb=0.5, max_num_seqs=16,
                             max_model_len=1024,
-                            engine_kwargs={"load_format": "dummy", "reasoning_parser": "deepseek_r1"})
+                            engine_kwargs={**EAGER, "load_format": "dummy", "reasoning_parser": "deepseek_r1"})
     sampling = SamplingSpec(reasoning=BUDGET, max_tokens=BUDGET + 8)
     ours = resource.get_engine()
     try:

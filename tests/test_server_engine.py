@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, label_then_metrics, live_children, make_rows, make_spec, write_parquet
+from conftest import EAGER, REAL_SETTINGS, label_then_metrics, live_children, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import EngineError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
@@ -33,7 +33,8 @@ def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_fronte
     before = {p.pid for p in _vllm_children() + live_children("VLLM::")}  # the session's warm engine, if any
     spec = make_spec(tmp_path, n=40, shards=2)
     job = build_batch_assets(spec=spec)
-    settings = {**REAL_SETTINGS, "keep_warm": False, "data_parallel_size": 2, "engine_kwargs": {"api_server_count": 3}}
+    settings = {**REAL_SETTINGS, "keep_warm": False, "data_parallel_size": 2,
+                "engine_kwargs": {**EAGER, "api_server_count": 3}}
     res = {"vllm": VLLMResource(engine="server", **settings)}
     assert res["vllm"].engine_count() == 2
     # vLLM names its processes: VLLM::EngineCore_DP<n> per data-parallel engine, VLLM::APIServer_<n> per frontend.

@@ -26,15 +26,36 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError
 from ..spec import OutputSpec, SamplingSpec
 from . import confidence, reasoning
 from .base import EngineRequest, EngineResult, structured_outputs
+from .vllm_params import engine_failure, sampling_params
 
 if TYPE_CHECKING:
-    from .vllm_offline import VLLMOfflineEngine
+    from contextlib import AbstractContextManager
+
+
+class OfflineEngine(Protocol):
+    """What this module uses of :class:`.vllm_offline.VLLMOfflineEngine`, whose helper it is
+    (typed here so that the helper never imports the engine that imports it)."""
+
+    window: int
+    chunk: int
+    confidence: bool
+    native_budget: bool
+    sampling_defaults: dict[str, Any]
+    _llm: Any
+    _tokenizer: Any
+    _max_len: int
+    _ids: itertools.count[int]
+
+    def encode(self, batch: list[EngineRequest],
+               template_kwargs: dict[str, Any] | None = None) -> list[list[int]]: ...
+
+    def part(self, name: str) -> AbstractContextManager[None]: ...
 
 
 def native_budget(llm: Any) -> bool:
@@ -71,13 +92,12 @@ class _Row:
     thought: list[int] | None = None
 
 
-def generate_reasoned(engine: VLLMOfflineEngine, requests: Iterable[EngineRequest], sampling: SamplingSpec,
+def generate_reasoned(engine: OfflineEngine, requests: Iterable[EngineRequest], sampling: SamplingSpec,
                       output: OutputSpec, plan: reasoning.Plan) -> Iterator[EngineResult]:
     """Yield one result per request, in completion order (the engine's window and chunks as
     :meth:`VLLMOfflineEngine.generate`, with ``plan``'s thinking before each answer)."""
     from vllm.inputs import TokensPrompt
 
-    from .vllm_offline import _engine_failure, sampling_params
 
     native = engine.native_budget
     top = confidence.logprobs_wanted(output.kind) if engine.confidence and output.confidence else None
@@ -109,14 +129,14 @@ def generate_reasoned(engine: VLLMOfflineEngine, requests: Iterable[EngineReques
                                            f"model context is {engine._max_len}")
                         continue
                     rid = f"sb-{next(engine._ids)}"
-                    with _engine_failure():
+                    with engine_failure():
                         llm.add_request(rid, TokensPrompt(prompt_token_ids=ids), think)
                     rows[rid] = _Row(req.id, ids)
             if not rows:
                 if exhausted:
                     return
                 continue
-            with _engine_failure():
+            with engine_failure():
                 outputs = llm.step()
             for out in (o for o in outputs if o.finished):
                 row = rows.pop(out.request_id)
@@ -137,7 +157,7 @@ def generate_reasoned(engine: VLLMOfflineEngine, requests: Iterable[EngineReques
                                        f"context is {engine._max_len}")
                     continue
                 rid = f"sb-{next(engine._ids)}"
-                with _engine_failure():
+                with engine_failure():
                     llm.add_request(rid, TokensPrompt(prompt_token_ids=follow), answer)
                 rows[rid] = row
     finally:
@@ -152,7 +172,7 @@ def _closing(tokenizer: Any, markers: reasoning.Markers) -> list[int]:
     return list(tokenizer(markers.end + "\n\n", add_special_tokens=False)["input_ids"])
 
 
-def _result(engine: VLLMOfflineEngine, row: _Row, done: Any, plan: reasoning.Plan, sampling: SamplingSpec,
+def _result(engine: OfflineEngine, row: _Row, done: Any, plan: reasoning.Plan, sampling: SamplingSpec,
             sure: confidence.Scorer | None, cached: int) -> EngineResult:
     """One row's result from its last completion: the thinking, then the answer after its end marker."""
     ids, logprobs = list(done.token_ids), list(done.logprobs or [])

@@ -11,48 +11,15 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from ..spec.prompts import chat_text
 from . import confidence, label_tokens, reasoning
-from .base import Engine, EngineRequest, EngineResult, settings_key, structured_outputs
-
-
-def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults: Mapping[str, Any] | None = None,
-                    first: Collection[int] | None = None, logprobs: int | None = None,
-                    max_tokens: int | None = None, **extra: Any) -> Any:
-    """vLLM ``SamplingParams`` for a job, structured outputs included; ``defaults``: the model's
-    own sampling defaults (:func:`.model.generation_defaults`), which a `vllm serve` applies by
-    itself and ``SamplingParams`` would not; ``first``: the labels' first tokens, decoded in one
-    step instead of the grammar (:mod:`.label_tokens`); ``logprobs``: top log-probabilities per
-    token, for the answer's confidence (:mod:`.confidence`); ``output`` None: no grammar (a
-    reasoning model's thinking); ``max_tokens`` and ``extra``: what a reasoning job sets
-    (:mod:`.reasoning_offline`)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-    fields = None if first or output is None else structured_outputs(output)
-    structured = StructuredOutputsParams(**fields) if fields else None
-    return SamplingParams(
-        max_tokens=1 if first else max_tokens or sampling.max_tokens,
-        allowed_token_ids=sorted(first) if first else None,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        ignore_eos=sampling.ignore_eos,
-        structured_outputs=structured,
-        logprobs=logprobs,
-        **(defaults or {}),
-        **extra,
-        # Only finished requests come back from step(), as token ids: the engine skips
-        # per-step incremental detokenization, and each result is decoded once here, in
-        # batches. That keeps this process ahead of the GPU, so the queue never runs dry.
-        output_kind=RequestOutputKind.FINAL_ONLY,
-        detokenize=False,
-    )
+from .base import Engine, EngineRequest, EngineResult, settings_key
+from .vllm_params import engine_failure, sampling_params
 
 
 class VLLMOfflineEngine(Engine):
@@ -158,7 +125,7 @@ class VLLMOfflineEngine(Engine):
                             continue
                         rid = f"sb-{next(self._ids)}"
                         own = req.sampling is not None or req.output is not None  # a batch file line's own
-                        with _engine_failure():  # the engine core may die between two steps
+                        with engine_failure():  # the engine core may die between two steps
                             engine.add_request(rid, TokensPrompt(prompt_token_ids=ids),
                                                self._own_params(req, sampling, output, top, own_params) if own
                                                else first)
@@ -170,7 +137,7 @@ class VLLMOfflineEngine(Engine):
                     if exhausted:
                         return
                     continue
-                with _engine_failure():
+                with engine_failure():
                     outputs = engine.step()
                 done = [out for out in outputs if out.finished]
                 if step is not None:
@@ -230,7 +197,7 @@ class VLLMOfflineEngine(Engine):
                                             confidence=sure.of_vllm(label, out.outputs[0]) if sure else None))
                 continue
             rid = f"sb-{next(self._ids)}"
-            with _engine_failure():
+            with engine_failure():
                 self._llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=self.encode([req])[0]), params)
             in_flight[rid], prompt_lens[rid] = row_id, n_prompt
             again.add(rid)
@@ -308,16 +275,6 @@ def _explain_start_timeout(model: str, kwargs: dict[str, Any], timeout_s: float 
                        "engine_start_timeout_s if the model needs longer to load")
     return text + ("vLLM's log above shows the step it stopped at; raise engine_start_timeout_s if the model "
                    "needs longer to load and compile")
-
-
-@contextlib.contextmanager
-def _engine_failure() -> Iterator[None]:
-    """Any failure inside vLLM while generating is the engine's: an EngineError, which fails the
-    run with every finished row on disk (never a vLLM exception type leaking to the caller)."""
-    try:
-        yield
-    except Exception as exc:
-        raise EngineError(f"vLLM engine failed while generating: {exc!r}") from exc
 
 
 def _explain_start_failure(model: str, kwargs: dict[str, Any], exc: Exception) -> str:
