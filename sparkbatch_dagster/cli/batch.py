@@ -4,11 +4,17 @@ the estimate and the bill; docs/batch-files.md)::
 
     sparkbatch run-batch -i requests.jsonl -o results.jsonl --errors errors.jsonl --model /models/qwen-7b
     sparkbatch export-batch -i requests.jsonl -o results.jsonl     # what is finished so far (while it runs)
+    sparkbatch serve-batch --root /data/batches --model /models/qwen-7b   # the Batch API (serve_batch.py)
+
+``--engine-file engine.py`` gives the engine as Python (a file that sets ``resource``, such as
+``resource = VLLMResource(model="/models/qwen-7b", max_num_seqs=512)``) instead of ``--model``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +22,7 @@ from typing import Any
 
 from ..definitions.batch_files import batch_file_job, export_batch
 from ..definitions.resource import VLLMResource
+from ..errors import ConfigError
 from ..spec import SamplingSpec
 
 
@@ -34,21 +41,77 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--shard-size", type=int, default=10_000, help="requests per partition (10000)")
         p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2); "
                        "export-batch: the model whose rows to write")
+        p.add_argument("--engine-file", help="a Python file that sets `resource` (a VLLMResource): the engine's "
+                       "settings, instead of --model")
+        p.add_argument("--job-name", help="the job's name (default: from the file's name)")
         if name == "run-batch":
             p.add_argument("--hourly-rate", type=float, default=0.79, help="the box's price per hour, for the bill")
+    p = sub.add_parser("serve-batch", parents=[common],
+                       help="serve the OpenAI Files and Batches endpoints: each batch a job on this box")
+    p.add_argument("--root", default="sparkbatch-batches", help="folder of the files and batches (default "
+                   "./sparkbatch-batches); a server started again on it carries on")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; another needs --api-key)")
+    p.add_argument("--port", type=int, default=8400, help="port (default 8400)")
+    p.add_argument("--api-key", default=os.environ.get("SPARKBATCH_API_KEY"),
+                   help="the key clients must send (default $SPARKBATCH_API_KEY; none on loopback)")
+    p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2)")
+    p.add_argument("--engine-file", help="a Python file that sets `resource` (a VLLMResource), instead of --model")
+    p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a line that sets none (256)")
+    p.add_argument("--shard-size", type=int, default=10_000, help="requests per partition (10000)")
+    p.add_argument("--hourly-rate", type=float, default=0.79, help="the box's price per hour, for the bill")
+
+
+def engine(args: argparse.Namespace) -> VLLMResource:
+    """The engine resource of ``--engine-file`` (its ``resource``), else ``VLLMResource(model=--model)``."""
+    if not getattr(args, "engine_file", None):
+        return VLLMResource(model=getattr(args, "model", None))
+    if getattr(args, "model", None):
+        raise ConfigError("give --model or --engine-file, not both: the engine file sets the model")
+    import runpy
+
+    try:
+        found = runpy.run_path(args.engine_file).get("resource")
+    except OSError as exc:
+        raise ConfigError(f"--engine-file {args.engine_file}: {exc}") from exc
+    if not isinstance(found, VLLMResource):
+        raise ConfigError(f"--engine-file {args.engine_file} must set `resource` to a VLLMResource, e.g. "
+                          "resource = VLLMResource(model='/models/qwen-7b')")
+    return found
 
 
 def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
     """Run (``run-batch``, through ``run``: ``sparkbatch run``'s) or only export
     (``export-batch``); return the summary line."""
-    resource = VLLMResource(model=getattr(args, "model", None))
+    resource = engine(args)
+    if args.command == "serve-batch":
+        return serve_batch(args, resource)
     extra = {"hourly_rate_usd": args.hourly_rate} if getattr(args, "hourly_rate", None) is not None else {}
-    job, defs = batch_file_job(args.input, args.format, home=args.home, resource=resource,
+    job, defs = batch_file_job(args.input, args.format, home=args.home, resource=resource, name=args.job_name,
                                sampling=SamplingSpec(max_tokens=args.max_tokens), shard_size=args.shard_size, **extra)
     out, errors = Path(args.output), Path(args.errors) if args.errors else None
     if args.command == "export-batch":
         return export_batch(job, out, errors, resource)
     return run_batch(job, defs, out, errors, run)
+
+
+def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, Any]:
+    """``serve-batch``: serve until interrupted; each batch runs in a ``run-batch`` child with
+    this command's engine and options."""
+    from .batch_service import Store, Worker
+    from .serve_batch import check_bind, serve
+
+    check_bind(args.host, args.api_key)
+    root = Path(args.root).resolve()
+    child = ["--engine-file", str(Path(args.engine_file).resolve())] if args.engine_file else \
+        (["--model", args.model] if args.model else [])
+    options = ["--max-tokens", str(args.max_tokens), "--shard-size", str(args.shard_size),
+               "--hourly-rate", str(args.hourly_rate)]
+    store = Store(root)
+    worker = Worker(store, child, options, resource, args.max_tokens, args.shard_size)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: open batches resume at the next start
+        serve(root, args.host, args.port, args.api_key, worker, store)
+    return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches()
+                                                          if b["status"] not in ("completed", "failed", "cancelled")]}
 
 
 def run_batch(job: Any, defs: Any, out: Path, errors: Path | None,

@@ -360,7 +360,7 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         if unknown:
             raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
         return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
-    if args.command in ("run-batch", "export-batch"):
+    if args.command in ("run-batch", "export-batch", "serve-batch"):
         return batch.command(args, run)
     job, defs = load(args.file, args.job)
     resource = defs.resources[job.resource_key]
