@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from sparkbatch_dagster import JobSpec
@@ -221,3 +222,29 @@ def test_a_run_stopped_before_its_first_commit_still_exports_its_rows(tmp_path: 
     assert job.home.read_current() is None  # no partition committed
     ok, _ = _check_openai(tmp_path / "out.jsonl", tmp_path / "none.jsonl")
     assert len(ok) == 7  # run_batch wrote the checkpointed rows as it stopped
+
+
+def test_a_bucket_homes_batch_exports_on_a_new_box_while_unfinished_then_completes(tmp_path: Path,
+                                                                                   s3_bucket: str) -> None:
+    url = f"s3://{s3_bucket}/jobs/batch"
+    (tmp_path / "in.jsonl").write_text("\n".join(openai_line(f"r{i}", f"q {i}") for i in range(40)) + "\n")
+    broken = FakeVLLMResource(keep_warm=False, fail_after=25)
+    job, defs = batch_file_job(tmp_path / "in.jsonl", resource=broken, shard_size=10, home=url,
+                               cache_dir=str(tmp_path / "box-a"))
+    with pytest.raises(Exception, match="died after 25"):
+        run_batch(job, defs, tmp_path / "a.jsonl", tmp_path / "a-err.jsonl")
+    # Another box, an empty cache, the same bucket: what box A committed is exported from there.
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    box_b, defs_b = batch_file_job(tmp_path / "in.jsonl", resource=FakeVLLMResource(keep_warm=True), shard_size=10,
+                                   home=url, cache_dir=str(tmp_path / "box-b"))
+    version = job.output_version(broken)
+    partial = export_batch(box_b, out, err, version=version)
+    ok, bad = _check_openai(out, err)
+    committed = {r["row_id"] for key in job.home.read_manifest()["keys"] if job.home.is_done(version, key)
+                 for r in pq.read_table(job.home.labeled_path(version, key)).to_pylist()}
+    assert len(committed) >= 10 and committed <= {line["custom_id"] for line in ok}  # every committed row
+    assert not bad and partial["remaining"] == 40 - len(ok) and not partial["complete"]
+    summary = run_batch(box_b, defs_b, out, err)  # box B finishes the job: every custom_id once
+    ok, bad = _check_openai(out, err)
+    assert sorted(line["custom_id"] for line in ok) == sorted(f"r{i}" for i in range(40)) and not bad
+    assert summary["export"]["complete"] and (tmp_path / "box-b").exists()
