@@ -231,6 +231,9 @@ def _start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) 
     import psutil
     from vllm import LLM
 
+    from .orphans import watch_descendants
+
+    watch_descendants()  # before `before`: the watchdog is no child of this start's to kill
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     lock, done, expired = threading.Lock(), threading.Event(), threading.Event()

@@ -1,0 +1,81 @@
+"""A process that starts an engine and is then SIGKILLed leaves nothing running: its watchdog
+(engines/orphans.py) kills what it had started. Once with a stand-in child that ignores its
+parent's death, once with a real vLLM engine core. Each wait is for a state (the watchdog has
+seen the child; the child is gone), under a deadline that only bounds a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sparkbatch_dagster.engines.orphans import REPORT_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _until(done, what: str, deadline_s: float = 300.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if value := done():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"waited {deadline_s:.0f} s for {what}")
+
+
+def _start(tmp_path: Path, code: str) -> tuple[subprocess.Popen[str], Path]:
+    report = tmp_path / "seen.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), REPORT_ENV: str(report),
+           "SPARKBATCH_GPU_LOCK_DIR": str(tmp_path / "locks")}  # not the test session's engine lock
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    return proc, report
+
+
+def _killed_leaves_nothing(proc: subprocess.Popen[str], report: Path, pids: list[int]) -> None:
+    children = [psutil.Process(pid) for pid in pids]
+    _until(lambda: report.exists() and set(pids) <= {int(x) for x in report.read_text().split()},
+           "the watchdog to have seen the children")
+    proc.kill()
+    proc.wait()
+    _until(lambda: not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE],
+           "the children to be gone")
+
+
+def test_a_sigkilled_process_takes_what_it_started_with_it(tmp_path):
+    code = """
+import subprocess, sys, time
+from sparkbatch_dagster.engines.orphans import watch_descendants
+watch_descendants()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(3600)
+"""
+    proc, report = _start(tmp_path, code)
+    child = int(proc.stdout.readline())
+    _killed_leaves_nothing(proc, report, [child])
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_sigkilled_process_leaves_no_vllm_engine_core(tmp_path):
+    code = """
+import sys, time
+sys.path.insert(0, "tests")
+import psutil
+from conftest import REAL_SETTINGS
+from sparkbatch_dagster import VLLMResource
+if __name__ == "__main__":
+    VLLMResource(**{**REAL_SETTINGS, "keep_warm": False}).get_engine()
+    cores = [p.pid for p in psutil.Process().children(recursive=True) if "EngineCore" in p.name()]
+    print(" ".join(map(str, cores)), flush=True)
+    time.sleep(3600)
+"""
+    proc, report = _start(tmp_path, code)
+    cores = [int(x) for x in proc.stdout.readline().split()]
+    assert cores, "no engine core found"
+    _killed_leaves_nothing(proc, report, cores)
