@@ -159,6 +159,10 @@ def test_a_batch_cancelled_halfway_keeps_its_finished_rows(tmp_path, servers):
     uploaded = client.files.create(file=(tmp_path / "requests.jsonl").open("rb"), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     server.batch(batch.id, "in_progress", least=10)  # a shard committed; the engine now held at its gate
+    queued = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h")
+    ended = client.batches.cancel(queued.id)  # waiting behind the first: it ends now, with nothing run
+    assert ended.status == "cancelled" and ended.request_counts.completed == 0 and ended.output_file_id is None
     assert client.batches.cancel(batch.id).status == "cancelling"
     cancelled = server.batch(batch.id, "cancelled")
     out, err = _results(client, cancelled)

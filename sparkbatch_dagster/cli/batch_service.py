@@ -137,6 +137,7 @@ class Worker:
         self.running: str | None = None
         self.cancelled: set[str] = set()
         self._progress: dict[str, float] = {}
+        self._exporting, self._finishing = threading.Lock(), threading.Lock()
 
     def start(self) -> None:
         """Take up the batches a previous server left open, then serve the queue."""
@@ -160,11 +161,13 @@ class Worker:
             self.cancelled.add(bid)
             batch = self.store.update(bid, status="cancelling", cancelling_at=now())
             child = self.child if self.running == bid else None
-        if child is not None:
-            child.send_signal(signal.SIGINT)  # run-batch stops as on Ctrl-C, its finished rows kept
-            # A child started with SIGINT ignored (a server run with `&` from a script) never sees
-            # it: then its whole process group goes, engine included; its checkpoints stay.
-            threading.Thread(target=_kill_late, args=(child, STOP_GRACE_S), daemon=True).start()
+        if child is None:  # queued, not running: it ends now, not when the batches before it have run
+            self._finish(bid, "cancelled")
+            return self.store.batch(bid) or batch
+        child.send_signal(signal.SIGINT)  # run-batch stops as on Ctrl-C, its finished rows kept
+        # A child started with SIGINT ignored (a server run with `&` from a script) never sees
+        # it: then its whole process group goes, engine included; its checkpoints stay.
+        threading.Thread(target=_kill_late, args=(child, STOP_GRACE_S), daemon=True).start()
         return batch
 
     def job(self, bid: str) -> Any:
@@ -190,11 +193,12 @@ class Worker:
             batch = self.store.batch(bid) or batch
             if batch["status"] != "in_progress":
                 return batch
-            return self.store.update(bid, request_counts=_counts(counts))
+            return self.store.update(bid, request_counts=_counts(counts, batch))
 
     def _export(self, bid: str) -> dict[str, Any]:
         folder = self.store.folder(bid)
-        return export_batch(self.job(bid), folder / "output.jsonl", folder / "errors.jsonl", self.resource)
+        with self._exporting:  # two polls at once would write the same files
+            return export_batch(self.job(bid), folder / "output.jsonl", folder / "errors.jsonl", self.resource)
 
     def _loop(self) -> None:
         while True:
@@ -243,15 +247,22 @@ class Worker:
     def _finish(self, bid: str, status: str, error: str | None = None) -> None:
         """End a batch: its finished rows become result files (all of them when completed, those
         done so far when cancelled or failed), registered as files the client can download."""
+        with self._finishing:  # once: a cancel and the worker may both end a queued batch
+            batch = self.store.batch(bid)
+            if batch is not None and batch["status"] in OPEN:
+                self._end(bid, status, error)
+
+    def _end(self, bid: str, status: str, error: str | None) -> None:
         folder = self.store.folder(bid)
         fields: dict[str, Any] = {"status": status, f"{status}_at": now()}
         try:
             counts = self._export(bid)
         except Exception as exc:  # noqa: BLE001 - nothing was sharded: no result files
             counts = None
-            error = error or f"{type(exc).__name__}: {exc}"
+            if status == "failed":
+                error = error or f"{type(exc).__name__}: {exc}"
         if counts is not None:
-            fields["request_counts"] = _counts(counts)
+            fields["request_counts"] = _counts(counts, self.store.batch(bid) or {})
             if counts["written"] or status == "completed":
                 fields["output_file_id"] = self.store.add_file(folder / "output.jsonl", "output.jsonl",
                                                                "batch_output")["id"]
@@ -272,8 +283,11 @@ def _kill_late(child: subprocess.Popen[bytes], grace_s: float) -> None:
             os.killpg(child.pid, signal.SIGKILL)
 
 
-def _counts(summary: dict[str, Any]) -> dict[str, int]:
-    return {"total": int(summary["rows"]), "completed": int(summary["written"]), "failed": int(summary["errors"])}
+def _counts(summary: dict[str, Any], batch: dict[str, Any]) -> dict[str, int]:
+    """``request_counts`` from an export's summary; before the job is sharded (no rows yet), the
+    total stays the input's line count."""
+    total = int(summary["rows"]) or int((batch.get("request_counts") or {}).get("total") or 0)
+    return {"total": total, "completed": int(summary["written"]), "failed": int(summary["errors"])}
 
 
 def _job_name(bid: str) -> str:
