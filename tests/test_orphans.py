@@ -72,10 +72,14 @@ from sparkbatch_dagster import VLLMResource
 if __name__ == "__main__":
     VLLMResource(**{**REAL_SETTINGS, "keep_warm": False}).get_engine()
     cores = [p.pid for p in psutil.Process().children(recursive=True) if "EngineCore" in p.name()]
-    print(" ".join(map(str, cores)), flush=True)
+    print("CORES", *cores, flush=True)
     time.sleep(3600)
 """
     proc, report = _start(tmp_path, code)
-    cores = [int(x) for x in proc.stdout.readline().split()]
+    line = ""
+    while not line.startswith("CORES"):  # vLLM logs to stdout too
+        line = proc.stdout.readline()
+        assert line, "the process ended before its engine started"
+    cores = [int(x) for x in line.split()[1:]]
     assert cores, "no engine core found"
     _killed_leaves_nothing(proc, report, cores)
