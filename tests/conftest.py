@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,17 @@ def _gpu_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     the session's warm real engine, locked in an earlier test's folder, must not make a later
     test's `sparkbatch run` wait for it (engines/gpu_lock.py)."""
     monkeypatch.setenv("SPARKBATCH_GPU_LOCK_DIR", str(tmp_path / "gpu-locks"))
+
+
+def wait_until(what: str, ok: Callable[[], Any], explain: Callable[[], str] = lambda: "",
+               deadline_s: float = 120.0) -> Any:
+    """Poll ``ok`` until it returns something true, and return that: a wait for a state, whose
+    deadline only bounds a hang (``explain``: what to show when it comes)."""
+    deadline = time.monotonic() + deadline_s
+    while not (value := ok()):
+        assert time.monotonic() < deadline, f"{what}: not within {deadline_s:.0f} s. {explain()}"
+        time.sleep(0.05)
+    return value
 
 
 def live_children(*words: str) -> list[psutil.Process]:

@@ -245,14 +245,13 @@ def test_cpu_engines_get_their_own_cores(monkeypatch):
         {"VLLM_CPU_OMP_THREADS_BIND": "0,1|2,3"}]  # a `vllm serve` started here: one engine, its ranks bound
     # A `vllm serve` with data-parallel engines on the CPU: vLLM's "auto" would bind all of them to one
     # core; each gets its own, in the "|" list vLLM splits by data-parallel rank.
-    from sparkbatch_dagster.engines.start import server_env
-
     monkeypatch.setattr(settings, "on_cpu", lambda: True)
-    assert server_env(2, {}, {}) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1|2,3"}
-    assert server_env(2, {"tensor_parallel_size": 2}, {}) == {"VLLM_CPU_OMP_THREADS_BIND": "0|1|2|3"}
-    assert server_env(1, {}, {"A": "b"}) == {"A": "b"}
+    assert VLLMResource(engine="server", data_parallel_size=2).engine_envs() == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0,1|2,3"}]
+    assert VLLMResource(engine="server", data_parallel_size=2, tensor_parallel_size=2).engine_envs() == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0|1|2|3"}]
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the user's own binding stands
-    assert server_env(2, {}, {}) == {}
+    assert VLLMResource(engine="server", data_parallel_size=2).engine_envs() == [{}]
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")  # the user's binding wins
     assert settings.split_devices(2, 1, None) == [{}, {}]
 

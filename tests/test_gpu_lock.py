@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
+import conftest
 from conftest import make_spec, unique_rows, write_parquet
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
@@ -56,10 +56,7 @@ def held_elsewhere(path: Path) -> bool:
 
 
 def wait_until(what: str, ok: Callable[[], bool], explain: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not ok():
-        assert time.monotonic() < deadline, f"{what}: not within {WAIT_S:.0f} s. {explain()}"
-        time.sleep(0.05)
+    conftest.wait_until(what, ok, explain, WAIT_S)
 
 
 # --- the lock itself ------------------------------------------------------------------------------

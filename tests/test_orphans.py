@@ -8,24 +8,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from conftest import wait_until
 from sparkbatch_dagster.engines.orphans import REPORT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _until(done, what: str, deadline_s: float = 300.0):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if value := done():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"waited {deadline_s:.0f} s for {what}")
+    return wait_until(what, done, deadline_s=deadline_s)
 
 
 def _start(tmp_path: Path, code: str) -> tuple[subprocess.Popen[str], Path]:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from conftest import wait_until
 from sparkbatch_dagster import ConfigError
 from sparkbatch_dagster.cli.serve_batch import check_bind
 from sparkbatch_dagster.engines.server_process import free_port
@@ -73,13 +73,7 @@ class Server:
 
     def wait(self, done: Callable[[], Any], what: str, deadline_s: float = 300.0) -> Any:
         """Poll ``done`` until it returns something true (a state the server reports)."""
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if value := done():
-                return value
-            time.sleep(0.2)
-        raise AssertionError(f"waited {deadline_s:.0f} s for {what}; server log: "
-                             f"{(self.tmp / 'server.log').read_text()[-3000:]}")
+        return wait_until(what, done, lambda: (self.tmp / "server.log").read_text()[-3000:], deadline_s)
 
     def batch(self, bid: str, *states: str, least: int = 0) -> Any:
         """The batch once its status is one of ``states`` with at least ``least`` rows answered."""

@@ -27,7 +27,7 @@ from ..spec import SamplingSpec
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    """The two commands' arguments, on ``sparkbatch``'s sub-parsers."""
+    """The three commands' arguments, on ``sparkbatch``'s sub-parsers."""
     for name, text in (("run-batch", "run an OpenAI or Anthropic batch file end to end, then write its results"),
                        ("export-batch", "write a batch-file job's finished rows as the provider's result files")):
         p = sub.add_parser(name, help=text, parents=[common])
@@ -37,15 +37,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--format", default="auto", choices=["auto", "openai_batch", "anthropic_batch"],
                        help="the file's provider (auto: from its first line)")
         p.add_argument("--home", help="the job's folder (default: <input>.sparkbatch beside the file)")
-        p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a line that sets none (256)")
-        p.add_argument("--shard-size", type=int, default=10_000, help="requests per partition (10000)")
-        p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2); "
-                       "export-batch: the model whose rows to write")
-        p.add_argument("--engine-file", help="a Python file that sets `resource` (a VLLMResource): the engine's "
-                       "settings, instead of --model")
         p.add_argument("--job-name", help="the job's name (default: from the file's name)")
-        if name == "run-batch":
-            p.add_argument("--hourly-rate", type=float, default=0.79, help="the box's price per hour, for the bill")
+        _job_options(p, name)
     p = sub.add_parser("serve-batch", parents=[common],
                        help="serve the OpenAI Files and Batches endpoints: each batch a job on this box")
     p.add_argument("--root", default="sparkbatch-batches", help="folder of the files and batches (default "
@@ -54,11 +47,19 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8400, help="port (default 8400)")
     p.add_argument("--api-key", default=os.environ.get("SPARKBATCH_API_KEY"),
                    help="the key clients must send (default $SPARKBATCH_API_KEY; none on loopback)")
-    p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2)")
-    p.add_argument("--engine-file", help="a Python file that sets `resource` (a VLLMResource), instead of --model")
+    _job_options(p, "serve-batch")
+
+
+def _job_options(p: argparse.ArgumentParser, name: str) -> None:
+    """The engine and the job's options, as each of the three commands takes them."""
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a line that sets none (256)")
     p.add_argument("--shard-size", type=int, default=10_000, help="requests per partition (10000)")
-    p.add_argument("--hourly-rate", type=float, default=0.79, help="the box's price per hour, for the bill")
+    p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2)"
+                   + ("; the model whose rows to write" if name == "export-batch" else ""))
+    p.add_argument("--engine-file", help="a Python file that sets `resource` (a VLLMResource): the engine's "
+                   "settings, instead of --model")
+    if name != "export-batch":
+        p.add_argument("--hourly-rate", type=float, default=0.79, help="the box's price per hour, for the bill")
 
 
 def engine(args: argparse.Namespace) -> VLLMResource:
@@ -104,10 +105,8 @@ def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, A
     root = Path(args.root).resolve()
     child = ["--engine-file", str(Path(args.engine_file).resolve())] if args.engine_file else \
         (["--model", args.model] if args.model else [])
-    options = ["--max-tokens", str(args.max_tokens), "--shard-size", str(args.shard_size),
-               "--hourly-rate", str(args.hourly_rate)]
     store = Store(root)
-    worker = Worker(store, child, options, resource, args.max_tokens, args.shard_size)
+    worker = Worker(store, child, resource, args.max_tokens, args.shard_size, args.hourly_rate)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: open batches resume at the next start
         serve(root, args.host, args.port, args.api_key, worker, store)
     return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches()

@@ -7,7 +7,7 @@ Everything lives under one folder, so a server killed at any moment and started 
     files/<file-id>.jsonl, files/<file-id>.json     an uploaded file and its FileObject
     batches/<batch-id>.json                         the Batch object (status, file ids, times)
     batches/<batch-id>/home/                        the batch's job: shards, checkpoints, commits
-    batches/<batch-id>/output.jsonl, errors.jsonl   its result files (partial while it runs)
+    batches/<batch-id>/output.jsonl, errors.jsonl   its result files, written when it ends
 
 Each batch is a batch-file job (:func:`..definitions.batch_files.batch_file_job`) run by a
 ``sparkbatch run-batch`` child process, one batch at a time (one engine on the box). The child is
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..definitions.batch_files import batch_file_job, export_batch
+from ..definitions.batch_files import batch_counts, batch_file_job, export_batch
 from ..definitions.resource import VLLMResource
 from ..errors import ConfigError
 from ..spec import SamplingSpec
@@ -124,20 +124,23 @@ def _read(path: Path) -> dict[str, Any] | None:
 class Worker:
     """Runs queued batches one after another in ``sparkbatch run-batch`` children.
 
-    ``engine``: the child's engine arguments (``--model M`` or ``--engine-file F``); ``options``:
-    its other arguments (``--max-tokens``, ``--shard-size``, ``--hourly-rate``).
+    ``engine``: the child's engine arguments (``--model M``, ``--engine-file F`` or none), whose
+    settings ``resource`` holds; ``max_tokens``, ``shard_size``, ``hourly_rate``: as for ``run-batch``.
     """
 
-    def __init__(self, store: Store, engine: list[str], options: list[str], resource: VLLMResource,
-                 max_tokens: int, shard_size: int) -> None:
-        self.store, self.engine, self.options, self.resource = store, engine, options, resource
+    def __init__(self, store: Store, engine: list[str], resource: VLLMResource, max_tokens: int, shard_size: int,
+                 hourly_rate: float) -> None:
+        self.store, self.engine, self.resource = store, engine, resource
         self.max_tokens, self.shard_size = max_tokens, shard_size
+        self.options = ["--max-tokens", str(max_tokens), "--shard-size", str(shard_size),
+                        "--hourly-rate", str(hourly_rate)]
+        self._jobs: dict[str, Any] = {}  # a batch's job, built once (a poll comes every second)
         self.queue: queue.Queue[str] = queue.Queue()
         self.child: subprocess.Popen[bytes] | None = None
         self.running: str | None = None
         self.cancelled: set[str] = set()
         self._progress: dict[str, float] = {}
-        self._exporting, self._finishing = threading.Lock(), threading.Lock()
+        self._finishing = threading.Lock()
 
     def start(self) -> None:
         """Take up the batches a previous server left open, then serve the queue."""
@@ -171,22 +174,24 @@ class Worker:
         return batch
 
     def job(self, bid: str) -> Any:
-        batch = self.store.batch(bid)
-        assert batch is not None
-        job, _ = batch_file_job(self.store.file_path(batch["input_file_id"]), "openai_batch",
-                                home=self.store.folder(bid) / "home", name=_job_name(bid), resource=self.resource,
-                                sampling=SamplingSpec(max_tokens=self.max_tokens), shard_size=self.shard_size)
-        return job
+        if bid not in self._jobs:
+            batch = self.store.batch(bid)
+            assert batch is not None
+            self._jobs[bid], _ = batch_file_job(
+                self.store.file_path(batch["input_file_id"]), "openai_batch", home=self.store.folder(bid) / "home",
+                name=_job_name(bid), resource=self.resource, sampling=SamplingSpec(max_tokens=self.max_tokens),
+                shard_size=self.shard_size)
+        return self._jobs[bid]
 
     def progress(self, bid: str) -> dict[str, Any]:
-        """The batch as stored, with ``request_counts`` from its finished rows (the partial result
-        files rewritten at most once a second while it runs)."""
+        """The batch as stored, with ``request_counts`` from its finished rows (counted at most
+        once a second while it runs)."""
         batch = self.store.batch(bid)
         if batch is None or batch["status"] != "in_progress" or time.monotonic() - self._progress.get(bid, 0) < 1:
             return batch or {}
         self._progress[bid] = time.monotonic()
         try:
-            counts = self._export(bid)
+            counts = batch_counts(self.job(bid), self.resource)
         except Exception:  # noqa: BLE001 - not sharded yet: the counts stay as they were
             return batch
         with self.store.lock:
@@ -197,8 +202,7 @@ class Worker:
 
     def _export(self, bid: str) -> dict[str, Any]:
         folder = self.store.folder(bid)
-        with self._exporting:  # two polls at once would write the same files
-            return export_batch(self.job(bid), folder / "output.jsonl", folder / "errors.jsonl", self.resource)
+        return export_batch(self.job(bid), folder / "output.jsonl", folder / "errors.jsonl", self.resource)
 
     def _loop(self) -> None:
         while True:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..inputs.batch_input import sniff_format
-from ..run.batch_export import export
+from ..run.batch_export import export, tally
 from ..spec import BATCH_INPUTS, JobSpec, SamplingSpec
 from .factory import BatchJob, build_batch_assets
 from .resource import VLLMResource
@@ -62,9 +62,20 @@ def export_batch(job: BatchJob, out: Path, errors: Path | None = None, resource:
     if job.spec.input_format not in BATCH_INPUTS:
         raise ConfigError(f"job {job.spec.name!r} reads input_format={job.spec.input_format!r}: only a batch-file job "
                           f"({', '.join(BATCH_INPUTS)}) exports batch result files; use read_outputs() for others")
+    return export(job.home, _version(job, resource, version), job.spec.input_format, out, errors)
+
+
+def batch_counts(job: BatchJob, resource: VLLMResource | None = None) -> dict[str, Any]:
+    """What :func:`export_batch` would return now (``written``, ``errors``, ``remaining``, ``rows``,
+    ``complete``), writing no file: a progress poll's (``sparkbatch serve-batch``)."""
+    return tally(job.home, _version(job, resource, None))
+
+
+def _version(job: BatchJob, resource: VLLMResource | None, version: str | None) -> str:
+    """The output version to export: ``version``, else the one ``resource`` labels when it has
+    rows, else the latest committed one (the home refreshed from its bucket first)."""
     job.home.refresh()
     if version is None and resource is not None:
         mine = job.output_version(resource)
         version = mine if job.home.version_dir(mine).exists() else None
-    version = version or job.current_version()
-    return export(job.home, version, job.spec.input_format, out, errors)
+    return version or job.current_version()

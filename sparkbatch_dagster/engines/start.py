@@ -27,9 +27,16 @@ if TYPE_CHECKING:
 def engine_envs(mode: str, kwargs: Mapping[str, Any], data_parallel_size: int | None) -> list[dict[str, str]]:
     """The environment of each engine a run starts here: one per data-parallel GPU group
     (offline mode; one engine when it spans machines or is a server started here)."""
+    share, nodes = multinode.local_share(kwargs), multinode.nodes(kwargs)
+    if mode != "offline" and nodes == 1 and settings.on_cpu():
+        # vLLM starts a server's data-parallel engines from its one environment: every engine's
+        # cores in one binding, "|" between ranks, data-parallel rank first, as vLLM splits it.
+        # (Its own "auto" binds them all to one core: two engines warmed up in 281 s, one in 39 s.)
+        each = settings.data_parallel_envs(engine_count(mode, (), kwargs, data_parallel_size), share)
+        return [{key: "|".join(env[key] for env in each) for key in each[0]}]  # none when the user binds
     # A server started here is one engine; so is one that spans machines (a worker node serves one).
-    alone = mode != "offline" or multinode.nodes(kwargs) > 1
-    return settings.data_parallel_envs(1 if alone else data_parallel_size, multinode.local_share(kwargs))
+    alone = mode != "offline" or nodes > 1
+    return settings.data_parallel_envs(1 if alone else data_parallel_size, share)
 
 
 def engine_count(mode: str, endpoints: Sequence[str], kwargs: Mapping[str, Any], data_parallel_size: int | None) -> int:
@@ -177,7 +184,7 @@ def start(cfg: EngineSettings) -> Engine:
         from .server_process import ServerProcess, serve_args
 
         serve = {**kwargs, "data_parallel_size": engines} if engines > 1 else kwargs
-        with settings.environment(server_env(engines, kwargs, envs[0])):  # `vllm serve` inherits it
+        with settings.environment(envs[0]):  # `vllm serve` inherits it (CPU core binding)
             server = ServerProcess(model, name, serve_args(serve), cfg.server_start_timeout_s)
         served = client(cfg, server.url, name, key, server, engines)
         served.memory_note = note
@@ -185,18 +192,6 @@ def start(cfg: EngineSettings) -> Engine:
     offline = _offline(cfg, model, kwargs, envs)
     offline.model_id, offline.memory_note = name, note
     return offline
-
-
-def server_env(engines: int, kwargs: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-    """The environment of a `vllm serve` started here: ``env`` (the one engine's), or on the CPU
-    backend with several data-parallel engines, each engine's own cores in one
-    ``VLLM_CPU_OMP_THREADS_BIND`` ("|" between ranks, data-parallel rank first, as vLLM reads it).
-    vLLM's own "auto" binds every data-parallel engine of a server to the same core: on 2 cores,
-    two engines took 281 s to warm up against 39 s for one."""
-    if engines < 2 or not settings.on_cpu():
-        return env
-    parts = settings.split_devices(engines, multinode.local_share(kwargs), None)
-    return {key: "|".join(p[key] for p in parts) for key in parts[0]}  # none when the user binds
 
 
 def sized_memory(cfg: EngineSettings, kwargs: dict[str, Any], model: str, copies: int) -> tuple[dict[str, Any], str]:

@@ -124,9 +124,21 @@ def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None
     _write(out, ok if errors is not None else ok + bad)
     if errors is not None:
         _write(errors, bad)
+    return {**_summary(manifest, len(ok), len(bad)), "output_file": str(out), "error_file": str(errors or out)}
+
+
+def tally(home: JobHome, version: str) -> dict[str, Any]:
+    """The counts :func:`export` would return (``written``, ``errors``, ``remaining``, ``rows``,
+    ``complete``), without writing any file: a progress poll's."""
+    manifest = home.read_manifest() or {"keys": [], "rows": 0}
+    errors = [row["error"] is not None for row, _ in finished_rows(home, version, manifest["keys"])]
+    return _summary(manifest, len(errors) - sum(errors), sum(errors))
+
+
+def _summary(manifest: dict[str, Any], written: int, errors: int) -> dict[str, Any]:
     total = int(manifest.get("rows") or 0)
-    return {"written": len(ok), "errors": len(bad), "remaining": total - len(rows), "rows": total,
-            "output_file": str(out), "error_file": str(errors or out), "complete": len(rows) == total}
+    return {"written": written, "errors": errors, "remaining": total - written - errors, "rows": total,
+            "complete": written + errors == total}
 
 
 def _write(path: Path, lines: list[dict[str, Any]]) -> None:
