@@ -19,8 +19,8 @@ sent to Gemma, and the bill of each run at ``--hourly-usd``.
 weights) and ``--resource`` the engine settings (VLLMResource fields over ``SETTINGS``; on a GPU
 a fixed ``kv_cache_memory_gb`` and a ``gpu_memory_utilization`` both engines fit under, as they
 stay up together). ``--no-estimate`` skips the estimate (random weights have no accuracy to judge):
-then the threshold is ``--below`` or, left out, the median confidence of the first model's answers
-in its own run, so about half the rows escalate. Time and cost are what such a run measures.
+then the threshold is ``--below`` or, left out, the one that sends the share of the first model's
+answers (in its own run) nearest one half to the second. Time and cost are what such a run measures.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def label(spec: Any, resource: Any) -> dict[str, Any]:
     for r in out:
         by_model[r["model"]] = by_model.get(r["model"], 0) + 1
     sure = sorted(r["confidence"] for r in out if r.get("confidence") is not None)
+    confidences.extend(sure)
     return {"rows": len(out), "median_confidence": round(sure[len(sure) // 2], 4) if sure else None,
             "accuracy": round(sum(r["output"] == gold[r["row_id"]] for r in out) / len(out), 4),
             "run_s": round(took, 2), "engine_start_s": round(stats.get("engine_start_s", 0.0), 2),
@@ -90,6 +91,17 @@ def label(spec: Any, resource: Any) -> dict[str, Any]:
 
 
 rows_by_id: list[dict[str, str]] = []
+confidences: list[float] = []  # every answer's, of the runs so far
+
+
+def halving_threshold(sure: list[float]) -> float:
+    """The threshold that escalates the share of rows nearest one half. Not the median itself:
+    with random weights many answers share one confidence, and "below the median" can be none."""
+    def share(t: float) -> float:
+        return sum(c < t for c in sure) / len(sure)
+
+    candidates = sorted({round(c, 6) + 1e-6 for c in sure})
+    return min(candidates, key=lambda t: abs(share(t) - 0.5))
 
 
 def main() -> None:
@@ -103,7 +115,7 @@ def main() -> None:
     ap.add_argument("--second", default="gemma-3-270m", help="the second stage's model")
     ap.add_argument("--resource", default="{}", metavar="JSON", help="VLLMResource fields over SETTINGS")
     ap.add_argument("--no-estimate", dest="estimate", action="store_false",
-                    help="no estimate; --below, or the first model's median confidence")
+                    help="no estimate; --below, or a threshold that escalates about half the rows")
     ap.add_argument("--out")
     args = ap.parse_args()
     import pyarrow as pa
@@ -134,7 +146,7 @@ def main() -> None:
             below = below if below is not None else pair["threshold"]
         first = label(spec_for(src, work / "first", args), resource)
         if below is None:
-            below = first["median_confidence"]
+            below = halving_threshold(confidences)
         runs = {
             "first": first,
             "second": label(spec_for(src, work / "second", args), resource.with_model(args.second)),

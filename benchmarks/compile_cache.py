@@ -78,7 +78,9 @@ print(json.dumps({"start_s": round(start_s, 2), "engine_start_s": round(engine.s
 
 def child(model: str, home: Path, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One engine start in a fresh process, with ``cache`` as its SPARKBATCH_CACHE_DIR."""
-    env = {**os.environ, "SPARKBATCH_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    # ROOT first, then what the caller's path has (on the GPU box: the carried site of vLLM).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "SPARKBATCH_CACHE_DIR": str(cache), "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, "-c", CHILD, model, str(home), str(args.max_model_len), str(args.prompts),
                            args.resource],
                           env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
