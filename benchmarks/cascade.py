@@ -20,8 +20,9 @@ weights) and ``--resource`` the engine settings (VLLMResource fields over ``SETT
 a fixed ``kv_cache_memory_gb`` and a ``gpu_memory_utilization`` both engines fit under, as they
 stay up together; ``--second-engine-kwargs`` the second model's own, ``{"load_format": "dummy"}``
 after a first model with weights of its own). ``--no-estimate`` skips the estimate (random
-weights have no accuracy to judge): then the threshold is ``--below`` or, left out, the one that sends the share of the first model's
-answers (in its own run) nearest one half to the second. Time and cost are what such a run measures.
+weights have no accuracy to judge): then the threshold is ``--below`` or, left out, the one
+that sends the share of the first model's answers (in its own run) nearest one half to the
+second. Time and cost are what such a run measures.
 """
 
 from __future__ import annotations
