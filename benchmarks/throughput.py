@@ -400,8 +400,9 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
                         server_round: Any, times: dict[str, list[float]], totals: dict[str, Any]) -> None:
     """Each server once (started timed), its variants' pipeline rounds A-B / B-A against it.
 
-    The server's prefix cache is reset before each round (``/reset_prefix_cache``, served with
-    ``VLLM_SERVER_DEV_MODE``), as the offline arms reset theirs; ``times["server"]`` is the
+    Each client runs one untimed warm-up round first. The server's prefix cache is reset before
+    each round (``/reset_prefix_cache``, served with ``VLLM_SERVER_DEV_MODE``), as the offline
+    arms reset theirs; ``times["server"]`` is the
     first variant's rounds, ``times["server:NAME"]`` each variant's."""
     os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # inherited by each `vllm serve` started here
     groups: dict[str, list[str]] = {}
@@ -422,6 +423,12 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
         clients = {names[0]: owner} | {name: VLLMResource(engine="server", server_url=url, **{
             **served, **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}}) for name in names[1:]}
         try:
+            # One untimed round per client first, as the offline pipeline's rounds follow the raw
+            # arm's on a warm engine: a server's first requests pay its own warm-up (grammar
+            # compiles, the API server's first batches), which the first timed round would carry.
+            for name in names:
+                _reset_prefix_cache(url)
+                server_round(clients[name], 0, f"{name}-warmup")
             for n in range(repeat):
                 for name in names if n % 2 == 0 else names[::-1]:
                     _reset_prefix_cache(url)
