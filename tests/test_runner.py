@@ -88,13 +88,13 @@ def test_engine_crash_keeps_finished_rows_and_resume_sends_only_the_rest(tmp_pat
 
 
 def _progress_reports(tmp_path, monkeypatch, **settings) -> list[dict]:
-    """60 rows, a report every 0.1 s; ``settings``: ShardRun attributes. The runner's clock is
+    """60 rows, a report every 0.1 s; ``settings``: the run's Pace attributes. The runner's clock is
     the engine's answers, 1/16 s each: which report quotes what never depends on the machine's
     speed (a loaded one would stretch the real seconds between two answers)."""
     import time
     import types
 
-    from sparkbatch_dagster.run import runner
+    from sparkbatch_dagster.run import pace, runner
     from sparkbatch_dagster.run.runner import ShardRun
 
     spec, home = _one_shard(tmp_path, make_rows(60))
@@ -103,16 +103,18 @@ def _progress_reports(tmp_path, monkeypatch, **settings) -> list[dict]:
     clock.__dict__.update(vars(time))
     clock.perf_counter = lambda: engine.requests_seen / 16  # binary fractions: exact sums
     monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(pace, "time", clock)
     reports: list[dict] = []
     run = ShardRun(spec, home, V, engine, progress=reports.append, progress_every_s=0.1)
     for name, value in settings.items():
-        setattr(run, name, value)
+        assert hasattr(run.pace, name)
+        setattr(run.pace, name, value)
     run.run(["shard-00000"])
     return reports
 
 
 def test_progress_reports_rows_tokens_and_eta(tmp_path, monkeypatch):
-    reports = _progress_reports(tmp_path, monkeypatch, rate_window_s=0.3)
+    reports = _progress_reports(tmp_path, monkeypatch, window_s=0.3)
     done = [r["rows_done"] for r in reports]
     assert len(reports) >= 3 and done == sorted(done)
     assert reports[-1]["rows_done"] == reports[-1]["rows_total"] == 60 and reports[-1]["eta_s"] == 0

@@ -123,7 +123,7 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
         base = starts()
         runner = ShardRun(spec, home, version, engine, progress=Relay(context.log.info), run_id=context.run_id,
                           brake=brake, engine_starts=lambda: starts() - base)
-        runner.expected_rows_per_s = job.expected_rows_per_s(version)
+        runner.pace.expected_rows_per_s = job.expected_rows_per_s(version)
         before = _estimate_first(job, resource, engine, runner, context.log.info) if config.estimate else None
         for stats in runner.stream(todo + gaps, optional=set(gaps), before=before):
             # This version's first commit makes it current, unless the input was sharded again
@@ -180,7 +180,7 @@ def _estimate_first(job: BatchJob, resource: VLLMResource, engine: LazyEngine, r
     def first() -> None:
         report = job.estimate_in_run(resource, engine, engine.model_id, log=log)
         pred = job.prediction(runner.version)  # just written: read once for the ETA and the brake
-        runner.expected_rows_per_s = job.expected_rows_per_s(runner.version, pred)
+        runner.pace.expected_rows_per_s = job.expected_rows_per_s(runner.version, pred)
         if runner.brake is not None:
             _use_prediction(runner.brake, pred)
         cost = price(report["predicted_wall_s"] + report["engine_start_s"], job.spec.hourly_rate_usd)

@@ -8,7 +8,8 @@ rendered, its answer parsed, truncation, the output row), the row-level checkpoi
 timer and the every-row-exactly-once finalize (:mod:`.checkpoint`), every attempt's bill
 (:mod:`.attempts`), the brake that stops a run over its max cost or at its deadline
 (:mod:`.brake`), the result store that pays once per answer (:mod:`.result_store`), each
-shard's statistics and the run's progress reports (:mod:`.shard_stats`, :mod:`.progress`), and
+shard's statistics and the run's progress reports (:mod:`.shard_stats`, :mod:`.progress`, the
+pace behind their ETA: :mod:`.pace`), and
 the run metrics and analytics views in the job's DuckDB file (:mod:`.metrics`), and the
 confidence buckets they and the estimate share (:mod:`.reliability`). Knows nothing of Dagster.
 

@@ -27,9 +27,10 @@ from .checkpoint import FlushTimer, assemble, commit
 from .claims import Claims
 from .feed import Feed
 from .open_shard import OpenShard, new_answers
+from .pace import Pace
 from .result_store import open_store
 from .rows import outcome, parse_output, plan_rows, read_shard, row
-from .shard_stats import progress_report, shard_stats
+from .shard_stats import shard_stats
 
 # parse_output, plan_rows and read_shard live in rows.py; named here too, where they were before.
 __all__ = ["ProgressFn", "ShardRun", "label_shard", "parse_output", "plan_rows", "read_shard"]
@@ -69,27 +70,16 @@ class ShardRun:
         self._start_paid = engine.start_seconds  # an engine started before this run is not this run's bill
         self._start_paid_at_attempt = self._start_paid
         self._answered = 0  # prompts the engine answered in this attempt
-        self._rows_done = 0  # rows with a result: generated, fanned out, error rows, resumed
-        self._rows_free = 0  # of those, resumed and error rows: done at once, so not in the ETA's rate
         self._ready: list[dict[str, Any]] = []  # shards finalized since the caller last heard
-        #: Rows per second to quote an ETA with before this run has measured its own (the estimate's).
-        self.expected_rows_per_s: float | None = None
-        self.rate_window_s = 10.0  # seconds of answers before the run's own rate is trusted
-        # The rate is measured from the first answer: before it the engine was starting, and a
-        # rate over that minute would quote an ETA of hours for a job of minutes.
-        self._first_answer: float | None = None
-        self._done_at_first = 0
+        self.pace = Pace()  # rows done and the rate: the progress line's ETA, the brake's forecast
         self._sizes: dict[str, int] = {}
         self._claims: Claims | None = None
-        self._rows_total = 0  # of the shards this attempt holds: the brake asks after every answer
         self._timer: FlushTimer  # made by stream(), with this attempt's heartbeat
         self.run_id = run_id
         self.attempt: Attempt | None = None
         #: Consulted before the first prompt and after every answer; it raises BudgetStop to stop.
         self.brake = brake
         self._engine_starts = engine_starts  # cold engine starts this attempt paid (a warm engine: 0)
-        self._all_at_first = 0  # rows done, free ones included, at the first answer: the brake's rate
-        self._longest_commit = 0.0
         self._lost: list[str] = []  # shards another box took over (appended from the upload thread too)
         self.rechecked = False  # the store looked up again after a wait for the GPU (once)
 
@@ -139,7 +129,7 @@ class ShardRun:
             with attempt, self._timer:
                 try:
                     self._sizes = {k: pq.read_metadata(self.home.shard_path(k)).num_rows for k in mine}
-                    self._rows_total = sum(self._sizes.values())
+                    self.pace.rows_total = sum(self._sizes.values())
                     attempt.progress = self._attempt_progress
                     if before is not None:
                         self._before(before)
@@ -153,7 +143,7 @@ class ShardRun:
                         key = queue.pop(0)
                         if claims.wait_for(key):
                             self._sizes[key] = pq.read_metadata(self.home.shard_path(key)).num_rows
-                            self._rows_total += self._sizes[key]
+                            self.pace.rows_total += self._sizes[key]
                             yield from self._generate([key])
                         queue += self._take_back()
                 except GeneratorExit:
@@ -216,14 +206,9 @@ class ShardRun:
         """Let the brake look at where the run stands; it raises BudgetStop to stop here."""
         if self.brake is None or not self.brake.active or self.attempt is None:
             return
-        rate = None
-        if self._first_answer is not None:
-            seconds = time.perf_counter() - self._first_answer
-            # Trusted after one checkpoint interval of answers: the first few say little of the pace.
-            if seconds >= self.spec.checkpoint_seconds and self._rows_done > self._all_at_first:
-                rate = (self._rows_done - self._all_at_first) / seconds
-        pos = Position(self._rows_done, self._rows_total, len(self.stats), len(self._sizes), rate,
-                       self._longest_commit)
+        pace = self.pace
+        pos = Position(pace.rows_done, pace.rows_total, len(self.stats), len(self._sizes),
+                       pace.brake_rate(self.spec.checkpoint_seconds), pace.longest_commit)
         if self._answered and pos.rows_done >= pos.rows_total:  # all in: stopping now would only lose the commit
             return
         self.brake.check(pos, self.attempt.cost_usd())
@@ -237,7 +222,7 @@ class ShardRun:
         last_report = time.perf_counter()
         results = self.engine.generate(Feed(self, keys, self.ahead_rows), self.spec.sampling, self.spec.output)
         try:
-            yield from self._consume(results, self._rows_total, last_report)
+            yield from self._consume(results, last_report)
         except LeaseLost:  # another box owns our shards now: stop generating them (taken back after)
             finished = {s.key for s in self.shards if s.finished and not s.abandoned}
             self._lost.extend(k for k in keys if k not in finished)  # started or not
@@ -252,7 +237,7 @@ class ShardRun:
             return  # the shards taken over are waited for by stream(); nothing is pending of them
         if self.progress and self.shards:
             with self.spans.span("progress"):
-                self._report(self.shards[-1], self._rows_total)
+                self._report(self.shards[-1])
         pending = {s.key: s.pending for s in self.shards if s.pending}
         if pending:
             raise PendingRowsError(
@@ -260,7 +245,7 @@ class ShardRun:
                 f"({self._pending_reason[:200]}); nothing was committed for them: run again to retry exactly those rows"
             )
 
-    def _consume(self, results: Iterator[Any], total: int, last_report: float) -> Iterator[dict[str, Any]]:
+    def _consume(self, results: Iterator[Any], last_report: float) -> Iterator[dict[str, Any]]:
         # Time waiting on the engine's next answer is generation; handling it, the run's own work.
         spans = self.spans
         spans.push("generation")
@@ -273,7 +258,7 @@ class ShardRun:
                     if self.progress and now - last_report >= self.progress_every_s:
                         last_report = now
                         with spans.span("progress"):
-                            self._report(shard, total)
+                            self._report(shard)
                     yield from self._drain()
                     self._check_leases()
                     self._consult()
@@ -284,10 +269,7 @@ class ShardRun:
     def _answer(self, res: Any) -> OpenShard | None:
         """Write one answer's rows, and commit its shard when it was the last; return the shard
         (None: another box took it over, and the answer is dropped)."""
-        if self._first_answer is None:
-            self._first_answer = time.perf_counter()
-            self._done_at_first = self._rows_done - self._rows_free
-            self._all_at_first = self._rows_done
+        self.pace.answered()
         idx, _, n = res.id.partition(":")
         shard = self.shards[int(idx)]
         if shard.abandoned:
@@ -305,7 +287,7 @@ class ShardRun:
             for i, rid in enumerate(ids):
                 shard.writer.add(row(rid, self.version, res.model or self.engine.model_id, output, error, res,
                                      dedup=i > 0, key=shard.keys[group], truncated=cut, reasoning=kept))
-            self._rows_done += len(ids)
+            self.pace.rows_done += len(ids)
             shard.done += len(ids)
             shard.fresh_tokens += res.prompt_tokens + res.output_tokens
         self._timer.check()  # the other shards' rows are flushed on time by the timer
@@ -321,15 +303,9 @@ class ShardRun:
         if self._claims is not None and self.home.remote is not None and (self._lost or not self._claims.intact()):
             raise LeaseLost("this box's lease was fenced: its unfinished shards are another box's")
 
-    def _report(self, shard: OpenShard, total: int) -> None:
+    def _report(self, shard: OpenShard) -> None:
         assert self.progress is not None
-        first = self._first_answer
-        seconds = time.perf_counter() - first if first is not None else 0.0
-        tokens = sum(s.fresh_tokens for s in self.shards)
-        # Rows done at once (resumed, reused, error rows) say nothing about the engine's pace.
-        measured = self._rows_done - self._rows_free - (self._done_at_first if first is not None else 0)
-        report = progress_report(shard.key, self._rows_done, total, tokens, seconds, measured,
-                           self.expected_rows_per_s, self.rate_window_s)
+        report = self.pace.report(shard.key, sum(s.fresh_tokens for s in self.shards))
         report.update(partition_rows_done=shard.done, partition_rows_total=self._sizes.get(shard.key, 0))
         self.progress(report)
 
@@ -346,8 +322,7 @@ class ShardRun:
 
     def count_free(self, rows: int) -> None:
         """Rows done without the engine (resumed, reused, error rows): not in the ETA's rate."""
-        self._rows_done += rows
-        self._rows_free += rows
+        self.pace.count_free(rows)
 
     def finish(self, shard: OpenShard) -> None:
         """Assemble a shard whose every row is in, store its new answers, commit it."""
@@ -392,7 +367,7 @@ class ShardRun:
         def committed() -> None:  # where it counts: here, or (a bucket home) from the upload thread, later
             if self._claims is not None:
                 self._claims.release(key)  # another run (or box) waiting for it may go on
-            self._longest_commit = max(self._longest_commit, time.perf_counter() - began)
+            self.pace.longest_commit = max(self.pace.longest_commit, time.perf_counter() - began)
             if self.attempt is not None:
                 self.attempt.committed(stats)
             self.stats.append(stats)
