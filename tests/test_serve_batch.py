@@ -54,10 +54,16 @@ class Server:
         args = ["--api-key", api_key] if api_key else []
         env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": str(tmp / "dagster_home")}
         self.log = (tmp / "server.log").open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sparkbatch_dagster.cli", "serve-batch", "--root", str(tmp / "root"),
-             "--port", str(self.port), "--engine-file", str(tmp / "engine.py"), "--shard-size", "10", *args],
-            cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
+        # Started with SIGINT ignored, as a script's background job is (CI runs the suite so): the
+        # server still stops on it (stop()), and on SIGTERM.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sparkbatch_dagster.cli", "serve-batch", "--root", str(tmp / "root"),
+                 "--port", str(self.port), "--engine-file", str(tmp / "engine.py"), "--shard-size", "10", *args],
+                cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key or "none",
                                     max_retries=0)
         self.wait(self._up, "the server to answer")
@@ -93,13 +99,18 @@ class Server:
         assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
+        """SIGINT, as Ctrl-C (or SIGTERM, as docker stop) stops it: the server must end by itself."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGINT)
+                try:
+                    self.proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+                    raise AssertionError("serve-batch did not stop on SIGINT") from None
+        finally:
+            self.log.close()
 
 
 @pytest.fixture

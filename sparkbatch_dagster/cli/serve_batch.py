@@ -23,6 +23,7 @@ import ipaddress
 import json
 import os
 import re
+import signal
 import sys
 from email.parser import BytesParser
 from email.policy import default as email_policy
@@ -158,7 +159,15 @@ def serve(root: Path, host: str, port: int, api_key: str | None, worker: Worker,
     bound = f"{host}:{server.server_address[1]}"
     print(f"sparkbatch: serving the Batch API at http://{bound}/v1 (batches in {root}, pid "
           f"{os.getpid()})", file=sys.stderr, flush=True)
+    # Stop on SIGTERM (systemd, docker stop) and on SIGINT even where it was inherited ignored (a
+    # server started in the background of a script): the batches' children go with this process.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupt)
     try:
         server.serve_forever()
     finally:
         server.server_close()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
