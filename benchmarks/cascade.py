@@ -61,8 +61,9 @@ def spec_for(src: Path, home: Path, args: argparse.Namespace, cascade: list[dict
                    estimate=est, cascade=cascade or [])
 
 
-def label(spec: Any, resource: Any) -> dict[str, Any]:
-    """One real run of ``spec``: accuracy, the models that answered, and its committed stats."""
+def label(spec: Any, resource: Any) -> tuple[dict[str, Any], list[float]]:
+    """One real run of ``spec``: accuracy, the models that answered, and its committed stats; and
+    its answers' confidences, sorted."""
     from dagster import DagsterInstance, materialize
 
     from sparkbatch_dagster import build_batch_assets
@@ -84,16 +85,15 @@ def label(spec: Any, resource: Any) -> dict[str, Any]:
     for r in out:
         by_model[r["model"]] = by_model.get(r["model"], 0) + 1
     sure = sorted(r["confidence"] for r in out if r.get("confidence") is not None)
-    confidences.extend(sure)
-    return {"rows": len(out), "median_confidence": round(sure[len(sure) // 2], 4) if sure else None,
-            "accuracy": round(sum(r["output"] == gold[r["row_id"]] for r in out) / len(out), 4),
-            "run_s": round(took, 2), "engine_start_s": round(stats.get("engine_start_s", 0.0), 2),
-            "generation_s": round(stats["wall_s"], 2),  # the shard's window: its engine start is apart
-            "cost_usd": stats["cost_usd"], "rows_by_model": by_model}
+    report = {"rows": len(out), "median_confidence": round(sure[len(sure) // 2], 4) if sure else None,
+              "accuracy": round(sum(r["output"] == gold[r["row_id"]] for r in out) / len(out), 4),
+              "run_s": round(took, 2), "engine_start_s": round(stats.get("engine_start_s", 0.0), 2),
+              "generation_s": round(stats["wall_s"], 2),  # the shard's window: its engine start is apart
+              "cost_usd": stats["cost_usd"], "rows_by_model": by_model}
+    return report, sure
 
 
 rows_by_id: list[dict[str, str]] = []
-confidences: list[float] = []  # every answer's, of the runs so far
 
 
 def halving_threshold(sure: list[float]) -> float:
@@ -148,15 +148,15 @@ def main() -> None:
             first_name = resource.model_identity().split("@")[0]
             pair = next(c for c in report["cascades"] if c["stages"][0].split("@")[0] == first_name)
             below = below if below is not None else pair["threshold"]
-        first = label(spec_for(src, work / "first", args), resource)
+        first, sure = label(spec_for(src, work / "first", args), resource)
         if below is None:
-            below = halving_threshold(confidences)
+            below = halving_threshold(sure)
         second_kwargs = json.loads(args.second_engine_kwargs)
         runs = {
             "first": first,
-            "second": label(spec_for(src, work / "second", args), resource.with_model(args.second, second_kwargs)),
+            "second": label(spec_for(src, work / "second", args), resource.with_model(args.second, second_kwargs))[0],
             "cascade": label(spec_for(src, work / "cascade", args, [
-                {"below": below}, {"model": args.second, "engine_kwargs": second_kwargs}]), resource),
+                {"below": below}, {"model": args.second, "engine_kwargs": second_kwargs}]), resource)[0],
         }
     finally:
         close_warm_engines()

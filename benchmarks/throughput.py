@@ -402,8 +402,8 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
 
     Each client runs one untimed warm-up round first. The server's prefix cache is reset before
     each round (``/reset_prefix_cache``, served with ``VLLM_SERVER_DEV_MODE``), as the offline
-    arms reset theirs; ``times["server"]`` is the
-    first variant's rounds, ``times["server:NAME"]`` each variant's."""
+    arms reset theirs; ``times["server"]`` is the first variant's rounds, ``times["server:NAME"]``
+    each variant's."""
     os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # inherited by each `vllm serve` started here
     groups: dict[str, list[str]] = {}
     for name, over in variants.items():

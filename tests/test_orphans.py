@@ -80,7 +80,6 @@ if __name__ == "__main__":
     _killed_leaves_nothing(proc, report, cores)
 
 
-
 def test_a_failed_start_kills_what_it_started(monkeypatch):
     """vLLM's start fails after it started processes: an engine core OOM-killed while its worker
     compiled left that worker running, a core busy, minutes after the start had failed (seen on
