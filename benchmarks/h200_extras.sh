@@ -5,6 +5,7 @@
 #   bash benchmarks/h200_extras.sh compile     # compile_cache.py: engine starts cold, restored, warm
 #   bash benchmarks/h200_extras.sh labels      # label_decoding.py and confidence.py (A-B / B-A rounds)
 #   bash benchmarks/h200_extras.sh trace       # label_step_trace.py: the labeling step's parts, 40,000 rows
+#       (TRACE_ARGS="--rounds 2 --before DIR": against another copy, git archive REF | tar -x -C DIR)
 #   bash benchmarks/h200_extras.sh cascade     # cascade.py: 1B, 8B and the cascade 1B then 8B
 # Result files land in $OUT (default /tmp/out) as h200-<benchmark>.json.
 set -euo pipefail
@@ -28,7 +29,7 @@ case $step in
   trace)
     python3 benchmarks/label_step_trace.py --engine vllm --model /tmp/llama-1b --load-format dummy \
         --rows "${ROWS:-40000}" --input .bench/debian_packages.parquet --out "$out/h200-label-step.json" \
-        2>"$out/stderr-trace.log" ;;
+        ${TRACE_ARGS:-} 2>"$out/stderr-trace.log" ;;
   cascade)
     # The first stage with random weights of its own (normal, std 0.02): vLLM's dummy weights give
     # every answer about the same confidence, and no threshold splits such a model's rows.

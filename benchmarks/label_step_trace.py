@@ -23,7 +23,9 @@ object (``results_io.emit``) with the summary's ``timings_s`` and the ``label`` 
   record), ``read_shards``, ``resume``, ``render``, ``prompt_keys``, ``store_lookup``,
   ``tokenize`` (offline vLLM), ``answers``, ``parts`` (checkpoint files), ``commit``,
   ``store_add``, ``events`` (the step's Dagster events and log lines), ``progress``,
-  ``engine_stop``;
+  ``engine_stop`` (only where the engine stops inside the step's run: code from before the stop
+  moved behind metrics and analytics, whose summary has ``engine_stop_background``, the whole
+  stop, and the lap ``engine_stop_wait``, what of it the run still waited for at its end);
 * ``unnamed_s``: the ``label`` lap minus all of them (what no span covers);
 * ``label_cpu_s``: the process's CPU seconds over the labeling run, and ``step_thread_cpu_s`` the
   step's own thread's per part: steadier than wall seconds on a busy machine.
@@ -65,7 +67,7 @@ from results_io import emit  # noqa: E402
 
 DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
 #: The laps of ``sparkbatch run``'s summary; every other key of its ``timings_s`` is a part of ``label``.
-LAPS = ("startup", "shard", "label", "metrics", "analytics")
+LAPS = ("startup", "shard", "label", "metrics", "analytics", "engine_stop_wait", "engine_stop_background")
 
 
 def synthetic_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -154,8 +156,12 @@ def profile_top(prof: cProfile.Profile, n: int) -> list[dict[str, Any]]:
 def split(timings: dict[str, float]) -> dict[str, Any]:
     parts = {k: v for k, v in timings.items() if k not in LAPS}
     named = round(sum(parts.values()), 2)
+    label = timings.get("label") or 0.0
+    # Issue 30's measure: what the labeling step costs beyond the engine's start and its generation.
+    beyond = label - sum(parts.get(k, 0.0) for k in ("engine_start", "gpu_wait", "generation"))
     return {"label_s": timings.get("label"), "parts_s": parts, "named_s": named,
-            "unnamed_s": round((timings.get("label") or 0.0) - named, 2) if parts else None}
+            "unnamed_s": round(label - named, 2) if parts else None,
+            "beyond_start_and_generation_s": round(beyond, 2) if parts else None}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -200,9 +206,11 @@ def main() -> None:
     result = {**summarize(rounds["after"]), "rounds": args.rounds}
     if args.before:
         before = summarize(rounds["before"])
-        result["before"] = {k: before[k] for k in ("code", "label_s", "round_label_s", "label_cpu_s",
-                                                    "round_label_cpu_s", "timings_s", "median_timings_s")}
+        result["before"] = {k: before.get(k) for k in ("code", "run_s", "label_s", "round_label_s", "label_cpu_s",
+                                                        "round_label_cpu_s", "beyond_start_and_generation_s",
+                                                        "parts_s", "timings_s", "median_timings_s")}
         result["label_cut_s"] = round(before["label_s"] - result["label_s"], 2)
+        result["run_cut_s"] = round(before["run_s"] - result["run_s"], 2)
     if args.note:
         result["note"] = args.note
     emit(result, args.out)

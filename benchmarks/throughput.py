@@ -16,6 +16,11 @@ raw ``LLM.chat`` processed for all rows), so ``ratio`` is raw chat time / pipeli
 ``ratio_vs_generate`` raw generate time / pipeline time. Rounds run in A-B / B-A order (chat,
 generate, pipeline; then pipeline, generate, chat). Engine start and sharding are reported
 apart. The last line is one JSON object (``--out`` also writes it to a result file).
+
+``--server`` then runs the pipeline through ``vllm serve`` (same settings) after the offline
+rounds; with ``--alongside KV_GB`` the server runs beside the offline engine instead (both
+with KV_GB GB of KV cache) and its rounds alternate with the offline arms' in the same A-B / B-A
+order, so ``server_over_offline`` compares rounds run side by side in time.
 """
 
 from __future__ import annotations
@@ -185,6 +190,8 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
         kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), **json.loads(args.engine_kwargs)}
     if getattr(args, "trace", False):  # vLLM keeps its step metrics only with stats on
         kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), "disable_log_stats": False}
+    if getattr(args, "alongside", None):  # two engines on one GPU: equal KV caches, half the memory each at most
+        kw.update(kv_cache_memory_gb=args.alongside, gpu_memory_utilization=0.45)
     started = time.perf_counter()
     engine = _ENGINE["e"] = VLLMResource(**kw).get_engine()
     return spec, kw, engine, time.perf_counter() - started
@@ -219,6 +226,10 @@ def main() -> None:
                    help='instead of --server: several server-mode settings, A-B / B-A, e.g. \'{"ids": {}, "chat": '
                         '{"server_token_ids": false}, "api4": {"engine_kwargs": {"api_server_count": 4}}}\' '
                         "(VLLMResource fields; the first is the baseline; variants whose server is the same share it)")
+    p.add_argument("--alongside", type=float, default=None, metavar="KV_GB",
+                   help="with --server: the server runs beside the offline engine on the same GPU, each with KV_GB "
+                        "GB of KV cache, and its rounds alternate with the offline arms' (A-B-C / C-B-A), so a "
+                        "drift of the machine's speed hits both modes alike")
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
     p.add_argument("--trace", action="store_true",
                    help="per arm and round: engine step timings, this process's CPU time, vLLM's step metrics "
@@ -291,8 +302,11 @@ def main() -> None:
     times: dict[str, list[float]] = {"raw": [], "generate": [], "pipeline": [], "labeling": []}
     labeling_s = times["labeling"]
     arms: list[tuple[str, Any]] = [("raw", raw)] + ([("generate", raw_tokens_arm)] if args.generate else [])
+    server = start_alongside(args, kw, res, pipeline, times, totals)
     for n in range(args.repeat):
         order = [*arms, ("pipeline", functools.partial(pipeline, n))]
+        if server is not None:
+            order.append(("server", functools.partial(server, n)))
         for arm, run in order if n % 2 == 0 else order[::-1]:
             with trace(engine._llm, args.trace) as where:
                 times[arm].append(run())
@@ -305,11 +319,13 @@ def main() -> None:
         if args.generate:
             gen_t = times["generate"][-1]
             line += f"; raw generate {gen_t:.2f} s, ratio vs generate {gen_t / pipe_t:.3f}"
+        if server is not None:
+            line += f"; server {times['server'][-1]:.2f} s, server/offline {pipe_t / times['server'][-1]:.3f}"
         print(line, file=sys.stderr, flush=True)
     if args.generate and totals["generate_tokens"] != totals["raw_tokens"]:
         print(f"warning: LLM.generate processed {totals['generate_tokens']} tokens, LLM.chat {totals['raw_tokens']}: "
               "the arms' prompts differ (chat template?)", file=sys.stderr, flush=True)
-    variants = server_variants(args)
+    variants = server_variants(args) if server is None else {}
     if variants:
         # The offline engine goes first: on a GPU both cannot hold 90% of the memory at once.
         res["vllm"].shutdown()
@@ -320,6 +336,8 @@ def main() -> None:
 
         run_server_variants(variants, kw, args.repeat, server_round, times, totals)
     res["vllm"].shutdown()
+    if server is not None:
+        VLLMResource(engine="server", **kw).shutdown()  # the server started beside the offline engine
     result = summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
                        totals=totals, times=times, engine_start_s=engine_start_s)
     emit({**result, "trace": traces} if traces else result, args.out)
@@ -362,6 +380,8 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
         })
     if times.get("server"):
         server_s = sum(times["server"])
+        if getattr(args, "alongside", None):
+            out.update(server_alongside_kv_cache_gb=args.alongside, server_labeling_s=secs(times["server_labeling"]))
         out.update({
             "server_start_s": round(totals["server_start_s"], 1), "server_pipeline_s": secs(times["server"]),
             "server_tokens_per_s": round(raw_tokens / server_s, 1), "server_over_offline": round(pipe_s / server_s, 4),
@@ -373,6 +393,37 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
             "server_over_offline": round(pipe_s / sum(times[f"server:{name}"]), 4),
         } for name, v in totals["server_variants"].items()}
     return out
+
+
+def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str, Any], pipeline: Any,
+                    times: dict[str, list[float]], totals: dict[str, Any]) -> Any:
+    """--alongside: `vllm serve` started (timed) beside the offline engine, with the same settings,
+    and one untimed warm-up round through it; returns the server arm (a round: the pipeline
+    through the server, its prefix cache reset first), or None without --alongside."""
+    if not args.alongside:
+        return None
+    if not args.server:
+        raise SystemExit("--alongside KV_GB compares server mode with offline: give --server too")
+    os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # /reset_prefix_cache, as the offline arms reset theirs
+    started = time.perf_counter()
+    server = VLLMResource(engine="server", **kw)
+    url = server.get_engine().base_url  # type: ignore[attr-defined]
+    totals["server_start_s"] = time.perf_counter() - started
+    offline = res["vllm"]
+
+    def server_round(n: int, tag: str = "server") -> float:
+        res["vllm"] = server
+        _reset_prefix_cache(url)
+        try:
+            return pipeline(n, f"-{tag}")
+        finally:
+            res["vllm"] = offline
+            times.setdefault("server_labeling", []).append(times["labeling"].pop())  # not the offline arm's
+
+    server_round(0, "server-warmup")  # its first requests pay the server's own warm-up, as in run_server_variants
+    times["server_labeling"].clear()
+    times["server"] = []  # the rounds' loop appends each timed round
+    return server_round
 
 
 #: VLLMResource fields that change only the client: variants that differ in these alone share a server.

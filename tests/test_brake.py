@@ -17,6 +17,7 @@ from dagster import DagsterInstance, materialize
 
 from conftest import live_children, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import build_batch_assets
+from sparkbatch_dagster.engines.gpu_lock import wait_for_stops
 from sparkbatch_dagster.errors import BudgetStop, ConfigError
 from sparkbatch_dagster.run.brake import Brake, Position, parse_deadline
 from sparkbatch_dagster.testing import FakeVLLMResource
@@ -175,6 +176,7 @@ def test_deadline_stops_in_time_with_no_engine_process_left(tmp_path):
     deadline = (datetime.now(timezone.utc) + timedelta(seconds=600)).isoformat()
     stop = _stop(job, res, {"deadline": deadline, "deadline_margin_s": 595.5})
     assert "before the deadline" in str(stop) and "later --deadline" in str(stop)
+    wait_for_stops()  # the engine stops in the background, behind the run's end
     assert not live_children("spawn_main")  # the engine's workers went with the run
     done = _rows_done(str(stop), 120)
     assert len(_on_disk(tmp_path / "home")) == done < 120  # every finished row saved, none twice

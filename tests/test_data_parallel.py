@@ -21,6 +21,7 @@ from sparkbatch_dagster import ConfigError, EngineError, VLLMResource, build_bat
 from sparkbatch_dagster.engines import settings
 from sparkbatch_dagster.engines.base import EngineRequest
 from sparkbatch_dagster.engines.data_parallel import DataParallelEngine
+from sparkbatch_dagster.engines.gpu_lock import wait_for_stops
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource, fake_worker
 
@@ -305,4 +306,5 @@ def test_two_real_cpu_engines_label_a_job(tmp_path):
     recs = inst.fetch_materializations(job.keys["labeled_outputs"], limit=10).records
     assert sorted(r.partition_key for r in recs) == keys
     assert len(_outputs(job)) == 24
+    wait_for_stops()  # the engines stop in the background, behind the run's end
     assert not _workers() and len(live_children("EngineCore")) <= cores

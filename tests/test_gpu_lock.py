@@ -25,9 +25,9 @@ import conftest
 from conftest import make_spec, unique_rows, write_parquet
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
-from sparkbatch_dagster.engines import FakeEngine, LazyEngine, settings
+from sparkbatch_dagster.engines import FakeEngine, LazyEngine, gpu_lock, settings
 from sparkbatch_dagster.engines.base import EngineRequest
-from sparkbatch_dagster.engines.gpu_lock import DeviceLock, lock_path
+from sparkbatch_dagster.engines.gpu_lock import DeviceLock, HeldEngine, lock_path, wait_for_stops
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 
@@ -161,6 +161,7 @@ def test_the_fake_resource_holds_its_devices_while_its_engine_lives(monkeypatch)
     assert held_elsewhere(lock_path("cpu0"))
     assert json.loads(lock_path("cpu0").read_text())["pid"] == os.getpid()
     res.close()
+    wait_for_stops()  # the engine stops in the background; its lock goes with it
     assert not held_elsewhere(lock_path("cpu0"))
     warm = FakeVLLMResource(gpu_lock=True, keep_warm=True, tensor_parallel_size=2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
@@ -172,6 +173,61 @@ def test_the_fake_resource_holds_its_devices_while_its_engine_lives(monkeypatch)
         warm.shutdown()
     assert not held_elsewhere(lock_path("3")) and not held_elsewhere(lock_path("5"))
     assert not FakeVLLMResource()._lock_devices()  # off by default: tests that play two boxes
+
+
+class SlowStop(FakeEngine):
+    """An engine whose stop lasts until the test releases it."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release, self.stopped_on = release, ""
+
+    def close(self) -> None:
+        self.stopped_on = threading.current_thread().name
+        assert self.release.wait(WAIT_S)
+        super().close()
+
+
+def test_an_engine_stops_in_the_background_and_holds_its_gpu_until_it_is_gone():
+    release = threading.Event()
+    engine = SlowStop(release)
+    held = HeldEngine.start(["7"], {"run_id": "r1"}, print, lambda: engine)
+    held.close(background=True)  # returns while the engine is still stopping
+    wait_until("the stop began", lambda: engine.stopped_on != "")
+    assert held_elsewhere(lock_path("7")) and not engine.closed
+    release.set()
+    assert wait_for_stops() >= 0.0
+    assert engine.closed and engine.stopped_on == "sparkbatch-engine-stop"
+    assert not held_elsewhere(lock_path("7"))
+
+
+def test_the_next_start_in_this_process_waits_for_a_stop_in_the_background(monkeypatch):
+    """Locks count per process, so only this wait keeps a second engine from loading beside one
+    still stopping (on the CPU backend: two engines' memory at once)."""
+    release, waiting = threading.Event(), threading.Event()
+    first = SlowStop(release)
+    real_wait = gpu_lock.wait_for_stops
+
+    def wait() -> float:
+        waiting.set()
+        return real_wait()
+
+    monkeypatch.setattr(gpu_lock, "wait_for_stops", wait)
+    HeldEngine.start(["7"], {"run_id": "r1"}, print, lambda: first).close(background=True)
+    seen: dict[str, bool] = {}
+
+    def second() -> FakeEngine:
+        seen["first closed"] = first.closed
+        return FakeEngine()
+
+    starting = threading.Thread(target=lambda: seen.setdefault("held", bool(
+        HeldEngine.start(["7"], {"run_id": "r2"}, print, second))))
+    starting.start()
+    assert waiting.wait(WAIT_S), "the start did not wait for the engine stopping in the background"
+    assert "first closed" not in seen
+    release.set()
+    starting.join(WAIT_S)
+    assert seen == {"first closed": True, "held": True}
 
 
 def test_a_failed_start_frees_the_gpus(monkeypatch):

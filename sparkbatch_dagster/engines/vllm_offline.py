@@ -19,6 +19,7 @@ from ..spec import OutputSpec, SamplingSpec
 from ..spec.prompts import chat_text
 from . import confidence, label_tokens, reasoning
 from .base import Engine, EngineRequest, EngineResult, settings_key
+from .encode_ahead import EncodeAhead
 from .vllm_params import engine_failure, sampling_params
 
 
@@ -37,6 +38,8 @@ class VLLMOfflineEngine(Engine):
         self.label_decoding = label_decoding
         #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
         self.confidence = True
+        #: Whether prompts are encoded on a thread of their own (:mod:`.encode_ahead`); off only to measure it.
+        self.encode_ahead = True
         self.window = window
         self.chunk = min(chunk, window)
         self._tokenizer = self._llm.get_tokenizer()
@@ -106,35 +109,40 @@ class VLLMOfflineEngine(Engine):
         own_params: dict[str, Any] = {}  # requests' own settings (a batch file's lines), built once each
         again: set[str] = set()  # asked again with the grammar
         exhausted = False
+        ahead = EncodeAhead(self.encode, threaded=self.encode_ahead)
         try:
             while True:
-                # Top up one chunk per step (one tokenizer call each), also at the start: the
-                # engine begins on the first chunk while the rest are still being rendered and
-                # tokenized here, instead of idling until the whole window is ready.
-                if not exhausted and len(in_flight) <= self.window - self.chunk:
+                # Top up a chunk at a time (one tokenizer call each), also at the start: the engine
+                # begins on the first chunk while the next are still being rendered and encoded
+                # (on their own thread: encode_ahead.py), instead of idling until the window is full.
+                while not exhausted and ahead.room() and len(in_flight) + ahead.rows <= self.window - self.chunk:
                     batch = list(itertools.islice(source, self.chunk))
                     exhausted = not batch
-                    with self.part("tokenize"):  # the step's own work on its thread, named in its timings
-                        encoded = self.encode(batch)
-                    for req, ids in zip(batch, encoded, strict=True):
-                        if len(ids) >= self._max_len:
-                            yield EngineResult(
-                                req.id, None, len(ids),
-                                error=f"prompt_too_long: {len(ids)} tokens, model context is {self._max_len}",
-                            )
-                            continue
-                        rid = f"sb-{next(self._ids)}"
-                        own = req.sampling is not None or req.output is not None  # a batch file line's own
-                        with engine_failure():  # the engine core may die between two steps
-                            engine.add_request(rid, TokensPrompt(prompt_token_ids=ids),
-                                               self._own_params(req, sampling, output, top, own_params) if own
-                                               else first)
-                        in_flight[rid] = req.id
-                        prompt_lens[rid] = len(ids)
-                        if step is not None and not own:
-                            asked[rid] = req
+                    if batch:
+                        with self.part("tokenize"):  # the step's own work on its thread, named in its timings
+                            ahead.submit(batch)
+                # What is encoded goes in; with nothing in flight the engine waits for the next chunk.
+                with self.part("tokenize"):
+                    encoded = list(ahead.take(wait=not in_flight))
+                for req, ids in encoded:
+                    if len(ids) >= self._max_len:
+                        yield EngineResult(
+                            req.id, None, len(ids),
+                            error=f"prompt_too_long: {len(ids)} tokens, model context is {self._max_len}",
+                        )
+                        continue
+                    rid = f"sb-{next(self._ids)}"
+                    own = req.sampling is not None or req.output is not None  # a batch file line's own
+                    with engine_failure():  # the engine core may die between two steps
+                        engine.add_request(rid, TokensPrompt(prompt_token_ids=ids),
+                                           self._own_params(req, sampling, output, top, own_params) if own
+                                           else first)
+                    in_flight[rid] = req.id
+                    prompt_lens[rid] = len(ids)
+                    if step is not None and not own:
+                        asked[rid] = req
                 if not in_flight:
-                    if exhausted:
+                    if exhausted and not ahead.rows:
                         return
                     continue
                 with engine_failure():
@@ -161,6 +169,7 @@ class VLLMOfflineEngine(Engine):
                     )
                     again.discard(out.request_id)
         finally:
+            ahead.close()
             if in_flight:  # the caller stopped early: leave the engine clean for the next shard
                 with contextlib.suppress(Exception):  # a dead engine has nothing to abort
                     engine.abort_request(list(in_flight))

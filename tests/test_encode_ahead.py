@@ -1,0 +1,113 @@
+"""Prompts encoded on a thread of their own (engines/encode_ahead.py): order, waits, errors, and on
+the real engine the same answers as encoding inline."""
+
+import threading
+
+import pytest
+
+from sparkbatch_dagster.engines import EngineRequest
+from sparkbatch_dagster.engines.encode_ahead import EncodeAhead
+from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
+
+
+def reqs(first: int, n: int) -> list[EngineRequest]:
+    return [EngineRequest(str(i), [{"role": "user", "content": f"row {i}"}]) for i in range(first, first + n)]
+
+
+def test_chunks_come_back_in_order_encoded_on_another_thread():
+    threads: list[str] = []
+
+    def encode(batch):
+        threads.append(threading.current_thread().name)
+        return [[int(r.id)] * 3 for r in batch]
+
+    ahead = EncodeAhead(encode)
+    for k in range(5):
+        ahead.submit(reqs(10 * k, 10))
+    assert ahead.rows == 50 and not ahead.room()
+    got = [(req.id, ids) for req, ids in ahead.take(wait=True)]
+    while ahead.rows:
+        got += [(req.id, ids) for req, ids in ahead.take(wait=True)]
+    assert [r for r, _ in got] == [str(i) for i in range(50)]
+    assert all(ids == [int(r)] * 3 for r, ids in got)
+    assert threads and all(name.startswith("sparkbatch-encode") for name in threads)
+    ahead.close()
+
+
+def test_take_waits_only_when_told_to():
+    release = threading.Event()
+
+    def encode(batch):
+        release.wait()
+        return [[1] for _ in batch]
+
+    ahead = EncodeAhead(encode)
+    ahead.submit(reqs(0, 2))
+    assert list(ahead.take(wait=False)) == []  # not done: the engine's loop steps on
+    assert ahead.rows == 2
+    release.set()
+    assert [r.id for r, _ in ahead.take(wait=True)] == ["0", "1"]
+    assert ahead.rows == 0
+    ahead.close()
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_an_encoding_error_is_raised_where_it_is_taken(threaded):
+    def encode(batch):
+        raise ValueError("template failed on row " + batch[0].id)
+
+    ahead = EncodeAhead(encode, threaded=threaded)
+    ahead.submit(reqs(7, 1))
+    with pytest.raises(ValueError, match="row 7"):
+        list(ahead.take(wait=True))
+    ahead.close()
+
+
+def test_without_the_thread_a_chunk_is_encoded_when_submitted():
+    calls: list[str] = []
+    ahead = EncodeAhead(lambda batch: calls.append(threading.current_thread().name) or [[0] for _ in batch],
+                        threaded=False)
+    assert ahead.depth == 1
+    ahead.submit(reqs(0, 3))
+    assert calls == [threading.current_thread().name] and not ahead.room()
+    assert len(list(ahead.take(wait=False))) == 3
+
+
+def test_close_drops_what_was_not_taken():
+    release = threading.Event()
+    ahead = EncodeAhead(lambda batch: release.wait() and [[0] for _ in batch])
+    ahead.submit(reqs(0, 1))
+    ahead.submit(reqs(1, 1))
+    ahead.close()
+    release.set()
+    assert ahead.rows == 0 and list(ahead.take(wait=True)) == []
+
+
+@pytest.mark.real
+def test_the_real_engine_answers_alike_with_and_without_the_thread(real_engine, monkeypatch):
+    # Small chunks: the 24 prompts go in 6 chunks, so encoded chunks and engine steps interleave.
+    monkeypatch.setattr(real_engine, "chunk", 4)
+    monkeypatch.setattr(real_engine, "window", 8)
+    threads: list[str] = []
+    encode = real_engine.encode
+
+    def recording(batch, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return encode(batch, *args, **kwargs)
+
+    monkeypatch.setattr(real_engine, "encode", recording)
+    prompts = [EngineRequest(str(i), [{"role": "user", "content": f"Name a word that rhymes with {w}."}])
+               for i, w in enumerate(["cat", "dog", "tree", "blue", "sun", "car"] * 4)]
+    sampling = SamplingSpec(max_tokens=6, temperature=0.0)
+    answers = {}
+    for threaded in (True, False):
+        monkeypatch.setattr(real_engine, "encode_ahead", threaded)
+        threads.clear()
+        results = list(real_engine.generate(prompts, sampling, OutputSpec(kind="text")))
+        assert sorted(r.id for r in results) == sorted(p.id for p in prompts)
+        answers[threaded] = {r.id: (r.text, r.prompt_tokens) for r in results}
+        on_thread = [name.startswith("sparkbatch-encode") for name in threads]
+        assert len(threads) == 6 and all(on_thread) == threaded and any(on_thread) == threaded
+    assert answers[True] == answers[False]
+    # Each row kept its own prompt: the same question has the same answer and prompt length.
+    assert len({answers[True][str(i)] for i in range(0, 24, 6)}) == 1
