@@ -87,7 +87,7 @@ def test_a_failed_start_kills_what_it_started(monkeypatch):
     vLLM starts a worker that ignores SIGTERM, then fails as vLLM does."""
     import vllm
 
-    from sparkbatch_dagster.engines.vllm_offline import _start_llm
+    from sparkbatch_dagster.engines.llm_start import start_llm
     from sparkbatch_dagster.errors import EngineError
 
     workers: list[subprocess.Popen[str]] = []
@@ -103,7 +103,7 @@ def test_a_failed_start_kills_what_it_started(monkeypatch):
     monkeypatch.setattr(vllm, "LLM", failing_llm)
     try:
         with pytest.raises(EngineError, match="could not start"):
-            _start_llm("model", {}, None)
+            start_llm("model", {}, None)
         assert workers[0].wait(timeout=60) == -9  # killed, not left running
     finally:
         for worker in workers:
