@@ -30,6 +30,9 @@ OUTPUT = OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"])
 
 
 def _workers() -> list[Any]:
+    """The worker processes left, once every engine stopping in the background has stopped (a
+    run's end stops its engine behind the run: gpu_lock.HeldEngine.close)."""
+    wait_for_stops()
     return live_children("spawn_main")  # a worker's command line; the resource tracker's is not
 
 
@@ -306,5 +309,4 @@ def test_two_real_cpu_engines_label_a_job(tmp_path):
     recs = inst.fetch_materializations(job.keys["labeled_outputs"], limit=10).records
     assert sorted(r.partition_key for r in recs) == keys
     assert len(_outputs(job)) == 24
-    wait_for_stops()  # the engines stop in the background, behind the run's end
     assert not _workers() and len(live_children("EngineCore")) <= cores
