@@ -45,6 +45,7 @@ from engine_trace import trace  # noqa: E402
 from results_io import emit  # noqa: E402
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
+from sparkbatch_dagster.definitions.resource import close_warm_engines  # noqa: E402
 from sparkbatch_dagster.engines.base import Engine  # noqa: E402
 from sparkbatch_dagster.engines.start import default_token_ids  # noqa: E402
 from sparkbatch_dagster.run.result_store import ResultStore  # noqa: E402
@@ -336,8 +337,7 @@ def main() -> None:
 
         run_server_variants(variants, kw, args.repeat, server_round, times, totals)
     res["vllm"].shutdown()
-    if server is not None:
-        VLLMResource(engine="server", **kw).shutdown()  # the server started beside the offline engine
+    close_warm_engines()  # --alongside: the server started beside the offline engine
     result = summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
                        totals=totals, times=times, engine_start_s=engine_start_s)
     emit({**result, "trace": traces} if traces else result, args.out)

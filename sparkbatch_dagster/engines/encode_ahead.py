@@ -73,8 +73,6 @@ class EncodeAhead:
 
     def close(self) -> None:
         """Drop what was not taken (the caller stopped early) and let the thread go."""
-        for _, future in self._queued:
-            future.cancel()
         self._queued.clear()
         self.rows = 0
         if self._pool is not None:

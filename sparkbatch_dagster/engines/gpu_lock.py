@@ -38,9 +38,8 @@ DEFAULT_DIR = "~/.cache/sparkbatch/gpu-locks"
 #: Lock files this process holds: path -> [file descriptor, engines of this process holding it].
 _HELD: dict[str, list[int]] = {}
 _GUARD = threading.Lock()
-#: Engines of this process stopping in the background (:meth:`HeldEngine.close`), with how long
-#: each stop took once it has ended.
-_STOPPING: list[tuple[threading.Thread, list[float]]] = []
+#: Engines of this process stopping in the background (:meth:`HeldEngine.close`).
+_STOPPING: list[tuple[threading.Thread, HeldEngine]] = []
 
 
 def lock_dir() -> Path:
@@ -181,6 +180,7 @@ class HeldEngine:
 
     def __init__(self, engine: Engine, lock: DeviceLock | None) -> None:
         self.engine, self.lock = engine, lock
+        self.stop_s = 0.0  # how long its stop took, once stopped
 
     @classmethod
     def start(cls, devices: list[str], holder: Mapping[str, Any], log: Callable[[str], None],
@@ -205,26 +205,24 @@ class HeldEngine:
         it, and so does the process's exit (the thread is no daemon); :func:`wait_for_stops`
         waits for it too."""
         if not background:
-            self._stop()
+            try:
+                self._stop()
+            finally:
+                spans.note("engine_stop", self.stop_s)  # `sparkbatch run`'s timings_s
             return
-        took: list[float] = []
-        thread = threading.Thread(target=self._stop, args=(took,), name="sparkbatch-engine-stop")
+        thread = threading.Thread(target=self._stop, name="sparkbatch-engine-stop")
         with _GUARD:
-            _STOPPING.append((thread, took))
+            _STOPPING.append((thread, self))
         thread.start()
 
-    def _stop(self, took: list[float] | None = None) -> None:
+    def _stop(self) -> None:
         began = time.perf_counter()
         try:
             self.engine.close()
         finally:  # the memory is free only once the engine is gone: then the next run may start
             if self.lock is not None:
                 self.lock.release()
-            seconds = time.perf_counter() - began
-            if took is None:
-                spans.note("engine_stop", seconds)  # `sparkbatch run`'s timings_s
-            else:
-                took.append(seconds)
+            self.stop_s = time.perf_counter() - began
 
 
 def wait_for_stops() -> float:
@@ -242,4 +240,4 @@ def wait_for_stops() -> float:
         _STOPPING.clear()
     for thread, _ in stopping:
         thread.join()
-    return sum(sum(took) for _, took in stopping)
+    return sum(held.stop_s for _, held in stopping)
