@@ -230,6 +230,36 @@ def test_the_next_start_in_this_process_waits_for_a_stop_in_the_background(monke
     assert seen == {"first closed": True, "held": True}
 
 
+AT_EXIT = textwrap.dedent("""
+    from sparkbatch_dagster.engines import FakeEngine
+    from sparkbatch_dagster.engines.gpu_lock import HeldEngine
+
+    class Engine(FakeEngine):
+        def close(self):
+            print("stopped", flush=True)
+
+    class Run:
+        \"\"\"Torn down only by the interpreter's last collection, as a run's resources are after a
+        SIGTERM's exit (a generator Dagster never closed).\"\"\"
+
+        def __init__(self):
+            self.held, self.cycle = HeldEngine.start(["7"], {"run_id": "r"}, print, Engine), self
+
+        def __del__(self):
+            self.held.close(background=True)
+
+    Run()
+""")
+
+
+def test_an_engine_stopped_as_the_interpreter_exits_stops_there_and_then():
+    """No thread can start then (Thread.start() waited forever: a killed `serve-batch`'s run-batch
+    child never exited): the stop runs on the spot."""
+    proc = subprocess.run([sys.executable, "-c", AT_EXIT], capture_output=True, text=True, timeout=60,
+                          env={**os.environ})
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "stopped", proc.stderr[-2000:]
+
+
 def test_a_failed_start_frees_the_gpus(monkeypatch):
     class Broken(FakeVLLMResource):
         def _start(self):  # type: ignore[no-untyped-def]

@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -204,7 +205,9 @@ class HeldEngine:
         the devices stay locked until it is gone, the next engine start of this process waits for
         it, and so does the process's exit (the thread is no daemon); :func:`wait_for_stops`
         waits for it too."""
-        if not background:
+        # A run torn down as the interpreter exits (a generator closed by its last collection, after
+        # a SIGTERM's exit) cannot start a thread: there, Thread.start() waits forever.
+        if not background or sys.is_finalizing():
             try:
                 self._stop()
             finally:
