@@ -6,9 +6,13 @@ against an OpenAI-compatible server that answers at once (a stub in its own proc
 Server mode on an H200 ran at 0.79 of offline (``h200-1b-server.json``). This tells whether our
 side of the socket is what caps it: the client's CPU time per request (the request body, the
 HTTP round trip in the client's event-loop thread, the answer parsed), as ``VLLMServerEngine``
-sends the H200 benchmark's own prompts, with chat bodies (the default) and with
-``server_token_ids`` (the chat template and tokenizer run here, ids go to ``/v1/completions``).
-Arms alternate A-B / B-A. ``client_max_requests_per_s`` (1 / CPU seconds per request) is what
+sends the H200 benchmark's own prompts, with chat bodies and with ``server_token_ids`` (the
+chat template and tokenizer run here, ids go to ``/v1/completions``; the default for a server
+started here), and ``server_token_ids`` with the bodies built inline on the caller's thread, as
+before 2026-12-04 (``token_ids_inline``), instead of a chunk at a time on the encoding thread.
+Arms alternate A-B-C / C-B-A. ``caller_ms_per_request`` is the CPU time of the thread that calls
+``generate``: in a run, the labeling step's thread, which also writes every answer.
+``client_max_requests_per_s`` (1 / CPU seconds per request) is what
 one core of this machine could sustain; set it against the rate the H200 server delivered.
 """
 
@@ -66,19 +70,25 @@ def _wait(port: int, proc: subprocess.Popen) -> None:
     raise SystemExit("the stub server did not start")
 
 
-def _arm(url: str, token_ids: bool, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
+#: Arm: (server_token_ids, bodies built on the encoding thread).
+ARMS = {"chat": (False, True), "token_ids": (True, True), "token_ids_inline": (True, False)}
+
+
+def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
     from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
 
+    token_ids, ahead = ARMS[arm]
     engine = VLLMServerEngine(url, "m", max_in_flight=in_flight, token_ids=token_ids)
+    engine.encode_ahead = ahead
     try:
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, caller = time.perf_counter(), time.process_time(), time.thread_time()
         answered = sum(1 for r in engine.generate(requests, sampling, output) if r.error is None)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        wall, cpu, caller = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - caller
     finally:
         engine.close()
     if answered != len(requests):
         raise SystemExit(f"{len(requests) - answered} requests failed")
-    return {"wall_s": wall, "cpu_s": cpu}
+    return {"wall_s": wall, "cpu_s": cpu, "caller_cpu_s": caller}
 
 
 def main() -> None:
@@ -102,18 +112,18 @@ def main() -> None:
     tokenizer_root = str(ensure_embedded(DEFAULT_MODEL_NAME))  # the H200 runs' dummy models carry this tokenizer
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", STUB, tokenizer_root, str(port)])
-    times: dict[str, list[dict]] = {"chat": [], "token_ids": []}
+    times: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     try:
         _wait(port, proc)
         url = f"http://127.0.0.1:{port}"
-        _arm(url, False, requests[:256], spec.sampling, spec.output, args.max_in_flight)  # warm-up
+        for arm in ARMS:  # warm-up: the tokenizer's first calls, the stub's first connections
+            _arm(url, arm, requests[:256], spec.sampling, spec.output, args.max_in_flight)
         for n in range(args.rounds):
-            order = ["chat", "token_ids"] if n % 2 == 0 else ["token_ids", "chat"]
-            for arm in order:
-                times[arm].append(_arm(url, arm == "token_ids", requests, spec.sampling, spec.output,
-                                       args.max_in_flight))
+            for arm in list(ARMS) if n % 2 == 0 else list(ARMS)[::-1]:
+                times[arm].append(_arm(url, arm, requests, spec.sampling, spec.output, args.max_in_flight))
                 got = times[arm][-1]
-                print(f"round {n} {arm}: {got['wall_s']:.2f} s, client CPU {got['cpu_s']:.2f} s", file=sys.stderr)
+                print(f"round {n} {arm}: {got['wall_s']:.2f} s, client CPU {got['cpu_s']:.2f} s, "
+                      f"caller's thread {got['caller_cpu_s']:.2f} s", file=sys.stderr)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -123,8 +133,11 @@ def main() -> None:
     for arm, runs in times.items():
         cpu_ms = statistics.median(r["cpu_s"] for r in runs) / args.rows * 1000
         result[arm] = {"wall_s": [round(r["wall_s"], 2) for r in runs], "cpu_s": [round(r["cpu_s"], 2) for r in runs],
+                       "caller_cpu_s": [round(r["caller_cpu_s"], 2) for r in runs],
                        "requests_per_s": round(args.rows / statistics.median(r["wall_s"] for r in runs)),
-                       "client_ms_per_request": round(cpu_ms, 3), "client_max_requests_per_s": round(1000 / cpu_ms)}
+                       "client_ms_per_request": round(cpu_ms, 3), "client_max_requests_per_s": round(1000 / cpu_ms),
+                       "caller_ms_per_request": round(statistics.median(r["caller_cpu_s"] for r in runs)
+                                                      / args.rows * 1000, 3)}
     h200 = Path(args.h200)
     if h200.exists():  # the rate the H200's vllm serve delivered, for scale
         ref = json.loads(h200.read_text())

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from sparkbatch_dagster.engines import EngineRequest
-from sparkbatch_dagster.engines.encode_ahead import EncodeAhead
+from sparkbatch_dagster.engines.encode_ahead import EncodeAhead, Prepared
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 
 
@@ -111,3 +111,62 @@ def test_the_real_engine_answers_alike_with_and_without_the_thread(real_engine, 
     assert answers[True] == answers[False]
     # Each row kept its own prompt: the same question has the same answer and prompt length.
     assert len({answers[True][str(i)] for i in range(0, 24, 6)}) == 1
+
+
+def test_prepared_hands_out_requests_in_order_reading_the_source_on_the_callers_thread():
+    readers: list[str] = []
+    encoders: list[str] = []
+
+    def source():
+        for req in reqs(0, 23):
+            readers.append(threading.current_thread().name)
+            yield req
+
+    def encode(batch):
+        encoders.append(threading.current_thread().name)
+        return [f"body {r.id}" for r in batch]
+
+    prepared = Prepared(source(), encode, chunk=5)
+    got = []
+    while (item := prepared.next()) is not None:
+        got.append(item)
+    prepared.close()
+    assert [(r.id, body) for r, body in got] == [(str(i), f"body {i}") for i in range(23)]
+    assert set(readers) == {threading.current_thread().name}
+    assert len(encoders) == 5 and all(name.startswith("sparkbatch-encode") for name in encoders)
+
+
+def test_prepared_rest_gives_back_every_request_not_handed_out_without_encoding_it():
+    release = threading.Event()
+    calls: list[int] = []
+
+    def encode(batch):
+        calls.append(len(batch))
+        if len(calls) > 1:  # the chunks after the first stay unencoded until the test ends
+            release.wait()
+        return [None for _ in batch]
+
+    prepared = Prepared(iter(reqs(0, 20)), encode, chunk=4)
+    first = [prepared.next(), prepared.next()]
+    assert [item[0].id for item in first if item] == ["0", "1"]
+    # Handed out: 0 and 1. Waiting: 2-3 (encoded), 4-11 (queued on the thread), 12-19 (not read).
+    assert [r.id for r in prepared.rest()] == [str(i) for i in range(2, 20)]
+    release.set()
+    prepared.close()
+
+
+def test_token_bodies_tokenizes_a_chunk_as_token_body_does_each():
+    from transformers import AutoTokenizer
+
+    from sparkbatch_dagster.engines.model import resolve_model
+    from sparkbatch_dagster.engines.token_prompts import token_bodies, token_body
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))
+    bodies = [{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": f"Say {w}."}]}
+              for w in ["a", "longer sentence with more words", ""]]
+    bodies[1]["chat_template_kwargs"] = {"enable_thinking": False}
+    one_by_one = [token_body(tokenizer, b) for b in bodies]
+    assert token_bodies(tokenizer, bodies) == one_by_one
+    assert all("messages" not in b and "chat_template_kwargs" not in b and b["prompt"] for b in one_by_one)
+    assert len({len(b["prompt"]) for b in one_by_one}) == 3
+    assert token_bodies(tokenizer, []) == []

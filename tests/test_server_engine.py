@@ -218,6 +218,35 @@ def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engi
             assert served[k].confidence == pytest.approx(r.confidence, abs=1e-3)
 
 
+def test_a_started_server_answers_alike_with_bodies_built_on_their_own_thread_or_inline(server_engine, monkeypatch):
+    """Bodies are built and tokenized a chunk at a time on the encoding thread (encode_ahead.py);
+    in chunks of 4 here, so chunks and answers interleave: the same answers as built inline."""
+    from sparkbatch_dagster import OutputSpec, SamplingSpec
+    from sparkbatch_dagster.engines import EngineRequest
+    from sparkbatch_dagster.engines import token_prompts, vllm_server
+
+    threads: list[str] = []
+    original = token_prompts.token_bodies
+
+    def recording(tokenizer, bodies):
+        threads.append(threading.current_thread().name)
+        return original(tokenizer, bodies)
+
+    monkeypatch.setattr(vllm_server, "token_bodies", recording)
+    monkeypatch.setattr(server_engine, "chunk", 4)
+    reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Name a word that rhymes with {w}."}])
+            for i, w in enumerate(["cat", "dog", "tree", "blue", "sun", "car"] * 3)]
+    answers = {}
+    for threaded in (True, False):
+        monkeypatch.setattr(server_engine, "encode_ahead", threaded)
+        threads.clear()
+        got = list(server_engine.generate(reqs, SamplingSpec(max_tokens=6, temperature=0.0), OutputSpec(kind="text")))
+        answers[threaded] = {r.id: (r.text, r.prompt_tokens) for r in got}
+        assert len(threads) == 5 and all(t.startswith("sparkbatch-encode") for t in threads) == threaded
+        assert any(t.startswith("sparkbatch-encode") for t in threads) == threaded
+    assert len(answers[True]) == 18 and answers[True] == answers[False]
+
+
 def test_a_chat_server_gives_the_confidence_by_token_text(server_engine, real_engine):
     """Someone else's server is asked in chat messages, without the tokenizer here: the grammar
     answers, and its log-probabilities come back keyed by token text, not id."""

@@ -34,8 +34,22 @@ def load_tokenizer(path: str) -> Any:
 
 def token_body(tokenizer: Any, body: dict[str, Any]) -> dict[str, Any]:
     """A chat-completions body as a completions body: ``messages`` become ``prompt`` token ids."""
-    out = dict(body)
-    kwargs = out.pop("chat_template_kwargs", None)  # a reasoning job's enable_thinking: applied here
-    text, special = chat_text(tokenizer, out.pop("messages"), kwargs)  # the text offline mode and preview use
-    out["prompt"] = list(tokenizer(text, add_special_tokens=special)["input_ids"])
+    return token_bodies(tokenizer, [body])[0]
+
+
+def token_bodies(tokenizer: Any, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`token_body` of each, in one tokenizer call (its Rust part spreads a batch over
+    cores, and releases the GIL while it runs)."""
+    out, texts = [], []
+    for body in bodies:
+        one = dict(body)
+        kwargs = one.pop("chat_template_kwargs", None)  # a reasoning job's enable_thinking: applied here
+        texts.append(chat_text(tokenizer, one.pop("messages"), kwargs))  # the text offline mode and preview use
+        out.append(one)
+    if not out:
+        return out
+    special = texts[0][1]  # one tokenizer: the same answer for every body
+    ids = tokenizer([text for text, _ in texts], add_special_tokens=special)["input_ids"]
+    for one, prompt in zip(out, ids, strict=True):
+        one["prompt"] = list(prompt)
     return out

@@ -25,71 +25,30 @@ import contextlib
 import dataclasses
 import queue
 import random
-import re
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
 from . import confidence, label_tokens, reasoning
-from .base import Engine, EngineRequest, EngineResult, structured_outputs
-from .endpoints import check_endpoints, check_served, key_error, message, served_models
+from .base import Engine, EngineRequest, EngineResult
+from .encode_ahead import Prepared
+from .endpoints import check_endpoints, check_served, message, served_models
 from .reasoning_server import reasoned_result, reasoning_fields, server_reasoning
 from .replicas import Pool, Replica
+from .server_bodies import classify, grammar_body, request_body
 from .server_process import ServerProcess, free_port
-from .token_prompts import load_tokenizer, token_body
+from .token_prompts import load_tokenizer, token_bodies
 
-__all__ = ["ServerProcess", "VLLMServerEngine", "check_served", "free_port", "request_body", "served_models"]
+__all__ = ["ServerProcess", "VLLMServerEngine", "check_served", "free_port", "grammar_body", "request_body",
+           "served_models"]
 
-_RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 #: 400s held back while nothing has succeeded; this many (and none of those in flight succeeding)
 #: mean the request itself is wrong, not the rows.
 _HOLD = 8
-
-
-def request_body(model: str, messages: list[dict[str, str]], sampling: SamplingSpec, output: OutputSpec,
-                 defaults: Mapping[str, Any] | None = None, first: Collection[int] | None = None) -> dict:
-    """The chat-completions payload, structured outputs included; ``defaults``: the sampling
-    defaults offline mode applies too, sent so that the server applies exactly those; ``first``:
-    the labels' first tokens, one step instead of the grammar (as offline: ``label_tokens``)."""
-    body: dict[str, Any] = {
-        "model": model, "messages": messages, "max_tokens": 1 if first else sampling.max_tokens,
-        "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
-        "ignore_eos": sampling.ignore_eos, **(defaults or {}),
-    }
-    fields = None if first else structured_outputs(output)
-    if fields:
-        body["structured_outputs"] = fields
-    if first:
-        body["allowed_token_ids"] = sorted(first)
-    return body
-
-
-def grammar_body(body: dict[str, Any], sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
-    """A one-step body (:func:`request_body` with ``first``) asked again with the grammar."""
-    out = {k: v for k, v in body.items() if k != "allowed_token_ids"}
-    out["max_tokens"] = sampling.max_tokens
-    out["structured_outputs"] = structured_outputs(output)
-    return out
-
-
-def _classify(status: int, text: str, url: str) -> str:
-    """``retry``, or the reason of a row's own failure; a ConfigError for a setting that fails every row."""
-    if status in _RETRY_STATUS:
-        return "retry"
-    if status in (401, 403):
-        raise key_error(url, status)
-    low = text.lower()
-    if "chat template" in low or "chat_template" in low:
-        raise ConfigError(f"server at {url} cannot render chat messages (HTTP {status}: {text}): the model has no "
-                          "chat template: use a chat (instruct) model, or start the server with --chat-template")
-    if re.search(r"context length|maximum[^.]*tokens|reduce the length", low):
-        return "prompt_too_long"
-    return "bad_request"
-
 
 #: A request on its way: row id, body, the replicas it got only transient failures from, the last one.
 _Sent = tuple[str, dict[str, Any], frozenset[Replica], EngineResult | None]
@@ -111,6 +70,9 @@ class VLLMServerEngine(Engine):
         self._step: label_tokens.FirstStep | None = None  # this generate's one-step labels (label_tokens)
         #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
         self.confidence = True
+        #: Whether bodies are built on a thread of their own (:mod:`.encode_ahead`); off only to measure it.
+        self.encode_ahead = True
+        self.chunk = 256  # requests per chunk of bodies built (and tokenized) in one call
         self._sure: confidence.Scorer | None = None  # this generate's, when it asks for log-probabilities
         self._thinking: reasoning.Plan | None = None  # this generate's reasoning (server_reasoning)
         self.max_in_flight = max_in_flight
@@ -164,7 +126,9 @@ class VLLMServerEngine(Engine):
         done: queue.Queue[cf.Future] = queue.Queue()
         pending: dict[cf.Future, tuple[_Sent, Replica]] = {}
         resend: deque[_Sent] = deque()  # a dead replica's rows, and rows another replica may answer
-        source = iter(requests)
+        # Bodies are built (and tokenized, server_token_ids) a chunk at a time on a thread of
+        # their own: this thread sends them and handles every answer (encode_ahead.py).
+        source = Prepared(requests, self._bodies(sampling, output), self.chunk, threaded=self.encode_ahead)
         exhausted = succeeded = transient = False
         # Until one request succeeds, a 400 may be the request's fault (model, sampling, output
         # settings) rather than the row's: such results are held back, not yielded as error rows.
@@ -178,7 +142,7 @@ class VLLMServerEngine(Engine):
                     yield from (EngineResult(row_id, None, error=why, retryable=True) for row_id in rows)
                     if not exhausted:
                         exhausted = True
-                        yield from (EngineResult(req.id, None, error=why, retryable=True) for req in source)
+                        yield from (EngineResult(req.id, None, error=why, retryable=True) for req in source.rest())
                 # Requests are pulled here, in the caller's thread: the async thread only does I/O.
                 # _HOLD held failures stop new sends: those in flight decide (one success releases).
                 while succeeded or len(held) < _HOLD:
@@ -197,11 +161,11 @@ class VLLMServerEngine(Engine):
                         replica = None if exhausted else pool.pick()
                         if replica is None:
                             break  # every replica is full (or nothing is left): wait for an answer
-                        req = next(source, None)
-                        if req is None:
+                        item = source.next()
+                        if item is None:
                             exhausted = True
                             break
-                        row_id, body, tried, last = req.id, self._body(req, sampling, output), frozenset(), None
+                        row_id, body, tried, last = item[0].id, item[1], frozenset(), None
                     fut = asyncio.run_coroutine_threadsafe(self._one(replica, row_id, body), self._loop)
                     replica.in_flight += 1
                     replica.sent += 1
@@ -243,11 +207,22 @@ class VLLMServerEngine(Engine):
                 else:
                     held.append(res)
         finally:
+            source.close()
             for fut in pending:
                 fut.cancel()
             pool.summary()
 
+    def _bodies(self, sampling: SamplingSpec, output: OutputSpec) -> Callable[[list[EngineRequest]], list[dict]]:
+        """What makes a chunk of requests' bodies, with this generate's settings."""
+
+        def bodies(batch: list[EngineRequest]) -> list[dict[str, Any]]:
+            out = [self._body(req, sampling, output) for req in batch]
+            return out if self._tokenizer is None else token_bodies(self._tokenizer, out)
+
+        return bodies
+
     def _body(self, req: EngineRequest, sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
+        """The request's chat body (messages, not yet token ids)."""
         own = req.sampling is not None or req.output is not None  # a batch file line's own settings
         first = self._step.allowed if self._step and not own else None
         body = request_body(self.served_name, req.messages, req.sampling or sampling, req.output or output,
@@ -256,7 +231,7 @@ class VLLMServerEngine(Engine):
             body.update(self._sure.fields(completions=self._tokenizer is not None))
         if self._thinking is not None:
             body.update(reasoning_fields(self._thinking))
-        return body if self._tokenizer is None else token_body(self._tokenizer, body)
+        return body
 
     def _next_done(self, done: queue.Queue[cf.Future]) -> cf.Future:
         while True:
@@ -285,7 +260,7 @@ class VLLMServerEngine(Engine):
                     text = message(await r.text())
                     if r.status == 404:
                         raise await asyncio.to_thread(self._unknown_model, rep.url, text)
-                    kind = _classify(r.status, text, rep.url)
+                    kind = classify(r.status, text, rep.url)
                     if kind != "retry":
                         rep.answered()
                         return EngineResult(row_id, None, error=f"{kind}: HTTP {r.status}: {text}")

@@ -96,7 +96,7 @@ class JobSpec(Checked):
         "this long, then another takes them over.",
     )
     max_input_chars: int = Field(default=20_000, ge=1, description="Longer texts become error rows.")
-    checkpoint_rows: int = Field(default=256, ge=1, description="Flush finished rows every N rows...")
+    checkpoint_rows: int = Field(default=4096, ge=1, description="Flush finished rows every N rows...")
     checkpoint_seconds: float = Field(default=5.0, gt=0.0, description="...or every T seconds.")
     max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Asset check bar.")
     review_below: float = Field(
