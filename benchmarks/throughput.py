@@ -34,6 +34,7 @@ import random
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from arm_samples import gpu_samples, server_samples  # noqa: E402
 from engine_trace import trace  # noqa: E402
 from results_io import emit  # noqa: E402
 
@@ -232,6 +234,9 @@ def main() -> None:
                         "GB of KV cache, and its rounds alternate with the offline arms' (A-B-C / C-B-A), so a "
                         "drift of the machine's speed hits both modes alike")
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
+    p.add_argument("--sample", action="store_true",
+                   help="per arm and round: the GPU's clock, utilization and power (nvidia-smi), and with --server "
+                        "the server's batch from its /metrics (arm_samples.py)")
     p.add_argument("--trace", action="store_true",
                    help="per arm and round: engine step timings, this process's CPU time, vLLM's step metrics "
                         "(engine_trace.py); turns vLLM's stats on in every arm alike")
@@ -300,6 +305,7 @@ def main() -> None:
     # machine's speed hits every arm alike.
     totals: dict[str, Any] = {}
     traces: dict[str, list[dict[str, Any]]] = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
     times: dict[str, list[float]] = {"raw": [], "generate": [], "pipeline": [], "labeling": []}
     labeling_s = times["labeling"]
     arms: list[tuple[str, Any]] = [("raw", raw)] + ([("generate", raw_tokens_arm)] if args.generate else [])
@@ -309,11 +315,16 @@ def main() -> None:
         if server is not None:
             order.append(("server", functools.partial(server, n)))
         for arm, run in order if n % 2 == 0 else order[::-1]:
-            with trace(engine._llm, args.trace) as where:
+            served = server_samples(server.url) if args.sample and arm == "server" else nullcontext({})
+            gpu = gpu_samples() if args.sample else nullcontext({})
+            with trace(engine._llm, args.trace) as where, gpu as on_gpu, served as on_server:
                 times[arm].append(run())
             if args.trace:
                 traces.setdefault(arm, []).append(where)
                 print(f"trace {arm} round {n}: {json.dumps(where)}", file=sys.stderr, flush=True)
+            if args.sample:
+                samples.setdefault(arm, []).append({"gpu": on_gpu, **({"server": on_server} if on_server else {})})
+                print(f"sample {arm} round {n}: {json.dumps(samples[arm][-1])}", file=sys.stderr, flush=True)
         # Each round as it ends, so a run cut short by a time limit still reports its rounds.
         raw_t, pipe_t = times["raw"][-1], times["pipeline"][-1]
         line = f"round {n}: raw chat {raw_t:.2f} s, pipeline {pipe_t:.2f} s, ratio {raw_t / pipe_t:.3f}"
@@ -340,7 +351,7 @@ def main() -> None:
     close_warm_engines()  # --alongside: the server started beside the offline engine
     result = summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
                        totals=totals, times=times, engine_start_s=engine_start_s)
-    emit({**result, "trace": traces} if traces else result, args.out)
+    emit({**result, **({"trace": traces} if traces else {}), **({"samples": samples} if samples else {})}, args.out)
 
 
 def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows: int, totals: dict[str, Any],
@@ -420,6 +431,7 @@ def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str,
             res["vllm"] = offline
             times.setdefault("server_labeling", []).append(times["labeling"].pop())  # not the offline arm's
 
+    server_round.url = url  # type: ignore[attr-defined]  # --sample reads its /metrics
     server_round(0, "server-warmup")  # its first requests pay the server's own warm-up, as in run_server_variants
     times["server_labeling"].clear()
     times["server"] = []  # the rounds' loop appends each timed round
