@@ -66,7 +66,8 @@ def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_fronte
     assert {p.pid for p in _vllm_children() + live_children("VLLM::")} == before  # nothing of it left running
 
 
-SERVER = {**REAL_SETTINGS, "engine": "server"}
+# More connections than uvicorn's default backlog (2048): the server must listen with room for them.
+SERVER = {**REAL_SETTINGS, "engine": "server", "max_in_flight": 3000}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,38 @@ def test_a_server_started_here_batches_like_the_offline_engine(server_engine):
     assert (f"offline batch defaults: max_num_batched_tokens={tokens[UsageContext.LLM_CLASS]} "
             f"max_num_seqs={seqs[UsageContext.LLM_CLASS]} (its server defaults: "
             f"{tokens[UsageContext.OPENAI_API_SERVER]} and {seqs[UsageContext.OPENAI_API_SERVER]})") in log
+
+
+def test_a_started_server_has_room_for_every_connection_and_keeps_them_between_runs(server_engine):
+    """The client opens max_in_flight connections at once: the frontend listens with a backlog that
+    holds them all (past it the kernel drops connection attempts, retried after 1, 3 and 7 s). Idle
+    connections outlive vLLM's 5 s keep-alive, so a warm engine's next run reuses them."""
+    import shutil
+    import subprocess
+
+    from sparkbatch_dagster import OutputSpec, SamplingSpec
+    from sparkbatch_dagster.engines import EngineRequest
+
+    port = int(server_engine.base_url.rsplit(":", 1)[1])
+    assert "vllm serve listens with a backlog of 3000 connections" in server_engine.server.log_path.read_text()
+    if shutil.which("ss"):  # a listening socket's Send-Q is its backlog
+        listing = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout.split()
+        assert listing[2] == "3000", listing
+    env = psutil.Process(server_engine.server.proc.pid).environ()
+    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "900"
+
+    def client_ports() -> set[int]:
+        return {c.laddr.port for c in psutil.Process().net_connections("tcp")
+                if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+
+    reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Say {i}."}]) for i in range(4)]
+    list(server_engine.generate(reqs, SamplingSpec(max_tokens=2), OutputSpec(kind="text")))
+    first = client_ports()
+    assert first
+    time.sleep(6)  # the idle time under test: longer than vLLM's default keep-alive (5 s)
+    assert client_ports() == first
+    list(server_engine.generate(reqs, SamplingSpec(max_tokens=2), OutputSpec(kind="text")))
+    assert first <= client_ports()
 
 
 def test_partition_completes_with_labels_and_error_rows(tmp_path, server_engine):
@@ -222,8 +255,7 @@ def test_a_started_server_answers_alike_with_bodies_built_on_their_own_thread_or
     """Bodies are built and tokenized a chunk at a time on the encoding thread (encode_ahead.py);
     in chunks of 4 here, so chunks and answers interleave: the same answers as built inline."""
     from sparkbatch_dagster import OutputSpec, SamplingSpec
-    from sparkbatch_dagster.engines import EngineRequest
-    from sparkbatch_dagster.engines import token_prompts, vllm_server
+    from sparkbatch_dagster.engines import EngineRequest, token_prompts, vllm_server
 
     threads: list[str] = []
     original = token_prompts.token_bodies

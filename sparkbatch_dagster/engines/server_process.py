@@ -68,10 +68,19 @@ def spawn_owned(cmd: list[str], **popen: Any) -> subprocess.Popen[Any]:
     return _SPAWNER.submit(spawn).result()
 
 
-class ServerProcess:
-    """``vllm serve`` on 127.0.0.1, owned by this process and never left running."""
+#: Seconds an idle HTTP connection stays open on a server started here (vLLM's default: 5). The
+#: client keeps its connections between runs of this process (``KEEP_ALIVE_S`` less a margin, so
+#: it is the client that closes them): with 5 s, each run after a pause of more than 5 s opened
+#: every connection again, all at once.
+KEEP_ALIVE_S = 900
 
-    def __init__(self, model: str, served_name: str, args: list[str], start_timeout_s: float = 600.0) -> None:
+
+class ServerProcess:
+    """``vllm serve`` on 127.0.0.1, owned by this process and never left running. ``connections``:
+    the most the client opens at once (its ``max_in_flight``): the frontend listens with room for them."""
+
+    def __init__(self, model: str, served_name: str, args: list[str], start_timeout_s: float = 600.0,
+                 connections: int = 2048) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.gettempdir()) / f"sparkbatch-vllm-serve-{self.port}.log"
@@ -81,10 +90,11 @@ class ServerProcess:
         # A batch job's server: vLLM's offline batch defaults, not its interactive ones (vllm_cli).
         cmd = vllm_cli.command("serve", model, "--host", "127.0.0.1", "--port", str(self.port),
                                "--served-model-name", served_name, "--enable-prompt-tokens-details", *args,
-                               offline_batch_defaults=True)
+                               offline_batch_defaults=True, listen_backlog=max(connections, 2048))
+        env = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S), **os.environ}  # a value set here wins
         started = time.perf_counter()
         with open(self.log_path, "ab") as log:
-            self.proc = spawn_owned(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = spawn_owned(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             self._wait_healthy(start_timeout_s)
         except BaseException:

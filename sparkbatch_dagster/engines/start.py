@@ -185,7 +185,8 @@ def start(cfg: EngineSettings) -> Engine:
 
         serve = {**kwargs, "data_parallel_size": engines} if engines > 1 else kwargs
         with settings.environment(envs[0]):  # `vllm serve` inherits it (CPU core binding)
-            server = ServerProcess(model, name, serve_args(serve), cfg.server_start_timeout_s)
+            server = ServerProcess(model, name, serve_args(serve), cfg.server_start_timeout_s,
+                                   connections=in_flight(cfg, engines))
         served = client(cfg, server.url, name, key, server, engines)
         served.memory_note = note
         return served
@@ -245,6 +246,12 @@ def default_token_ids(cfg: EngineSettings, started_here: bool) -> bool:
     return started_here and "chat_template" not in cfg.engine_kwargs
 
 
+def in_flight(cfg: EngineSettings, engines: int = 1) -> int:
+    """Requests the client keeps in flight per server: by default enough to keep every engine's
+    batch full (a server with data parallel has several)."""
+    return cfg.max_in_flight or 4 * cfg.max_num_seqs * engines
+
+
 def client(cfg: EngineSettings, url: str | list[str], name: str, key: str | None, server: Any = None,
            engines: int = 1) -> VLLMServerEngine:
     """The server-mode client of ``url`` (one server or several), ``server`` the process we own."""
@@ -253,9 +260,8 @@ def client(cfg: EngineSettings, url: str | list[str], name: str, key: str | None
     token_ids = cfg.server_token_ids
     if token_ids is None:
         token_ids = default_token_ids(cfg, started_here=server is not None)
-    # The default keeps every engine's batch full (a server with data parallel has several).
-    return VLLMServerEngine(url, name, api_key=key, max_in_flight=cfg.max_in_flight
-                            or 4 * cfg.max_num_seqs * engines, timeout_s=cfg.request_timeout_s,
-                            max_retries=cfg.max_retries, server=server, token_ids=token_ids,
+    return VLLMServerEngine(url, name, api_key=key, max_in_flight=in_flight(cfg, engines),
+                            timeout_s=cfg.request_timeout_s, max_retries=cfg.max_retries, server=server,
+                            token_ids=token_ids,
                             sampling_defaults=cfg.sampling_defaults() if server is not None else {},
                             label_decoding=cfg.label_decoding)

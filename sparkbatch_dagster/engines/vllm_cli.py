@@ -14,6 +14,12 @@ CPU 4096 instead of 2048). A server started for a batch job serves one client th
 like the offline engine; with the server defaults a prefill-heavy job ran at 0.83 of the offline
 pipeline on one H200. Settings given explicitly (``engine_kwargs``) still win: vLLM reads these
 tables only for what is left unset.
+
+``--listen-backlog N`` (also before the vLLM command) makes the HTTP frontend listen with room
+for ``N`` connections waiting to be accepted (uvicorn's default is 2048; the kernel caps it at
+``net.core.somaxconn``). A batch client opens ``max_in_flight`` connections at once, 4,096 on an
+H200 by default: past the backlog the kernel drops the connection attempts, and the client's TCP
+retries them after 1, 3 and 7 s, while the engine sits idle (``docs/server-mode.md``).
 """
 
 from __future__ import annotations
@@ -36,12 +42,28 @@ def _vllm_version(distribution_name: str) -> str:
 
 
 OFFLINE_BATCH_DEFAULTS = "--offline-batch-defaults"
+LISTEN_BACKLOG = "--listen-backlog"
 
 
-def command(*args: str, offline_batch_defaults: bool = False) -> list[str]:
+def command(*args: str, offline_batch_defaults: bool = False, listen_backlog: int | None = None) -> list[str]:
     """The command line that runs ``vllm *args`` through this module, in this Python."""
     own = [OFFLINE_BATCH_DEFAULTS] if offline_batch_defaults else []
+    own += [LISTEN_BACKLOG, str(listen_backlog)] if listen_backlog else []
     return [sys.executable, "-m", "sparkbatch_dagster.engines.vllm_cli", *own, *args]
+
+
+def use_listen_backlog(backlog: int) -> None:
+    """Every uvicorn server of this process listens with ``backlog`` unless told otherwise."""
+    import uvicorn
+
+    original = uvicorn.Config.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("backlog", backlog)
+        original(self, *args, **kwargs)
+
+    uvicorn.Config.__init__ = init  # type: ignore[method-assign]
+    print(f"sparkbatch: vllm serve listens with a backlog of {backlog} connections", file=sys.stderr, flush=True)
 
 
 def use_offline_batch_defaults() -> None:
@@ -69,9 +91,13 @@ def use_offline_batch_defaults() -> None:
 def main(argv: list[str] | None = None) -> None:
     metadata.version = _vllm_version
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == [OFFLINE_BATCH_DEFAULTS]:
-        args = args[1:]
-        use_offline_batch_defaults()
+    while args[:1] in ([OFFLINE_BATCH_DEFAULTS], [LISTEN_BACKLOG]):
+        if args[0] == OFFLINE_BATCH_DEFAULTS:
+            args = args[1:]
+            use_offline_batch_defaults()
+        else:
+            use_listen_backlog(int(args[1]))
+            args = args[2:]
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *args]

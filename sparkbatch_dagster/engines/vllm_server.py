@@ -40,7 +40,7 @@ from .endpoints import check_endpoints, check_served, message, served_models
 from .reasoning_server import reasoned_result, reasoning_fields, server_reasoning
 from .replicas import Pool, Replica
 from .server_bodies import classify, grammar_body, request_body
-from .server_process import ServerProcess, free_port
+from .server_process import KEEP_ALIVE_S, ServerProcess, free_port
 from .token_prompts import load_tokenizer, token_bodies
 
 __all__ = ["ServerProcess", "VLLMServerEngine", "check_served", "free_port", "grammar_body", "request_body",
@@ -100,7 +100,9 @@ class VLLMServerEngine(Engine):
     async def _open(self) -> Any:
         import aiohttp
 
-        connector = aiohttp.TCPConnector(limit=self.max_in_flight * len(self.pool))
+        # Connections are kept between runs (a warm engine's next run reuses them) until a server
+        # started here would close them (server_process.KEEP_ALIVE_S); aiohttp's default is 15 s.
+        connector = aiohttp.TCPConnector(limit=self.max_in_flight * len(self.pool), keepalive_timeout=KEEP_ALIVE_S - 60)
         # The timeout runs from when a request is sent (sock_read: no answer for timeout_s), not
         # from when it was queued for a pooled connection: with ``total``, requests that waited
         # behind a full pool timed out without ever reaching the server.
