@@ -70,7 +70,7 @@ def spawn_owned(cmd: list[str], **popen: Any) -> subprocess.Popen[Any]:
 
 #: Seconds an idle HTTP connection stays open on a server started here (vLLM's default: 5). The
 #: client keeps its connections between runs of this process (``KEEP_ALIVE_S`` less a margin, so
-#: it is the client that closes them): with 5 s, each run after a pause of more than 5 s opened
+#: it is the client that closes them): with 5 s, each run after a pause of more than 5 s opens
 #: every connection again, all at once.
 KEEP_ALIVE_S = 900
 
