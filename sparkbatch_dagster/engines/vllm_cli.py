@@ -17,7 +17,8 @@ tables only for what is left unset.
 
 ``--listen-backlog N`` (also before the vLLM command) makes the HTTP frontend listen with room
 for ``N`` connections waiting to be accepted (uvicorn's default is 2048; the kernel caps it at
-``net.core.somaxconn``). A batch client opens ``max_in_flight`` connections at once, 4,096 on an
+``net.core.somaxconn``; it applies to the frontend of this process, the one of the default
+``api_server_count=1``). A batch client opens ``max_in_flight`` connections at once, 4,096 on an
 H200 by default: past the backlog the kernel drops connection attempts, which the client's TCP
 retries after 1, 3 and 7 s (``docs/server-mode.md`` says what this did and did not change).
 """
