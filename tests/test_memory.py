@@ -71,7 +71,7 @@ def simulate(monkeypatch: pytest.MonkeyPatch, dev: Device = GB10, mem: Host = SP
     def engine(model: str, kwargs: dict[str, Any], **_: Any) -> None:
         raise Loaded(kwargs)
 
-    def serve(model: str, name: str, args: list[str], timeout: float) -> None:
+    def serve(model: str, name: str, args: list[str], timeout: float, **_: Any) -> None:
         raise Loaded(args)
 
     monkeypatch.setattr(vllm_offline, "VLLMOfflineEngine", engine)
