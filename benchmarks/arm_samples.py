@@ -11,10 +11,19 @@ Two samplers, each a context manager that yields a dict filled when the block en
   batch that is slow means the server's side (its engine, its frontend, the GPU).
 
 Sampling runs in threads of this process and costs it almost nothing (a few requests a second).
+
+Two more for ``throughput.py --profile DIR``, to tell where the first seconds of an arm go:
+
+- :func:`gc_pauses`: this process's garbage collections over the block (count and seconds by
+  generation, when each full one began), from ``gc.callbacks``.
+- :func:`py_spy`: ``py-spy record`` (when on PATH) of a process for the block's first seconds, as
+  collapsed stacks per thread, without pausing it; for a server, its engine core too.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import re
 import shutil
 import statistics
@@ -111,3 +120,53 @@ def _summarize(samples: list[tuple[float, dict[str, float]]], began: float) -> d
                         for second, group in sorted(by_second.items())]
     out["by_second_columns"] = ["second", *(name.split(":")[1] for name in GAUGES)]
     return out
+
+
+@contextmanager
+def gc_pauses() -> Iterator[dict[str, Any]]:
+    """This process's garbage collections while the block runs: per generation, how many and how long."""
+    summary: dict[str, Any] = {}
+    started: list[float] = []
+    spent: dict[int, list[float]] = {}
+    full_at: list[float] = []  # when each full (generation 2) collection began, from the block's start
+    began = time.perf_counter()
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+            if info["generation"] == 2:
+                full_at.append(round(started[-1] - began, 2))
+        elif started:
+            spent.setdefault(info["generation"], []).append(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(callback)
+    try:
+        yield summary
+    finally:
+        gc.callbacks.remove(callback)
+        summary.update({f"gen{g}": {"collections": len(xs), "s": round(sum(xs), 3), "max_s": round(max(xs), 3)}
+                        for g, xs in sorted(spent.items())})
+        summary.update(gen2_at_s=full_at, frozen_objects=gc.get_freeze_count())
+
+
+@contextmanager
+def py_spy(pid: int, seconds: float, path: str, subprocesses: bool = False) -> Iterator[None]:
+    """``py-spy record`` of ``pid`` for the block's first ``seconds`` into ``path`` (collapsed
+    stacks, one line per stack and thread); nothing without py-spy on PATH."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        yield
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    cmd = [exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "100", "--format", "raw",
+           "--threads", "--nonblocking", "--output", path, *(["--subprocesses"] if subprocesses else [])]
+    log = open(path + ".log", "w")  # noqa: SIM115 - closed below, after py-spy ends
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        try:
+            proc.wait(timeout=seconds + 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

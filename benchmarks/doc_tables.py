@@ -111,6 +111,10 @@ def throughput_table(results: Results) -> str:
             # Each variant named: which one is the baseline differs by run.
             shown = [f"{name} {v['server_over_offline']:.2f}" for name, v in d.get("server_variants", {}).items()]
             ratio += "; server / offline " + ("; ".join(shown) or f"{d['server_over_offline']:.2f}")
+            if "server_over_offline_thawed" in d:
+                ratio += f" (heap not frozen: {d['server_over_offline_thawed']:.2f})"
+        for arm, v in d.get("thawed", {}).items():  # throughput.py --thawed: the same arm, heap not frozen
+            ratio += f"; {arm} frozen over not frozen {v['frozen_over_thawed']:.2f}"
         generate, vs_generate = "-", "-"
         if "ratio_vs_generate" in d:
             generate = num(d["raw_generate_tokens_per_s"])

@@ -26,6 +26,7 @@ order, so ``server_over_offline`` compares rounds run side by side in time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -34,6 +35,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from arm_samples import gpu_samples, server_samples  # noqa: E402
+from arm_samples import gc_pauses, gpu_samples, py_spy, server_samples  # noqa: E402
 from engine_trace import trace  # noqa: E402
 from results_io import emit  # noqa: E402
 
@@ -237,6 +239,14 @@ def main() -> None:
     p.add_argument("--sample", action="store_true",
                    help="per arm and round: the GPU's clock, utilization and power (nvidia-smi), and with --server "
                         "the server's batch from its /metrics (arm_samples.py)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="per pipeline and server arm and round: this process's garbage collections, and with "
+                        "py-spy on PATH the first --profile-seconds of this process (and the server's) as "
+                        "collapsed stacks in DIR (arm_samples.py)")
+    p.add_argument("--profile-seconds", type=float, default=10.0)
+    p.add_argument("--thawed", default="", metavar="ARMS",
+                   help="comma-separated arms (pipeline, server) that also run each round with the heap not frozen "
+                        "while generating (engines/heap.py off), beside the default: what freezing saves")
     p.add_argument("--trace", action="store_true",
                    help="per arm and round: engine step timings, this process's CPU time, vLLM's step metrics "
                         "(engine_trace.py); turns vLLM's stats on in every arm alike")
@@ -309,16 +319,29 @@ def main() -> None:
     times: dict[str, list[float]] = {"raw": [], "generate": [], "pipeline": [], "labeling": []}
     labeling_s = times["labeling"]
     arms: list[tuple[str, Any]] = [("raw", raw)] + ([("generate", raw_tokens_arm)] if args.generate else [])
+    thawed = thawed_arms(args.thawed)
+    if "server" in thawed and not args.alongside:
+        raise SystemExit("--thawed server needs a server arm: give --server --alongside KV_GB")
     server = start_alongside(args, kw, res, pipeline, times, totals)
+    times.update({f"{arm}_thawed": [] for arm in thawed})
     for n in range(args.repeat):
         order = [*arms, ("pipeline", functools.partial(pipeline, n))]
+        if "pipeline" in thawed:
+            order.append(("pipeline_thawed", thaw(functools.partial(pipeline, n, "-thawed"), "labeling", times)))
         if server is not None:
             order.append(("server", functools.partial(server, n)))
+            if "server" in thawed:
+                order.append(("server_thawed", thaw(functools.partial(server, n, "server-thawed"), "server_labeling",
+                                                    times)))
         for arm, run in order if n % 2 == 0 else order[::-1]:
-            served = server_samples(server.url) if args.sample and arm == "server" else nullcontext({})
+            served = server_samples(server.url) if args.sample and arm.startswith("server") else nullcontext({})
             gpu = gpu_samples() if args.sample else nullcontext({})
-            with trace(engine._llm, args.trace) as where, gpu as on_gpu, served as on_server:
+            with trace(engine._llm, args.trace) as where, gpu as on_gpu, served as on_server, \
+                    profiled(args, arm, n, server) as collected:
                 times[arm].append(run())
+            if collected:
+                print(f"gc {arm} round {n}: {json.dumps(collected)}", file=sys.stderr, flush=True)
+                samples.setdefault(f"gc:{arm}", []).append(collected)
             if args.trace:
                 traces.setdefault(arm, []).append(where)
                 print(f"trace {arm} round {n}: {json.dumps(where)}", file=sys.stderr, flush=True)
@@ -333,6 +356,8 @@ def main() -> None:
             line += f"; raw generate {gen_t:.2f} s, ratio vs generate {gen_t / pipe_t:.3f}"
         if server is not None:
             line += f"; server {times['server'][-1]:.2f} s, server/offline {pipe_t / times['server'][-1]:.3f}"
+        for arm in thawed:
+            line += f"; {arm} thawed {times[arm + '_thawed'][-1]:.2f} s"
         print(line, file=sys.stderr, flush=True)
     if args.generate and totals["generate_tokens"] != totals["raw_tokens"]:
         print(f"warning: LLM.generate processed {totals['generate_tokens']} tokens, LLM.chat {totals['raw_tokens']}: "
@@ -397,6 +422,13 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
             "server_start_s": round(totals["server_start_s"], 1), "server_pipeline_s": secs(times["server"]),
             "server_tokens_per_s": round(raw_tokens / server_s, 1), "server_over_offline": round(pipe_s / server_s, 4),
         })
+    thawed = {arm: {"thawed_s": secs(times[f"{arm}_thawed"]), "frozen_s": secs(times[arm]),
+                    "frozen_over_thawed": round(sum(times[f"{arm}_thawed"]) / sum(times[arm]), 4)}
+              for arm in thawed_arms(getattr(args, "thawed", "")) if times.get(f"{arm}_thawed")}
+    if thawed:  # the default arms freeze the heap while generating (engines/heap.py); these did not
+        out["thawed"] = thawed
+        if "server" in thawed:
+            out["server_over_offline_thawed"] = round(pipe_s / sum(times["server_thawed"]), 4)
     if len(totals.get("server_variants", {})) > 1:  # the first is the baseline above
         out["server_variants"] = {name: {
             "settings": v["settings"], "server_start_s": round(v["server_start_s"], 1),
@@ -404,6 +436,45 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
             "server_over_offline": round(pipe_s / sum(times[f"server:{name}"]), 4),
         } for name, v in totals["server_variants"].items()}
     return out
+
+
+def thawed_arms(spec: str) -> list[str]:
+    """--thawed as arm names; only the pipeline and server arms generate through the runner."""
+    arms = [a.strip() for a in spec.split(",") if a.strip()]
+    wrong = [a for a in arms if a not in ("pipeline", "server")]
+    if wrong:
+        raise SystemExit(f"--thawed {spec!r}: {wrong} are not arms with a heap to freeze; give pipeline and/or server")
+    return arms
+
+
+def thaw(run: Any, inner: str, times: dict[str, list[float]]) -> Any:
+    """A --thawed twin of a pipeline or server round (its own job home): engines/heap.py off while it
+    runs. Its runner's own seconds (``inner``) go to ``{inner}_thawed``, not the default arm's."""
+    from sparkbatch_dagster.engines import heap
+
+    def go() -> float:
+        heap.ENABLED = False
+        try:
+            return float(run())
+        finally:
+            heap.ENABLED = True
+            times.setdefault(f"{inner}_thawed", []).append(times[inner].pop())
+    return go
+
+
+@contextlib.contextmanager
+def profiled(args: argparse.Namespace, arm: str, n: int, server: Any) -> Iterator[dict[str, Any]]:
+    """--profile: the arm's garbage collections here, and py-spy of its first seconds, of this
+    process and, for the server arm, of the server's (frontend and engine core)."""
+    if not args.profile or arm.removesuffix("_thawed") not in ("pipeline", "server"):
+        yield {}
+        return
+    seconds, base = args.profile_seconds, os.path.join(args.profile, f"{arm}-r{n}")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(py_spy(os.getpid(), seconds, base + "-client.txt"))
+        if arm.startswith("server"):
+            stack.enter_context(py_spy(server.pid, seconds, base + "-server.txt", subprocesses=True))
+        yield stack.enter_context(gc_pauses())
 
 
 def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str, Any], pipeline: Any,
@@ -432,6 +503,7 @@ def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str,
             times.setdefault("server_labeling", []).append(times["labeling"].pop())  # not the offline arm's
 
     server_round.url = url  # type: ignore[attr-defined]  # --sample reads its /metrics
+    server_round.pid = server.get_engine().server.proc.pid  # type: ignore[attr-defined]  # --profile
     server_round(0, "server-warmup")  # its first requests pay the server's own warm-up, as in run_server_variants
     times["server_labeling"].clear()
     times["server"] = []  # the rounds' loop appends each timed round

@@ -114,6 +114,12 @@ def throughput_problems(d: dict[str, Any]) -> list[str]:
             problems.append("missing server_over_offline")
         elif not close(d["server_over_offline"], pipe / sum(d["server_pipeline_s"])):
             problems.append("server_over_offline is not sum(pipeline_s) / sum(server_pipeline_s)")
+    for arm, v in d.get("thawed", {}).items():  # --thawed: the arm again with the heap not frozen
+        if len(v["thawed_s"]) != n or not close(v["frozen_over_thawed"], sum(v["thawed_s"]) / sum(v["frozen_s"])):
+            problems.append(f"thawed.{arm}: {n} rounds and frozen_over_thawed = sum(thawed_s) / sum(frozen_s)")
+    if "server_over_offline_thawed" in d and not close(d["server_over_offline_thawed"],
+                                                       pipe / sum(d["thawed"]["server"]["thawed_s"])):
+        problems.append("server_over_offline_thawed is not sum(pipeline_s) / sum(thawed.server.thawed_s)")
     for name, v in d.get("server_variants", {}).items():  # --server-variants: the first is the baseline
         if len(v["server_pipeline_s"]) != n:
             problems.append(f"server variant {name} has {len(v['server_pipeline_s'])} rounds, not {n}")
@@ -186,6 +192,25 @@ def test_throughput_script_writes_every_required_key(generate, server):
         assert d["server_variants"]["token_ids"]["server_over_offline"] == round(20.0 / 20.0, 4)
         assert d["server_over_offline"] == d["server_variants"]["chat"]["server_over_offline"] == round(20 / 25, 4)
     assert d["ratio"] == round(22.0 / 20.0, 4)
+
+
+def test_thawed_arms_are_summed_against_their_frozen_twins():
+    """--thawed server: the server arm again with engines/heap.py off; its figures from its own rounds."""
+    import throughput
+
+    args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0, thawed="server",
+                              alongside=40)
+    times = {"raw": [10.0, 12.0], "pipeline": [9.0, 11.0], "labeling": [8.5, 10.5], "server": [10.0, 10.0],
+             "server_labeling": [9.0, 9.0], "server_thawed": [12.0, 13.0]}
+    totals = {"raw_tokens": 1000, "shards": 8, "sharding_s": 0.4, "errors": 0, "engine_tokens": 1000,
+              "server_start_s": 50.0}
+    d = throughput.summarize(args, model_id="llama-1b@abc", max_tokens=64, rows=500, totals=totals, times=times,
+                             engine_start_s=60.0)
+    assert throughput_problems(d) == []
+    assert d["thawed"] == {"server": {"thawed_s": [12.0, 13.0], "frozen_s": [10.0, 10.0], "frozen_over_thawed": 1.25}}
+    assert d["server_over_offline_thawed"] == 0.8 and d["server_over_offline"] == 1.0
+    with pytest.raises(SystemExit, match="not arms"):
+        throughput.thawed_arms("raw")
 
 
 def test_a_server_variant_adds_engine_arguments_to_the_runs_own():

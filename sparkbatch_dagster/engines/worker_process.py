@@ -23,6 +23,7 @@ from typing import Any
 
 from ..spec import OutputSpec, SamplingSpec
 from .base import Engine, EngineRequest
+from .heap import frozen_heap
 
 #: Builds a worker's engine from a settings dict, in the worker: a module-level function (it is
 #: pickled by name), e.g. :func:`offline_worker` or ``sparkbatch_dagster.testing.fake_worker``.
@@ -105,10 +106,11 @@ def _serve(engine: Engine, gen: int, sampling: SamplingSpec, output: OutputSpec,
 
     results = engine.generate(source(), sampling, output)
     try:
-        for r in results:
-            out.put(("result", gen, dataclasses.astuple(r)))  # every field: EngineResult(*fields) on the other side
-            if gen in stopping or "stop" in stopping:
-                break
+        with frozen_heap():  # no full collection walks this worker's heap while its engine works
+            for r in results:
+                out.put(("result", gen, dataclasses.astuple(r)))  # every field: EngineResult(*fields) on the other side
+                if gen in stopping or "stop" in stopping:
+                    break
     finally:
         getattr(results, "close", lambda: None)()  # the engine aborts what it still had
     out.put(("done", gen))

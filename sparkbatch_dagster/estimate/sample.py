@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..engines.base import Engine, request_of
+from ..engines.heap import frozen_heap
 from ..errors import SparkbatchError
 from ..home import JobHome
 from ..run.result_store import ResultStore, prompt_key
@@ -143,7 +144,8 @@ def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
 def _run(engine: Engine, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str], Any]:
     errors, groups = plan_rows(spec, rows, set())
     requests = [request_of(key, prompt, prompt_key(prompt.system, prompt.user)) for key, (prompt, _) in groups.items()]
-    results = {r.id: r for r in engine.generate(requests, spec.sampling, spec.output)}
+    with frozen_heap():  # as the job's run generates (run/runner.py), so the sample times the same
+        results = {r.id: r for r in engine.generate(requests, spec.sampling, spec.output)}
     return results, errors, groups
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ..engines.base import Engine
+from ..engines.heap import frozen_heap
 from ..engines.spans import Spans
 from ..errors import PendingRowsError
 from ..home import JobHome, atomic_write_text, failpoint
@@ -222,7 +223,8 @@ class ShardRun:
         last_report = time.perf_counter()
         results = self.engine.generate(Feed(self, keys, self.ahead_rows), self.spec.sampling, self.spec.output)
         try:
-            yield from self._consume(results, last_report)
+            with frozen_heap():  # no full collection walks the process's heap while the engine works
+                yield from self._consume(results, last_report)
         except LeaseLost:  # another box owns our shards now: stop generating them (taken back after)
             finished = {s.key for s in self.shards if s.finished and not s.abandoned}
             self._lost.extend(k for k in keys if k not in finished)  # started or not

@@ -1,0 +1,57 @@
+"""The process's heap frozen while it generates, so the collector's full passes skip it.
+
+A process that drives an engine holds millions of long-lived objects (vLLM, torch, the tokenizer,
+Dagster's instance). A full, oldest-generation garbage collection walks every one of them with the
+GIL held: on the H200 machine's host, 0.52 to 0.91 s each, twice in a 20 s server-mode round
+(``benchmarks/throughput.py --profile``). Meanwhile the client sends no request and reads no
+answer, and the server's batch waits. ``gc.freeze()`` takes what exists when generation begins
+out of the collector's sight, as vLLM does for its own server and engine processes and its
+serving benchmark does for its client; what the run allocates is still collected, and
+``gc.unfreeze()`` at the end hands the frozen objects back, so garbage among them is collected
+after the run instead of never.
+
+    with frozen_heap():
+        for result in engine.generate(requests, sampling, output): ...
+
+Holders nest and overlap (a cascade's stages, data-parallel threads): the heap is frozen by the
+first and handed back by the last. Whatever was frozen before the first (Python 3.12 starts with a
+few hundred objects frozen; an application may have frozen its own) comes back unfrozen with the
+rest, as it does when vLLM's engine core shuts down: the freeze count cannot tell whose objects
+are whose, and an unfrozen object is only collected as any other is.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["frozen_heap"]
+
+#: Off only to measure what freezing saves (``benchmarks/throughput.py --thawed``).
+ENABLED = True
+
+_lock = threading.Lock()
+_holders = 0
+_frozen = False  # whether the first holder froze (the last one unfreezes)
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Freeze the heap (``gc.freeze``) for the block; the last holder to leave unfreezes it."""
+    global _holders, _frozen
+    with _lock:
+        if _holders == 0:
+            _frozen = ENABLED and gc.isenabled()  # a process that turned the collector off has no pauses to cut
+            if _frozen:
+                gc.freeze()
+        _holders += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _holders -= 1
+            if _holders == 0 and _frozen:
+                gc.unfreeze()
+                _frozen = False
