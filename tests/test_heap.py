@@ -1,4 +1,4 @@
-"""engines/heap.py: the heap frozen while a run generates, handed back after, someone else's freeze left alone."""
+"""engines/heap.py: the heap frozen while a run generates and handed back after, whoever froze it before."""
 
 import gc
 import threading
@@ -6,11 +6,9 @@ import weakref
 
 import pytest
 
-from conftest import make_rows, make_spec, write_parquet
+from conftest import make_rows, one_shard
 from sparkbatch_dagster.engines import FakeEngine, heap
 from sparkbatch_dagster.engines.heap import frozen_heap
-from sparkbatch_dagster.home import JobHome
-from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run.runner import label_shard
 
 
@@ -111,10 +109,7 @@ class _Watching(FakeEngine):
 
 
 def test_a_run_generates_with_the_heap_frozen_and_hands_it_back(tmp_path):
-    src = write_parquet(tmp_path / "in" / "rows.parquet", make_rows(20))
-    spec = make_spec(tmp_path, input=str(src), shards=1)
-    home = JobHome(spec.home_path)
-    build_shards(spec, home)
+    spec, home = one_shard(tmp_path, make_rows(20))
     engine = _Watching()
     label_shard(spec, home, "0123456789abcdef", "shard-00000", engine)
     assert engine.requests_seen > 0 and engine.frozen_seen > 0
