@@ -15,7 +15,8 @@ Sampling runs in threads of this process and costs it almost nothing (a few requ
 Two more for ``throughput.py --profile DIR``, to tell where the first seconds of an arm go:
 
 - :func:`gc_pauses`: this process's garbage collections over the block (count and seconds by
-  generation, when each full one began), from ``gc.callbacks``.
+  generation, when each full one began and whether the run had the heap frozen then), from
+  ``gc.callbacks``.
 - :func:`py_spy`: ``py-spy record`` (when on PATH) of a process for the block's first seconds, as
   collapsed stacks per thread, without pausing it; for a server, its engine core too.
 """
@@ -34,6 +35,8 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
+
+from sparkbatch_dagster.engines import heap
 
 GPU_FIELDS = ("clocks.sm", "utilization.gpu", "power.draw", "temperature.gpu")
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
@@ -129,6 +132,7 @@ def gc_pauses() -> Iterator[dict[str, Any]]:
     started: list[float] = []
     spent: dict[int, list[float]] = {}
     full_at: list[float] = []  # when each full (generation 2) collection began, from the block's start
+    full_state: list[list[Any]] = []
     began = time.perf_counter()
 
     def callback(phase: str, info: dict[str, int]) -> None:
@@ -136,6 +140,8 @@ def gc_pauses() -> Iterator[dict[str, Any]]:
             started.append(time.perf_counter())
             if info["generation"] == 2:
                 full_at.append(round(started[-1] - began, 2))
+                # Whether the run had the heap frozen then (engines/heap.py), and how much was.
+                full_state.append([heap.is_frozen(), gc.get_freeze_count(), gc.isenabled()])
         elif started:
             spent.setdefault(info["generation"], []).append(time.perf_counter() - started.pop())
 
@@ -146,7 +152,8 @@ def gc_pauses() -> Iterator[dict[str, Any]]:
         gc.callbacks.remove(callback)
         summary.update({f"gen{g}": {"collections": len(xs), "s": round(sum(xs), 3), "max_s": round(max(xs), 3)}
                         for g, xs in sorted(spent.items())})
-        summary.update(gen2_at_s=full_at, frozen_objects=gc.get_freeze_count())
+        summary.update(gen2_at_s=full_at, frozen_objects=gc.get_freeze_count(), gen2_state=full_state,
+                       gen2_state_columns=["run_froze", "frozen_objects", "gc_enabled"])
 
 
 @contextmanager

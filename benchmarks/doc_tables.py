@@ -113,6 +113,9 @@ def throughput_table(results: Results) -> str:
             ratio += "; server / offline " + ("; ".join(shown) or f"{d['server_over_offline']:.2f}")
             if "server_over_offline_thawed" in d:
                 ratio += f" (heap not frozen: {d['server_over_offline_thawed']:.2f})"
+            if "server_b_over_offline" in d:  # throughput.py --server-b: a second server in the same rounds
+                b = ", ".join(f"{k}={v}" for k, v in sorted(d["server_b_settings"].get("engine_kwargs", {}).items()))
+                ratio += f"; server b ({b or 'its settings'}) / offline {d['server_b_over_offline']:.2f}"
         for arm, v in d.get("thawed", {}).items():  # throughput.py --thawed: the same arm, heap not frozen
             ratio += f"; {arm} frozen over not frozen {v['frozen_over_thawed']:.2f}"
         generate, vs_generate = "-", "-"

@@ -6,6 +6,8 @@
 #       '{"ids": {}, "chat": {"server_token_ids": false}, "api4": {"engine_kwargs": {"api_server_count": 4}}}'
 #   REPEAT=4 bash benchmarks/h200.sh 1b 6000 64 synthetic --no-generate --server --alongside 40 --thawed server \
 #       --profile /tmp/prof    # the server arm A-B, heap frozen or not; garbage collections per arm (py-spy too if on PATH)
+#   REPEAT=2 bash benchmarks/h200.sh 1b 6000 64 synthetic --no-generate --server --alongside 30 --sample \
+#       --server-b '{"engine_kwargs": {"api_server_count": 1}}'   # two servers beside offline, interleaved
 #   BENCH=data_parallel REPEAT=2 bash benchmarks/h200.sh 1b 16000 64 synthetic --gpus 2   # 1 GPU vs 2 (2-GPU host)
 #   BENCH=tensor_parallel bash benchmarks/h200.sh 70b 2000 64 synthetic --tp 2 [--nnodes 2]  # 70B over 2 GPUs
 # with .gpu/common and .bench carried (the SmolLM2 tokenizer in .bench/tok, the Debian set in

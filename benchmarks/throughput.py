@@ -196,7 +196,8 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
     if getattr(args, "trace", False):  # vLLM keeps its step metrics only with stats on
         kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), "disable_log_stats": False}
     if getattr(args, "alongside", None):  # two engines on one GPU: equal KV caches, half the memory each at most
-        kw.update(kv_cache_memory_gb=args.alongside, gpu_memory_utilization=0.45)
+        share = 0.3 if getattr(args, "server_b", None) else 0.45  # --server-b: three engines
+        kw.update(kv_cache_memory_gb=args.alongside, gpu_memory_utilization=share)
     started = time.perf_counter()
     engine = _ENGINE["e"] = VLLMResource(**kw).get_engine()
     return spec, kw, engine, time.perf_counter() - started
@@ -235,6 +236,13 @@ def main() -> None:
                    help="with --server: the server runs beside the offline engine on the same GPU, each with KV_GB "
                         "GB of KV cache, and its rounds alternate with the offline arms' (A-B-C / C-B-A), so a "
                         "drift of the machine's speed hits both modes alike")
+    p.add_argument("--server-settings", default=None, metavar="JSON",
+                   help='with --alongside: VLLMResource fields for its server on top of the run\'s, e.g. '
+                        '\'{"engine_kwargs": {"api_server_count": 1}}\' (engine_kwargs merged)')
+    p.add_argument("--server-b", default=None, metavar="JSON",
+                   help="with --alongside: a second server beside the first, with these VLLMResource fields on top "
+                        "(e.g. '{\"engine_kwargs\": {\"api_server_count\": 1}}'), its rounds in the same A-B / B-A "
+                        "order; all three engines then take 0.3 of the GPU's memory (give KV_GB 30 at most)")
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
     p.add_argument("--sample", action="store_true",
                    help="per arm and round: the GPU's clock, utilization and power (nvidia-smi), and with --server "
@@ -322,7 +330,10 @@ def main() -> None:
     thawed = thawed_arms(args.thawed)
     if "server" in thawed and not args.alongside:
         raise SystemExit("--thawed server needs a server arm: give --server --alongside KV_GB")
-    server = start_alongside(args, kw, res, pipeline, times, totals)
+    server = start_alongside(args, kw, res, pipeline, times, totals, settings=args.server_settings)
+    server_b = start_alongside(args, kw, res, pipeline, times, totals, "server_b", args.server_b) \
+        if args.server_b else None
+    servers = {"server": server, "server_thawed": server, "server_b": server_b}
     times.update({f"{arm}_thawed": [] for arm in thawed})
     for n in range(args.repeat):
         order = [*arms, ("pipeline", functools.partial(pipeline, n))]
@@ -333,11 +344,13 @@ def main() -> None:
             if "server" in thawed:
                 order.append(("server_thawed", thaw(functools.partial(server, n, "server-thawed"), "server_labeling",
                                                     times)))
+        if server_b is not None:
+            order.append(("server_b", functools.partial(server_b, n)))
         for arm, run in order if n % 2 == 0 else order[::-1]:
-            served = server_samples(server.url) if args.sample and arm.startswith("server") else nullcontext({})
+            served = server_samples(servers[arm].url) if args.sample and arm in servers else nullcontext({})
             gpu = gpu_samples() if args.sample else nullcontext({})
             with trace(engine._llm, args.trace) as where, gpu as on_gpu, served as on_server, \
-                    profiled(args, arm, n, server) as collected:
+                    profiled(args, arm, n, servers.get(arm)) as collected:
                 times[arm].append(run())
             if collected:
                 print(f"gc {arm} round {n}: {json.dumps(collected)}", file=sys.stderr, flush=True)
@@ -356,6 +369,8 @@ def main() -> None:
             line += f"; raw generate {gen_t:.2f} s, ratio vs generate {gen_t / pipe_t:.3f}"
         if server is not None:
             line += f"; server {times['server'][-1]:.2f} s, server/offline {pipe_t / times['server'][-1]:.3f}"
+        if server_b is not None:
+            line += f"; server b {times['server_b'][-1]:.2f} s, b/offline {pipe_t / times['server_b'][-1]:.3f}"
         for arm in thawed:
             line += f"; {arm} thawed {times[arm + '_thawed'][-1]:.2f} s"
         print(line, file=sys.stderr, flush=True)
@@ -418,10 +433,18 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
         server_s = sum(times["server"])
         if getattr(args, "alongside", None):
             out.update(server_alongside_kv_cache_gb=args.alongside, server_labeling_s=secs(times["server_labeling"]))
+            if getattr(args, "server_settings", None):
+                out["server_settings"] = json.loads(args.server_settings)
         out.update({
             "server_start_s": round(totals["server_start_s"], 1), "server_pipeline_s": secs(times["server"]),
             "server_tokens_per_s": round(raw_tokens / server_s, 1), "server_over_offline": round(pipe_s / server_s, 4),
         })
+    if times.get("server_b"):  # --server-b: a second server's rounds, in the same order as the first's
+        b_s = sum(times["server_b"])
+        out.update(server_b_settings=json.loads(args.server_b), server_b_start_s=round(totals["server_b_start_s"], 1),
+                   server_b_pipeline_s=secs(times["server_b"]), server_b_labeling_s=secs(times["server_b_labeling"]),
+                   server_b_over_offline=round(pipe_s / b_s, 4),
+                   server_over_server_b=round(b_s / sum(times["server"]), 4))
     thawed = {arm: {"thawed_s": secs(times[f"{arm}_thawed"]), "frozen_s": secs(times[arm]),
                     "frozen_over_thawed": round(sum(times[f"{arm}_thawed"]) / sum(times[arm]), 4)}
               for arm in thawed_arms(getattr(args, "thawed", "")) if times.get(f"{arm}_thawed")}
@@ -466,7 +489,7 @@ def thaw(run: Any, inner: str, times: dict[str, list[float]]) -> Any:
 def profiled(args: argparse.Namespace, arm: str, n: int, server: Any) -> Iterator[dict[str, Any]]:
     """--profile: the arm's garbage collections here, and py-spy of its first seconds, of this
     process and, for the server arm, of the server's (frontend and engine core)."""
-    if not args.profile or arm.removesuffix("_thawed") not in ("pipeline", "server"):
+    if not args.profile or arm.removesuffix("_thawed") not in ("pipeline", "server", "server_b"):
         yield {}
         return
     seconds, base = args.profile_seconds, os.path.join(args.profile, f"{arm}-r{n}")
@@ -478,35 +501,41 @@ def profiled(args: argparse.Namespace, arm: str, n: int, server: Any) -> Iterato
 
 
 def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str, Any], pipeline: Any,
-                    times: dict[str, list[float]], totals: dict[str, Any]) -> Any:
-    """--alongside: `vllm serve` started (timed) beside the offline engine, with the same settings,
-    and one untimed warm-up round through it; returns the server arm (a round: the pipeline
-    through the server, its prefix cache reset first), or None without --alongside."""
+                    times: dict[str, list[float]], totals: dict[str, Any], arm: str = "server",
+                    settings: str | None = None) -> Any:
+    """--alongside: `vllm serve` started (timed) beside the offline engine, with the same settings
+    and ``settings`` (JSON, VLLMResource fields) on top, and one untimed warm-up round through
+    it; returns the arm (a round: the pipeline through the server, its prefix cache reset
+    first; its seconds in ``times[arm]``, the runner's own in ``times[arm + "_labeling"]``), or
+    None without --alongside."""
     if not args.alongside:
         return None
     if not args.server:
         raise SystemExit("--alongside KV_GB compares server mode with offline: give --server too")
     os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # /reset_prefix_cache, as the offline arms reset theirs
     started = time.perf_counter()
-    server = VLLMResource(engine="server", **kw)
+    over = json.loads(settings or "{}")
+    if not isinstance(over, dict):
+        raise SystemExit(f"--{arm.replace('_', '-')} settings: a JSON object of {{VLLMResource field: value}}")
+    server = VLLMResource(**with_variant({**kw, "engine": "server"}, over))
     url = server.get_engine().base_url  # type: ignore[attr-defined]
-    totals["server_start_s"] = time.perf_counter() - started
+    totals[f"{arm}_start_s"] = time.perf_counter() - started
     offline = res["vllm"]
 
-    def server_round(n: int, tag: str = "server") -> float:
+    def server_round(n: int, tag: str = arm) -> float:
         res["vllm"] = server
         _reset_prefix_cache(url)
         try:
             return pipeline(n, f"-{tag}")
         finally:
             res["vllm"] = offline
-            times.setdefault("server_labeling", []).append(times["labeling"].pop())  # not the offline arm's
+            times.setdefault(f"{arm}_labeling", []).append(times["labeling"].pop())  # not the offline arm's
 
     server_round.url = url  # type: ignore[attr-defined]  # --sample reads its /metrics
     server_round.pid = server.get_engine().server.proc.pid  # type: ignore[attr-defined]  # --profile
-    server_round(0, "server-warmup")  # its first requests pay the server's own warm-up, as in run_server_variants
-    times["server_labeling"].clear()
-    times["server"] = []  # the rounds' loop appends each timed round
+    server_round(0, f"{arm}-warmup")  # its first requests pay the server's own warm-up, as in run_server_variants
+    times[f"{arm}_labeling"].clear()
+    times[arm] = []  # the rounds' loop appends each timed round
     return server_round
 
 

@@ -18,7 +18,7 @@ from local_server import LocalServer
 from conftest import LABELS, make_rows, make_spec, one_shard, written_parts
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.engines.base import EngineRequest
-from sparkbatch_dagster.engines.server_process import serve_args
+from sparkbatch_dagster.engines.server_process import MAX_FRONTENDS, batch_server_defaults, serve_args
 from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine, free_port
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
 from sparkbatch_dagster.run.runner import label_shard
@@ -307,6 +307,18 @@ def test_server_token_ids_send_token_ids_to_completions(tmp_path, two, monkeypat
 
 def test_api_server_count_reaches_vllm_serve():
     assert serve_args({"api_server_count": 4}) == ["--api-server-count", "4"]  # engine_kwargs, as any flag
+
+
+def test_batch_server_defaults():
+    """A server started for a batch job: no access log; on a GPU a frontend per 4 cores (up to 4,
+    at least one per data-parallel engine); on the CPU one, its cores run the model."""
+    assert batch_server_defaults({}, cpu=False, cores=16) == {"disable_uvicorn_access_log": True, "api_server_count": 4}
+    assert batch_server_defaults({}, cpu=False, cores=128)["api_server_count"] == MAX_FRONTENDS == 4
+    assert batch_server_defaults({}, cpu=False, cores=6)["api_server_count"] == 1
+    assert batch_server_defaults({}, cpu=False, cores=4, engines=2)["api_server_count"] == 2
+    assert batch_server_defaults({}, cpu=True, cores=64) == {"disable_uvicorn_access_log": True}
+    given = {"api_server_count": 2, "disable_uvicorn_access_log": False, "max_num_seqs": 8}
+    assert batch_server_defaults(given, cpu=False, cores=64) == given
 
 
 # --- through Dagster -------------------------------------------------------------------------------

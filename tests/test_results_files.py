@@ -120,6 +120,12 @@ def throughput_problems(d: dict[str, Any]) -> list[str]:
     if "server_over_offline_thawed" in d and not close(d["server_over_offline_thawed"],
                                                        pipe / sum(d["thawed"]["server"]["thawed_s"])):
         problems.append("server_over_offline_thawed is not sum(pipeline_s) / sum(thawed.server.thawed_s)")
+    if "server_b_pipeline_s" in d:  # --server-b: a second server in the same rounds
+        b = sum(d["server_b_pipeline_s"])
+        if len(d["server_b_pipeline_s"]) != n or not close(d["server_b_over_offline"], pipe / b):
+            problems.append(f"server_b: {n} rounds, server_b_over_offline = sum(pipeline_s) / sum(server_b_pipeline_s)")
+        if not close(d["server_over_server_b"], b / sum(d["server_pipeline_s"])):
+            problems.append("server_over_server_b is not sum(server_b_pipeline_s) / sum(server_pipeline_s)")
     for name, v in d.get("server_variants", {}).items():  # --server-variants: the first is the baseline
         if len(v["server_pipeline_s"]) != n:
             problems.append(f"server variant {name} has {len(v['server_pipeline_s'])} rounds, not {n}")
@@ -246,3 +252,21 @@ def test_every_table_file_is_rendered_or_left_out_for_a_reason():
             assert (f"`{name}`" in text) != (name in doc_tables.NOT_RENDERED), name
     for name, why in doc_tables.NOT_RENDERED.items():
         assert name in results and why
+
+
+def test_a_second_server_is_summed_from_its_own_rounds():
+    """--server-b: a second server beside the first, its figures from its own rounds."""
+    import throughput
+
+    args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0, alongside=30,
+                              server_b='{"engine_kwargs": {"api_server_count": 1}}')
+    times = {"raw": [10.0, 12.0], "pipeline": [9.0, 11.0], "labeling": [8.5, 10.5], "server": [10.0, 10.0],
+             "server_labeling": [9.0, 9.0], "server_b": [12.0, 13.0], "server_b_labeling": [11.0, 12.0]}
+    totals = {"raw_tokens": 1000, "shards": 8, "sharding_s": 0.4, "errors": 0, "engine_tokens": 1000,
+              "server_start_s": 50.0, "server_b_start_s": 40.0}
+    d = throughput.summarize(args, model_id="llama-1b@abc", max_tokens=64, rows=500, totals=totals, times=times,
+                             engine_start_s=60.0)
+    assert throughput_problems(d) == []
+    assert d["server_b_over_offline"] == 0.8 and d["server_over_server_b"] == 1.25 and d["server_over_offline"] == 1.0
+    assert d["server_b_settings"] == {"engine_kwargs": {"api_server_count": 1}}
+    assert "api_server_count=1) / offline 0.80" in doc_tables.throughput_table({"x.json": d})

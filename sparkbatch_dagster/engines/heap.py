@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["frozen_heap"]
+__all__ = ["frozen_heap", "is_frozen"]
 
 #: Off only to measure what freezing saves (``benchmarks/throughput.py --thawed``).
 ENABLED = True
@@ -55,3 +55,10 @@ def frozen_heap() -> Iterator[None]:
             if _holders == 0 and _frozen:
                 gc.unfreeze()
                 _frozen = False
+
+
+def is_frozen() -> bool:
+    """Whether a holder has the heap frozen now (``benchmarks/arm_samples.py`` records it at each
+    full collection: one that falls while generating should find it frozen)."""
+    with _lock:
+        return _frozen

@@ -37,6 +37,30 @@ def serve_args(kwargs: Mapping[str, Any]) -> list[str]:
     return args
 
 
+#: The most HTTP frontends (``--api-server-count``) a server started here gets by default.
+MAX_FRONTENDS = 4
+
+
+def batch_server_defaults(kwargs: Mapping[str, Any], *, cpu: bool, cores: int, engines: int = 1) -> dict[str, Any]:
+    """``kwargs`` with what a ``vllm serve`` started for a batch job needs and they leave unset.
+
+    - No access log: uvicorn's line per request is 40,000 lines for a 40,000-row job, written by
+      the frontend's one event loop while it should be taking in requests.
+    - On a GPU, one HTTP frontend per 4 of the machine's cores, up to :data:`MAX_FRONTENDS` (and
+      at least one per engine, vLLM's own default with data parallel). The client opens
+      thousands of requests at once; one frontend parses, validates and forwards them in turn,
+      and the batch fills only when it is through (``docs/server-mode.md``). On the CPU the
+      cores run the model, so one frontend.
+
+    >>> batch_server_defaults({}, cpu=False, cores=16)
+    {'disable_uvicorn_access_log': True, 'api_server_count': 4}
+    """
+    out = {"disable_uvicorn_access_log": True, **kwargs}
+    if not cpu and "api_server_count" not in out:
+        out["api_server_count"] = max(engines, min(MAX_FRONTENDS, cores // 4))
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
