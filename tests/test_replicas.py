@@ -317,6 +317,7 @@ def test_batch_server_defaults():
     assert batch_server_defaults({}, cpu=False, cores=6)["api_server_count"] == 1
     assert batch_server_defaults({}, cpu=False, cores=4, engines=2)["api_server_count"] == 2
     assert batch_server_defaults({}, cpu=True, cores=64) == {"disable_uvicorn_access_log": True}
+    assert batch_server_defaults({}, cpu=False, cores=20, nodes=2) == {"disable_uvicorn_access_log": True}
     given = {"api_server_count": 2, "disable_uvicorn_access_log": False, "max_num_seqs": 8}
     assert batch_server_defaults(given, cpu=False, cores=64) == given
 

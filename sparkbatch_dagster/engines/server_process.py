@@ -41,7 +41,8 @@ def serve_args(kwargs: Mapping[str, Any]) -> list[str]:
 MAX_FRONTENDS = 4
 
 
-def batch_server_defaults(kwargs: Mapping[str, Any], *, cpu: bool, cores: int, engines: int = 1) -> dict[str, Any]:
+def batch_server_defaults(kwargs: Mapping[str, Any], *, cpu: bool, cores: int, engines: int = 1,
+                          nodes: int = 1) -> dict[str, Any]:
     """``kwargs`` with what a ``vllm serve`` started for a batch job needs and they leave unset.
 
     - No access log: uvicorn's line per request is 40,000 lines for a 40,000-row job, written by
@@ -50,13 +51,14 @@ def batch_server_defaults(kwargs: Mapping[str, Any], *, cpu: bool, cores: int, e
       at least one per engine, vLLM's own default with data parallel). The client opens
       thousands of requests at once; one frontend parses, validates and forwards them in turn,
       and the batch fills only when it is through (``docs/server-mode.md``). On the CPU the
-      cores run the model, so one frontend.
+      cores run the model, so one frontend; an engine over several nodes keeps vLLM's own
+      default (several frontends before it were not tried).
 
     >>> batch_server_defaults({}, cpu=False, cores=16)
     {'disable_uvicorn_access_log': True, 'api_server_count': 4}
     """
     out = {"disable_uvicorn_access_log": True, **kwargs}
-    if not cpu and "api_server_count" not in out:
+    if not cpu and nodes == 1 and "api_server_count" not in out:
         out["api_server_count"] = max(engines, min(MAX_FRONTENDS, cores // 4))
     return out
 

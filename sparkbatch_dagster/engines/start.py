@@ -186,7 +186,8 @@ def start(cfg: EngineSettings) -> Engine:
 
         serve = {**kwargs, "data_parallel_size": engines} if engines > 1 else kwargs
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        serve = batch_server_defaults(serve, cpu=settings.on_cpu(), cores=cores, engines=engines)
+        serve = batch_server_defaults(serve, cpu=settings.on_cpu(), cores=cores, engines=engines,
+                                      nodes=multinode.nodes(serve))
         with settings.environment(envs[0]):  # `vllm serve` inherits it (CPU core binding)
             server = ServerProcess(model, name, serve_args(serve), cfg.server_start_timeout_s,
                                    connections=in_flight(cfg, engines))
