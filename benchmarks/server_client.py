@@ -9,7 +9,10 @@ HTTP round trip in the client's event-loop thread, the answer parsed), as ``VLLM
 sends the H200 benchmark's own prompts, with chat bodies and with ``server_token_ids`` (the
 chat template and tokenizer run here, ids go to ``/v1/completions``; the default for a server
 started here), and ``server_token_ids`` with the bodies built inline on the caller's thread, as
-before 2026-12-04 (``token_ids_inline``), instead of a chunk at a time on the encoding thread.
+before 2026-12-04 (``token_ids_inline``), instead of a chunk at a time on the encoding thread,
+and ``server_token_ids`` with each request handed to the client's event loop alone
+(``one_handoff_each``, ``asyncio.run_coroutine_threadsafe`` per request, as before 2026-12-04)
+instead of a batch at a time (``engines/handoff.py``); ``--arms`` picks some.
 Arms alternate A-B-C / C-B-A. ``caller_ms_per_request`` is the CPU time of the thread that calls
 ``generate``: in a run, the labeling step's thread, which also writes every answer.
 ``client_max_requests_per_s`` (1 / CPU seconds per request) is what
@@ -70,16 +73,17 @@ def _wait(port: int, proc: subprocess.Popen) -> None:
     raise SystemExit("the stub server did not start")
 
 
-#: Arm: (server_token_ids, bodies built on the encoding thread).
-ARMS = {"chat": (False, True), "token_ids": (True, True), "token_ids_inline": (True, False)}
+#: Arm: (server_token_ids, bodies built on the encoding thread, requests handed to the loop in batches).
+ARMS = {"chat": (False, True, True), "token_ids": (True, True, True), "token_ids_inline": (True, False, True),
+        "one_handoff_each": (True, True, False)}
 
 
 def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
     from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
 
-    token_ids, ahead = ARMS[arm]
+    token_ids, ahead, batched = ARMS[arm]
     engine = VLLMServerEngine(url, "m", max_in_flight=in_flight, token_ids=token_ids)
-    engine.encode_ahead = ahead
+    engine.encode_ahead, engine.batched_handoff = ahead, batched
     try:
         wall, cpu, caller = time.perf_counter(), time.process_time(), time.thread_time()
         answered = sum(1 for r in engine.generate(requests, sampling, output) if r.error is None)
@@ -103,8 +107,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-in-flight", type=int, default=1024)
     p.add_argument("--h200", default=str(ROOT / "benchmarks" / "results" / "h200-1b-server.json"))
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    arms = args.arms.split(",")
+    if not arms or any(a not in ARMS for a in arms):
+        raise SystemExit(f"--arms {args.arms!r}: name some of {', '.join(ARMS)}")
     home = Path(tempfile.mkdtemp(prefix="sparkbatch-client-"))
     spec = build_spec(argparse.Namespace(mode="synthetic", rows=args.rows, max_tokens=64, shards=8), home)
     rows = synthetic_rows(args.rows)
@@ -112,14 +120,14 @@ def main() -> None:
     tokenizer_root = str(ensure_embedded(DEFAULT_MODEL_NAME))  # the H200 runs' dummy models carry this tokenizer
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", STUB, tokenizer_root, str(port)])
-    times: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    times: dict[str, list[dict]] = {arm: [] for arm in arms}
     try:
         _wait(port, proc)
         url = f"http://127.0.0.1:{port}"
-        for arm in ARMS:  # warm-up: the tokenizer's first calls, the stub's first connections
+        for arm in arms:  # warm-up: the tokenizer's first calls, the stub's first connections
             _arm(url, arm, requests[:256], spec.sampling, spec.output, args.max_in_flight)
         for n in range(args.rounds):
-            for arm in list(ARMS) if n % 2 == 0 else list(ARMS)[::-1]:
+            for arm in arms if n % 2 == 0 else arms[::-1]:
                 times[arm].append(_arm(url, arm, requests, spec.sampling, spec.output, args.max_in_flight))
                 got = times[arm][-1]
                 print(f"round {n} {arm}: {got['wall_s']:.2f} s, client CPU {got['cpu_s']:.2f} s, "
@@ -138,6 +146,9 @@ def main() -> None:
                        "client_ms_per_request": round(cpu_ms, 3), "client_max_requests_per_s": round(1000 / cpu_ms),
                        "caller_ms_per_request": round(statistics.median(r["caller_cpu_s"] for r in runs)
                                                       / args.rows * 1000, 3)}
+    if "token_ids" in times and "one_handoff_each" in times:  # the same arm, one hand-off per request
+        result["batched_over_each_cpu"] = round(result["token_ids"]["client_ms_per_request"]
+                                                / result["one_handoff_each"]["client_ms_per_request"], 3)
     h200 = Path(args.h200)
     if h200.exists():  # the rate the H200's vllm serve delivered, for scale
         ref = json.loads(h200.read_text())

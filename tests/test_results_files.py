@@ -53,7 +53,7 @@ REQUIRED = {
                   "raw_ratio"},
     "demo_gpu": {"date", "machine", "make_install", "command", "summary"},
     "roofline": {"date", "machine", "hardware", "efficiency", "command", "jobs"},
-    "server_client": {"date", "machine", "rows", "rounds", "chat", "token_ids"},
+    "server_client": {"date", "machine", "rows", "rounds", "token_ids"},  # chat: only when --arms names it
     "data_parallel": {"date", "machine", "model", "shape", "rows", "rounds", "gpus", "speedup", "single_s",
                       "parallel_s", "tokens"},
     "bucket_home": {"date", "machine", "model", "shape", "rows", "shards", "rounds", "local", "bucket",

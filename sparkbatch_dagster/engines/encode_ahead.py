@@ -79,6 +79,10 @@ class EncodeAhead(Generic[T]):
             wait = False
             yield from zip(batch, encoded, strict=True)
 
+    def ready(self) -> bool:
+        """Whether the next chunk is encoded (:meth:`take` would not wait)."""
+        return bool(self._queued) and self._queued[0][1].done()
+
     def drop(self) -> list[EngineRequest]:
         """The requests submitted and not taken, unencoded; nothing is left queued."""
         dropped = [req for batch, _ in self._queued for req in batch]
@@ -121,6 +125,10 @@ class Prepared(Generic[T]):
             self._ready.extend(self._ahead.take(wait=True))
             self._top_up()  # the chunk just taken made room: the thread goes on while these are sent
         return self._ready.popleft() if self._ready else None
+
+    def ready(self) -> bool:
+        """Whether :meth:`next` answers without waiting for a chunk to be encoded."""
+        return bool(self._ready) or self._ahead.ready()
 
     def rest(self) -> Iterator[EngineRequest]:
         """The requests not handed out yet, unencoded (the run gives up on them)."""

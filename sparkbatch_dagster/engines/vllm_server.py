@@ -20,10 +20,8 @@ before any row of it is written; a transient one (5xx, read timeouts after every
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures as cf
 import contextlib
 import dataclasses
-import queue
 import random
 import threading
 import time
@@ -37,6 +35,7 @@ from . import confidence, label_tokens, reasoning
 from .base import Engine, EngineRequest, EngineResult
 from .encode_ahead import Prepared
 from .endpoints import check_endpoints, check_served, message, served_models
+from .handoff import Handoff
 from .reasoning_server import reasoned_result, reasoning_fields, server_reasoning
 from .replicas import Pool, Replica
 from .server_bodies import classify, grammar_body, request_body
@@ -73,6 +72,8 @@ class VLLMServerEngine(Engine):
         #: Whether bodies are built on a thread of their own (:mod:`.encode_ahead`); off only to measure it.
         self.encode_ahead = True
         self.chunk = 256  # requests per chunk of bodies built (and tokenized) in one call
+        #: Whether requests reach the client's loop a batch at a time (:mod:`.handoff`); off only to measure it.
+        self.batched_handoff = True
         self._sure: confidence.Scorer | None = None  # this generate's, when it asks for log-probabilities
         self._thinking: reasoning.Plan | None = None  # this generate's reasoning (server_reasoning)
         self.max_in_flight = max_in_flight
@@ -125,8 +126,8 @@ class VLLMServerEngine(Engine):
         if self._thinking is not None:  # the grammar after the thinking: no one step, no confidence (see there)
             self._step, self._sure, spelled = None, None, {}
         again: set[str] = set()  # rows whose one step began several labels: asked again with the grammar
-        done: queue.Queue[cf.Future] = queue.Queue()
-        pending: dict[cf.Future, tuple[_Sent, Replica]] = {}
+        handoff = Handoff(self._loop, batched=self.batched_handoff)
+        pending: dict[int, tuple[_Sent, Replica]] = {}  # by Handoff token
         resend: deque[_Sent] = deque()  # a dead replica's rows, and rows another replica may answer
         # Bodies are built (and tokenized, server_token_ids) a chunk at a time on a thread of
         # their own: this thread sends them and handles every answer (encode_ahead.py).
@@ -163,26 +164,28 @@ class VLLMServerEngine(Engine):
                         replica = None if exhausted else pool.pick()
                         if replica is None:
                             break  # every replica is full (or nothing is left): wait for an answer
+                        if not source.ready():
+                            handoff.flush()  # those go now, not once the next chunk is built
                         item = source.next()
                         if item is None:
                             exhausted = True
                             break
                         row_id, body, tried, last = item[0].id, item[1], frozenset(), None
-                    fut = asyncio.run_coroutine_threadsafe(self._one(replica, row_id, body), self._loop)
+                    token = handoff.add(self._one(replica, row_id, body))
                     replica.in_flight += 1
                     replica.sent += 1
-                    pending[fut] = ((row_id, body, tried, last), replica)
-                    fut.add_done_callback(done.put)
+                    pending[token] = ((row_id, body, tried, last), replica)
+                handoff.flush()
                 if not pending:  # nothing more can be sent (held 400s, or nothing left): decide and end
                     transient = transient or bool(resend)
                     yield from (last or EngineResult(row_id, None, error="server_error: not sent", retryable=True)
                                 for row_id, _, _, last in resend)
                     yield from _undecided(held, transient, exhausted)
                     return
-                fut = self._next_done(done)
-                (row_id, body, tried, last), replica = pending.pop(fut)
+                token, task = self._next_done(handoff)
+                (row_id, body, tried, last), replica = pending.pop(token)
                 replica.in_flight -= 1
-                res = fut.result()
+                res = task.result()
                 if spelled and res is not None and res.text is not None and "allowed_token_ids" in body:
                     if res.text not in spelled:  # its token begins several labels: the grammar decides
                         again.add(row_id)
@@ -210,8 +213,8 @@ class VLLMServerEngine(Engine):
                     held.append(res)
         finally:
             source.close()
-            for fut in pending:
-                fut.cancel()
+            if pending:
+                handoff.cancel()
             pool.summary()
 
     def _bodies(self, sampling: SamplingSpec, output: OutputSpec) -> Callable[[list[EngineRequest]], list[dict]]:
@@ -235,12 +238,10 @@ class VLLMServerEngine(Engine):
             body.update(reasoning_fields(self._thinking))
         return body
 
-    def _next_done(self, done: queue.Queue[cf.Future]) -> cf.Future:
-        while True:
-            try:
-                return done.get(timeout=1.0)
-            except queue.Empty:
-                self._check_server()
+    def _next_done(self, handoff: Handoff) -> tuple[int, Any]:
+        while (finished := handoff.next_done(timeout=1.0)) is None:
+            self._check_server()
+        return finished
 
     async def _one(self, rep: Replica, row_id: str, body: dict[str, Any]) -> EngineResult | None:
         """The row's result from ``rep``; None when ``rep`` is dead (the row goes elsewhere)."""
