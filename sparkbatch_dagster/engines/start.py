@@ -12,7 +12,6 @@ rows' model identity is fixed before the engine answers anything.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -185,8 +184,7 @@ def start(cfg: EngineSettings) -> Engine:
         from .server_process import ServerProcess, batch_server_defaults, serve_args
 
         serve = {**kwargs, "data_parallel_size": engines} if engines > 1 else kwargs
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        serve = batch_server_defaults(serve, cpu=settings.on_cpu(), cores=cores, engines=engines,
+        serve = batch_server_defaults(serve, cpu=settings.on_cpu(), cores=settings.usable_cores(), engines=engines,
                                       nodes=multinode.nodes(serve))
         with settings.environment(envs[0]):  # `vllm serve` inherits it (CPU core binding)
             server = ServerProcess(model, name, serve_args(serve), cfg.server_start_timeout_s,

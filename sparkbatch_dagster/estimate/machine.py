@@ -8,13 +8,13 @@ name from ``nvidia-smi``, else torch), never at import.
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..engines.settings import usable_cores
 from ..spec.hardware import PRESET_NAMES
 
 #: GPU name fragments -> hardware preset.
@@ -53,8 +53,7 @@ def _gpu_name() -> str | None:
 
 
 def cpu_description() -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cores}-core {platform.machine()} CPU"
+    return f"{usable_cores()}-core {platform.machine()} CPU"
 
 
 def sample_machine(declared: str | None, on_cpu: bool, remote: bool = False) -> Machine:
