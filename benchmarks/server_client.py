@@ -12,7 +12,12 @@ started here), and ``server_token_ids`` with the bodies built inline on the call
 before 2026-12-04 (``token_ids_inline``), instead of a chunk at a time on the encoding thread,
 and ``server_token_ids`` with each request handed to the client's event loop alone
 (``one_handoff_each``, ``asyncio.run_coroutine_threadsafe`` per request, as before 2026-12-04)
-instead of a batch at a time (``engines/handoff.py``); ``--arms`` picks some.
+instead of a batch at a time (``engines/handoff.py``), and ``server_token_ids`` with Python's own
+spacing of full garbage collections while the heap is frozen (``full_passes_unspaced``, as before
+2026-12-04; ``engines/heap.py``); ``--arms`` picks some. Each arm generates inside
+``frozen_heap()``, as a run does, and records its full collections (``gen2_passes``, ``gen2_s``).
+``--answer-delay 2`` keeps each request at the stub that long, so thousands are in flight at once
+as on the H200 server.
 Arms alternate A-B-C / C-B-A. ``caller_ms_per_request`` is the CPU time of the thread that calls
 ``generate``: in a run, the labeling step's thread, which also writes every answer.
 ``client_max_requests_per_s`` (1 / CPU seconds per request) is what
@@ -22,6 +27,7 @@ one core of this machine could sustain; set it against the rate the H200 server 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -40,16 +46,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import emit  # noqa: E402
 
 STUB = """
+import asyncio
 import sys
 from aiohttp import web
 
-root, port = sys.argv[1], int(sys.argv[2])
+root, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 
 async def models(request):
     return web.json_response({"object": "list", "data": [{"id": "m", "root": root, "max_model_len": 4096}]})
 
 async def answer(request):
     await request.json()  # read and parse it, as a server must; one canned answer: its own cost is not measured
+    await asyncio.sleep(delay)
     return web.json_response({"model": "m", "choices": [{"message": {"content": "ok"}, "text": "ok"}],
                               "usage": {"prompt_tokens": 1000, "completion_tokens": 64}})
 
@@ -73,26 +81,46 @@ def _wait(port: int, proc: subprocess.Popen) -> None:
     raise SystemExit("the stub server did not start")
 
 
-#: Arm: (server_token_ids, bodies built on the encoding thread, requests handed to the loop in batches).
-ARMS = {"chat": (False, True, True), "token_ids": (True, True, True), "token_ids_inline": (True, False, True),
-        "one_handoff_each": (True, True, False)}
+#: Arm: (server_token_ids, bodies built on the encoding thread, requests handed to the loop in batches,
+#: full collections spaced out while frozen).
+ARMS = {"chat": (False, True, True, True), "token_ids": (True, True, True, True),
+        "token_ids_inline": (True, False, True, True), "one_handoff_each": (True, True, False, True),
+        "full_passes_unspaced": (True, True, True, False)}
 
 
 def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
+    from sparkbatch_dagster.engines import heap
     from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
 
-    token_ids, ahead, batched = ARMS[arm]
+    token_ids, ahead, batched, spaced = ARMS[arm]
     engine = VLLMServerEngine(url, "m", max_in_flight=in_flight, token_ids=token_ids)
     engine.encode_ahead, engine.batched_handoff = ahead, batched
+    passes: list[float] = []
+    started: list[float] = []
+
+    def full_pass(phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            started.append(time.perf_counter())
+        else:
+            passes.append(time.perf_counter() - started[-1])
+
+    gc.collect()  # each arm starts from the same collector state
+    gc.callbacks.append(full_pass)
+    spacing, heap.FULL_PASS_SPACING = heap.FULL_PASS_SPACING, heap.FULL_PASS_SPACING if spaced else 1
     try:
         wall, cpu, caller = time.perf_counter(), time.process_time(), time.thread_time()
-        answered = sum(1 for r in engine.generate(requests, sampling, output) if r.error is None)
+        with heap.frozen_heap():
+            answered = sum(1 for r in engine.generate(requests, sampling, output) if r.error is None)
         wall, cpu, caller = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - caller
     finally:
+        heap.FULL_PASS_SPACING = spacing
+        gc.callbacks.remove(full_pass)
         engine.close()
     if answered != len(requests):
         raise SystemExit(f"{len(requests) - answered} requests failed")
-    return {"wall_s": wall, "cpu_s": cpu, "caller_cpu_s": caller}
+    return {"wall_s": wall, "cpu_s": cpu, "caller_cpu_s": caller, "gen2_passes": len(passes), "gen2_s": sum(passes)}
 
 
 def main() -> None:
@@ -108,6 +136,7 @@ def main() -> None:
     p.add_argument("--max-in-flight", type=int, default=1024)
     p.add_argument("--h200", default=str(ROOT / "benchmarks" / "results" / "h200-1b-server.json"))
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--answer-delay", type=float, default=0.0, help="seconds the stub holds each request")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     arms = args.arms.split(",")
@@ -119,7 +148,7 @@ def main() -> None:
     requests = [EngineRequest(r["id"], m) for r, m in zip(rows, conversations(spec, rows), strict=True)]
     tokenizer_root = str(ensure_embedded(DEFAULT_MODEL_NAME))  # the H200 runs' dummy models carry this tokenizer
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", STUB, tokenizer_root, str(port)])
+    proc = subprocess.Popen([sys.executable, "-c", STUB, tokenizer_root, str(port), str(args.answer_delay)])
     times: dict[str, list[dict]] = {arm: [] for arm in arms}
     try:
         _wait(port, proc)
@@ -131,17 +160,20 @@ def main() -> None:
                 times[arm].append(_arm(url, arm, requests, spec.sampling, spec.output, args.max_in_flight))
                 got = times[arm][-1]
                 print(f"round {n} {arm}: {got['wall_s']:.2f} s, client CPU {got['cpu_s']:.2f} s, "
-                      f"caller's thread {got['caller_cpu_s']:.2f} s", file=sys.stderr)
+                      f"caller's thread {got['caller_cpu_s']:.2f} s, {got['gen2_passes']} full collections "
+                      f"{got['gen2_s']:.2f} s", file=sys.stderr)
     finally:
         proc.terminate()
         proc.wait(10)
     result: dict[str, Any] = {"benchmark": "server_client", "rows": args.rows, "rounds": args.rounds,
-                              "max_in_flight": args.max_in_flight, "prompt": "throughput.py synthetic",
+                              "max_in_flight": args.max_in_flight, "answer_delay_s": args.answer_delay,
+                              "prompt": "throughput.py synthetic",
                               "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores"}
     for arm, runs in times.items():
         cpu_ms = statistics.median(r["cpu_s"] for r in runs) / args.rows * 1000
         result[arm] = {"wall_s": [round(r["wall_s"], 2) for r in runs], "cpu_s": [round(r["cpu_s"], 2) for r in runs],
                        "caller_cpu_s": [round(r["caller_cpu_s"], 2) for r in runs],
+                       "gen2_passes": [r["gen2_passes"] for r in runs], "gen2_s": [round(r["gen2_s"], 3) for r in runs],
                        "requests_per_s": round(args.rows / statistics.median(r["wall_s"] for r in runs)),
                        "client_ms_per_request": round(cpu_ms, 3), "client_max_requests_per_s": round(1000 / cpu_ms),
                        "caller_ms_per_request": round(statistics.median(r["caller_cpu_s"] for r in runs)
@@ -149,6 +181,9 @@ def main() -> None:
     if "token_ids" in times and "one_handoff_each" in times:  # the same arm, one hand-off per request
         result["batched_over_each_cpu"] = round(result["token_ids"]["client_ms_per_request"]
                                                 / result["one_handoff_each"]["client_ms_per_request"], 3)
+    if "token_ids" in times and "full_passes_unspaced" in times:  # the same arm, Python's own full-pass spacing
+        result["spaced_over_unspaced_cpu"] = round(result["token_ids"]["client_ms_per_request"]
+                                                   / result["full_passes_unspaced"]["client_ms_per_request"], 3)
     h200 = Path(args.h200)
     if h200.exists():  # the rate the H200's vllm serve delivered, for scale
         ref = json.loads(h200.read_text())

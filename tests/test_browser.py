@@ -56,6 +56,9 @@ YAML = importlib.util.find_spec("sparkbatch_dagster.definitions.component") is n
 REQUIRED = "MAKELEVEL" in os.environ or os.environ.get("SPARKBATCH_REQUIRE_BROWSER") == "1"
 SAVE = os.environ.get("SPARKBATCH_SAVE_SCREENSHOTS") == "1"
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+# Past dagster dev's own shutdown (60 s for its webserver, then 60 s for its daemon, before it kills
+# them) and its code server's: only a wait past that is a hang.
+DEV_SHUTDOWN_S = 240
 
 
 def job_fields(src: Path, home: Path) -> dict[str, Any]:
@@ -150,6 +153,15 @@ def _in_session(sid: int) -> list[psutil.Process]:
     return found
 
 
+def _describe(p: psutil.Process) -> str:
+    """A process as `pid: command`, read before it is killed (a killed one is a zombie, whose
+    command line can no longer be read)."""
+    try:
+        return f"{p.pid}: {' '.join(p.cmdline())[:160]}"
+    except psutil.Error as e:
+        return f"{p.pid}: ({type(e).__name__})"
+
+
 def _engines(sid: int) -> list[str]:
     """vLLM processes (an EngineCore, a `vllm` command) among this dagster dev's processes."""
     found = []
@@ -217,19 +229,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         _wait_for_definitions(srv, time.monotonic() + 180)
         yield srv
     finally:
+        t_stop = time.monotonic()
         try:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
+            proc.wait(DEV_SHUTDOWN_S)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # children of what dagster dev killed stop on our SIGTERM
         while _in_session(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.5)
-        left = _in_session(proc.pid)
-        for p in left:
+        srv.timings["shutdown_s"] = round(time.monotonic() - t_stop, 1)
+        left = [_describe(p) for p in _in_session(proc.pid)]
+        for p in _in_session(proc.pid):
             p.kill()
         print(f"browser test: {json.dumps(srv.timings)}")
-        assert not left, f"dagster dev left processes behind after SIGTERM: {[p.cmdline()[:3] for p in left]}"
+        assert not left, f"dagster dev left processes behind after SIGTERM: {left}\n{srv.log_tail()}"
 
 
 def _wait_for_definitions(srv: Server, deadline: float) -> None:

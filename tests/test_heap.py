@@ -99,6 +99,41 @@ def test_disabled_or_with_the_collector_off_nothing_is_frozen(monkeypatch):
         gc.enable()
 
 
+def _full_passes_while_keeping(n: int) -> int:
+    """Full collections while `n` small objects pile up and stay alive, as a run's in-flight
+    requests and answers do."""
+    seen = []
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            seen.append(1)
+
+    gc.collect()
+    gc.callbacks.append(note)
+    try:
+        with frozen_heap():
+            kept = [[i] for i in range(n)]
+    finally:
+        gc.callbacks.remove(note)
+    assert len(kept) == n
+    return len(seen)
+
+
+def test_while_frozen_full_passes_are_spaced_out_and_the_thresholds_come_back(monkeypatch):
+    before = gc.get_threshold()
+    with frozen_heap():
+        with frozen_heap():
+            pass
+        assert gc.get_threshold() == (before[0], before[1], before[2] * heap.FULL_PASS_SPACING)
+    assert gc.get_threshold() == before
+    # What the spacing is for: with the old heap frozen, Python's own rule makes full passes over
+    # the run's objects as they pile up.
+    monkeypatch.setattr(heap, "FULL_PASS_SPACING", 1)
+    assert _full_passes_while_keeping(200_000) > 0
+    monkeypatch.setattr(heap, "FULL_PASS_SPACING", 10)
+    assert _full_passes_while_keeping(200_000) == 0
+
+
 class _Watching(FakeEngine):
     """Notes whether the heap was frozen while it answered."""
 
