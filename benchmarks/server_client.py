@@ -14,7 +14,9 @@ and ``server_token_ids`` with each request handed to the client's event loop alo
 (``one_handoff_each``, ``asyncio.run_coroutine_threadsafe`` per request, as before 2026-12-04)
 instead of a batch at a time (``engines/handoff.py``), and ``server_token_ids`` with Python's own
 spacing of full garbage collections while the heap is frozen (``full_passes_unspaced``, as before
-2026-12-04; ``engines/heap.py``); ``--arms`` picks some. Each arm generates inside
+2026-12-04; ``engines/heap.py``), and ``server_token_ids`` with ``PROMPTS_PER_REQUEST`` prompts per
+request (``grouped``; ``engines/prompt_groups.py``, the default for a server started here; the
+stub answers a choice per prompt); ``--arms`` picks some. Each arm generates inside
 ``frozen_heap()``, as a run does, and records its full collections (``gen2_passes``, ``gen2_s``).
 ``--answer-delay 2`` keeps each request at the stub that long, so thousands are in flight at once
 as on the H200 server.
@@ -45,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import emit  # noqa: E402
 
+from sparkbatch_dagster.engines.prompt_groups import PROMPTS_PER_REQUEST  # noqa: E402
+
 STUB = """
 import asyncio
 import sys
@@ -56,10 +60,13 @@ async def models(request):
     return web.json_response({"object": "list", "data": [{"id": "m", "root": root, "max_model_len": 4096}]})
 
 async def answer(request):
-    await request.json()  # read and parse it, as a server must; one canned answer: its own cost is not measured
+    body = await request.json()  # read and parse it, as a server must; canned answers: their cost is not measured
     await asyncio.sleep(delay)
-    return web.json_response({"model": "m", "choices": [{"message": {"content": "ok"}, "text": "ok"}],
-                              "usage": {"prompt_tokens": 1000, "completion_tokens": 64}})
+    prompt = body.get("prompt")
+    prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]  # several prompts: a choice each
+    return web.json_response({"model": "m", "choices": [{"index": i, "message": {"content": "ok"}, "text": "ok",
+                                                         "token_ids": [1] * 64} for i in range(len(prompts))],
+                              "usage": {"prompt_tokens": 1000 * len(prompts), "completion_tokens": 64 * len(prompts)}})
 
 app = web.Application(client_max_size=64 << 20)
 app.add_routes([web.get("/v1/models", models), web.post("/v1/chat/completions", answer),
@@ -82,18 +89,19 @@ def _wait(port: int, proc: subprocess.Popen) -> None:
 
 
 #: Arm: (server_token_ids, bodies built on the encoding thread, requests handed to the loop in batches,
-#: full collections spaced out while frozen).
-ARMS = {"chat": (False, True, True, True), "token_ids": (True, True, True, True),
-        "token_ids_inline": (True, False, True, True), "one_handoff_each": (True, True, False, True),
-        "full_passes_unspaced": (True, True, True, False)}
+#: full collections spaced out while frozen, prompts per request).
+ARMS = {"chat": (False, True, True, True, 1), "token_ids": (True, True, True, True, 1),
+        "token_ids_inline": (True, False, True, True, 1), "one_handoff_each": (True, True, False, True, 1),
+        "full_passes_unspaced": (True, True, True, False, 1),
+        "grouped": (True, True, True, True, PROMPTS_PER_REQUEST)}
 
 
 def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
     from sparkbatch_dagster.engines import heap
     from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
 
-    token_ids, ahead, batched, spaced = ARMS[arm]
-    engine = VLLMServerEngine(url, "m", max_in_flight=in_flight, token_ids=token_ids)
+    token_ids, ahead, batched, spaced, per_request = ARMS[arm]
+    engine = VLLMServerEngine(url, "m", max_in_flight=in_flight, token_ids=token_ids, prompts_per_request=per_request)
     engine.encode_ahead, engine.batched_handoff = ahead, batched
     passes: list[float] = []
     started: list[float] = []
@@ -120,7 +128,8 @@ def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in
         engine.close()
     if answered != len(requests):
         raise SystemExit(f"{len(requests) - answered} requests failed")
-    return {"wall_s": wall, "cpu_s": cpu, "caller_cpu_s": caller, "gen2_passes": len(passes), "gen2_s": sum(passes)}
+    return {"wall_s": wall, "cpu_s": cpu, "caller_cpu_s": caller, "gen2_passes": len(passes), "gen2_s": sum(passes),
+            "http_requests": engine.groups.requests}
 
 
 def main() -> None:
@@ -174,6 +183,7 @@ def main() -> None:
         result[arm] = {"wall_s": [round(r["wall_s"], 2) for r in runs], "cpu_s": [round(r["cpu_s"], 2) for r in runs],
                        "caller_cpu_s": [round(r["caller_cpu_s"], 2) for r in runs],
                        "gen2_passes": [r["gen2_passes"] for r in runs], "gen2_s": [round(r["gen2_s"], 3) for r in runs],
+                       "http_requests": [r["http_requests"] for r in runs],
                        "requests_per_s": round(args.rows / statistics.median(r["wall_s"] for r in runs)),
                        "client_ms_per_request": round(cpu_ms, 3), "client_max_requests_per_s": round(1000 / cpu_ms),
                        "caller_ms_per_request": round(statistics.median(r["caller_cpu_s"] for r in runs)
@@ -181,6 +191,9 @@ def main() -> None:
     if "token_ids" in times and "one_handoff_each" in times:  # the same arm, one hand-off per request
         result["batched_over_each_cpu"] = round(result["token_ids"]["client_ms_per_request"]
                                                 / result["one_handoff_each"]["client_ms_per_request"], 3)
+    if "grouped" in times and "token_ids" in times:  # the same arm, one prompt per request
+        result["grouped_over_one_each_cpu"] = round(result["grouped"]["client_ms_per_request"]
+                                                    / result["token_ids"]["client_ms_per_request"], 3)
     if "token_ids" in times and "full_passes_unspaced" in times:  # the same arm, Python's own full-pass spacing
         result["spaced_over_unspaced_cpu"] = round(result["token_ids"]["client_ms_per_request"]
                                                    / result["full_passes_unspaced"]["client_ms_per_request"], 3)

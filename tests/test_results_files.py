@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ REQUIRED = {
     "demo_gpu": {"date", "machine", "make_install", "command", "summary"},
     "roofline": {"date", "machine", "hardware", "efficiency", "command", "jobs"},
     "server_client": {"date", "machine", "rows", "rounds", "token_ids"},  # chat: only when --arms names it
+    "frontend_cpu": {"date", "machine", "rows", "rounds", "prompts_per_request", "grouped", "one_each",
+                     "grouped_over_one_each_frontend"},
     "data_parallel": {"date", "machine", "model", "shape", "rows", "rounds", "gpus", "speedup", "single_s",
                       "parallel_s", "tokens"},
     "bucket_home": {"date", "machine", "model", "shape", "rows", "shards", "rounds", "local", "bucket",
@@ -158,6 +161,13 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
             want = sum(r[name] for r in d["batch"]) / sum(r[name] for r in d["column"])
             assert close(d[key], want, rel=0.01), f"{path.name}: {key}"
         assert len(d["batch"]) == len(d["column"]) == d["rounds"], path.name
+    if kind == "frontend_cpu":  # per row: the median arm's frontend CPU over the rows; the ratio of the two
+        for arm in ("grouped", "one_each"):
+            assert len(d[arm]["frontend_cpu_s"]) == d["rounds"], path.name
+            ms = statistics.median(d[arm]["frontend_cpu_s"]) / d["rows"] * 1000
+            assert close(d[arm]["frontend_ms_per_row"], ms, rel=0.01), f"{path.name}: {arm}"
+        assert close(d["grouped_over_one_each_frontend"],
+                     d["grouped"]["frontend_ms_per_row"] / d["one_each"]["frontend_ms_per_row"], rel=0.01), path.name
     if kind == "lease_scaling":  # the per-minute figures are the counts over the hold, and the old design's formula
         assert close(d["renewal_requests_per_min"], d["renewal_requests"] * 60 / d["hold_s"], rel=0.01), path.name
         assert close(d["old_design_requests_per_min"], d["shards"] * 2 * 3 / d["lease_seconds"] * 60), path.name

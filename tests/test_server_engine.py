@@ -279,6 +279,29 @@ def test_a_started_server_answers_alike_with_bodies_built_on_their_own_thread_or
     assert len(answers[True]) == 18 and answers[True] == answers[False]
 
 
+def test_a_started_server_answers_alike_with_several_prompts_per_request_or_one(server_engine, monkeypatch):
+    """A server started here gets up to 16 prompts per completions request (prompt_groups.py):
+    each row's text, token counts and confidence as when it goes alone, in fewer requests."""
+    from sparkbatch_dagster import OutputSpec, SamplingSpec
+    from sparkbatch_dagster.engines import EngineRequest
+
+    groups = server_engine.groups
+    assert groups.size == 16
+    reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Name a word that rhymes with {w}."}])
+            for i, w in enumerate(["cat", "dog", "tree", "blue", "sun", "car"] * 4)]
+    sampling = SamplingSpec(max_tokens=6, temperature=0.0)
+    answers, requests = {}, {}
+    for size in (16, 1):
+        monkeypatch.setattr(groups, "size", size)
+        before = groups.requests
+        got = list(server_engine.generate(reqs, sampling, OutputSpec(kind="text")))
+        requests[size] = groups.requests - before
+        answers[size] = {r.id: (r.text, r.prompt_tokens, r.output_tokens, r.finish_reason, r.error) for r in got}
+    assert len(answers[16]) == 24 and answers[16] == answers[1]
+    assert all(error is None and out > 0 for _, _, out, _, error in answers[16].values())
+    assert requests[1] == 24 and requests[16] < 24
+
+
 def test_a_chat_server_gives_the_confidence_by_token_text(server_engine, real_engine):
     """Someone else's server is asked in chat messages, without the tokenizer here: the grammar
     answers, and its log-probabilities come back keyed by token text, not id."""

@@ -149,6 +149,12 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         "None: on for a `vllm serve` started here (unless engine_kwargs sets its chat_template), off for "
         "server_url(s).",
     )
+    server_prompts_per_request: int | None = Field(
+        default=None, ge=1, le=256, description="Server mode with server_token_ids: rows that start together go "
+        "as one /v1/completions request of up to this many prompts, each row still answered, retried and failed "
+        "on its own. None: 16 for a `vllm serve` started here, 1 for server_url(s) (set it for a vLLM server: it "
+        "must answer each choice's token_ids, which vLLM's return_token_ids gives).",
+    )
     max_retries: int = Field(default=5, ge=0, le=20, description="Server mode: retries on 429/5xx/connection errors.")
     server_start_timeout_s: float = Field(
         default=900.0, gt=0, description="Seconds a `vllm serve` started here may take to become healthy."
@@ -264,7 +270,8 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
             tensor_parallel_size=cfg.tensor_parallel_size, data_parallel_size=cfg.data_parallel_size,
             window=cfg.window, api_key=None if cfg.api_key is None else str(cfg.api_key),
             max_in_flight=cfg.max_in_flight, request_timeout_s=cfg.request_timeout_s, max_retries=cfg.max_retries,
-            server_token_ids=cfg.server_token_ids, server_start_timeout_s=cfg.server_start_timeout_s,
+            server_token_ids=cfg.server_token_ids, server_prompts_per_request=cfg.server_prompts_per_request,
+            server_start_timeout_s=cfg.server_start_timeout_s,
             engine_start_timeout_s=cfg.engine_start_timeout_s, gpu_memory_utilization=cfg.gpu_memory_utilization,
             memory_reserve_gb=cfg.memory_reserve_gb, label_decoding=cfg.label_decoding,
         )

@@ -85,6 +85,7 @@ class EngineSettings:
     request_timeout_s: float = 600.0
     max_retries: int = 5
     server_token_ids: bool | None = None
+    server_prompts_per_request: int | None = None
     server_start_timeout_s: float = 900.0
     engine_start_timeout_s: float = 1800.0
     #: As configured (None: the platform's default, already in :attr:`llm_kwargs`): on unified
@@ -162,6 +163,7 @@ class EngineSettings:
 def start(cfg: EngineSettings) -> Engine:
     """The engine ``cfg`` describes, started."""
     key = cfg.checked_api_key()  # before any process starts: a missing key must not leak a server
+    prompts_per_request(cfg, started_here=not cfg.endpoints)  # a wrong setting too
     if cfg.endpoints:
         from .endpoints import served_identity
 
@@ -248,6 +250,22 @@ def default_token_ids(cfg: EngineSettings, started_here: bool) -> bool:
     return started_here and "chat_template" not in cfg.engine_kwargs
 
 
+def prompts_per_request(cfg: EngineSettings, started_here: bool) -> int:
+    """What ``server_prompts_per_request=None`` means: ``PROMPTS_PER_REQUEST`` for a `vllm serve`
+    started here that gets token ids (vLLM answers a list of prompts choice by choice, with each
+    choice's token ids), one for servers someone else runs, which may not."""
+    from .prompt_groups import PROMPTS_PER_REQUEST
+
+    token_ids = cfg.server_token_ids if cfg.server_token_ids is not None else default_token_ids(cfg, started_here)
+    size = cfg.server_prompts_per_request
+    if size is None:
+        return PROMPTS_PER_REQUEST if started_here and token_ids else 1
+    if size > 1 and not token_ids:
+        raise ConfigError(f"server_prompts_per_request={size} needs server_token_ids (several prompts go to "
+                          "/v1/completions as token ids): set server_token_ids=True, or server_prompts_per_request=1")
+    return size
+
+
 def in_flight(cfg: EngineSettings, engines: int = 1) -> int:
     """Requests the client keeps in flight per server: by default enough to keep every engine's
     batch full (a server with data parallel has several)."""
@@ -266,4 +284,5 @@ def client(cfg: EngineSettings, url: str | list[str], name: str, key: str | None
                             timeout_s=cfg.request_timeout_s, max_retries=cfg.max_retries, server=server,
                             token_ids=token_ids,
                             sampling_defaults=cfg.sampling_defaults() if server is not None else {},
-                            label_decoding=cfg.label_decoding)
+                            label_decoding=cfg.label_decoding,
+                            prompts_per_request=prompts_per_request(cfg, started_here=server is not None))

@@ -36,6 +36,7 @@ from .base import Engine, EngineRequest, EngineResult
 from .encode_ahead import Prepared
 from .endpoints import check_endpoints, check_served, message, served_models
 from .handoff import Handoff
+from .prompt_groups import PromptGroups
 from .reasoning_server import reasoned_result, reasoning_fields, server_reasoning
 from .replicas import Pool, Replica
 from .server_bodies import classify, grammar_body, request_body
@@ -60,7 +61,8 @@ class VLLMServerEngine(Engine):
     def __init__(self, base_url: str | Sequence[str], model_name: str, api_key: str | None = None,
                  max_in_flight: int = 1024, timeout_s: float = 600.0, max_retries: int = 5, backoff_s: float = 0.5,
                  server: ServerProcess | None = None, token_ids: bool = False,
-                 sampling_defaults: Mapping[str, Any] | None = None, label_decoding: str = "auto") -> None:
+                 sampling_defaults: Mapping[str, Any] | None = None, label_decoding: str = "auto",
+                 prompts_per_request: int = 1) -> None:
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         # What requests ask for; ``model_id`` (what rows record) may be renamed to an identity.
         self.served_name = self.model_id = model_name
@@ -97,6 +99,8 @@ class VLLMServerEngine(Engine):
         self._thread = threading.Thread(target=self._loop.run_forever, name="sparkbatch-client", daemon=True)
         self._thread.start()
         self._session: Any = asyncio.run_coroutine_threadsafe(self._open(), self._loop).result()
+        # Several prompts per request only where a request takes several: completions, token ids.
+        self.groups = PromptGroups(self._session, prompts_per_request if token_ids else 1)
 
     async def _open(self) -> Any:
         import aiohttp
@@ -255,19 +259,19 @@ class VLLMServerEngine(Engine):
                 return None
             self._check_server()
             try:
-                async with self._session.post(rep.url + self._path, json=body) as r:
-                    if r.status == 200:
-                        res = self._result(rep.url, row_id, await r.json(content_type=None))
-                        rep.answered()
-                        return res
-                    text = message(await r.text())
-                    if r.status == 404:
-                        raise await asyncio.to_thread(self._unknown_model, rep.url, text)
-                    kind = classify(r.status, text, rep.url)
-                    if kind != "retry":
-                        rep.answered()
-                        return EngineResult(row_id, None, error=f"{kind}: HTTP {r.status}: {text}")
-                    last, unreachable = f"HTTP {r.status}: {text}", False
+                status, answer = await self.groups.post(rep.url + self._path, body)
+                if status == 200:
+                    res = self._result(rep.url, row_id, answer)
+                    rep.answered()
+                    return res
+                text = message(answer)
+                if status == 404:
+                    raise await asyncio.to_thread(self._unknown_model, rep.url, text)
+                kind = classify(status, text, rep.url)
+                if kind != "retry":
+                    rep.answered()
+                    return EngineResult(row_id, None, error=f"{kind}: HTTP {status}: {text}")
+                last, unreachable = f"HTTP {status}: {text}", False
             except aiohttp.SocketTimeoutError:  # sent, but no answer: the server is slow, not gone
                 last, unreachable = f"no answer in {self.timeout_s:g}s (request_timeout_s)", False
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
