@@ -64,8 +64,11 @@ async def answer(request):
     await asyncio.sleep(delay)
     prompt = body.get("prompt")
     prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]  # several prompts: a choice each
-    return web.json_response({"model": "m", "choices": [{"index": i, "message": {"content": "ok"}, "text": "ok",
-                                                         "token_ids": [1] * 64} for i in range(len(prompts))],
+    choices = [{"index": i, "message": {"content": "ok"}, "text": "ok"} for i in range(len(prompts))]
+    if body.get("return_token_ids"):  # as vLLM: the prompt's ids come back with the answer's
+        for choice, ids in zip(choices, prompts):
+            choice.update(prompt_token_ids=ids, token_ids=[1] * 64)
+    return web.json_response({"model": "m", "choices": choices,
                               "usage": {"prompt_tokens": 1000 * len(prompts), "completion_tokens": 64 * len(prompts)}})
 
 app = web.Application(client_max_size=64 << 20)

@@ -4,12 +4,15 @@ Every HTTP request costs a `vllm serve` frontend its parsing, routing and valida
 client its aiohttp round trip; in the first burst of a run (thousands of requests at once) that
 per-request cost is what keeps the server's batch from filling. The completions API takes a list
 of prompts (token ids here) and answers one choice per prompt, so requests that start together
-with the same settings go as one, up to ``size`` prompts.
+with the same settings go as one, up to ``size`` prompts. A real `vllm serve` frontend on the
+2-core CPU spent 0.52 ms of CPU a row with 16 prompts per request against 1.16 with one
+(``benchmarks/frontend_cpu.py``).
 
 The caller still sends row by row (``await groups.post(url, body)``) and gets the row's own
 status and answer, shaped as a one-prompt answer: its choice, its ``usage`` (prompt tokens from
 its ids, output tokens from the choice's ``token_ids``, which ``return_token_ids`` asks vLLM
-for; the group's cached tokens shared out by prompt length, as vLLM reports only their sum).
+for, and which also sends each prompt's ids back; the group's cached tokens shared out by
+prompt length, as vLLM reports only their sum).
 What a group cannot say row by row it does not decide: a group answered with a 4xx is sent again
 one row per request, so a too-long prompt is that row's error and no other's; a 429 or 5xx, a
 timeout or a dropped connection reaches every row of the group as if it were its own, and each
