@@ -112,7 +112,7 @@ class PromptGroups:
 def _split(data: dict[str, Any], prompts: list[list[int]]) -> list[tuple[int, Any]] | None:
     """A group's answer as one answer per prompt; None if its choices cannot say which is whose."""
     choices = {choice.get("index"): choice for choice in data.get("choices") or []}
-    if sorted(choices) != list(range(len(prompts))) or any("token_ids" not in c for c in choices.values()):
+    if set(choices) != set(range(len(prompts))) or any("token_ids" not in c for c in choices.values()):
         return None
     usage = data.get("usage") or {}
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
