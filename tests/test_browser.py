@@ -153,26 +153,23 @@ def _in_session(sid: int) -> list[psutil.Process]:
     return found
 
 
-def _describe(p: psutil.Process) -> str:
-    """A process as `pid: command`, read before it is killed (a killed one is a zombie, whose
-    command line can no longer be read)."""
+def _command(p: psutil.Process) -> str | None:
+    """Its command line; None once it cannot be read (gone, or killed: a zombie has none)."""
     try:
-        return f"{p.pid}: {' '.join(p.cmdline())[:160]}"
-    except psutil.Error as e:
-        return f"{p.pid}: ({type(e).__name__})"
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return None
+
+
+def _describe(p: psutil.Process) -> str:
+    """A process as `pid: command`, read before it is killed."""
+    return f"{p.pid}: {(_command(p) or '(unreadable)')[:160]}"
 
 
 def _engines(sid: int) -> list[str]:
     """vLLM processes (an EngineCore, a `vllm` command) among this dagster dev's processes."""
-    found = []
-    for p in _in_session(sid):
-        try:
-            cmd = " ".join(p.cmdline())
-        except psutil.Error:
-            continue
-        if "EngineCore" in cmd or "vllm" in cmd.lower():
-            found.append(f"{p.pid}: {cmd[:120]}")
-    return found
+    commands = ((p, _command(p) or "") for p in _in_session(sid))
+    return [f"{p.pid}: {cmd[:120]}" for p, cmd in commands if "EngineCore" in cmd or "vllm" in cmd.lower()]
 
 
 @dataclass
