@@ -171,6 +171,18 @@ REAL_SETTINGS: dict[str, Any] = dict(kv_cache_memory_gb=1.0, max_num_seqs=64, ma
                                      engine_kwargs=EAGER)
 
 
+def confidence_tolerance() -> float:
+    """How far one answer's confidence may move between two real engines of the same model.
+
+    vLLM's CPU kernels pick their blocking by batch size, so an answer's logits depend on what it
+    was batched with: a server batches requests as they arrive, the offline engine all at once. In
+    float32 that moves a confidence by well under 1e-3. In bf16 (the default on a CPU with native
+    bf16) by far more: 0.026 for one of test_label_tokens' 9 reviews between batchings of 1, 2, 3
+    and all 9 prompts on this 2-core CPU. A confidence read from the wrong token (the bug these
+    comparisons look for) is off by the other labels' share, tenths."""
+    return 1e-3 if VLLMResource(**REAL_SETTINGS).dtype_choice()[0] == "float32" else 0.06
+
+
 def fake_resource(**fake: Any) -> tuple[FakeVLLMResource, FakeEngine]:
     """A FakeVLLMResource (``fake``: its FakeEngine settings) and its engine, fresh for this test
     (its request count at 0).

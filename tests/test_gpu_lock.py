@@ -175,6 +175,36 @@ def test_the_fake_resource_holds_its_devices_while_its_engine_lives(monkeypatch)
     assert not FakeVLLMResource()._lock_devices()  # off by default: tests that play two boxes
 
 
+UNGUARDED = textwrap.dedent("""
+    import multiprocessing
+    from sparkbatch_dagster.testing import FakeVLLMResource
+
+    engine = FakeVLLMResource(gpu_lock=True).get_engine()  # at the top level, as a quick script has it
+
+
+    def child():
+        pass
+
+
+    if multiprocessing.parent_process() is None:  # vLLM's engine core, started as vLLM starts it
+        proc = multiprocessing.get_context("spawn").Process(target=child)
+        proc.start()
+        proc.join()
+        print("child exit code", proc.exitcode, flush=True)
+""")
+
+
+def test_an_engine_started_again_as_a_spawned_child_reruns_the_script_names_the_fix(tmp_path):
+    """vLLM's engine core is spawned, and first re-runs the script: one that starts its engine at its
+    top level would start it again there and wait on its parent's lock for ever."""
+    script = tmp_path / "label.py"
+    script.write_text(UNGUARDED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=WAIT_S,
+                          cwd=tmp_path, env={**os.environ})
+    assert "child exit code 1" in done.stdout, done.stderr
+    assert "ConfigError" in done.stderr and 'if __name__ == "__main__":' in done.stderr
+
+
 class SlowStop(FakeEngine):
     """An engine whose stop lasts until the test releases it."""
 

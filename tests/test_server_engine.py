@@ -8,7 +8,16 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import EAGER, REAL_SETTINGS, label_then_metrics, live_children, make_rows, make_spec, write_parquet
+from conftest import (
+    EAGER,
+    REAL_SETTINGS,
+    confidence_tolerance,
+    label_then_metrics,
+    live_children,
+    make_rows,
+    make_spec,
+    write_parquet,
+)
 from sparkbatch_dagster import EngineError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
@@ -248,7 +257,7 @@ def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engi
         assert {k: r.text for k, r in served.items()} == {k: r.text for k, r in offline.items()}
         assert {k: r.output_tokens for k, r in served.items()} == {k: r.output_tokens for k, r in offline.items()}
         for k, r in offline.items():  # and as sure (test_confidence_real.py checks offline's against the model)
-            assert served[k].confidence == pytest.approx(r.confidence, abs=1e-3)
+            assert served[k].confidence == pytest.approx(r.confidence, abs=confidence_tolerance())
 
 
 def test_a_started_server_answers_alike_with_bodies_built_on_their_own_thread_or_inline(server_engine, monkeypatch):
@@ -315,7 +324,7 @@ def test_a_chat_server_gives_the_confidence_by_token_text(server_engine, real_en
             served, offline = _answers(chat, "auto", labels), _answers(real_engine, "grammar", labels)
             assert {k: r.text for k, r in served.items()} == {k: r.text for k, r in offline.items()}
             for k, r in offline.items():
-                assert served[k].confidence == pytest.approx(r.confidence, abs=1e-3)
+                assert served[k].confidence == pytest.approx(r.confidence, abs=confidence_tolerance())
     finally:
         chat.close()
     assert server_engine.server.alive()  # the chat client's close leaves the server it did not start

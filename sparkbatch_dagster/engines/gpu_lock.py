@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import multiprocessing.process
 import os
 import re
 import sys
@@ -169,6 +170,20 @@ def _waiting(device: str, path: Path, holder: dict[str, Any]) -> str:
             "To run both at once, give each its own GPUs with CUDA_VISIBLE_DEVICES.")
 
 
+def refuse_in_spawned_import() -> None:
+    """Stop an engine start made while a ``spawn`` child re-runs the parent's main script.
+
+    vLLM starts its engine core with ``spawn``, whose child first re-runs the script that started
+    it. A script that starts its engine at its top level (no ``if __name__ == "__main__":``) starts
+    it again there, and that child then waits on the lock its parent holds while the parent waits
+    on the child: a hang until ``engine_start_timeout_s`` that names neither. multiprocessing
+    itself refuses a process started at that point; this refuses an engine in the same way."""
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        raise ConfigError("an engine was started while a child process re-ran your script's top level "
+                          "(vLLM starts its engine core with multiprocessing's 'spawn'). Fix: put the code "
+                          "that starts the run under `if __name__ == \"__main__\":`")
+
+
 class HeldEngine:
     """A started engine and the devices it holds: :meth:`close` stops the engine, then frees them.
 
@@ -188,6 +203,7 @@ class HeldEngine:
               start: Callable[[], Engine]) -> HeldEngine:
         """Take ``devices`` (none: no lock, as for servers someone else runs), then ``start()``.
         The engine's ``gpu_wait_s`` says how long the devices took to come free."""
+        refuse_in_spawned_import()
         wait_for_stops()  # an engine of this process still stopping: its memory is this start's
         lock = DeviceLock.acquire(devices, holder, log) if devices else None
         try:
