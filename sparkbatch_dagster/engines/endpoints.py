@@ -132,3 +132,11 @@ def check_endpoints(urls: Sequence[str], model: str, api_key: str | None) -> tup
     root = entry.get("root")
     names = {model} | {str(m["id"]) for ms in found.values() for m in ms if root and m.get("root") == root}
     return entry, names, list(found)
+
+
+def unknown_model(url: str, model: str, api_key: str | None, text: str) -> ConfigError:
+    """What a 404 for ``model`` means: the served models when the server lists them."""
+    with contextlib.suppress(EngineError):  # /v1/models does not answer: say what we know
+        check_served(url, model, api_key)  # raises, listing what it serves
+    return ConfigError(f"server at {url} answered HTTP 404 for model={model!r} ({text}): "
+                       "set VLLMResource.model to a model it serves")

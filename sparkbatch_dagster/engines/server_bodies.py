@@ -1,4 +1,5 @@
-"""The bodies server mode sends, and what an HTTP failure means for the row it was sent for."""
+"""The bodies server mode sends, the results its answers give, and what a failure means for the
+row it was sent for."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..spec import OutputSpec, SamplingSpec
-from .base import structured_outputs
+from . import confidence, reasoning
+from .base import EngineResult, structured_outputs
 from .endpoints import key_error
+from .reasoning_server import reasoned_result
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+#: 400s held back while nothing has succeeded; this many (and none of those in flight succeeding)
+#: mean the request itself is wrong, not the rows.
+HOLD = 8
 
 
 def request_body(model: str, messages: list[dict[str, str]], sampling: SamplingSpec, output: OutputSpec,
@@ -53,3 +59,34 @@ def classify(status: int, text: str, url: str) -> str:
     if re.search(r"context length|maximum[^.]*tokens|reduce the length", low):
         return "prompt_too_long"
     return "bad_request"
+
+
+def answer_result(row_id: str, data: dict[str, Any], sure: confidence.Scorer | None,
+                  thinking: reasoning.Plan | None, tokenizer: Any) -> EngineResult:
+    """The row's result from a 200 answer: a chat answer's message, or a completion's text
+    (``server_token_ids``), with its token counts, and its confidence when ``sure`` scores it."""
+    usage = data.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    choice = data["choices"][0]
+    text = (choice["text"] if "text" in choice else choice["message"].get("content")) or ""
+    if thinking is not None:
+        return reasoned_result(row_id, text, choice, usage, thinking, tokenizer)
+    return EngineResult(
+        row_id, text,
+        prompt_tokens=int(usage.get("prompt_tokens", 0)), output_tokens=int(usage.get("completion_tokens", 0)),
+        cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=choice.get("finish_reason"),
+        confidence=sure.of_openai(text, choice.get("logprobs")) if sure is not None else None,
+    )
+
+
+def undecided(held: list[EngineResult], transient: bool, exhausted: bool) -> list[EngineResult]:
+    """Held 400s when nothing is left in flight and nothing has succeeded: decide what they are."""
+    if not held:
+        return []
+    if transient:  # the server also failed transiently: no evidence either way, so retry them later
+        return [EngineResult(r.id, None, error=r.error, retryable=True) for r in held]
+    reasons = {(r.error or "").split(":", 1)[0] for r in held}
+    if exhausted and len(held) < HOLD and reasons == {"prompt_too_long"}:
+        return held  # the server said why, row by row: a few over-long prompts are those rows' own
+    raise ConfigError(f"every request fails with {(held[0].error or '').partition(': ')[2]}: "
+                      "check VLLMResource.model and the job's output/sampling settings")

@@ -34,21 +34,17 @@ from ..spec import OutputSpec, SamplingSpec
 from . import confidence, label_tokens, reasoning
 from .base import Engine, EngineRequest, EngineResult
 from .encode_ahead import Prepared
-from .endpoints import check_endpoints, check_served, message, served_models
+from .endpoints import check_endpoints, check_served, message, served_models, unknown_model
 from .handoff import Handoff
 from .prompt_groups import PromptGroups
-from .reasoning_server import reasoned_result, reasoning_fields, server_reasoning
+from .reasoning_server import reasoning_fields, server_reasoning
 from .replicas import Pool, Replica
-from .server_bodies import classify, grammar_body, request_body
+from .server_bodies import HOLD, answer_result, classify, grammar_body, request_body, undecided
 from .server_process import KEEP_ALIVE_S, ServerProcess, free_port
 from .token_prompts import load_tokenizer, token_bodies
 
 __all__ = ["ServerProcess", "VLLMServerEngine", "check_served", "free_port", "grammar_body", "request_body",
            "served_models"]
-
-#: 400s held back while nothing has succeeded; this many (and none of those in flight succeeding)
-#: mean the request itself is wrong, not the rows.
-_HOLD = 8
 
 #: A request on its way: row id, body, the replicas it got only transient failures from, the last one.
 _Sent = tuple[str, dict[str, Any], frozenset[Replica], EngineResult | None]
@@ -151,8 +147,8 @@ class VLLMServerEngine(Engine):
                         exhausted = True
                         yield from (EngineResult(req.id, None, error=why, retryable=True) for req in source.rest())
                 # Requests are pulled here, in the caller's thread: the async thread only does I/O.
-                # _HOLD held failures stop new sends: those in flight decide (one success releases).
-                while succeeded or len(held) < _HOLD:
+                # HOLD held failures stop new sends: those in flight decide (one success releases).
+                while succeeded or len(held) < HOLD:
                     if resend:
                         row_id, body, tried, last = resend[0]
                         replica = pool.pick(exclude=tried)
@@ -184,7 +180,7 @@ class VLLMServerEngine(Engine):
                     transient = transient or bool(resend)
                     yield from (last or EngineResult(row_id, None, error="server_error: not sent", retryable=True)
                                 for row_id, _, _, last in resend)
-                    yield from _undecided(held, transient, exhausted)
+                    yield from undecided(held, transient, exhausted)
                     return
                 token, task = self._next_done(handoff)
                 (row_id, body, tried, last), replica = pending.pop(token)
@@ -266,7 +262,7 @@ class VLLMServerEngine(Engine):
                     return res
                 text = message(answer)
                 if status == 404:
-                    raise await asyncio.to_thread(self._unknown_model, rep.url, text)
+                    raise await asyncio.to_thread(unknown_model, rep.url, self.served_name, self._api_key, text)
                 kind = classify(status, text, rep.url)
                 if kind != "retry":
                     rep.answered()
@@ -285,30 +281,13 @@ class VLLMServerEngine(Engine):
         # Not the row's fault: nothing is written for it, and the next run retries it.
         return EngineResult(row_id, None, error=f"server_error: {failure}", retryable=True)
 
-    def _unknown_model(self, url: str, text: str) -> ConfigError:
-        with contextlib.suppress(EngineError):  # /v1/models does not answer: say what we know
-            check_served(url, self.served_name, self._api_key)  # raises, listing what it serves
-        return ConfigError(f"server at {url} answered HTTP 404 for model={self.served_name!r} ({text}): "
-                           "set VLLMResource.model to a model it serves")
-
     def _result(self, url: str, row_id: str, data: dict[str, Any]) -> EngineResult:
         answered = data.get("model")
         if answered is not None and answered not in self._names:
             # Another model answered (the URL points elsewhere): rows must never mix models.
             raise ConfigError(f"server at {url} answered as model {answered!r}, not {self.served_name!r}: "
                               "set VLLMResource.server_url and model to one server and the model it serves")
-        usage = data.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        choice = data["choices"][0]  # chat: its message; completions (server_token_ids): its text
-        text = (choice["text"] if "text" in choice else choice["message"].get("content")) or ""
-        if self._thinking is not None:
-            return reasoned_result(row_id, text, choice, usage, self._thinking, self._tokenizer)
-        return EngineResult(
-            row_id, text,
-            prompt_tokens=int(usage.get("prompt_tokens", 0)), output_tokens=int(usage.get("completion_tokens", 0)),
-            cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=choice.get("finish_reason"),
-            confidence=self._sure.of_openai(text, choice.get("logprobs")) if self._sure is not None else None,
-        )
+        return answer_result(row_id, data, self._sure, self._thinking, self._tokenizer)
 
     def _check_server(self) -> None:
         """A server we own that has exited fails the run now, not after every retry."""
@@ -324,15 +303,3 @@ class VLLMServerEngine(Engine):
         if self.server:
             self.server.stop()
 
-
-def _undecided(held: list[EngineResult], transient: bool, exhausted: bool) -> list[EngineResult]:
-    """Held 400s when nothing is left in flight and nothing has succeeded: decide what they are."""
-    if not held:
-        return []
-    if transient:  # the server also failed transiently: no evidence either way, so retry them later
-        return [EngineResult(r.id, None, error=r.error, retryable=True) for r in held]
-    reasons = {(r.error or "").split(":", 1)[0] for r in held}
-    if exhausted and len(held) < _HOLD and reasons == {"prompt_too_long"}:
-        return held  # the server said why, row by row: a few over-long prompts are those rows' own
-    raise ConfigError(f"every request fails with {(held[0].error or '').partition(': ')[2]}: "
-                      "check VLLMResource.model and the job's output/sampling settings")
