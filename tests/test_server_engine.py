@@ -252,12 +252,13 @@ def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engi
     offline engine's answers."""
     from test_label_tokens import SECTIONS, SENTIMENT, _answers
 
+    tolerance = confidence_tolerance()
     for labels in (SENTIMENT, SECTIONS):
         served, offline = _answers(server_engine, "auto", labels), _answers(real_engine, "auto", labels)
         assert {k: r.text for k, r in served.items()} == {k: r.text for k, r in offline.items()}
         assert {k: r.output_tokens for k, r in served.items()} == {k: r.output_tokens for k, r in offline.items()}
         for k, r in offline.items():  # and as sure (test_confidence_real.py checks offline's against the model)
-            assert served[k].confidence == pytest.approx(r.confidence, abs=confidence_tolerance())
+            assert served[k].confidence == pytest.approx(r.confidence, abs=tolerance)
 
 
 def test_a_started_server_answers_alike_with_bodies_built_on_their_own_thread_or_inline(server_engine, monkeypatch):
@@ -319,12 +320,13 @@ def test_a_chat_server_gives_the_confidence_by_token_text(server_engine, real_en
     from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
 
     chat = VLLMServerEngine(server_engine.base_url, server_engine.served_name, token_ids=False)
+    tolerance = confidence_tolerance()
     try:
         for labels in (SENTIMENT, SECTIONS):
             served, offline = _answers(chat, "auto", labels), _answers(real_engine, "grammar", labels)
             assert {k: r.text for k, r in served.items()} == {k: r.text for k, r in offline.items()}
             for k, r in offline.items():
-                assert served[k].confidence == pytest.approx(r.confidence, abs=confidence_tolerance())
+                assert served[k].confidence == pytest.approx(r.confidence, abs=tolerance)
     finally:
         chat.close()
     assert server_engine.server.alive()  # the chat client's close leaves the server it did not start

@@ -170,7 +170,7 @@ def _waiting(device: str, path: Path, holder: dict[str, Any]) -> str:
             "To run both at once, give each its own GPUs with CUDA_VISIBLE_DEVICES.")
 
 
-def refuse_in_spawned_import() -> None:
+def _refuse_in_spawned_import() -> None:
     """Stop an engine start made while a ``spawn`` child re-runs the parent's main script.
 
     vLLM starts its engine core with ``spawn``, whose child first re-runs the script that started
@@ -203,7 +203,7 @@ class HeldEngine:
               start: Callable[[], Engine]) -> HeldEngine:
         """Take ``devices`` (none: no lock, as for servers someone else runs), then ``start()``.
         The engine's ``gpu_wait_s`` says how long the devices took to come free."""
-        refuse_in_spawned_import()
+        _refuse_in_spawned_import()
         wait_for_stops()  # an engine of this process still stopping: its memory is this start's
         lock = DeviceLock.acquire(devices, holder, log) if devices else None
         try:
