@@ -106,7 +106,7 @@ def main() -> None:
 def run(cli: list[str], home: Path, env: dict[str, str], args: Any) -> dict[str, Any]:
     """The estimate (one option of one GPU, one of --tp GPUs), then `sparkbatch run`; their numbers."""
 
-    from sparkbatch_dagster.cli.commands import load
+    from sparkbatch_dagster.cli import load
     from sparkbatch_dagster.home import JobHome
     from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 

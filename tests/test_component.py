@@ -22,7 +22,7 @@ from dagster.components.testing import create_defs_folder_sandbox
 
 from conftest import make_rows, make_spec, write_parquet
 from sparkbatch_dagster import BatchInferenceComponent, JobSpec, VLLMResource, build_batch_assets
-from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, load
+from sparkbatch_dagster.cli import RANGE_END, RANGE_START, load
 from sparkbatch_dagster.definitions.factory import find_job
 from sparkbatch_dagster.testing import FakeVLLMResource
 

@@ -621,7 +621,7 @@ Description: no debtags at all
 def test_the_benchmark_builds_a_second_real_job_that_runs(tmp_path, monkeypatch):
     import importlib.util
 
-    from sparkbatch_dagster.cli.commands import load
+    from sparkbatch_dagster.cli import load
 
     spec_ = importlib.util.spec_from_file_location("estimate_accuracy", ROOT / "benchmarks" / "estimate_accuracy.py")
     bench = importlib.util.module_from_spec(spec_)

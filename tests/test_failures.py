@@ -10,7 +10,7 @@ from dagster import DagsterInstance, materialize
 
 from conftest import make_spec
 from sparkbatch_dagster import ConfigError, EngineError, VLLMResource, build_batch_assets
-from sparkbatch_dagster.cli.commands import main as cli_main
+from sparkbatch_dagster.cli import main as cli_main
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.settings import check_memory, on_cpu
 from sparkbatch_dagster.home import JobHome

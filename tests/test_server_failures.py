@@ -307,7 +307,7 @@ def test_an_unset_api_key_variable_stops_the_run_before_any_request(tmp_path, st
 
 
 def test_the_cli_names_an_unset_api_key_variable_in_one_line(tmp_path, stub, monkeypatch, capsys):
-    from sparkbatch_dagster.cli.commands import main as cli_main
+    from sparkbatch_dagster.cli import main as cli_main
 
     monkeypatch.delenv("SB_TEST_KEY", raising=False)
     make_spec(tmp_path, n=30, shards=2)  # its input file

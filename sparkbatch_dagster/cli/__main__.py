@@ -1,5 +1,5 @@
 """``python -m sparkbatch_dagster.cli``: the ``sparkbatch`` command."""
 
-from .commands import main
+from .entry import main
 
 raise SystemExit(main())

@@ -1,19 +1,6 @@
-"""``sparkbatch``: drive a job's assets from a shell, filling only the gaps.
-
-    sparkbatch estimate -f definitions.py  time a sample: duration, cost per node option, model choice
-    sparkbatch run -f definitions.py       shard if needed, label missing partitions, analytics
-    sparkbatch run --range A:B             only partitions A..B (one process per GPU)
-    sparkbatch run --estimate --max-cost 2.5 --deadline 2h   time a sample on the run's engine, then label
-                                           under a brake (docs/estimate.md)
-    sparkbatch status -f definitions.py    which partitions are done, and what to run next
-    sparkbatch preview -f definitions.py   rendered prompts, token counts, what a run would generate
-    sparkbatch sql -f definitions.py "FROM label_distribution"   query the results with DuckDB
-    sparkbatch prepare-model [NAME ...]    convert embedded models once (default: SmolLM2)
-    sparkbatch run-batch -i in.jsonl -o out.jsonl   an OpenAI/Anthropic batch file end to end (cli/batch.py)
-    sparkbatch export-batch -i in.jsonl -o out.jsonl   its finished rows as the provider's result files
-
-Stdout carries one JSON line, the result; logs, the progress bar and advice go to stderr, and
-an error is one ``sparkbatch:`` line with its fix (``--debug``: logs, warnings, tracebacks).
+"""What each ``sparkbatch`` command does, callable from Python: ``status``, ``shard``, ``run``,
+``run_batch``, ``estimate``, ``sql``, and the run's last line (``summary``). The shell's front end,
+arguments in and one JSON line out, is :mod:`.entry`.
 
 Runs go through the Dagster instance in ``$DAGSTER_HOME`` (``./.dagster_home`` when unset), so
 what the CLI does shows in ``dagster dev`` and the other way round.
@@ -21,11 +8,9 @@ what the CLI does shows in ``dagster dev`` and the other way round.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..definitions.deploy import pool_limit
@@ -34,11 +19,9 @@ from ..definitions.resource import VLLMResource
 from ..engines.gpu_lock import wait_for_stops
 from ..engines.spans import Collected, collecting
 from ..errors import SparkbatchError
-from ..home import check_key
 from ..run.progress import Bar, listening
 from . import batch, console
-from .budget import continue_with, label_config
-from .locate import instance, load
+from .locate import instance
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
@@ -303,125 +286,3 @@ def sql(job: BatchJob, resource: VLLMResource, query: str) -> dict[str, Any]:
     for r in rows[:200]:
         print("\t".join("" if v is None else str(v) for v in r), file=sys.stderr)
     return {"columns": columns, "rows": rows}
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparkbatch", description=__doc__.splitlines()[0] if __doc__ else None)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show framework logs, warnings and tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("run", "label every partition not yet done"), ("status", "show done/missing partitions"),
-                       ("estimate", "time a sample; predict duration and cost; compare models"),
-                       ("preview", "show rendered prompts and per-shard counts, without an engine"),
-                       ("sql", "query the job's DuckDB views (labeled, label_distribution, review, reliability, "
-                               "run_metrics)"),
-                       ("worker-node", "join this machine to a multi-node engine (docs/multi-node.md)")):
-        p = sub.add_parser(name, help=text, parents=[common])
-        p.add_argument("-f", "--file", default="definitions.py", help="file that builds the Definitions")
-        p.add_argument("--job", help="job name, when the file defines several")
-        if name == "run":
-            p.add_argument("--range", help="only partitions FIRST:LAST, e.g. shard-00000:shard-00003")
-            p.add_argument("--estimate", action="store_true",
-                           help="time a sample on the run's engine first, print the prediction, then label (one start)")
-            p.add_argument("--max-cost", type=float, metavar="USD",
-                           help="refuse, or stop cleanly, when the predicted bill exceeds it (JobSpec.max_cost_usd)")
-            p.add_argument("--deadline", help="when the rental ends: 2026-12-01T18:00:00+00:00, or 2h30m from now; "
-                                              "stops cleanly in time to commit (JobSpec.deadline)")
-        if name == "estimate":
-            p.add_argument("--sample-rows", type=int, help="rows to time (default: the spec's, 80)")
-            p.add_argument("--models", help="candidates to compare, comma-separated; engine settings after '@', "
-                           "joined by '+' (e.g. gemma-3-270m,/models/qwen-8b@quantization=fp8)")
-            p.add_argument("--hourly-rate", type=float, metavar="USD",
-                           help="this machine's price per hour: adds the option 'this machine' at the measured speed")
-            p.add_argument("--accuracy-bar", type=float, help="least sample accuracy a model needs")
-            p.add_argument("--hosted-prices", metavar="FILE",
-                           help="your table of hosted batch prices (YAML or CSV: name, input_per_million_usd, "
-                                "output_per_million_usd): the job's tokens priced at each, beside the box's options")
-        if name == "preview":
-            p.add_argument("-n", type=int, default=5, help="prompts to show (default 5)")
-        if name == "sql":
-            p.add_argument("query", help='e.g. "FROM label_distribution"')
-        if name == "worker-node":
-            p.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 to nnodes-1")
-            p.add_argument("--once", action="store_true", help="serve one engine of the first node, then exit")
-            p.add_argument("--print", dest="print_only", action="store_true",
-                           help="print the vLLM command; start nothing")
-    batch.add_parsers(sub, common)
-    p = sub.add_parser("prepare-model", help="convert embedded models once", parents=[common])
-    p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
-    return parser
-
-
-def _price_file(path: str | None) -> str | None:
-    """``--hosted-prices``: checked now, before any engine starts; the asset reads it by its path."""
-    if path is None:
-        return None
-    from ..spec import EstimateSpec
-
-    fields: dict[str, Any] = {"hosted_prices": path}
-    EstimateSpec(**fields)  # a bad table stops here, naming the file, row and value
-    return str(Path(path).resolve())
-
-
-def _command(args: argparse.Namespace) -> dict[str, Any]:
-    if args.command == "prepare-model":
-        from ..engines.model import DEFAULT_MODEL_NAME, EMBEDDED, ensure_embedded
-
-        unknown = sorted(set(args.names) - set(EMBEDDED))
-        if unknown:
-            raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
-        return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
-    if args.command in ("run-batch", "export-batch", "serve-batch"):
-        return batch.command(args, run)
-    job, defs = load(args.file, args.job)
-    resource = defs.resources[job.resource_key]
-    if args.command == "status":
-        report = status(job, resource, args.file)
-        for line in report["warnings"]:
-            print(f"sparkbatch: warning: {line}", file=sys.stderr)
-        return report
-    if args.command == "worker-node":
-        from ..engines.multinode import worker_node
-
-        engine = resource.engine_settings()
-        return worker_node(engine.model_name(), engine.llm_kwargs, args.node_rank,
-                           tensor_parallel_size=engine.tensor_parallel_size,
-                           data_parallel_size=engine.data_parallel_size, once=args.once, print_only=args.print_only,
-                           log=lambda m: print(f"sparkbatch: {m}", file=sys.stderr))
-    if args.command == "sql":
-        return sql(job, resource, args.query)
-    if args.command == "preview":
-        from .preview import describe, planning_home, preview
-
-        with planning_home(job) as home:  # read-only: a changed input is sharded in a scratch folder
-            report = preview(job, resource, args.n, home)
-        print("\n".join(describe(report)), file=sys.stderr)
-        return report
-    if args.command == "estimate":
-        overrides = {"sample_rows": args.sample_rows, "accuracy_bar": args.accuracy_bar,
-                     "hourly_rate_usd": args.hourly_rate, "hosted_prices": _price_file(args.hosted_prices),
-                     "models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None}
-        return estimate(job, defs, {k: v for k, v in overrides.items() if v is not None})
-    only = None
-    if args.range:
-        first, sep, last = args.range.partition(":")
-        if not sep:
-            raise SparkbatchError(f"--range {args.range!r} must look like shard-00000:shard-00003")
-        only = (check_key(first), check_key(last))
-    return run(job, defs, only, label_config(args))
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    console.configure(args.debug)
-    try:
-        with console.json_stdout() as emit:
-            emit(_command(args))
-        return 0
-    except Exception as exc:
-        line = console.error_line(continue_with(exc, args))
-        if line is None or console.debugging():
-            raise
-        print(line, file=sys.stderr)
-        return console.exit_code(exc)
-

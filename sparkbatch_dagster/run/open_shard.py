@@ -11,7 +11,7 @@ from ..spec import JobSpec
 from .attempts import Attempt
 from .checkpoint import CheckpointWriter
 from .result_store import ResultStore, prompt_key
-from .rows import STORED_ERRORS, plan_rows, read_shard, row
+from .rows import STORED_ERRORS, outcome, plan_rows, read_shard, row
 
 
 class OpenShard:
@@ -52,6 +52,26 @@ class OpenShard:
         self.abandoned = False  # another box took it over: this attempt writes nothing more of it
         self.fresh_tokens = 0
         self.first_sent: float | None = None
+
+    def record(self, res: Any, spec: JobSpec) -> int:
+        """Write the rows of one engine answer (``res.id``: ``"<shard>:<n>"``, the n-th prompt of
+        ``order``): every row with that prompt, the first as answered and the rest as duplicates.
+        A retryable failure is not the rows' fault: nothing is written and they count as pending,
+        so the next run retries them. Returns the rows written."""
+        group = self.order[int(res.id.partition(":")[2])]
+        prompt, ids = self.groups[group]
+        self.outstanding -= 1
+        if res.retryable:
+            self.pending += len(ids)
+            return 0
+        output, error, cut = outcome(res, spec, prompt)
+        kept = res.reasoning if spec.output.keep_reasoning else None
+        for i, rid in enumerate(ids):
+            self.writer.add(row(rid, self.version, res.model or self.model, output, error, res, dedup=i > 0,
+                                key=self.keys[group], truncated=cut, reasoning=kept))
+        self.done += len(ids)
+        self.fresh_tokens += res.prompt_tokens + res.output_tokens
+        return len(ids)
 
     def _reuse(self, store: ResultStore, only: list[Any] | None = None) -> int:
         """Write the rows whose answer is already stored (of ``only``'s groups, or all); they

@@ -5,10 +5,7 @@ new answers, finalize each shard. Knows nothing of Dagster.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import shutil
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
@@ -19,19 +16,19 @@ from ..engines.base import Engine
 from ..engines.heap import frozen_heap
 from ..engines.spans import Spans
 from ..errors import PendingRowsError
-from ..home import JobHome, atomic_write_text, failpoint
+from ..home import JobHome
 from ..home.lease import LeaseLost
 from ..spec import JobSpec
 from .attempts import Attempt
 from .brake import Brake, Position
-from .checkpoint import FlushTimer, assemble, commit
+from .checkpoint import FlushTimer
 from .claims import Claims
 from .feed import Feed
-from .open_shard import OpenShard, new_answers
+from .finish import ShardClock, write_shard
+from .open_shard import OpenShard
 from .pace import Pace
 from .result_store import open_store
-from .rows import outcome, parse_output, plan_rows, read_shard, row
-from .shard_stats import shard_stats
+from .rows import parse_output, plan_rows, read_shard
 
 # parse_output, plan_rows and read_shard live in rows.py; named here too, where they were before.
 __all__ = ["ProgressFn", "ShardRun", "label_shard", "parse_output", "plan_rows", "read_shard"]
@@ -67,9 +64,8 @@ class ShardRun:
         self._pending_reason = ""
         self.shards: list[OpenShard] = []
         self.stats: list[dict[str, Any]] = []
-        self._last_end = time.perf_counter()
-        self._start_paid = engine.start_seconds  # an engine started before this run is not this run's bill
-        self._start_paid_at_attempt = self._start_paid
+        self.clock = ShardClock(lambda: engine.start_seconds)  # each shard's share of the run's time
+        self._start_at_attempt = engine.start_seconds
         self._answered = 0  # prompts the engine answered in this attempt
         self._ready: list[dict[str, Any]] = []  # shards finalized since the caller last heard
         self.pace = Pace()  # rows done and the rate: the progress line's ETA, the brake's forecast
@@ -193,7 +189,7 @@ class ShardRun:
 
     def _attempt_progress(self) -> dict[str, Any]:
         return {"prompts_generated": self._answered, "engine_starts": self._engine_starts(),
-                "engine_start_s": round(max(self.engine.start_seconds - self._start_paid_at_attempt, 0.0), 3),
+                "engine_start_s": round(max(self.engine.start_seconds - self._start_at_attempt, 0.0), 3),
                 "timings_s": self.spans.rounded()}
 
     def _before(self, before: Callable[[], None]) -> None:
@@ -201,7 +197,7 @@ class ShardRun:
         before()
         # The sample's own generation is not the job's: the first shard's window keeps the engine
         # start it paid for (charged to that shard) but not the sample's seconds (the attempt's bill).
-        self._last_end += time.perf_counter() - began - (self.engine.start_seconds - start_s)
+        self.clock.leave_out(time.perf_counter() - began - (self.engine.start_seconds - start_s))
 
     def _consult(self) -> None:
         """Let the brake look at where the run stands; it raises BudgetStop to stop here."""
@@ -272,26 +268,13 @@ class ShardRun:
         """Write one answer's rows, and commit its shard when it was the last; return the shard
         (None: another box took it over, and the answer is dropped)."""
         self.pace.answered()
-        idx, _, n = res.id.partition(":")
-        shard = self.shards[int(idx)]
+        shard = self.shards[int(res.id.partition(":")[0])]
         if shard.abandoned:
             return None
-        group = shard.order[int(n)]
         self._answered += 1
-        prompt, ids = shard.groups[group]
-        shard.outstanding -= 1
-        if res.retryable:  # not the row's fault: write nothing, so the next run retries it
-            shard.pending += len(ids)
+        self.pace.rows_done += shard.record(res, self.spec)
+        if res.retryable:  # not the row's fault: nothing written, so the next run retries it
             self._pending_reason = res.error or "transient failure"
-        else:
-            output, error, cut = outcome(res, self.spec, prompt)
-            kept = res.reasoning if self.spec.output.keep_reasoning else None
-            for i, rid in enumerate(ids):
-                shard.writer.add(row(rid, self.version, res.model or self.engine.model_id, output, error, res,
-                                     dedup=i > 0, key=shard.keys[group], truncated=cut, reasoning=kept))
-            self.pace.rows_done += len(ids)
-            shard.done += len(ids)
-            shard.fresh_tokens += res.prompt_tokens + res.output_tokens
         self._timer.check()  # the other shards' rows are flushed on time by the timer
         if self.home.remote is not None:
             self.home.remote.uploader.check()  # a commit or upload that failed in its thread
@@ -333,38 +316,8 @@ class ShardRun:
 
     def _finish(self, shard: OpenShard) -> None:
         began = time.perf_counter()
-        shard.writer.flush()
-        self._timer.writers.remove(shard.writer)
-        table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key, shard.writer)
-        now = time.perf_counter()
-        # Shards overlap in the engine; each is charged the time since the previous one finished
-        # (the first: since this ShardRun was made), so per-shard wall times add up to the run's. An engine
-        # started during the run is charged once, to the first shard finished after it started,
-        # whose window holds it; shard_stats keeps it apart from generation.
-        wall = now - self._last_end
-        start_s, self._start_paid = self.engine.start_seconds - self._start_paid, self.engine.start_seconds
-        self._last_end = now
-        engine_s = now - shard.first_sent if shard.first_sent else 0.0
-        stats = shard_stats(self.spec, shard.key, self.version, self.engine.model_id, table, wall, engine_s,
-                       resumed=shard.resumed, generated=len(shard.order), fresh_tokens=shard.fresh_tokens,
-                       engine_start_s=start_s)
-        if self.signature:  # which input it was read from: checks made after a re-shard compare with it
-            stats["input_signature"] = self.signature
-        if self.attempt is not None:  # which attempt committed it (the bucket's commit names it too)
-            stats["attempt"] = self.attempt.id
-        # Stats and new answers first, then the labeled file (the commit point): a done shard
-        # always has stats, and its answers are in the store for any later layout or version.
-        atomic_write_text(self.home.stats_path(self.version, shard.key), json.dumps(stats, indent=2))
-        failpoint("finalize:stats")
-        with self.spans.span("store_add"):
-            self.store.add(new_answers(table))
-        key, bucket = shard.key, self.home.remote is not None
-        # The parts go from the timer's thread (a folder home; a bucket's mirror drops them after its commit).
-        commit(shard.writer.parts_dir, table, self.home.labeled_path(self.version, key), keep_parts=True)
-        if not bucket:
-            self._timer.later(functools.partial(shutil.rmtree, shard.writer.parts_dir, ignore_errors=True))
-        shard.release()
-        shard.finished = True
+        stats = write_shard(self, shard, self._timer)
+        key = shard.key
 
         def committed() -> None:  # where it counts: here, or (a bucket home) from the upload thread, later
             if self._claims is not None:

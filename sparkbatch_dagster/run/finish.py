@@ -1,0 +1,96 @@
+"""A shard's end in a labeling run, up to its commit on this box: its rows assembled in input
+order, its statistics, its new answers in the result store, then its labeled file. With a bucket
+home the commit that counts is published after (:meth:`~.runner.ShardRun.finish`, ``docs/protocol.md``).
+
+Shards overlap in the engine, so a shard's time is not its own: :class:`ShardClock` charges each
+shard the time since the previous one finished (the first: since the run began), so per-shard wall
+times add up to the run's, and an engine start during the run once, to the first shard finished
+after it, whose window holds it (its statistics keep the start apart from generation)::
+
+    clock = ShardClock(lambda: engine.start_seconds)
+    wall_s, engine_start_s = clock.charge()   # as each shard finishes
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..engines.base import Engine
+from ..engines.spans import Spans
+from ..home import JobHome, atomic_write_text, failpoint
+from ..spec import JobSpec
+from .attempts import Attempt
+from .checkpoint import FlushTimer, assemble, commit
+from .open_shard import OpenShard, new_answers
+from .result_store import ResultStore
+from .shard_stats import shard_stats
+
+
+class ShardClock:
+    """Each finished shard's share of the run's wall time and of its engine start."""
+
+    def __init__(self, start_seconds: Callable[[], float]) -> None:
+        self._start_seconds = start_seconds
+        self._last_end = time.perf_counter()
+        self._start_paid = start_seconds()  # an engine started before this run is not this run's bill
+
+    def charge(self) -> tuple[float, float]:
+        """The finishing shard's wall seconds and engine-start seconds."""
+        now, start = time.perf_counter(), self._start_seconds()
+        wall, start_s = now - self._last_end, start - self._start_paid
+        self._last_end, self._start_paid = now, start
+        return wall, start_s
+
+    def leave_out(self, seconds: float) -> None:
+        """Seconds spent on something not the shards' (the timed sample of ``run --estimate``)."""
+        self._last_end += seconds
+
+
+class Run(Protocol):
+    """What finishing a shard uses of its :class:`~.runner.ShardRun`."""
+
+    spec: JobSpec
+    home: JobHome
+    version: str
+    engine: Engine
+    signature: str | None
+    attempt: Attempt | None
+    store: ResultStore
+    spans: Spans
+    clock: ShardClock
+
+
+def write_shard(run: Run, shard: OpenShard, timer: FlushTimer) -> dict[str, Any]:
+    """Assemble ``shard``, whose every row is in, write its statistics, store its new answers and
+    write its labeled file; return the statistics. A folder home's shard is committed then; a
+    bucket home's parts stay until the bucket's commit (its mirror drops them)."""
+    shard.writer.flush()
+    timer.writers.remove(shard.writer)
+    table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key, shard.writer)
+    wall, start_s = run.clock.charge()
+    engine_s = time.perf_counter() - shard.first_sent if shard.first_sent else 0.0
+    model = run.engine.model_id
+    stats = shard_stats(run.spec, shard.key, run.version, model, table, wall, engine_s, resumed=shard.resumed,
+                        generated=len(shard.order), fresh_tokens=shard.fresh_tokens, engine_start_s=start_s)
+    if run.signature:  # which input it was read from: checks made after a re-shard compare with it
+        stats["input_signature"] = run.signature
+    if run.attempt is not None:  # which attempt committed it (the bucket's commit names it too)
+        stats["attempt"] = run.attempt.id
+    # Stats and new answers first, then the labeled file (the commit point): a done shard
+    # always has stats, and its answers are in the store for any later layout or version.
+    home = run.home
+    atomic_write_text(home.stats_path(run.version, shard.key), json.dumps(stats, indent=2))
+    failpoint("finalize:stats")
+    with run.spans.span("store_add"):
+        run.store.add(new_answers(table))
+    commit(shard.writer.parts_dir, table, home.labeled_path(run.version, shard.key), keep_parts=True)
+    if home.remote is None:  # the parts go from the timer's thread
+        timer.later(functools.partial(shutil.rmtree, shard.writer.parts_dir, ignore_errors=True))
+    shard.release()
+    shard.finished = True
+    return stats
