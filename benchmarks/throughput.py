@@ -174,6 +174,8 @@ def arg_parser(doc: str | None, mode: str, rows: int) -> argparse.ArgumentParser
     p.add_argument("--data", default=str(DEBIAN), help="the Debian parquet (debian mode)")
     p.add_argument("--engine-kwargs", default=None, metavar="JSON",
                    help='more VLLMResource.engine_kwargs, e.g. \'{"quantization": "fp8"}\'')
+    p.add_argument("--resource", type=json_object, default=None, metavar="JSON",
+                   help='VLLMResource fields for every arm, e.g. \'{"label_decoding": "grammar"}\'')
     return p
 
 
@@ -191,6 +193,7 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
     kw["data_parallel_size"] = 1  # one engine in this process, on one GPU (data_parallel.py compares N)
     if args.load_format:
         kw["engine_kwargs"] = {"load_format": args.load_format}
+    kw.update(getattr(args, "resource", None) or {})
     if getattr(args, "engine_kwargs", None):
         kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), **json.loads(args.engine_kwargs)}
     if getattr(args, "trace", False):  # vLLM keeps its step metrics only with stats on
@@ -421,6 +424,7 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
         "labeling_s": secs(times["labeling"][:n]), "labeling_ratio": round(raw_s / label_s, 4),
         "prefilled_store_answers": args.prefill_store,
         **({"engine_kwargs": json.loads(args.engine_kwargs)} if getattr(args, "engine_kwargs", None) else {}),
+        **({"resource": args.resource} if getattr(args, "resource", None) else {}),
     }
     if times.get("generate"):
         gen_s = sum(times["generate"])

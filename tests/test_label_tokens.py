@@ -8,7 +8,7 @@ import pytest
 
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
-from sparkbatch_dagster.engines.label_tokens import first_step, plan
+from sparkbatch_dagster.engines.label_tokens import Tally, first_step, plan
 from sparkbatch_dagster.engines.vllm_server import grammar_body, request_body
 
 SENTIMENT = ["positive", "negative", "neutral"]
@@ -60,6 +60,37 @@ def test_only_greedy_ascii_label_jobs_in_auto_mode_take_the_step(tokenizer):
     assert plan(tokenizer, greedy, OutputSpec(kind="label", labels=["été", "hiver"]), "auto") is None
 
 
+def test_labels_no_first_token_can_settle_go_to_the_grammar_at_once(tokenizer):
+    """Labels that share their first tokens ("category-..."): one step could only ever be asked
+    again, so it is never sent."""
+    shared = ["category-alpha", "category-beta"]
+    assert first_step(tokenizer, shared) is not None and not first_step(tokenizer, shared).labels
+    assert plan(tokenizer, SamplingSpec(max_tokens=8), OutputSpec(kind="label", labels=shared), "auto") is None
+
+
+def test_the_probe_goes_in_one_step_and_its_answers_route_the_rest():
+    tally = Tally(probe=4, max_asked_again=0.25)
+    assert [tally.route(in_flight=n) for n in range(4)] == ["step"] * 4
+    assert tally.route(in_flight=4) is None  # held until the probe's answers are in
+    for settled in (True, True, False):
+        tally.record(settled)
+    assert tally.route(in_flight=1) is None and not tally.decided()
+    assert tally.route(in_flight=0) == "step"  # never held with nothing in flight
+    tally.record(True)
+    assert tally.decided() and tally.route(in_flight=0) == "step"  # 1 of 4 asked again: the step pays
+    tally.record(False)
+    assert tally.route(in_flight=0) == "grammar"  # 2 of 5: the rest straight to the grammar
+    assert "2 of 5 answers" in tally.summary() and "the grammar directly" in tally.summary()
+
+
+def test_a_probe_mostly_asked_again_sends_the_rest_to_the_grammar():
+    tally = Tally(probe=3)
+    for _ in range(3):
+        assert tally.route(in_flight=0) == "step"
+        tally.record(settled=False)
+    assert tally.route(in_flight=0) == "grammar"
+
+
 def test_a_server_request_asks_for_one_step_and_again_with_the_grammar():
     label = OutputSpec(kind="label", labels=SENTIMENT)
     sampling = SamplingSpec(max_tokens=8)
@@ -81,9 +112,9 @@ PACKAGES = ["libssl3: SSL shared libraries", "libssl-dev: SSL development files"
             "policy manual"]
 
 
-def _answers(engine, mode, labels=SENTIMENT):
+def _answers(engine, mode, labels=SENTIMENT, texts=None):
     engine.label_decoding = mode
-    texts = REVIEWS if labels == SENTIMENT else PACKAGES
+    texts = texts or (REVIEWS if labels == SENTIMENT else PACKAGES)
     system = f"Answer with one of: {', '.join(labels)}."
     reqs = [EngineRequest(str(i), [{"role": "system", "content": system}, {"role": "user", "content": text}])
             for i, text in enumerate(texts)]
@@ -102,3 +133,39 @@ def test_the_real_engine_answers_as_the_grammar_does(real_engine, labels):
     assert all(r.text in labels and r.finish_reason == "stop" for r in fast.values())
     # Settled in one step, or that step plus the grammar's tokens.
     assert all(r.output_tokens == 1 or r.output_tokens == grammar[k].output_tokens + 1 for k, r in fast.items())
+
+
+#: Labels whose likely first token ("very") begins two of them: most one-step answers are asked again.
+VERY = ["very-positive", "very-negative", "neutral"]
+
+
+def probed(engine, probe, **settings):
+    """The engine's answers to REVIEWS over VERY with a probe of ``probe`` rows (and ``settings``
+    set on the engine meanwhile), and the grammar's."""
+    old = {name: getattr(engine, name) for name in ["label_probe", *settings]}
+    for name, value in {"label_probe": probe, **settings}.items():
+        setattr(engine, name, value)
+    try:
+        fast = _answers(engine, "auto", VERY, REVIEWS)
+    finally:
+        for name, value in old.items():
+            setattr(engine, name, value)
+    return fast, _answers(engine, "grammar", VERY, REVIEWS)
+
+
+def check_probed(fast, grammar, probe, log):
+    """The grammar's answers; the probe's rows mostly asked again, so the rest went to the grammar
+    directly (each its grammar tokens, not one step more)."""
+    assert {k: r.text for k, r in fast.items()} == {k: r.text for k, r in grammar.items()}
+    again = [k for k, r in fast.items() if int(k) < probe and r.output_tokens == grammar[k].output_tokens + 1]
+    assert len(again) >= 2, {k: (r.text, r.output_tokens) for k, r in fast.items()}
+    assert all(fast[k].output_tokens == grammar[k].output_tokens for k in fast if int(k) >= probe)
+    assert "the rest went to the grammar directly" in log
+
+
+@pytest.mark.real
+def test_the_real_engine_sends_the_rest_to_the_grammar_when_the_probe_is_mostly_asked_again(real_engine, caplog):
+    """A batch of 3 (max_num_seqs): the probe's 3 rows fill it, so the rest wait for its answers."""
+    with caplog.at_level("INFO", logger="sparkbatch"):
+        fast, grammar = probed(real_engine, 3, max_num_seqs=3)
+    check_probed(fast, grammar, 3, caplog.text)

@@ -261,6 +261,15 @@ def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engi
             assert served[k].confidence == pytest.approx(r.confidence, abs=tolerance)
 
 
+def test_a_started_server_sends_the_rest_to_the_grammar_when_the_probe_is_mostly_asked_again(server_engine, caplog):
+    """The client holds the rest until the probe's 3 rows are answered (``label_tokens.Tally``)."""
+    from test_label_tokens import check_probed, probed
+
+    with caplog.at_level("INFO", logger="sparkbatch"):
+        fast, grammar = probed(server_engine, 3)
+    check_probed(fast, grammar, 3, caplog.text)
+
+
 def test_a_started_server_answers_alike_with_bodies_built_on_their_own_thread_or_inline(server_engine, monkeypatch):
     """Bodies are built and tokenized a chunk at a time on the encoding thread (encode_ahead.py);
     in chunks of 4 here, so chunks and answers interleave: the same answers as built inline."""

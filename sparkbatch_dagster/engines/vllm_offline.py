@@ -37,6 +37,8 @@ class VLLMOfflineEngine(Engine):
         self.model_path = model  # what was loaded; model_id may be renamed to a portable identity
         self.sampling_defaults = dict(sampling_defaults or {})
         self.label_decoding = label_decoding
+        #: Label rows sent in one step before their answers decide how the rest go (:class:`label_tokens.Tally`).
+        self.label_probe = label_tokens.PROBE
         #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
         self.confidence = True
         #: Whether prompts are encoded on a thread of their own (:mod:`.encode_ahead`); off only to measure it.
@@ -45,6 +47,9 @@ class VLLMOfflineEngine(Engine):
         self.chunk = min(chunk, window)
         self._tokenizer = self._llm.get_tokenizer()
         self._max_len = int(self._llm.llm_engine.model_config.max_model_len)
+        config = getattr(self._llm.llm_engine, "vllm_config", None)
+        #: Sequences the engine runs at once: while a label probe is out, the grammar's rows fill the rest.
+        self.max_num_seqs = int(getattr(getattr(config, "scheduler_config", None), "max_num_seqs", 0) or 256)
         self._ids = itertools.count()
         from .reasoning_offline import native_budget
 
@@ -102,6 +107,8 @@ class VLLMOfflineEngine(Engine):
         params = sampling_params(sampling, output, self.sampling_defaults, logprobs=top)
         first = sampling_params(sampling, output, self.sampling_defaults, step.allowed, top) if step else params
         sure = confidence.Scorer(output, self._tokenizer, step) if top is not None else None
+        tally = label_tokens.Tally(self.label_probe) if step is not None else None
+        held: list[tuple[EngineRequest, list[int]]] = []  # encoded, waiting for the probe's answers (tally)
         engine = self._llm.llm_engine
         source = iter(requests)
         in_flight: dict[str, str] = {}
@@ -116,7 +123,8 @@ class VLLMOfflineEngine(Engine):
                 # Top up a chunk at a time (one tokenizer call each), also at the start: the engine
                 # begins on the first chunk while the next are still being rendered and encoded
                 # (on their own thread: encode_ahead.py), instead of idling until the window is full.
-                while not exhausted and ahead.room() and len(in_flight) + ahead.rows <= self.window - self.chunk:
+                while (not exhausted and ahead.room()
+                       and len(in_flight) + len(held) + ahead.rows <= self.window - self.chunk):
                     batch = list(itertools.islice(source, self.chunk))
                     exhausted = not batch
                     if batch:
@@ -124,7 +132,8 @@ class VLLMOfflineEngine(Engine):
                             ahead.submit(batch)
                 # What is encoded goes in; with nothing in flight the engine waits for the next chunk.
                 with self.part("tokenize"):
-                    encoded = list(ahead.take(wait=not in_flight))
+                    encoded = held + list(ahead.take(wait=not in_flight and not held))
+                held = []
                 for req, ids in encoded:
                     if len(ids) >= self._max_len:
                         yield EngineResult(
@@ -132,25 +141,35 @@ class VLLMOfflineEngine(Engine):
                             error=f"prompt_too_long: {len(ids)} tokens, model context is {self._max_len}",
                         )
                         continue
-                    rid = f"sb-{next(self._ids)}"
                     own = req.sampling is not None or req.output is not None  # a batch file line's own
+                    route = tally.route(len(asked)) if tally is not None and not own else None
+                    if tally is not None and not own and route is None:
+                        # The probe is out: the grammar's rows keep the batch full, the others wait for it.
+                        route = "grammar" if not held and len(in_flight) < self.max_num_seqs else None
+                    if tally is not None and not own and (held or route is None):
+                        held.append((req, ids))  # after the probe's answers, in order
+                        continue
+                    rid = f"sb-{next(self._ids)}"
                     with engine_failure():  # the engine core may die between two steps
                         engine.add_request(rid, TokensPrompt(prompt_token_ids=ids),
                                            self._own_params(req, sampling, output, top, own_params) if own
-                                           else first)
+                                           else params if route == "grammar" else first)
                     in_flight[rid] = req.id
                     prompt_lens[rid] = len(ids)
-                    if step is not None and not own:
+                    if route == "step":
                         asked[rid] = req
                 if not in_flight:
-                    if exhausted and not ahead.rows:
+                    if exhausted and not ahead.rows and not held:
+                        if tally is not None:
+                            tally.report()
                         return
                     continue
                 with engine_failure():
                     outputs = engine.step()
                 done = [out for out in outputs if out.finished]
                 if step is not None:
-                    done, settled = self._settle(done, step, asked, in_flight, prompt_lens, again, params, sure)
+                    done, settled = self._settle(done, step, asked, in_flight, prompt_lens, again, params, sure,
+                                                 tally)
                     yield from settled
                 texts = self._tokenizer.batch_decode(
                     [list(out.outputs[0].token_ids) for out in done], skip_special_tokens=True
@@ -186,7 +205,8 @@ class VLLMOfflineEngine(Engine):
 
     def _settle(self, done: list[Any], step: label_tokens.FirstStep, asked: dict[str, EngineRequest],
                 in_flight: dict[str, str], prompt_lens: dict[str, int], again: set[str],
-                params: Any, sure: confidence.Scorer | None) -> tuple[list[Any], list[EngineResult]]:
+                params: Any, sure: confidence.Scorer | None, tally: label_tokens.Tally | None = None
+                ) -> tuple[list[Any], list[EngineResult]]:
         """Of ``done``, the one-step answers settled: a token that begins one label is that label;
         one that begins several is asked again with the grammar, under a new request id of the
         same row (``again``). Returns the grammar's outputs (to decode) and the settled results."""
@@ -201,6 +221,8 @@ class VLLMOfflineEngine(Engine):
             tokens = out.outputs[0].token_ids
             label = step.label(tokens[0]) if tokens else None
             row_id, n_prompt = in_flight.pop(out.request_id), prompt_lens.pop(out.request_id)
+            if tally is not None:
+                tally.record(settled=label is not None)
             if label is not None:
                 settled.append(EngineResult(row_id, label, prompt_tokens=n_prompt, output_tokens=1,
                                             cached_tokens=int(out.num_cached_tokens or 0), finish_reason="stop",

@@ -64,6 +64,7 @@ class VLLMServerEngine(Engine):
         self.served_name = self.model_id = model_name
         self.sampling_defaults = dict(sampling_defaults or {})
         self.label_decoding = label_decoding
+        self.label_probe = label_tokens.PROBE  # label rows in one step before their answers decide (Tally)
         self._step: label_tokens.FirstStep | None = None  # this generate's one-step labels (label_tokens)
         #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
         self.confidence = True
@@ -126,6 +127,8 @@ class VLLMServerEngine(Engine):
         if self._thinking is not None:  # the grammar after the thinking: no one step, no confidence (see there)
             self._step, self._sure, spelled = None, None, {}
         again: set[str] = set()  # rows whose one step began several labels: asked again with the grammar
+        tally = label_tokens.Tally(self.label_probe) if spelled else None
+        stepping = 0  # one-step bodies in flight
         handoff = Handoff(self._loop, batched=self.batched_handoff)
         pending: dict[int, tuple[_Sent, Replica]] = {}  # by Handoff token
         resend: deque[_Sent] = deque()  # a dead replica's rows, and rows another replica may answer
@@ -161,9 +164,10 @@ class VLLMServerEngine(Engine):
                             break  # the replicas it may go to are full: wait for an answer
                         resend.popleft()
                     else:
-                        replica = None if exhausted else pool.pick()
+                        route = tally.route(stepping) if tally is not None else None
+                        replica = None if exhausted or (tally is not None and route is None) else pool.pick()
                         if replica is None:
-                            break  # every replica is full (or nothing is left): wait for an answer
+                            break  # every replica is full, nothing is left, or the probe's answers decide
                         if not source.ready():
                             handoff.flush()  # those go now, not once the next chunk is built
                         item = source.next()
@@ -171,12 +175,17 @@ class VLLMServerEngine(Engine):
                             exhausted = True
                             break
                         row_id, body, tried, last = item[0].id, item[1], frozenset(), None
+                        if route == "grammar" and "allowed_token_ids" in body:  # the step does not pay here
+                            body = grammar_body(body, sampling, output)
+                    stepping += "allowed_token_ids" in body
                     token = handoff.add(self._one(replica, row_id, body))
                     replica.in_flight += 1
                     replica.sent += 1
                     pending[token] = ((row_id, body, tried, last), replica)
                 handoff.flush()
                 if not pending:  # nothing more can be sent (held 400s, or nothing left): decide and end
+                    if tally is not None:
+                        tally.report()
                     transient = transient or bool(resend)
                     yield from (last or EngineResult(row_id, None, error="server_error: not sent", retryable=True)
                                 for row_id, _, _, last in resend)
@@ -186,7 +195,10 @@ class VLLMServerEngine(Engine):
                 (row_id, body, tried, last), replica = pending.pop(token)
                 replica.in_flight -= 1
                 res = task.result()
+                stepping -= "allowed_token_ids" in body
                 if spelled and res is not None and res.text is not None and "allowed_token_ids" in body:
+                    if tally is not None:
+                        tally.record(settled=res.text in spelled)
                     if res.text not in spelled:  # its token begins several labels: the grammar decides
                         again.add(row_id)
                         resend.append((row_id, grammar_body(body, sampling, output), frozenset(), None))
