@@ -140,6 +140,11 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``sparkbatch`` command: one JSON line on stdout, or one ``sparkbatch:`` error line on
+    stderr; returns the exit code. Example::
+
+        main(["status", "-f", "definitions.py"])   # 0, and the status as one JSON line
+    """
     args = _parser().parse_args(argv)
     console.configure(args.debug)
     try:
