@@ -110,14 +110,19 @@ class Tally:
     def route(self, in_flight: int) -> str | None:
         """How the next label row goes: ``"step"``, ``"grammar"``, or None to hold it while the
         probe's ``in_flight`` one-step rows are answered (never None with none in flight)."""
-        answered = self.settled + self.asked_again
+        answered = self.answered
         if answered >= self.probe:
             return "step" if self.asked_again <= self.max_asked_again * answered else "grammar"
         return "step" if answered + in_flight < self.probe or not in_flight else None
 
+    @property
+    def answered(self) -> int:
+        """One-step answers so far."""
+        return self.settled + self.asked_again
+
     def decided(self) -> bool:
         """Whether the probe's answers are all in (the route is the share's, not the probe's)."""
-        return self.settled + self.asked_again >= self.probe
+        return self.answered >= self.probe
 
     def report(self) -> None:
         """At a generate call's end: what the step settled and where the rest went, in the log
@@ -127,7 +132,7 @@ class Tally:
 
     def summary(self) -> str:
         """What the step settled, and where the rest went."""
-        answered = self.settled + self.asked_again
+        answered = self.answered
         share = self.asked_again / answered if answered else 0.0
         where = "one step" if self.route(0) == "step" else "the grammar directly"
         return (f"labels in one step: {self.asked_again} of {answered} answers began several labels and were "
