@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import functools
 import json
+import logging
 import os
 import platform
 import random
@@ -56,6 +57,19 @@ from sparkbatch_dagster.run.result_store import ResultStore  # noqa: E402
 
 DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
 _ENGINE: dict[str, Engine] = {}
+
+
+class LabelRoutes(logging.Handler):
+    """The label rows' routes as the engines log them (``label_tokens.Tally.report``): how many
+    one-step answers were asked again with the grammar, and where the rest went."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("labels in one step"):
+            self.said.append(record.getMessage())
 
 
 def synthetic_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -266,6 +280,9 @@ def main() -> None:
     import pyarrow.parquet as pq
     from dagster import DagsterInstance, materialize
 
+    routes = LabelRoutes()
+    logging.getLogger("sparkbatch").addHandler(routes)
+    logging.getLogger("sparkbatch").setLevel(logging.INFO)
     spec, kw, engine, engine_start_s = set_up(args)
     home = spec.home_path
     res = {"vllm": VLLMResource(**kw)}
@@ -394,7 +411,8 @@ def main() -> None:
     close_warm_engines()  # --alongside: the server started beside the offline engine
     result = summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
                        totals=totals, times=times, engine_start_s=engine_start_s)
-    emit({**result, **({"trace": traces} if traces else {}), **({"samples": samples} if samples else {})}, args.out)
+    emit({**result, **({"trace": traces} if traces else {}), **({"samples": samples} if samples else {}),
+          **({"label_routes": routes.said} if routes.said else {})}, args.out)
 
 
 def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows: int, totals: dict[str, Any],
