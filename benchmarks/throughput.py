@@ -66,10 +66,11 @@ class LabelRoutes(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.said: list[str] = []
+        self.arm = ""  # the arm whose round is running
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("labels in one step"):
-            self.said.append(record.getMessage())
+            self.said.append(f"{self.arm}: {record.getMessage()}")
 
 
 def synthetic_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -260,6 +261,10 @@ def main() -> None:
                    help="with --alongside: a second server beside the first, with these VLLMResource fields on top "
                         "(e.g. '{\"engine_kwargs\": {\"api_server_count\": 1}}'), its rounds in the same A-B / B-A "
                         "order; all three engines then take 0.3 of the GPU's memory (give KV_GB 30 at most)")
+    p.add_argument("--pipeline-b", type=json_object, default=None, metavar="JSON",
+                   help="a second offline pipeline arm each round, with these attributes of the engine set meanwhile, "
+                        "e.g. '{\"label_decoding\": \"grammar\"}' or '{\"label_bar\": 1.0}' (every label row in one "
+                        "step); reported as pipeline_b_s and pipeline_over_pipeline_b")
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
     p.add_argument("--sample", action="store_true",
                    help="per arm and round: the GPU's clock, utilization and power (nvidia-smi), and with --server "
@@ -347,6 +352,19 @@ def main() -> None:
     times: dict[str, list[float]] = {"raw": [], "generate": [], "pipeline": [], "labeling": []}
     labeling_s = times["labeling"]
     arms: list[tuple[str, Any]] = [("raw", raw)] + ([("generate", raw_tokens_arm)] if args.generate else [])
+    if args.pipeline_b:
+        def pipeline_b(n: int) -> float:
+            old = {name: getattr(engine, name) for name in args.pipeline_b}
+            for name, value in args.pipeline_b.items():
+                setattr(engine, name, value)
+            try:
+                return pipeline(n, "-b")
+            finally:
+                for name, value in old.items():
+                    setattr(engine, name, value)
+                times.setdefault("pipeline_b_labeling", []).append(times["labeling"].pop())
+
+        times["pipeline_b"] = []
     thawed = thawed_arms(args.thawed)
     if "server" in thawed and not args.alongside:
         raise SystemExit("--thawed server needs a server arm: give --server --alongside KV_GB")
@@ -357,6 +375,8 @@ def main() -> None:
     times.update({f"{arm}_thawed": [] for arm in thawed})
     for n in range(args.repeat):
         order = [*arms, ("pipeline", functools.partial(pipeline, n))]
+        if args.pipeline_b:
+            order.append(("pipeline_b", functools.partial(pipeline_b, n)))
         if "pipeline" in thawed:
             order.append(("pipeline_thawed", thaw(functools.partial(pipeline, n, "-thawed"), "labeling", times)))
         if server is not None:
@@ -369,6 +389,7 @@ def main() -> None:
         for arm, run in order if n % 2 == 0 else order[::-1]:
             served = server_samples(servers[arm].url) if args.sample and arm in servers else nullcontext({})
             gpu = gpu_samples() if args.sample else nullcontext({})
+            routes.arm = f"{arm} round {n}"
             with trace(engine._llm, args.trace) as where, gpu as on_gpu, served as on_server, \
                     profiled(args, arm, n, servers.get(arm)) as collected:
                 times[arm].append(run())
@@ -387,6 +408,8 @@ def main() -> None:
         if args.generate:
             gen_t = times["generate"][-1]
             line += f"; raw generate {gen_t:.2f} s, ratio vs generate {gen_t / pipe_t:.3f}"
+        if args.pipeline_b:
+            line += f"; pipeline b {times['pipeline_b'][-1]:.2f} s"
         if server is not None:
             line += f"; server {times['server'][-1]:.2f} s, server/offline {pipe_t / times['server'][-1]:.3f}"
         if server_b is not None:
@@ -461,6 +484,11 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
             "server_start_s": round(totals["server_start_s"], 1), "server_pipeline_s": secs(times["server"]),
             "server_tokens_per_s": round(raw_tokens / server_s, 1), "server_over_offline": round(pipe_s / server_s, 4),
         })
+    if times.get("pipeline_b"):  # --pipeline-b: the same pipeline with other engine attributes, same rounds
+        b_s = sum(times["pipeline_b"])
+        out.update(pipeline_b_settings=args.pipeline_b, pipeline_b_s=secs(times["pipeline_b"]),
+                   pipeline_b_labeling_s=secs(times["pipeline_b_labeling"]), ratio_b=round(raw_s / b_s, 4),
+                   pipeline_over_pipeline_b=round(b_s / pipe_s, 4))
     if times.get("server_b"):  # --server-b: a second server's rounds, in the same order as the first's
         b_s = sum(times["server_b"])
         out.update(server_b_settings=args.server_b, server_b_start_s=round(totals["server_b_start_s"], 1),

@@ -8,7 +8,7 @@ import pytest
 
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
-from sparkbatch_dagster.engines.label_tokens import Tally, first_step, plan
+from sparkbatch_dagster.engines.label_tokens import Tally, first_step, max_asked_again, plan
 from sparkbatch_dagster.engines.vllm_server import grammar_body, request_body
 
 SENTIMENT = ["positive", "negative", "neutral"]
@@ -89,6 +89,15 @@ def test_a_probe_mostly_asked_again_sends_the_rest_to_the_grammar():
         assert tally.route(in_flight=0) == "step"
         tally.record(settled=False)
     assert tally.route(in_flight=0) == "grammar"
+
+
+def test_a_gpu_keeps_the_step_at_a_share_asked_again_the_cpu_sends_to_the_grammar():
+    """The step's break-even is the platform's: 5 of 20 asked again (25%) is past the CPU's, not a GPU's."""
+    cpu, gpu = Tally(probe=20, max_asked_again=max_asked_again(cpu=True)), Tally(20, max_asked_again(cpu=False))
+    for tally in (cpu, gpu):
+        for i in range(20):
+            tally.record(settled=i >= 5)
+    assert cpu.route(in_flight=0) == "grammar" and gpu.route(in_flight=0) == "step"
 
 
 def test_a_server_request_asks_for_one_step_and_again_with_the_grammar():

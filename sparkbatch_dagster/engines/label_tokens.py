@@ -12,13 +12,15 @@ decoding assumed (with a temperature one step and the grammar's paths draw diffe
 such jobs keep the grammar, as do labels outside ASCII, whose first bytes may be split across
 tokens). ``VLLMResource.label_decoding="grammar"`` keeps the grammar always.
 
-A row asked again pays about a whole grammar request on top of its step, so the step pays only
-where few rows are asked again (on a 2-core CPU, measured: 8% asked again ran 1.03x faster than
-the grammar, 66% 0.66x; break-even near 11%). A generate call therefore sends its first ``PROBE``
-label rows in one step and holds the rest until they are answered (:class:`Tally`; the offline
-engine fills its running batch with grammar rows meanwhile): while at most ``MAX_ASKED_AGAIN`` of
-the one-step answers were asked again the rest go in one step too, else straight to the grammar.
-Either way every answer is the grammar's.
+A row asked again pays for a grammar request on top of its step, so the step pays only where
+few rows are asked again, and how few depends on the platform: on a 2-core CPU (measured: 8% asked
+again ran 1.03x faster than the grammar, 66% 0.66x) break-even is near 11%, while on a GPU the
+grammar's decode steps cost far more than a step (2.06x on an H200) and a row asked again
+reuses its prompt's cached blocks. A generate call therefore sends its first ``PROBE`` label rows
+in one step and holds the rest until they are answered (:class:`Tally`; the offline engine fills
+its running batch with grammar rows meanwhile): while at most the platform's share
+(:func:`max_asked_again`) of the one-step answers were asked again the rest go in one step too,
+else straight to the grammar. Either way every answer is the grammar's.
 """
 
 from __future__ import annotations
@@ -79,8 +81,16 @@ def plan(tokenizer: Any, sampling: SamplingSpec, output: OutputSpec, mode: str) 
 
 #: Label rows a generate call sends in one step before their answers decide how the rest go.
 PROBE = 32
-#: The largest share of one-step answers asked again with which the rest still go in one step.
+#: The largest share of one-step answers asked again with which the rest still go in one step,
+#: on the CPU backend (its break-even, measured) and on a GPU (docs/engine.md: measured to pay there).
 MAX_ASKED_AGAIN = 0.1
+MAX_ASKED_AGAIN_GPU = 0.3
+
+
+def max_asked_again(cpu: bool) -> float:
+    """The share of one-step answers asked again up to which the step pays, on the CPU backend or
+    a GPU: ``Tally(max_asked_again=max_asked_again(settings.on_cpu()))``."""
+    return MAX_ASKED_AGAIN if cpu else MAX_ASKED_AGAIN_GPU
 
 
 class Tally:

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
 from ..spec.prompts import chat_text
-from . import confidence, label_tokens, reasoning
+from . import confidence, label_tokens, reasoning, settings
 from .base import Engine, EngineRequest, EngineResult, settings_key
 from .encode_ahead import EncodeAhead
 from .llm_start import start_llm
@@ -39,6 +39,8 @@ class VLLMOfflineEngine(Engine):
         self.label_decoding = label_decoding
         #: Label rows sent in one step before their answers decide how the rest go (:class:`label_tokens.Tally`).
         self.label_probe = label_tokens.PROBE
+        #: The share of those asked again up to which the rest go in one step too (the platform's).
+        self.label_bar = label_tokens.max_asked_again(settings.on_cpu())
         #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
         self.confidence = True
         #: Whether prompts are encoded on a thread of their own (:mod:`.encode_ahead`); off only to measure it.
@@ -107,7 +109,7 @@ class VLLMOfflineEngine(Engine):
         params = sampling_params(sampling, output, self.sampling_defaults, logprobs=top)
         first = sampling_params(sampling, output, self.sampling_defaults, step.allowed, top) if step else params
         sure = confidence.Scorer(output, self._tokenizer, step) if top is not None else None
-        tally = label_tokens.Tally(self.label_probe) if step is not None else None
+        tally = label_tokens.Tally(self.label_probe, self.label_bar) if step is not None else None
         held: list[tuple[EngineRequest, list[int]]] = []  # encoded, waiting for the probe's answers (tally)
         engine = self._llm.llm_engine
         source = iter(requests)

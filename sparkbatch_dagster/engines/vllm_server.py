@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
-from . import confidence, label_tokens, reasoning
+from . import confidence, label_tokens, reasoning, settings
 from .base import Engine, EngineRequest, EngineResult
 from .encode_ahead import Prepared
 from .endpoints import check_endpoints, check_served, message, served_models, unknown_model
@@ -65,6 +65,8 @@ class VLLMServerEngine(Engine):
         self.sampling_defaults = dict(sampling_defaults or {})
         self.label_decoding = label_decoding
         self.label_probe = label_tokens.PROBE  # label rows in one step before their answers decide (Tally)
+        # A server someone else runs is taken to be on a GPU; one started here is on this machine's platform.
+        self.label_bar = label_tokens.max_asked_again(cpu=server is not None and settings.on_cpu())
         self._step: label_tokens.FirstStep | None = None  # this generate's one-step labels (label_tokens)
         #: Whether answers carry a confidence (:mod:`.confidence`); off only to measure what it costs.
         self.confidence = True
@@ -127,7 +129,7 @@ class VLLMServerEngine(Engine):
         if self._thinking is not None:  # the grammar after the thinking: no one step, no confidence (see there)
             self._step, self._sure, spelled = None, None, {}
         again: set[str] = set()  # rows whose one step began several labels: asked again with the grammar
-        tally = label_tokens.Tally(self.label_probe) if spelled else None
+        tally = label_tokens.Tally(self.label_probe, self.label_bar) if spelled else None
         stepping = 0  # one-step bodies in flight
         handoff = Handoff(self._loop, batched=self.batched_handoff)
         pending: dict[int, tuple[_Sent, Replica]] = {}  # by Handoff token
