@@ -85,10 +85,21 @@ def test_the_probe_goes_in_one_step_and_its_answers_route_the_rest():
 
 def test_a_probe_mostly_asked_again_sends_the_rest_to_the_grammar():
     tally = Tally(probe=3)
-    for _ in range(3):
-        assert tally.route(in_flight=0) == "step"
-        tally.record(settled=False)
-    assert tally.route(in_flight=0) == "grammar"
+    assert tally.route(in_flight=0) == "step"
+    tally.record(settled=False)
+    assert tally.route(in_flight=0) == "grammar"  # 1 of 3 is past 10% already: the probe need not go on
+
+
+def test_the_probe_decides_for_the_grammar_as_soon_as_too_many_were_asked_again():
+    """4 of 32 may not be asked again at 10%: the 4th decides, and the rows held meanwhile go on."""
+    tally = Tally(probe=32, max_asked_again=0.1)
+    assert tally.route(in_flight=31) == "step" and tally.route(in_flight=32) is None
+    for settled in (False, True, False, False):
+        tally.record(settled)
+    assert tally.route(in_flight=28) is None and not tally.decided()  # 3 of 32 would still pay
+    tally.record(settled=False)
+    assert tally.decided() and tally.route(in_flight=27) == "grammar"
+    assert "4 of 5 answers" in tally.summary()
 
 
 def test_a_gpu_keeps_the_step_at_a_share_asked_again_the_cpu_sends_to_the_grammar():

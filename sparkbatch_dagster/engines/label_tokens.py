@@ -20,7 +20,8 @@ reuses its prompt's cached blocks. A generate call therefore sends its first ``P
 in one step and holds the rest until they are answered (:class:`Tally`; the offline engine fills
 its running batch with grammar rows meanwhile): while at most the platform's share
 (:func:`max_asked_again`) of the one-step answers were asked again the rest go in one step too,
-else straight to the grammar. Either way every answer is the grammar's.
+else straight to the grammar (at once when more of the probe were asked again than its share
+allows). Either way every answer is the grammar's.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class Tally:
         """How the next label row goes: ``"step"``, ``"grammar"``, or None to hold it while the
         probe's ``in_flight`` one-step rows are answered (never None with none in flight)."""
         answered = self.answered
-        if answered >= self.probe:
+        if self.decided():
             return "step" if self.asked_again <= self.max_asked_again * answered else "grammar"
         return "step" if answered + in_flight < self.probe or not in_flight else None
 
@@ -131,8 +132,9 @@ class Tally:
         return self.settled + self.asked_again
 
     def decided(self) -> bool:
-        """Whether the probe's answers are all in (the route is the share's, not the probe's)."""
-        return self.answered >= self.probe
+        """Whether the route is the share's, not the probe's: its answers are all in, or already
+        more of them were asked again than the whole probe may have (the held rows need not wait)."""
+        return self.answered >= self.probe or self.asked_again > self.max_asked_again * self.probe
 
     def report(self) -> None:
         """At a generate call's end: what the step settled and where the rest went, in the log
