@@ -116,6 +116,9 @@ def throughput_table(results: Results) -> str:
             if "server_b_over_offline" in d:  # throughput.py --server-b: a second server in the same rounds
                 b = ", ".join(f"{k}={v}" for k, v in sorted(d["server_b_settings"].get("engine_kwargs", {}).items()))
                 ratio += f"; server b ({b or 'its settings'}) / offline {d['server_b_over_offline']:.2f}"
+        if "pipeline_b_s" in d:  # throughput.py --pipeline-b: the pipeline with other engine attributes
+            b = ", ".join(f"{k}={v}" for k, v in sorted(d["pipeline_b_settings"].items()))
+            ratio += f"; pipeline b ({b}) {d['ratio_b']:.2f}"
         for arm, v in d.get("thawed", {}).items():  # throughput.py --thawed: the same arm, heap not frozen
             ratio += f"; {arm} frozen over not frozen {v['frozen_over_thawed']:.2f}"
         generate, vs_generate = "-", "-"
