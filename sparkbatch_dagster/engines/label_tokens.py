@@ -83,7 +83,8 @@ def plan(tokenizer: Any, sampling: SamplingSpec, output: OutputSpec, mode: str) 
 #: Label rows a generate call sends in one step before their answers decide how the rest go.
 PROBE = 32
 #: The largest share of one-step answers asked again with which the rest still go in one step,
-#: on the CPU backend (its break-even, measured) and on a GPU (docs/engine.md: measured to pay there).
+#: on the CPU backend (its break-even, measured) and on a GPU (derived from the grammar's measured
+#: 2.06x there, docs/engine.md: random weights ask no row again, so no GPU run has tested it).
 MAX_ASKED_AGAIN = 0.1
 MAX_ASKED_AGAIN_GPU = 0.3
 
