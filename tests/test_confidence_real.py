@@ -7,6 +7,7 @@ import math
 import pytest
 from test_label_tokens import REVIEWS, SECTIONS, SENTIMENT, _answers
 
+from conftest import confidence_tolerance
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.confidence import value_spans
@@ -59,7 +60,7 @@ def test_the_grammar_and_the_one_step_give_the_same_confidence(real_engine, labe
     fast, grammar = _answers(real_engine, "auto", labels), _answers(real_engine, "grammar", labels)
     for k, r in fast.items():
         assert r.text == grammar[k].text
-        assert r.confidence == pytest.approx(grammar[k].confidence, abs=1e-3)
+        assert r.confidence == pytest.approx(grammar[k].confidence, abs=confidence_tolerance())
 
 
 def test_a_json_answer_is_as_sure_as_its_least_sure_value_token(real_engine):

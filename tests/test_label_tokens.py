@@ -4,8 +4,11 @@ several labels is asked again with the grammar. Checked with the embedded SmolLM
 tokenizer, then on the real engine (offline here, `vllm serve` in test_server_engine.py):
 the same answers as the grammar's."""
 
+import re
+
 import pytest
 
+from conftest import exact_numerics
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.label_tokens import Tally, first_step, max_asked_again, plan
@@ -151,8 +154,10 @@ def test_the_real_engine_answers_as_the_grammar_does(real_engine, labels):
     fast, grammar = _answers(real_engine, "auto", labels), _answers(real_engine, "grammar", labels)
     assert {k: r.text for k, r in fast.items()} == {k: r.text for k, r in grammar.items()}
     assert all(r.text in labels and r.finish_reason == "stop" for r in fast.values())
-    # Settled in one step, or that step plus the grammar's tokens.
-    assert all(r.output_tokens == 1 or r.output_tokens == grammar[k].output_tokens + 1 for k, r in fast.items())
+    # Settled in one step, or that step plus the grammar's tokens (in bf16 the grammar may spell a
+    # label in other tokens when batched otherwise: exact_numerics).
+    again = {k: r.output_tokens for k, r in fast.items() if r.output_tokens != 1}
+    assert all(n == grammar[k].output_tokens + 1 if exact_numerics() else n >= 2 for k, n in again.items())
 
 
 #: Labels whose likely first token ("very") begins two of them: most one-step answers are asked again.
@@ -175,12 +180,16 @@ def probed(engine, probe, **settings):
 
 def check_probed(fast, grammar, probe, log):
     """The grammar's answers; the probe's rows mostly asked again, so the rest went to the grammar
-    directly (each its grammar tokens, not one step more)."""
+    directly: the tally counted the probe's one-step answers and no more, and where numerics are
+    exact the token counts agree (a row asked again: one step more than the grammar's tokens)."""
     assert {k: r.text for k, r in fast.items()} == {k: r.text for k, r in grammar.items()}
-    again = [k for k, r in fast.items() if int(k) < probe and r.output_tokens == grammar[k].output_tokens + 1]
-    assert len(again) >= 2, {k: (r.text, r.output_tokens) for k, r in fast.items()}
-    assert all(fast[k].output_tokens == grammar[k].output_tokens for k in fast if int(k) >= probe)
+    said = re.search(r"labels in one step: (\d+) of (\d+) answers", log)
+    assert said and int(said[1]) >= 2 and int(said[2]) == probe, log
     assert "the rest went to the grammar directly" in log
+    if exact_numerics():
+        again = [k for k, r in fast.items() if int(k) < probe and r.output_tokens == grammar[k].output_tokens + 1]
+        assert len(again) >= 2, {k: (r.text, r.output_tokens) for k, r in fast.items()}
+        assert all(fast[k].output_tokens == grammar[k].output_tokens for k in fast if int(k) >= probe)
 
 
 @pytest.mark.real
