@@ -41,6 +41,7 @@ from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -353,17 +354,6 @@ def main() -> None:
     labeling_s = times["labeling"]
     arms: list[tuple[str, Any]] = [("raw", raw)] + ([("generate", raw_tokens_arm)] if args.generate else [])
     if args.pipeline_b:
-        def pipeline_b(n: int) -> float:
-            old = {name: getattr(engine, name) for name in args.pipeline_b}
-            for name, value in args.pipeline_b.items():
-                setattr(engine, name, value)
-            try:
-                return pipeline(n, "-b")
-            finally:
-                for name, value in old.items():
-                    setattr(engine, name, value)
-                times.setdefault("pipeline_b_labeling", []).append(times["labeling"].pop())
-
         times["pipeline_b"] = []
     thawed = thawed_arms(args.thawed)
     if "server" in thawed and not args.alongside:
@@ -375,8 +365,9 @@ def main() -> None:
     times.update({f"{arm}_thawed": [] for arm in thawed})
     for n in range(args.repeat):
         order = [*arms, ("pipeline", functools.partial(pipeline, n))]
-        if args.pipeline_b:
-            order.append(("pipeline_b", functools.partial(pipeline_b, n)))
+        if args.pipeline_b:  # the engine's attributes set while it runs
+            order.append(("pipeline_b", twin(functools.partial(pipeline, n, "-b"), "labeling", times,
+                                             "pipeline_b_labeling", mock.patch.multiple(engine, **args.pipeline_b))))
         if "pipeline" in thawed:
             order.append(("pipeline_thawed", thaw(functools.partial(pipeline, n, "-thawed"), "labeling", times)))
         if server is not None:
@@ -522,16 +513,21 @@ def thawed_arms(spec: str) -> list[str]:
 
 def thaw(run: Any, inner: str, times: dict[str, list[float]]) -> Any:
     """A --thawed twin of a pipeline or server round (its own job home): engines/heap.py off while it
-    runs. Its runner's own seconds (``inner``) go to ``{inner}_thawed``, not the default arm's."""
+    runs, its runner's own seconds in ``{inner}_thawed``."""
     from sparkbatch_dagster.engines import heap
 
+    return twin(run, inner, times, f"{inner}_thawed", mock.patch.object(heap, "ENABLED", False))
+
+
+def twin(run: Any, inner: str, times: dict[str, list[float]], key: str, changed: Any) -> Any:
+    """A twin of a pipeline or server round, run with ``changed`` (a context manager) in effect.
+    Its runner's own seconds (``inner``) go to ``key``, not the default arm's."""
     def go() -> float:
-        heap.ENABLED = False
         try:
-            return float(run())
+            with changed:
+                return float(run())
         finally:
-            heap.ENABLED = True
-            times.setdefault(f"{inner}_thawed", []).append(times[inner].pop())
+            times.setdefault(key, []).append(times[inner].pop())
     return go
 
 

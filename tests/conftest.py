@@ -3,6 +3,7 @@ to start on 2 cores); everything else uses the fake engine, tmp_path and real Du
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import time
@@ -171,11 +172,12 @@ REAL_SETTINGS: dict[str, Any] = dict(kv_cache_memory_gb=1.0, max_num_seqs=64, ma
                                      engine_kwargs=EAGER)
 
 
+@functools.cache
 def exact_numerics() -> bool:
     """Whether the session's real engine computes in float32, where an answer does not move with
     what it was batched with (see :func:`confidence_tolerance`); in bf16 it may: a near tie flips,
     and the grammar may spell the same label in other tokens (seen on a 2-core AMX Xeon: "neutral"
-    in 6 tokens against 5)."""
+    in 6 tokens against 5). Once per session, as the engine is started once."""
     return VLLMResource(**REAL_SETTINGS).dtype_choice()[0] == "float32"
 
 

@@ -144,12 +144,12 @@ class VLLMOfflineEngine(Engine):
                         )
                         continue
                     own = req.sampling is not None or req.output is not None  # a batch file line's own
-                    probed = tally is not None and not own  # a label row this call's tally routes
-                    route = tally.route(len(asked)) if probed and tally is not None else None
-                    if probed and route is None:
+                    router = None if own else tally  # a label row's route is this call's tally's
+                    route = router.route(len(asked)) if router is not None else None
+                    if router is not None and route is None:
                         # The probe is out: the grammar's rows keep the batch full, the others wait for it.
                         route = "grammar" if not held and len(in_flight) < self.max_num_seqs else None
-                    if probed and (held or route is None):
+                    if router is not None and (held or route is None):
                         held.append((req, ids))  # after the probe's answers, in order
                         continue
                     rid = f"sb-{next(self._ids)}"
