@@ -16,7 +16,8 @@ instead of a batch at a time (``engines/handoff.py``), and ``server_token_ids`` 
 spacing of full garbage collections while the heap is frozen (``full_passes_unspaced``, as before
 2026-12-04; ``engines/heap.py``), and ``server_token_ids`` with ``PROMPTS_PER_REQUEST`` prompts per
 request (``grouped``; ``engines/prompt_groups.py``, the default for a server started here; the
-stub answers a choice per prompt); ``--arms`` picks some. Each arm generates inside
+stub answers a choice per prompt), and ``grouped`` with the standard library's json on the wire
+(``stdlib_json``, as before 2026-12-05) instead of msgspec's; ``--arms`` picks some. Each arm generates inside
 ``frozen_heap()``, as a run does, and records its full collections (``gen2_passes``, ``gen2_s``).
 ``--answer-delay 2`` keeps each request at the stub that long, so thousands are in flight at once
 as on the H200 server.
@@ -29,6 +30,7 @@ one core of this machine could sustain; set it against the rate the H200 server 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -41,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -92,18 +95,24 @@ def _wait(port: int, proc: subprocess.Popen) -> None:
 
 
 #: Arm: (server_token_ids, bodies built on the encoding thread, requests handed to the loop in batches,
-#: full collections spaced out while frozen, prompts per request).
-ARMS = {"chat": (False, True, True, True, 1), "token_ids": (True, True, True, True, 1),
-        "token_ids_inline": (True, False, True, True, 1), "one_handoff_each": (True, True, False, True, 1),
-        "full_passes_unspaced": (True, True, True, False, 1),
-        "grouped": (True, True, True, True, PROMPTS_PER_REQUEST)}
+#: full collections spaced out while frozen, prompts per request, msgspec's JSON on the wire).
+ARMS = {"chat": (False, True, True, True, 1, True), "token_ids": (True, True, True, True, 1, True),
+        "token_ids_inline": (True, False, True, True, 1, True), "one_handoff_each": (True, True, False, True, 1, True),
+        "full_passes_unspaced": (True, True, True, False, 1, True),
+        "grouped": (True, True, True, True, PROMPTS_PER_REQUEST, True),
+        "stdlib_json": (True, True, True, True, PROMPTS_PER_REQUEST, False)}
+
+#: The wire as it was before 2026-12-05: the standard library's json (aiohttp's ``json=`` and
+#: ``response.json()``), for the ``stdlib_json`` arm.
+STDLIB_WIRE = {"_dumps": lambda body: json.dumps(body).encode(), "_loads": json.loads,
+               "_key": lambda settings: json.dumps(settings, sort_keys=True)}
 
 
 def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
-    from sparkbatch_dagster.engines import heap
+    from sparkbatch_dagster.engines import heap, prompt_groups
     from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
 
-    token_ids, ahead, batched, spaced, per_request = ARMS[arm]
+    token_ids, ahead, batched, spaced, per_request, fast_json = ARMS[arm]
     engine = VLLMServerEngine(url, "m", max_in_flight=in_flight, token_ids=token_ids, prompts_per_request=per_request)
     engine.encode_ahead, engine.batched_handoff = ahead, batched
     passes: list[float] = []
@@ -122,7 +131,8 @@ def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in
     spacing, heap.FULL_PASS_SPACING = heap.FULL_PASS_SPACING, heap.FULL_PASS_SPACING if spaced else 1
     try:
         wall, cpu, caller = time.perf_counter(), time.process_time(), time.thread_time()
-        with heap.frozen_heap():
+        with heap.frozen_heap(), contextlib.nullcontext() if fast_json else \
+                mock.patch.multiple(prompt_groups, **STDLIB_WIRE):
             answered = sum(1 for r in engine.generate(requests, sampling, output) if r.error is None)
         wall, cpu, caller = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - caller
     finally:
@@ -197,6 +207,9 @@ def main() -> None:
     if "grouped" in times and "token_ids" in times:  # the same arm, one prompt per request
         result["grouped_over_one_each_cpu"] = round(result["grouped"]["client_ms_per_request"]
                                                     / result["token_ids"]["client_ms_per_request"], 3)
+    if "grouped" in times and "stdlib_json" in times:  # the same arm, the standard library's json on the wire
+        result["msgspec_over_stdlib_json_cpu"] = round(result["grouped"]["client_ms_per_request"]
+                                                       / result["stdlib_json"]["client_ms_per_request"], 3)
     if "token_ids" in times and "full_passes_unspaced" in times:  # the same arm, Python's own full-pass spacing
         result["spaced_over_unspaced_cpu"] = round(result["token_ids"]["client_ms_per_request"]
                                                    / result["full_passes_unspaced"]["client_ms_per_request"], 3)

@@ -26,6 +26,8 @@ class Server:
         self.hold: asyncio.Event | None = None  # requests wait for it
         self.cancelled = asyncio.Event()  # a held request's client went away
         self.arrived = asyncio.Event()  # a request came in
+        self.suffix = ""  # added to every answer's text
+        self.page: str | None = None  # answer every request 200 with this text (not JSON) instead
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -37,12 +39,14 @@ class Server:
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise
+        if self.page is not None:
+            return web.Response(status=200, text=self.page, content_type="text/html")
         if self.status is not None:
             return web.Response(status=self.status, text='{"error": {"message": "busy"}}')
         prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
         if any(TOO_LONG in p for p in prompts):
             return web.Response(status=400, text='{"error": {"message": "prompt is too long"}}')
-        choices = [{"index": i, "text": f"answer to {p[0]}", "finish_reason": "stop",
+        choices = [{"index": i, "text": f"answer to {p[0]}{self.suffix}", "finish_reason": "stop",
                     **({"token_ids": list(range(p[0] % 5 + 1))} if self.token_ids else {})}
                    for i, p in enumerate(prompts)]
         usage = {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": 0,
@@ -91,6 +95,31 @@ def test_rows_that_start_together_go_as_one_request_and_each_gets_its_own_answer
         assert (groups.requests, groups.rows) == (1, 5)
 
     run(test)
+
+
+def test_any_text_crosses_the_wire_both_ways_and_settings_group_whatever_their_order():
+    stop = ["\u2013 fin", "\u7d42", "\"quoted\"\n"]  # non-ASCII, quotes, a newline: JSON's escapes both ways
+
+    async def test(groups: PromptGroups, server: Server, url: str) -> None:
+        server.suffix = " caf\u00e9 \u2713"
+        answers = await asyncio.gather(groups.post(url, body(1, temperature=0.7, stop=stop)),
+                                       groups.post(url, {"stop": stop, **body(2, temperature=0.7)}))
+        assert len(server.bodies) == 1  # the same settings, in another key order: one group
+        assert server.bodies[0]["stop"] == stop and server.bodies[0]["temperature"] == 0.7
+        assert [d["choices"][0]["text"] for _, d in answers] == [f"answer to {i} caf\u00e9 \u2713" for i in (1, 2)]
+
+    run(test)
+
+
+@pytest.mark.parametrize("size", [16, 1])
+def test_a_200_whose_body_is_not_json_is_a_server_fault_each_row_retries_naming_what_came(size: int):
+    async def test(groups: PromptGroups, server: Server, url: str) -> None:
+        server.page = "<html>upstream gateway</html>"
+        answers = await asyncio.gather(*(groups.post(url, body(i)) for i in range(2)))
+        for status, text in answers:
+            assert status == 502 and "not JSON" in text and "<html>upstream gateway" in text
+
+    run(test, size=size)
 
 
 def test_groups_hold_at_most_size_prompts_and_never_mix_settings():
