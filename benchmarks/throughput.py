@@ -49,11 +49,11 @@ sys.path.insert(0, str(ROOT))
 from arm_samples import gc_pauses, gpu_samples, py_spy, server_samples  # noqa: E402
 from engine_trace import trace  # noqa: E402
 from results_io import emit  # noqa: E402
+from server_arms import json_object, run_server_variants, server_variants, start_alongside  # noqa: E402
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
 from sparkbatch_dagster.definitions.resource import close_warm_engines  # noqa: E402
 from sparkbatch_dagster.engines.base import Engine  # noqa: E402
-from sparkbatch_dagster.engines.start import default_token_ids  # noqa: E402
 from sparkbatch_dagster.run.result_store import ResultStore  # noqa: E402
 
 DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
@@ -237,7 +237,8 @@ def vllm_version() -> str | None:
         return None
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """This script's options: the shared ones (``arg_parser``) and the arms'."""
     p = arg_parser(__doc__, mode="synthetic", rows=2000)
     p.add_argument("--repeat", type=int, default=2, help="rounds of raw + pipeline (ABBA order)")
     p.add_argument("--no-generate", dest="generate", action="store_false",
@@ -281,7 +282,11 @@ def main() -> None:
     p.add_argument("--trace", action="store_true",
                    help="per arm and round: engine step timings, this process's CPU time, vLLM's step metrics "
                         "(engine_trace.py); turns vLLM's stats on in every arm alike")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = arguments()
 
     import pyarrow.parquet as pq
     from dagster import DagsterInstance, materialize
@@ -394,20 +399,7 @@ def main() -> None:
                 samples.setdefault(arm, []).append({"gpu": on_gpu, **({"server": on_server} if on_server else {})})
                 print(f"sample {arm} round {n}: {json.dumps(samples[arm][-1])}", file=sys.stderr, flush=True)
         # Each round as it ends, so a run cut short by a time limit still reports its rounds.
-        raw_t, pipe_t = times["raw"][-1], times["pipeline"][-1]
-        line = f"round {n}: raw chat {raw_t:.2f} s, pipeline {pipe_t:.2f} s, ratio {raw_t / pipe_t:.3f}"
-        if args.generate:
-            gen_t = times["generate"][-1]
-            line += f"; raw generate {gen_t:.2f} s, ratio vs generate {gen_t / pipe_t:.3f}"
-        if args.pipeline_b:
-            line += f"; pipeline b {times['pipeline_b'][-1]:.2f} s"
-        if server is not None:
-            line += f"; server {times['server'][-1]:.2f} s, server/offline {pipe_t / times['server'][-1]:.3f}"
-        if server_b is not None:
-            line += f"; server b {times['server_b'][-1]:.2f} s, b/offline {pipe_t / times['server_b'][-1]:.3f}"
-        for arm in thawed:
-            line += f"; {arm} thawed {times[arm + '_thawed'][-1]:.2f} s"
-        print(line, file=sys.stderr, flush=True)
+        print(round_line(args, times, n, thawed), file=sys.stderr, flush=True)
     if args.generate and totals["generate_tokens"] != totals["raw_tokens"]:
         print(f"warning: LLM.generate processed {totals['generate_tokens']} tokens, LLM.chat {totals['raw_tokens']}: "
               "the arms' prompts differ (chat template?)", file=sys.stderr, flush=True)
@@ -420,13 +412,30 @@ def main() -> None:
             res["vllm"] = resource
             return pipeline(n, f"-{name}")
 
-        run_server_variants(variants, kw, args.repeat, server_round, times, totals)
+        run_server_variants(variants, kw, args.repeat, server_round, times, totals, _ENGINE)
     res["vllm"].shutdown()
     close_warm_engines()  # --alongside: the server started beside the offline engine
     result = summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
                        totals=totals, times=times, engine_start_s=engine_start_s)
     emit({**result, **({"trace": traces} if traces else {}), **({"samples": samples} if samples else {}),
           **({"label_routes": routes.said} if routes.said else {})}, args.out)
+
+
+def round_line(args: argparse.Namespace, times: dict[str, list[float]], n: int, thawed: list[str]) -> str:
+    """Round ``n``'s seconds and ratios, one line for stderr as the round ends."""
+    raw_t, pipe_t = times["raw"][-1], times["pipeline"][-1]
+    line = f"round {n}: raw chat {raw_t:.2f} s, pipeline {pipe_t:.2f} s, ratio {raw_t / pipe_t:.3f}"
+    if args.generate:
+        gen_t = times["generate"][-1]
+        line += f"; raw generate {gen_t:.2f} s, ratio vs generate {gen_t / pipe_t:.3f}"
+    if args.pipeline_b:
+        line += f"; pipeline b {times['pipeline_b'][-1]:.2f} s"
+    for arm, name in (("server", "server/offline"), ("server_b", "b/offline")):  # --alongside's servers
+        if times.get(arm):
+            line += f"; {arm.replace('_', ' ')} {times[arm][-1]:.2f} s, {name} {pipe_t / times[arm][-1]:.3f}"
+    for arm in thawed:
+        line += f"; {arm} thawed {times[arm + '_thawed'][-1]:.2f} s"
+    return line
 
 
 def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows: int, totals: dict[str, Any],
@@ -544,130 +553,6 @@ def profiled(args: argparse.Namespace, arm: str, n: int, server: Any) -> Iterato
         if arm.startswith("server"):
             stack.enter_context(py_spy(server.pid, seconds, base + "-server.txt", subprocesses=True))
         yield stack.enter_context(gc_pauses())
-
-
-def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str, Any], pipeline: Any,
-                    times: dict[str, list[float]], totals: dict[str, Any], arm: str = "server",
-                    settings: dict[str, Any] | None = None) -> Any:
-    """--alongside: `vllm serve` started (timed) beside the offline engine, with the same settings
-    and ``settings`` (VLLMResource fields) on top, and one untimed warm-up round through
-    it; returns the arm (a round: the pipeline through the server, its prefix cache reset
-    first; its seconds in ``times[arm]``, the runner's own in ``times[arm + "_labeling"]``), or
-    None without --alongside."""
-    if not args.alongside:
-        return None
-    if not args.server:
-        raise SystemExit("--alongside KV_GB compares server mode with offline: give --server too")
-    os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # /reset_prefix_cache, as the offline arms reset theirs
-    started = time.perf_counter()
-    server = VLLMResource(**with_variant({**kw, "engine": "server"}, settings or {}))
-    url = server.get_engine().base_url  # type: ignore[attr-defined]
-    totals[f"{arm}_start_s"] = time.perf_counter() - started
-    offline = res["vllm"]
-
-    def server_round(n: int, tag: str = arm) -> float:
-        res["vllm"] = server
-        _reset_prefix_cache(url)
-        try:
-            return pipeline(n, f"-{tag}")
-        finally:
-            res["vllm"] = offline
-            times.setdefault(f"{arm}_labeling", []).append(times["labeling"].pop())  # not the offline arm's
-
-    server_round.url = url  # type: ignore[attr-defined]  # --sample reads its /metrics
-    server_round.pid = server.get_engine().server.proc.pid  # type: ignore[attr-defined]  # --profile
-    server_round(0, f"{arm}-warmup")  # its first requests pay the server's own warm-up, as in run_server_variants
-    times[f"{arm}_labeling"].clear()
-    times[arm] = []  # the rounds' loop appends each timed round
-    return server_round
-
-
-def json_object(text: str) -> dict[str, Any]:
-    """An option's JSON object of VLLMResource fields (argparse ``type``: a bad one is a usage error)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("a JSON object of {VLLMResource field: value}")
-    return value
-
-
-#: VLLMResource fields that change only the client: variants that differ in these alone share a server.
-CLIENT_ONLY = ("server_token_ids", "max_in_flight", "request_timeout_s", "max_retries")
-
-
-def server_variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """--server-variants as {name: VLLMResource overrides}; --server is one variant, the defaults."""
-    if args.server_variants:
-        variants = json.loads(args.server_variants)
-        if not isinstance(variants, dict) or not variants or not all(isinstance(v, dict) for v in variants.values()):
-            raise SystemExit("--server-variants: a JSON object of {name: {VLLMResource field: value}}")
-        return variants
-    return {"server": {}} if args.server else {}
-
-
-def with_variant(kw: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """The benchmark's resource fields with a variant's on top; ``engine_kwargs`` merged, so a
-    variant's ``api_server_count`` keeps the run's ``load_format`` (dummy weights)."""
-    engine_kwargs = {**kw.get("engine_kwargs", {}), **over.get("engine_kwargs", {})}
-    return {**kw, **over, **({"engine_kwargs": engine_kwargs} if engine_kwargs else {})}
-
-
-def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any], repeat: int,
-                        server_round: Any, times: dict[str, list[float]], totals: dict[str, Any]) -> None:
-    """Each server once (started timed), its variants' pipeline rounds A-B / B-A against it.
-
-    Each client runs one untimed warm-up round first. The server's prefix cache is reset before
-    each round (``/reset_prefix_cache``, served with ``VLLM_SERVER_DEV_MODE``), as the offline
-    arms reset theirs; ``times["server"]`` is the first variant's rounds, ``times["server:NAME"]``
-    each variant's."""
-    os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # inherited by each `vllm serve` started here
-    groups: dict[str, list[str]] = {}
-    for name, over in variants.items():
-        server_side = {k: v for k, v in over.items() if k not in CLIENT_ONLY}
-        groups.setdefault(json.dumps(server_side, sort_keys=True), []).append(name)
-    totals["server_variants"] = {}
-    for names in groups.values():
-        started = time.perf_counter()
-        owner = VLLMResource(engine="server", **with_variant(kw, variants[names[0]]))
-        engine = _ENGINE["e"] = owner.get_engine()
-        start_s = time.perf_counter() - started
-        url = engine.base_url  # type: ignore[attr-defined]
-        # Through server_url a client would take the default for someone else's server (chat
-        # bodies); this server was started here, so its clients get the started server's default.
-        served = {**kw, "model": engine.served_name,  # type: ignore[attr-defined]
-                  "server_token_ids": default_token_ids(owner.engine_settings(), started_here=True)}
-        clients = {names[0]: owner} | {name: VLLMResource(engine="server", server_url=url, **{
-            **served, **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}}) for name in names[1:]}
-        try:
-            # One untimed round per client first, as the offline pipeline's rounds follow the raw
-            # arm's on a warm engine: a server's first requests pay its own warm-up (grammar
-            # compiles, the API server's first batches), which the first timed round would carry.
-            for name in names:
-                _reset_prefix_cache(url)
-                server_round(clients[name], 0, f"{name}-warmup")
-            for n in range(repeat):
-                for name in names if n % 2 == 0 else names[::-1]:
-                    _reset_prefix_cache(url)
-                    times.setdefault(f"server:{name}", []).append(server_round(clients[name], n, name))
-        finally:
-            for client in clients.values():
-                client.shutdown()
-        for name in names:
-            totals["server_variants"][name] = {"settings": variants[name], "server_start_s": start_s}
-    first = next(iter(variants))
-    times["server"] = times[f"server:{first}"]
-    totals["server_start_s"] = totals["server_variants"][first]["server_start_s"]
-
-
-def _reset_prefix_cache(url: str) -> None:
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(urllib.request.Request(f"{url}/reset_prefix_cache", method="POST"), timeout=60).close()
-    except OSError as exc:
-        print(f"warning: {url}/reset_prefix_cache: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

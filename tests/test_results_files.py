@@ -232,14 +232,14 @@ def test_thawed_arms_are_summed_against_their_frozen_twins():
 def test_a_server_variant_adds_engine_arguments_to_the_runs_own():
     """--server-variants '{"api4": {"engine_kwargs": {"api_server_count": 4}}}' on dummy weights: the
     variant's server must still get load_format=dummy (replaced, it would look for real weights)."""
-    import throughput
+    import server_arms
 
     kw = {"model": "/tmp/llama-1b", "engine_kwargs": {"load_format": "dummy"}, "max_num_seqs": 1024}
-    api4 = throughput.with_variant(kw, {"engine_kwargs": {"api_server_count": 4}, "server_token_ids": True})
+    api4 = server_arms.with_variant(kw, {"engine_kwargs": {"api_server_count": 4}, "server_token_ids": True})
     assert api4["engine_kwargs"] == {"load_format": "dummy", "api_server_count": 4}
     assert api4["server_token_ids"] is True and api4["max_num_seqs"] == 1024
-    assert throughput.with_variant(kw, {}) == kw and kw["engine_kwargs"] == {"load_format": "dummy"}
-    assert "engine_kwargs" not in throughput.with_variant({"model": "m"}, {"max_in_flight": 64})
+    assert server_arms.with_variant(kw, {}) == kw and kw["engine_kwargs"] == {"load_format": "dummy"}
+    assert "engine_kwargs" not in server_arms.with_variant({"model": "m"}, {"max_in_flight": 64})
 
 
 def test_the_docs_tables_are_rendered_from_the_result_files():
