@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import emit  # noqa: E402
 
 
-def _cpu(proc: Any) -> dict[str, float]:
+def cpu_by_process(proc: Any) -> dict[str, float]:
     """CPU seconds by process: the frontend (the `vllm serve` process) and its children by name."""
     import psutil
 
@@ -74,9 +74,9 @@ def main() -> None:
         for n in range(args.rounds):
             for arm in list(arms) if n % 2 == 0 else list(arms)[::-1]:
                 engine.groups.size = arms[arm]
-                sent, before, wall = engine.groups.requests, _cpu(server), time.perf_counter()
+                sent, before, wall = engine.groups.requests, cpu_by_process(server), time.perf_counter()
                 answered = sum(r.error is None for r in engine.generate(requests, sampling, output))
-                wall, after = time.perf_counter() - wall, _cpu(server)
+                wall, after = time.perf_counter() - wall, cpu_by_process(server)
                 if answered != args.rows:
                     raise SystemExit(f"{arm}: {args.rows - answered} rows failed")
                 one = {name: after[name] - before.get(name, 0.0) for name in after}

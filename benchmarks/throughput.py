@@ -212,7 +212,7 @@ def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, f
     kw.update(getattr(args, "resource", None) or {})
     if getattr(args, "engine_kwargs", None):
         kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), **json.loads(args.engine_kwargs)}
-    if getattr(args, "trace", False):  # vLLM keeps its step metrics only with stats on
+    if getattr(args, "trace", False) or getattr(args, "sample", False):  # vLLM's step metrics and /metrics need stats
         kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), "disable_log_stats": False}
     if getattr(args, "alongside", None):  # two engines on one GPU: equal KV caches, half the memory each at most
         share = 0.3 if getattr(args, "server_b", None) else 0.45  # --server-b: three engines

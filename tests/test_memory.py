@@ -127,16 +127,17 @@ def test_a_started_vllm_serve_gets_the_bytes_as_a_flag(tmp_path, monkeypatch):
 
 
 def test_a_started_vllm_serve_gets_the_batch_defaults(tmp_path, monkeypatch):
-    """On a GPU: one HTTP frontend per 4 cores, up to 4, and no access log; settings given win."""
+    """On a GPU: one HTTP frontend per 4 cores, up to 4, no access log and no stats; settings given win."""
     simulate(monkeypatch)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(20)))  # a DGX Spark's 20 cores
     folder = str(weights_folder(tmp_path))
     args = started_with(VLLMResource(model=folder, engine="server"))
     assert args[args.index("--api-server-count") + 1] == "4" and "--disable-uvicorn-access-log" in args
-    given = {"api_server_count": 1, "disable_uvicorn_access_log": False}
+    assert "--disable-log-stats" in args
+    given = {"api_server_count": 1, "disable_uvicorn_access_log": False, "disable_log_stats": False}
     args = started_with(VLLMResource(model=folder, engine="server", engine_kwargs=given))
     assert args[args.index("--api-server-count") + 1] == "1" and "--disable-uvicorn-access-log" not in args
-    assert "--no-disable-uvicorn-access-log" in args
+    assert "--no-disable-uvicorn-access-log" in args and not any("log-stats" in a for a in args)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     args = started_with(VLLMResource(model=folder, engine="server"))
     assert args[args.index("--api-server-count") + 1] == "1"  # a small box: its cores run the rest

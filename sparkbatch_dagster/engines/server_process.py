@@ -20,16 +20,25 @@ from typing import Any
 from ..errors import EngineError
 from . import vllm_cli
 
+#: ``vllm serve`` switches that have no ``--no-`` form (argparse ``store_true``, off unless given):
+#: False is their default, so it is left out rather than sent as a flag vLLM refuses.
+SWITCHES = frozenset({"disable_log_stats", "aggregate_engine_logging", "headless", "grpc",
+                      "data_parallel_multi_port_external_lb"})
+
 
 def serve_args(kwargs: Mapping[str, Any]) -> list[str]:
-    """``vllm serve`` flags for the same settings ``vllm.LLM`` gets in offline mode."""
+    """``vllm serve`` flags for the same settings ``vllm.LLM`` gets in offline mode.
+
+    >>> serve_args({"enable_prefix_caching": False, "disable_log_stats": False, "max_num_seqs": 8})
+    ['--no-enable-prefix-caching', '--max-num-seqs', '8']
+    """
     args: list[str] = []
     for key, value in kwargs.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
         elif value is False:
-            args.append("--no-" + key.replace("_", "-"))
+            args += [] if key in SWITCHES else ["--no-" + key.replace("_", "-")]
         elif isinstance(value, dict | list):
             args += [flag, json.dumps(value)]
         elif value is not None:
@@ -47,6 +56,10 @@ def batch_server_defaults(kwargs: Mapping[str, Any], *, cpu: bool, cores: int, e
 
     - No access log: uvicorn's line per request is 40,000 lines for a 40,000-row job, written by
       the frontend's one event loop while it should be taking in requests.
+    - No stats, as offline ``vllm.LLM`` runs (its default; ``vllm serve``'s is on): with them each
+      frontend times every token of every request for ``/metrics`` and its log. A real frontend
+      on the 2-core CPU spent 0.65 ms a row without them against 0.88 with, at 32 output tokens
+      (``benchmarks/server_stats.py``).
     - On a GPU, one HTTP frontend per 4 of the machine's cores, up to :data:`MAX_FRONTENDS` (and
       at least one per engine, vLLM's own default with data parallel). The client opens
       thousands of requests at once; one frontend parses, validates and forwards them in turn,
@@ -55,9 +68,9 @@ def batch_server_defaults(kwargs: Mapping[str, Any], *, cpu: bool, cores: int, e
       default (several frontends before it were not tried).
 
     >>> batch_server_defaults({}, cpu=False, cores=16)
-    {'disable_uvicorn_access_log': True, 'api_server_count': 4}
+    {'disable_uvicorn_access_log': True, 'disable_log_stats': True, 'api_server_count': 4}
     """
-    out = {"disable_uvicorn_access_log": True, **kwargs}
+    out = {"disable_uvicorn_access_log": True, "disable_log_stats": True, **kwargs}
     if not cpu and nodes == 1 and "api_server_count" not in out:
         out["api_server_count"] = max(engines, min(MAX_FRONTENDS, cores // 4))
     return out
