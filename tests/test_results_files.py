@@ -57,6 +57,8 @@ REQUIRED = {
     "server_client": {"date", "machine", "rows", "rounds", "token_ids"},  # chat: only when --arms names it
     "frontend_cpu": {"date", "machine", "rows", "rounds", "prompts_per_request", "grouped", "one_each",
                      "grouped_over_one_each_frontend"},
+    "server_stats": {"date", "machine", "rows", "rounds", "max_tokens", "stats_off", "stats_on", "off_over_on_frontend",
+                     "off_over_on_wall"},
     "data_parallel": {"date", "machine", "model", "shape", "rows", "rounds", "gpus", "speedup", "single_s",
                       "parallel_s", "tokens"},
     "bucket_home": {"date", "machine", "model", "shape", "rows", "shards", "rounds", "local", "bucket",
@@ -75,6 +77,10 @@ REQUIRED = {
     "batch_file": {"date", "machine", "model", "shape", "mode", "rows", "rounds", "column", "batch", "ratio",
                    "labeling_ratio", "sharding_ratio", "cpu_ratio", "export_s_per_1k_rows", "same_tokens"},
 }
+
+#: Kinds that measure a `vllm serve` frontend's CPU in two arms: (arm a, arm b, the a over b key).
+FRONTEND_ARMS = {"frontend_cpu": ("grouped", "one_each", "grouped_over_one_each_frontend"),
+                 "server_stats": ("stats_off", "stats_on", "off_over_on_frontend")}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -161,13 +167,15 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
             want = sum(r[name] for r in d["batch"]) / sum(r[name] for r in d["column"])
             assert close(d[key], want, rel=0.01), f"{path.name}: {key}"
         assert len(d["batch"]) == len(d["column"]) == d["rounds"], path.name
-    if kind == "frontend_cpu":  # per row: the median arm's frontend CPU over the rows; the ratio of the two
-        for arm in ("grouped", "one_each"):
+    if kind in FRONTEND_ARMS:  # per row: the median arm's frontend CPU over the rows; the ratio of the two
+        a, b, ratio = FRONTEND_ARMS[kind]
+        for arm in (a, b):
             assert len(d[arm]["frontend_cpu_s"]) == d["rounds"], path.name
             ms = statistics.median(d[arm]["frontend_cpu_s"]) / d["rows"] * 1000
             assert close(d[arm]["frontend_ms_per_row"], ms, rel=0.01), f"{path.name}: {arm}"
-        assert close(d["grouped_over_one_each_frontend"],
-                     d["grouped"]["frontend_ms_per_row"] / d["one_each"]["frontend_ms_per_row"], rel=0.01), path.name
+        assert close(d[ratio], d[a]["frontend_ms_per_row"] / d[b]["frontend_ms_per_row"], rel=0.01), path.name
+    if kind == "server_stats":  # the wall ratio is the sums of the rounds
+        assert close(d["off_over_on_wall"], sum(d["stats_off"]["wall_s"]) / sum(d["stats_on"]["wall_s"]), rel=0.01)
     if kind == "lease_scaling":  # the per-minute figures are the counts over the hold, and the old design's formula
         assert close(d["renewal_requests_per_min"], d["renewal_requests"] * 60 / d["hold_s"], rel=0.01), path.name
         assert close(d["old_design_requests_per_min"], d["shards"] * 2 * 3 / d["lease_seconds"] * 60), path.name
