@@ -14,10 +14,10 @@ its ids, output tokens from the choice's ``token_ids``, which ``return_token_ids
 for, and which also sends each prompt's ids back; the group's cached tokens shared out by
 prompt length, as vLLM reports only their sum).
 What a group cannot say row by row it does not decide: a group answered with a 4xx is sent again
-one row per request, so a too-long prompt is that row's error and no other's; a 429 or 5xx, a
-timeout or a dropped connection reaches every row of the group as if it were its own, and each
-retries alone. A server whose answer lacks a choice's ``token_ids`` (not vLLM) gets one prompt per
-request from then on.
+one row per request, so a too-long prompt is that row's error and no other's; a 429 or 5xx (or
+a 200 whose body is not JSON, taken as a 502), a timeout or a dropped connection reaches every
+row of the group as if it were its own, and each retries alone. A server whose answer lacks a
+choice's ``token_ids`` (not vLLM) gets one prompt per request from then on.
 
     groups = PromptGroups(session, size=16)
     status, answer = await groups.post(url + "/v1/completions", body)   # body["prompt"]: token ids
@@ -118,8 +118,9 @@ class PromptGroups:
 
 #: The wire's JSON. A group's body carries every prompt's token ids, and vLLM's answer sends them
 #: back (``return_token_ids``), so both ways are tens of kilobytes of integers a request, coded
-#: in the client's event-loop thread; msgspec (a vLLM dependency) codes them several times faster
-#: than the standard library (``benchmarks/server_client.py``, arm ``stdlib_json``).
+#: in the client's event-loop thread. With msgspec (a vLLM dependency) instead of the standard
+#: library the client spent 0.93 of the CPU a row (``benchmarks/server_client.py``, arm
+#: ``stdlib_json``; ``cpu-server-client-msgspec.json``).
 _dumps = msgspec.json.Encoder().encode
 _loads = msgspec.json.Decoder().decode
 _key = msgspec.json.Encoder(order="sorted").encode  # a row's settings, the same bytes for the same settings
