@@ -270,7 +270,8 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
     p.add_argument("--sample", action="store_true",
                    help="per arm and round: the GPU's clock, utilization and power (nvidia-smi), and with --server "
-                        "the server's batch from its /metrics (arm_samples.py)")
+                        "the server's batch from its /metrics (arm_samples.py); turns vLLM's stats on in every "
+                        "arm alike")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="per pipeline and server arm and round: this process's garbage collections, and with "
                         "py-spy on PATH the first --profile-seconds of this process (and the server's) as "
