@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,13 +94,21 @@ def _wait(port: int, proc: subprocess.Popen) -> None:
     raise SystemExit("the stub server did not start")
 
 
-#: Arm: (server_token_ids, bodies built on the encoding thread, requests handed to the loop in batches,
-#: full collections spaced out while frozen, prompts per request, msgspec's JSON on the wire).
-ARMS = {"chat": (False, True, True, True, 1, True), "token_ids": (True, True, True, True, 1, True),
-        "token_ids_inline": (True, False, True, True, 1, True), "one_handoff_each": (True, True, False, True, 1, True),
-        "full_passes_unspaced": (True, True, True, False, 1, True),
-        "grouped": (True, True, True, True, PROMPTS_PER_REQUEST, True),
-        "stdlib_json": (True, True, True, True, PROMPTS_PER_REQUEST, False)}
+class Arm(NamedTuple):
+    """An arm's client settings; the defaults are the client as it is now (one prompt per request)."""
+
+    token_ids: bool = True  # server_token_ids
+    ahead: bool = True  # bodies built on the encoding thread
+    batched: bool = True  # requests handed to the loop in batches
+    spaced: bool = True  # full collections spaced out while the heap is frozen
+    per_request: int = 1  # prompts per request
+    fast_json: bool = True  # msgspec's JSON on the wire
+
+
+ARMS = {"chat": Arm(token_ids=False), "token_ids": Arm(), "token_ids_inline": Arm(ahead=False),
+        "one_handoff_each": Arm(batched=False), "full_passes_unspaced": Arm(spaced=False),
+        "grouped": Arm(per_request=PROMPTS_PER_REQUEST),
+        "stdlib_json": Arm(per_request=PROMPTS_PER_REQUEST, fast_json=False)}
 
 #: The wire as it was before 2026-12-05: the standard library's json (aiohttp's ``json=`` and
 #: ``response.json()``), for the ``stdlib_json`` arm.

@@ -34,14 +34,16 @@ def serve_args(kwargs: Mapping[str, Any]) -> list[str]:
     """
     args: list[str] = []
     for key, value in kwargs.items():
+        if value is None or (value is False and key in SWITCHES):
+            continue  # vLLM's own default
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
         elif value is False:
-            args += [] if key in SWITCHES else ["--no-" + key.replace("_", "-")]
+            args.append("--no-" + flag[2:])
         elif isinstance(value, dict | list):
             args += [flag, json.dumps(value)]
-        elif value is not None:
+        else:
             args += [flag, str(value)]
     return args
 
