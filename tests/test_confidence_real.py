@@ -42,6 +42,25 @@ def _reference(engine, labels):
     return shares
 
 
+@contextlib.contextmanager
+def finished_outputs(real_engine):
+    """vLLM's finished outputs of the offline engine's steps while inside (its own log-probabilities)."""
+    seen: list = []
+    engine = real_engine._llm.llm_engine
+    original = engine.step
+
+    def recording_step():
+        outs = original()
+        seen.extend(o for o in outs if o.finished)
+        return outs
+
+    engine.step = recording_step
+    try:
+        yield seen
+    finally:
+        engine.step = original
+
+
 def test_a_label_settled_in_one_step_has_the_models_probability_of_it(real_engine):
     answers = _answers(real_engine, "auto", SENTIMENT)
     shares = _reference(real_engine, SENTIMENT)
@@ -86,25 +105,6 @@ def test_a_json_answer_is_as_sure_as_its_least_sure_value_token(real_engine):
                   if pieces[i] and any(s < starts[i] + len(pieces[i]) and starts[i] < e for s, e in spans)]
         assert json.loads(got[req.id].text) and got[req.id].text == tok.decode(answer, skip_special_tokens=True)
         assert got[req.id].confidence == pytest.approx(min(inside), abs=1e-6)
-
-
-@contextlib.contextmanager
-def finished_outputs(real_engine):
-    """vLLM's finished outputs of the offline engine's steps while inside (its own log-probabilities)."""
-    seen: list = []
-    engine = real_engine._llm.llm_engine
-    original = engine.step
-
-    def recording_step():
-        outs = original()
-        seen.extend(o for o in outs if o.finished)
-        return outs
-
-    engine.step = recording_step
-    try:
-        yield seen
-    finally:
-        engine.step = original
 
 
 def test_confidence_off_asks_no_log_probabilities_and_answers_the_same(real_engine):
