@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from sparkbatch_dagster.engines.server_process import die_with_parent, spawn_owned
+from sparkbatch_dagster.engines.server_process import die_with_parent, spawn_owned, stop_group
 
 ECHO = [sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line.strip(), flush=True)"]
 
@@ -79,3 +79,44 @@ def _running(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+#: A group's leader that dies at SIGTERM, and its child that takes a while to clean up at SIGTERM
+#: (as vLLM's engine core and workers do) and writes argv[1] when done.
+SLOW_CHILD = ("import signal, sys, time\n"
+              "def bye(*_):\n    time.sleep(0.5)\n    open(sys.argv[1], 'w').close()\n    sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+
+
+def test_a_stopped_group_is_gone_when_the_stop_returns(tmp_path):
+    """``stop_group`` (a started `vllm serve`, a worker node's headless vLLM) returns once no
+    process of the group runs, not when its leader has exited: a caller that exits right after
+    (the worker node) leaves none behind, and the child finished its own cleanup."""
+    done = tmp_path / "cleaned-up"
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
+            "stdout=sys.stdout); print(p.pid, flush=True); sys.stdin.read()")
+    leader = spawn_owned([sys.executable, "-c", code, SLOW_CHILD, str(done)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    child = int(leader.stdout.readline())
+    assert leader.stdout.readline().strip() == "ready"  # its SIGTERM handler is set
+    try:
+        stop_group(leader, grace_s=60)
+        assert done.exists() and not _running(child) and not _running(leader.pid)
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+def test_a_group_that_ignores_sigterm_is_killed():
+    """A leader and its child that both ignore SIGTERM: the SIGKILL after the grace ends them."""
+    code = ("import signal, subprocess, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "p = subprocess.Popen(['sleep', '600']); print(p.pid, flush=True); sys.stdin.read()")
+    leader = spawn_owned([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = int(leader.stdout.readline())  # SIG_IGN carries over exec: sleep ignores SIGTERM too
+    try:
+        stop_group(leader, grace_s=0.2)
+        assert not _running(leader.pid) and not _running(child)
+        assert leader.returncode == -9
+    finally:
+        leader.kill()
+        leader.wait()

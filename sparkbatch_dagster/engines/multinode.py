@@ -16,11 +16,9 @@ first node's engine stops (its run ended), this node's workers would wait foreve
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -113,7 +111,7 @@ def serve_worker(cmd: list[str], master: tuple[str, int], once: bool = False,
     stopped (with its worker processes) once the first node's store at ``master`` has been up
     and is gone again, and a fresh one started. Returns when ``cmd`` ends by itself before any
     engine came up (a bad setting, a missing vLLM: its exit code), or after one engine (``once``)."""
-    from .server_process import spawn_owned
+    from .server_process import spawn_owned, stop_group
 
     while True:
         log(f"worker node: joins the engine at {master[0]}:{master[1]} when it starts")
@@ -132,17 +130,9 @@ def serve_worker(cmd: list[str], master: tuple[str, int], once: bool = False,
                     break
                 time.sleep(poll_s)
         finally:
-            _stop(child)
+            # Its worker processes may outlive it (they wait on a first node that is gone): the
+            # whole group goes, and is gone before the next engine starts or this process exits.
+            stop_group(child, grace_s=10.0)
         if once or not seen:
             return 0 if ended else int(child.returncode or 0)
 
-
-def _stop(child: subprocess.Popen[Any]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(10.0)
-    # Its worker processes may outlive it (they wait on a first node that is gone): the group goes too.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait()

@@ -171,15 +171,23 @@ class ServerProcess:
         """Stop the whole process group: the leader and every child it started (engine cores,
         API servers), also when the leader already exited alone (OOM-killed) and left them
         holding the GPU's memory."""
-        group = self.proc.pid  # start_new_session: the leader's pid is the group's id
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            _signal_group(group, sig)
-            deadline = time.monotonic() + wait_s
-            while _group_alive(group) and time.monotonic() < deadline:
-                self.proc.poll()  # reaps the leader: a zombie would keep the group alive
-                time.sleep(0.1)
-            if not _group_alive(group):
-                return
+        stop_group(self.proc, grace_s)
+
+
+def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
+    """SIGTERM the process group that ``proc`` leads (``spawn_owned``), then SIGKILL what is left
+    after ``grace_s``; returns once no process of the group is left (or 10 s after the SIGKILL),
+    so a caller that exits next leaves none behind."""
+    group = proc.pid  # start_new_session: the leader's pid is the group's id
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        _signal_group(group, sig)
+        deadline = time.monotonic() + wait_s
+        while _group_alive(group) and time.monotonic() < deadline:
+            proc.poll()  # reaps the leader: a zombie would keep the group alive
+            time.sleep(0.1)
+        if not _group_alive(group):
+            break
+    proc.poll()
 
 
 def _signal_group(group: int, sig: int) -> None:
