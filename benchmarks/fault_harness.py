@@ -1,10 +1,10 @@
-"""The fault harness's long run: many seeds of tests/harness.py, one result file.
+"""The fault harness's long run: many seeds of tests/support/harness.py, one result file.
 
     python benchmarks/fault_harness.py --episodes 2000 --start-seed 0 &          # hours, in the background
     python benchmarks/fault_harness.py --episodes 20 --home folder --out /tmp/f.json
 
 Each seed is one episode (its own home on moto's S3 server or in a folder, its boxes, its
-faults) checked for every invariant of tests/checker.py. The result file is rewritten after
+faults) checked for every invariant of tests/support/checker.py. The result file is rewritten after
 every episode, so a run stopped at any point leaves a whole, valid file: episodes done, faults
 injected per kind, the breaks per invariant, and each failing seed with its breaks and the one
 command that replays it. The same object is printed as one JSON line at the end.
@@ -29,7 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 from results_io import emit  # noqa: E402
 
 #: Episodes between two restarts of moto's server: its memory and request log grow with every one.

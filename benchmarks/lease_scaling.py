@@ -4,7 +4,7 @@ its renewal traffic stays one conditional PUT a third of a lease, whatever the s
     python benchmarks/lease_scaling.py --out benchmarks/results/lease-scaling-$(date -u +%F).json
     python benchmarks/lease_scaling.py --shards 200 --lease-seconds 6     # a quick look
 
-Against moto's S3 server on loopback, each box through its own fault proxy (tests/faults.py)
+Against moto's S3 server on loopback, each box through its own fault proxy (tests/support/faults.py)
 that holds every request ``--latency-ms`` before forwarding it (so each proxy's log is exactly
 one box's requests):
 
@@ -40,7 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' S3 server (moto on loopback) and fault proxy
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the tests' S3 server (moto on loopback) and fault proxy
 from results_io import emit  # noqa: E402
 
 VERSION = "1ea5e5ca1e000000"  # any output fingerprint: no shard is ever labeled here

@@ -26,7 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' S3 server (moto on loopback)
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the tests' S3 server (moto on loopback)
 from results_io import emit  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import fake_resource, label_then_metrics, make_rows, make_spec, one_shard
+from testkit import fake_resource, label_then_metrics, make_rows, make_spec, one_shard
 from sparkbatch_dagster import OutputSpec, SamplingSpec, SparkbatchError, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, status
 from sparkbatch_dagster.cli.locate import instance

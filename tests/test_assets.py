@@ -4,7 +4,7 @@ import duckdb
 import pyarrow.parquet as pq
 from dagster import DagsterInstance, Definitions, materialize
 
-from conftest import fake_resource, make_spec
+from testkit import fake_resource, make_spec
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 

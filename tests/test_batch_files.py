@@ -205,7 +205,7 @@ def test_bad_files_and_specs_stop_early(tmp_path: Path) -> None:
 
 
 def test_a_defs_yaml_reads_a_batch_file() -> None:
-    from conftest import yaml_job_spec
+    from testkit import yaml_job_spec
 
     spec = yaml_job_spec('type: sparkbatch_dagster.BatchInferenceComponent\nattributes:\n  name: things\n'
                          '  input: /data/requests.jsonl\n  input_format: openai_batch\n'

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import live_children, make_rows, make_spec, write_parquet
+from testkit import live_children, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.engines.gpu_lock import wait_for_stops
 from sparkbatch_dagster.errors import BudgetStop, ConfigError
@@ -231,7 +231,7 @@ def test_the_brake_keeps_a_margin_before_the_deadline():
 # --- the real engine: one CLI run in its own process -------------------------------------------
 
 REAL_RESOURCE = ("VLLMResource(kv_cache_memory_gb=1.0, max_num_seqs=64, max_model_len=1024, "
-                 "engine_kwargs={'enforce_eager': True})")  # as conftest.REAL_SETTINGS
+                 "engine_kwargs={'enforce_eager': True})")  # as testkit.REAL_SETTINGS
 
 
 def _engine_cores(dagster_home: Path) -> set[int]:

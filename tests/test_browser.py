@@ -6,7 +6,10 @@ One small job (40 rows with a gold label, 4 shards), declared in a ``defs.yaml``
 clicks: the lineage shows the five assets; materialize ``input_shards``; on ``labeled_outputs``,
 Materialize... -> Missing -> Launch backfill; the backfill's single run starts one engine and each
 partition turns green as its shard commits; a second backfill of the same partitions generates
-nothing and is over long before the first; the assets point back at their defs.yaml.
+nothing and is over long before the first; the assets point back at their defs.yaml. A scattered
+backfill (two ranges, two runs) costs one engine start: that test's job (``scatter``, the same rows)
+runs on the fake engine, whose starts the run logs as the real one's, so the tier starts one real
+engine in all.
 
 Every step leaves a screenshot under this test's tmp folder (its path is printed);
 ``SPARKBATCH_SAVE_SCREENSHOTS=1`` also copies three of them to ``docs/ui/`` (the README's pictures).
@@ -35,7 +38,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import EAGER, LABELS, make_rows, write_parquet
+from testkit import EAGER, LABELS, make_rows, write_parquet
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
@@ -73,13 +76,22 @@ def job_fields(src: Path, home: Path) -> dict[str, Any]:
     }
 
 
-DEFS_PY = """
+#: The scattered backfill's job: the same rows on the fake engine, under the same `gpu` pool.
+SCATTER_PY = """
 import json
 from dagster import Definitions
-from sparkbatch_dagster import JobSpec, VLLMResource, build_batch_assets
+from sparkbatch_dagster import JobSpec, build_batch_assets
+from sparkbatch_dagster.testing import FakeVLLMResource
+
+scatter = build_batch_assets(spec=JobSpec(**json.loads({scatter!r})), resource_key="fake")
+scatter_defs = Definitions(assets=scatter.assets, resources={{"fake": FakeVLLMResource(delay_s=0.05)}})
+"""
+DEFS_PY = SCATTER_PY + """
+from sparkbatch_dagster import VLLMResource
 
 job = build_batch_assets(spec=JobSpec(**json.loads({fields!r})))
-defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(**json.loads({engine!r}))}})
+defs = Definitions.merge(scatter_defs,
+                         Definitions(assets=job.assets, resources={{"vllm": VLLMResource(**json.loads({engine!r}))}}))
 """
 DG_PYPROJECT = """
 [tool.dg]
@@ -89,11 +101,11 @@ directory_type = "project"
 root_module = "uiproj"
 defs_module = "uiproj.defs"
 """
-DEFS_FOLDER_PY = """
+DEFS_FOLDER_PY = SCATTER_PY + """
 from pathlib import Path
 from dagster import load_from_defs_folder
 
-defs = load_from_defs_folder(path_within_project=Path(__file__).resolve().parent)
+defs = Definitions.merge(load_from_defs_folder(path_within_project=Path(__file__).resolve().parent), scatter_defs)
 """
 DAGSTER_YAML = """
 telemetry:
@@ -106,13 +118,19 @@ run_coordinator:
 """
 
 
+def scatter_fields(root: Path) -> dict[str, Any]:
+    """The scattered backfill's job: the same rows, a home of its own."""
+    return {**job_fields(root / "in" / "rows.parquet", root / "scatter-home"), "name": "scatter"}
+
+
 def write_job(root: Path) -> tuple[Path, Path | None]:
     """The input, and the definitions file (plus the defs.yaml when declared in YAML)."""
     src = write_parquet(root / "in" / "rows.parquet", make_rows(ROWS))
     fields = job_fields(src, root / "home")
+    scatter = json.dumps(scatter_fields(root))
     if not YAML:
         defs = root / "defs.py"
-        defs.write_text(DEFS_PY.format(fields=json.dumps(fields), engine=json.dumps(ENGINE)))
+        defs.write_text(DEFS_PY.format(fields=json.dumps(fields), engine=json.dumps(ENGINE), scatter=scatter))
         return defs, None
     project = root / "project"
     folder = project / "uiproj" / "defs" / "things"
@@ -125,7 +143,7 @@ def write_job(root: Path) -> tuple[Path, Path | None]:
         {"type": "sparkbatch_dagster.BatchInferenceComponent", "attributes": {**fields, "engine": ENGINE}},
         sort_keys=False))
     defs = project / "definitions.py"
-    defs.write_text(DEFS_FOLDER_PY)
+    defs.write_text(DEFS_FOLDER_PY.format(scatter=scatter))
     return defs, defs_yaml
 
 
@@ -180,6 +198,7 @@ class Server:
     defs_yaml: Path | None
     log: Path
     home: Path
+    root: Path
     timings: dict[str, float] = field(default_factory=dict)
 
     def gql(self, query: str, **variables: Any) -> dict[str, Any]:
@@ -220,7 +239,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             env=env, cwd=defs.parent, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=_default_signals,
         )
-    srv = Server(f"http://127.0.0.1:{port}", proc, shots, defs_yaml, log, root / "home")
+    srv = Server(f"http://127.0.0.1:{port}", proc, shots, defs_yaml, log, root / "home", root)
     print(f"\nbrowser test: screenshots in {shots}, dagster dev log {log}")
     try:
         _wait_for_definitions(srv, time.monotonic() + 180)
@@ -296,11 +315,11 @@ def _open(server: Server, pg: Any, path: str) -> None:
     pg.wait_for_load_state("networkidle")
 
 
-def _materializations(server: Server, asset: str) -> list[dict[str, Any]]:
+def _materializations(server: Server, asset: str, job: str = "things") -> list[dict[str, Any]]:
     data = server.gql("""query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
         assetMaterializations(limit: 1000) { partition runId timestamp metadataEntries { label
           ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue }
-          ... on BoolMetadataEntry { boolValue } } } } } }""", k={"path": ["things", asset]})
+          ... on BoolMetadataEntry { boolValue } } } } } }""", k={"path": [job, asset]})
     out = []
     for m in data["assetOrError"]["assetMaterializations"]:
         md = {e["label"]: e.get("intValue", e.get("floatValue", e.get("boolValue"))) for e in m["metadataEntries"]}
@@ -323,15 +342,16 @@ def _run_messages(server: Server, run_id: str) -> str:
     return "\n".join(e.get("message", "") for e in data["logsForRun"]["events"])[-6000:]
 
 
-def _launch_backfill(server: Server, pg: Any, selection: str, shot: str, keys: list[str] | None = None) -> str:
+def _launch_backfill(server: Server, pg: Any, selection: str, shot: str, keys: list[str] | None = None,
+                     job: str = "things") -> str:
     """On labeled_outputs: Materialize... -> `selection` (Missing, All) -> Launch backfill; its id.
     ``keys``: the partitions the dialog must list (default: all of them)."""
     from playwright.sync_api import expect
 
-    _open(server, pg, "/assets/things/labeled_outputs")
+    _open(server, pg, f"/assets/{job}/labeled_outputs")
     pg.get_by_role("button", name=re.compile(r"Materialize…$")).click()
     dialog = pg.get_by_role("dialog")
-    expect(dialog.get_by_text("Launch runs to materialize things / labeled_outputs")).to_be_visible()
+    expect(dialog.get_by_text(f"Launch runs to materialize {job} / labeled_outputs")).to_be_visible()
     dialog.get_by_role("button", name=selection, exact=True).click()
     keys = keys or [f"shard-{i:05d}" for i in range(SHARDS)]
     expect(dialog.get_by_text(f"{len(keys)} partitions", exact=True)).to_be_visible()
@@ -357,9 +377,10 @@ class Watched:
     shots: dict[int, str]
 
 
-def _partition_statuses(server: Server) -> tuple[int, int]:
-    data = server.gql("""{ assetNodes(assetKeys: [{path: ["things", "labeled_outputs"]}]) { assetPartitionStatuses {
-        ... on DefaultPartitionStatuses { materializedPartitions materializingPartitions } } } }""")
+def _partition_statuses(server: Server, job: str = "things") -> tuple[int, int]:
+    data = server.gql("""query($k: [AssetKeyInput!]) { assetNodes(assetKeys: $k) { assetPartitionStatuses {
+        ... on DefaultPartitionStatuses { materializedPartitions materializingPartitions } } } }""",
+                      k=[{"path": [job, "labeled_outputs"]}])
     st = data["assetNodes"][0]["assetPartitionStatuses"]
     return len(st["materializedPartitions"]), len(st["materializingPartitions"])
 
@@ -414,7 +435,8 @@ def test_the_lineage_shows_the_five_assets_of_the_job(page: Any, server: Server)
     nodes = server.gql("{ assetNodes { assetKey { path } metadataEntries { label __typename "
                        "... on CodeReferencesMetadataEntry { codeReferences { __typename "
                        "... on LocalFileCodeReference { filePath } } } ... on TextMetadataEntry { text } } } }")
-    keys = sorted("/".join(n["assetKey"]["path"]) for n in nodes["assetNodes"])
+    things = [n for n in nodes["assetNodes"] if n["assetKey"]["path"][0] == "things"]
+    keys = sorted("/".join(n["assetKey"]["path"]) for n in things)
     assert keys == sorted(f"things/{a}" for a in ASSETS)
 
     _open(server, page, "/asset-groups")
@@ -426,7 +448,7 @@ def test_the_lineage_shows_the_five_assets_of_the_job(page: Any, server: Server)
     if server.defs_yaml is None:
         print("declared in Python: sparkbatch_dagster.component is not there yet")
         return
-    for node in nodes["assetNodes"]:
+    for node in things:
         md = {e["label"]: e for e in node["metadataEntries"]}
         refs = md["dagster/code_references"]["codeReferences"]
         assert [r.get("filePath") for r in refs] == [str(server.defs_yaml)], node["assetKey"]
@@ -536,33 +558,45 @@ def _backfill_runs(server: Server, backfill: str) -> list[dict[str, Any]]:
 
 
 def test_a_scattered_backfill_costs_one_engine_start(page: Any, server: Server) -> None:
-    """(f) after the first backfill: shards 0 and 2 lost (their labeled files, stats, every stored
-    answer, and their materializations wiped), so Materialize... -> Missing is two ranges, two
-    runs to Dagster; the first labels both on one engine, the second finds its shard done and
-    starts none."""
+    """(f) every shard of the ``scatter`` job labeled, then shards 0 and 2 lost (their labeled
+    files, stats, every stored answer, and their materializations wiped), so Materialize... ->
+    Missing is two ranges, two runs to Dagster; the first labels both on one engine, the second
+    finds its shard done and starts none. On the fake engine: what is checked is Dagster's runs
+    and the `gpu` pool, and the engine starts each run logs."""
+    from dagster import AssetKey, AssetMaterialization, DagsterInstance, materialize
     from playwright.sync_api import expect
 
-    [version] = [p for p in (server.home / "out").iterdir() if p.is_dir()]
+    from sparkbatch_dagster import JobSpec, build_batch_assets
+    from sparkbatch_dagster.testing import FakeVLLMResource
+
+    inst = DagsterInstance.from_config(str(server.root / "dagster_home"))
+    job = build_batch_assets(spec=JobSpec(**scatter_fields(server.root)), resource_key="fake")
+    res = {"fake": FakeVLLMResource()}
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    keys = sorted(inst.get_dynamic_partitions(job.partitions_def.name))
+    tags = {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+    assert materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources=res, instance=inst,
+                       tags=tags).success
+    home = server.root / "scatter-home"
+    [version] = [p for p in (home / "out").iterdir() if p.is_dir()]
     lost = ["shard-00000", "shard-00002"]
     for key in lost:
         (version / "labeled" / f"{key}.parquet").unlink()
         (version / "stats" / f"{key}.json").unlink()
-    shutil.rmtree(server.home / "results")  # no stored answer either: the engine must run
+    shutil.rmtree(home / "results")  # no stored answer either: the engine must run
     # Dagster must call them missing too, as after a partial failure: the asset's history wiped
     # (SQLite storage cannot wipe single partitions) and the two kept partitions reported again.
-    from dagster import AssetKey, AssetMaterialization, DagsterInstance
-
-    inst = DagsterInstance.from_config(str(server.home.parent / "dagster_home"))
-    key = AssetKey(["things", "labeled_outputs"])
+    key = AssetKey(["scatter", "labeled_outputs"])
     inst.wipe_assets([key])
     for kept in ("shard-00001", "shard-00003"):
         inst.report_runless_asset_event(AssetMaterialization(key, partition=kept))
     t0 = time.monotonic()
-    backfill = _launch_backfill(server, page, "Missing", "f1-scattered-backfill-dialog.png", keys=lost)
+    backfill = _launch_backfill(server, page, "Missing", "f1-scattered-backfill-dialog.png", keys=lost, job="scatter")
     runs: list[dict[str, Any]] = []
     while time.monotonic() - t0 < 360:
         runs = _backfill_runs(server, backfill)
-        if len(runs) == 2 and all(r["status"] in TERMINAL for r in runs) and _partition_statuses(server) == (SHARDS, 0):
+        if len(runs) == 2 and all(r["status"] in TERMINAL for r in runs) and \
+                _partition_statuses(server, "scatter") == (SHARDS, 0):
             break
         assert server.proc.poll() is None, f"dagster dev exited:\n{server.log_tail()}"
         time.sleep(0.5)
@@ -572,11 +606,11 @@ def test_a_scattered_backfill_costs_one_engine_start(page: Any, server: Server) 
     logs = {r["runId"]: _run_messages(server, r["runId"]) for r in runs}
     started = [run for run, text in logs.items() if "engine loading" in text]
     assert len(started) == 1, f"{len(started)} engine starts for one backfill: {logs}"
-    mats = [m for m in _materializations(server, "labeled_outputs") if m["run"] in logs]
+    mats = [m for m in _materializations(server, "labeled_outputs", "scatter") if m["run"] in logs]
     fresh = sorted(m["partition"] for m in mats if m["md"]["computed_in_this_run"])
     assert fresh == lost and {m["run"] for m in mats if m["md"]["computed_in_this_run"]} == set(started)
     assert all(m["md"]["generated_requests"] > 0 for m in mats if m["md"]["computed_in_this_run"])
-    _open(server, page, "/assets/things/labeled_outputs")
+    _open(server, page, "/assets/scatter/labeled_outputs")
     page.get_by_role("tab", name="Partitions").click()
     expect(page.get_by_text(re.compile(r"^Materialized \(\d+\)$"))).to_have_text(f"Materialized ({SHARDS})")
     _shot(server, page, "f2-partitions-green.png")

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import unique_rows, write_parquet
+from testkit import unique_rows, write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SHARDS = 240, 4

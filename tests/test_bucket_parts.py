@@ -9,7 +9,7 @@ import time
 import pytest
 from dagster import EnvVar
 
-from conftest import make_spec
+from testkit import make_spec
 from sparkbatch_dagster import JobSpec
 from sparkbatch_dagster.errors import ConfigError
 from sparkbatch_dagster.home import Bucket, open_home

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import label_defs_yaml, label_then_metrics, make_rows, make_spec, one_shard, yaml_job_spec
+from testkit import label_defs_yaml, label_then_metrics, make_rows, make_spec, one_shard, yaml_job_spec
 from sparkbatch_dagster import ConfigError, EngineError, build_batch_assets
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.run.cascade import CascadeEngine, Stage

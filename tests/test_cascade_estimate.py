@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import make_spec
+from testkit import make_spec
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.estimate import cascades
 from sparkbatch_dagster.estimate.choice import wilson

@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, label_then_metrics, make_spec
+from testkit import REAL_SETTINGS, label_then_metrics, make_spec
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

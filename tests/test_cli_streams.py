@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_rows, write_parquet
+from testkit import make_rows, write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import make_spec
+from testkit import make_spec
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.definitions.compile_cache import for_resource
 from sparkbatch_dagster.engines import compile_cache as cc

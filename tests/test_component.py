@@ -20,7 +20,7 @@ import pytest
 import yaml
 from dagster.components.testing import create_defs_folder_sandbox
 
-from conftest import make_rows, make_spec, write_parquet
+from testkit import make_rows, make_spec, write_parquet
 from sparkbatch_dagster import BatchInferenceComponent, JobSpec, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import RANGE_END, RANGE_START, load
 from sparkbatch_dagster.definitions.factory import find_job

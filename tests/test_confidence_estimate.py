@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from dagster import DagsterInstance, materialize
 
-from conftest import label_then_metrics, make_spec
+from testkit import label_then_metrics, make_spec
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.estimate.forecast import predict
 from sparkbatch_dagster.estimate.sample import Sample, Timing, draw_sample, merge

@@ -8,7 +8,7 @@ import math
 import pytest
 from test_label_tokens import REVIEWS, SECTIONS, SENTIMENT, _answers
 
-from conftest import confidence_tolerance
+from testkit import confidence_tolerance
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.confidence import value_spans

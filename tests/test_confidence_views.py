@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import label_then_metrics, make_spec, yaml_job_spec
+from testkit import label_then_metrics, make_spec, yaml_job_spec
 from sparkbatch_dagster import ConfigError, build_batch_assets
 from sparkbatch_dagster.run import metrics
 from sparkbatch_dagster.testing import FakeVLLMResource

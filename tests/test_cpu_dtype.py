@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EAGER, make_spec
+from testkit import EAGER, make_spec
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.preview import describe, preview
 from sparkbatch_dagster.definitions.labeling import _settings_line

@@ -14,7 +14,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import unique_rows, write_parquet
+from testkit import unique_rows, write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 N, SHARDS, EVERY = 240, 4, 10

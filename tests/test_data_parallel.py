@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, live_children, make_spec
+from testkit import REAL_SETTINGS, live_children, make_spec
 from sparkbatch_dagster import ConfigError, EngineError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.engines import settings
 from sparkbatch_dagster.engines.base import EngineRequest

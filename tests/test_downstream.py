@@ -16,7 +16,7 @@ from dagster import (
     materialize,
 )
 
-from conftest import fake_resource, label_then_metrics, make_spec
+from testkit import fake_resource, label_then_metrics, make_spec
 from sparkbatch_dagster import build_batch_assets
 
 KEYS = ["shard-00000", "shard-00001", "shard-00002", "shard-00003"]

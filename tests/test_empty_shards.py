@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import fake_resource, make_spec
+from testkit import fake_resource, make_spec
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.run.checkpoint import OUTPUT_SCHEMA, assemble

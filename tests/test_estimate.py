@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
+from testkit import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, summary
 from sparkbatch_dagster.engines.model import weights_gb

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import make_spec
+from testkit import make_spec
 from sparkbatch_dagster import ConfigError
 from sparkbatch_dagster.estimate.choice import advise, choose
 from sparkbatch_dagster.estimate.forecast import predict

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import make_spec
+from testkit import make_spec
 from sparkbatch_dagster import ConfigError, EngineError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli import main as cli_main
 from sparkbatch_dagster.engines import FakeEngine

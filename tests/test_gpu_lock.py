@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-import conftest
-from conftest import make_spec, unique_rows, write_parquet
+import testkit
+from testkit import SUPPORT, make_spec, unique_rows, write_parquet
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import FakeEngine, LazyEngine, gpu_lock, settings
@@ -31,7 +31,7 @@ from sparkbatch_dagster.engines.gpu_lock import DeviceLock, HeldEngine, lock_pat
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 
-TESTS = Path(__file__).parent
+TESTS = SUPPORT
 WAIT_S = 120.0  # only a guard: every step below waits for a signal, not for time
 
 
@@ -56,7 +56,7 @@ def held_elsewhere(path: Path) -> bool:
 
 
 def wait_until(what: str, ok: Callable[[], bool], explain: Callable[[], str] = lambda: "") -> None:
-    conftest.wait_until(what, ok, explain, WAIT_S)
+    testkit.wait_until(what, ok, explain, WAIT_S)
 
 
 # --- the lock itself ------------------------------------------------------------------------------
@@ -335,7 +335,7 @@ RUN = textwrap.dedent("""
     warnings.filterwarnings("ignore")
     sys.path.insert(0, {tests!r})
     from pathlib import Path
-    from conftest import make_spec
+    from testkit import make_spec
     from dagster import DagsterInstance, materialize
     from sparkbatch_dagster import build_batch_assets
     from sparkbatch_dagster.engines import FakeEngine

@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from conftest import make_rows, one_shard
+from testkit import make_rows, one_shard
 from sparkbatch_dagster.engines import FakeEngine, heap
 from sparkbatch_dagster.engines.heap import frozen_heap
 from sparkbatch_dagster.run.runner import label_shard

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import fake_resource, label_defs_yaml, make_spec, unique_rows, write_parquet, yaml_job_spec
+from testkit import fake_resource, label_defs_yaml, make_spec, unique_rows, write_parquet, yaml_job_spec
 from sparkbatch_dagster import ConfigError, build_batch_assets
 from sparkbatch_dagster.estimate.forecast import predict
 from sparkbatch_dagster.estimate.sample import Sample, Stored, Timing

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import LABELS, WORDS, fake_resource, label_then_metrics, make_spec
+from testkit import LABELS, WORDS, fake_resource, label_then_metrics, make_spec
 from sparkbatch_dagster import InputError
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.home import JobHome

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import make_rows, make_spec, write_parquet
+from testkit import make_rows, make_spec, write_parquet
 from sparkbatch_dagster.engines import model
 from sparkbatch_dagster.engines.model import model_identity
 from sparkbatch_dagster.home import JobHome

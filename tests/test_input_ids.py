@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_spec, write_parquet
+from testkit import make_spec, write_parquet
 from sparkbatch_dagster import OutputSpec
 from sparkbatch_dagster.definitions.events import exactly_once
 from sparkbatch_dagster.engines import FakeEngine

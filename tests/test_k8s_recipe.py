@@ -16,7 +16,7 @@ import pytest
 import yaml
 from dagster import Definitions, define_asset_job, instance_for_test
 
-from conftest import make_spec
+from testkit import make_spec
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.definitions.deploy import (
     GPU_POOL,

@@ -12,7 +12,7 @@ import threading
 import pytest
 from dagster import Definitions
 
-from conftest import make_spec, unique_rows, write_parquet
+from testkit import make_spec, unique_rows, write_parquet
 from sparkbatch_dagster import EngineError, SparkbatchError, build_batch_assets
 from sparkbatch_dagster.cli import commands
 from sparkbatch_dagster.engines import FakeEngine, LazyEngine

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import exact_numerics
+from testkit import exact_numerics
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.label_tokens import Tally, first_step, max_asked_again, plan

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REAL_SETTINGS
+from testkit import REAL_SETTINGS
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.engines import FakeEngine, LazyEngine, memory, model, server_process, settings, vllm_offline
 from sparkbatch_dagster.engines.base import EngineRequest

@@ -20,7 +20,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import LABELS, make_rows, write_parquet
+from testkit import LABELS, make_rows, owned_processes, write_parquet
 from sparkbatch_dagster import ConfigError, VLLMResource
 from sparkbatch_dagster.engines.multinode import check, serve_worker, worker_command
 from sparkbatch_dagster.engines.server_process import free_port
@@ -162,7 +162,7 @@ def test_a_job_runs_on_one_model_split_over_two_tensor_parallel_ranks(tmp_path, 
         pytest.skip("SPARKBATCH_SKIP_REAL=1")
     from dagster import DagsterInstance, materialize
 
-    from conftest import label_then_metrics, make_spec
+    from testkit import label_then_metrics, make_spec
     from sparkbatch_dagster import build_batch_assets
     from sparkbatch_dagster.testing import dummy_model
 
@@ -200,7 +200,6 @@ def test_a_worker_node_that_never_joins_stops_the_start_with_the_fix(tmp_path, m
                        max_model_len=512, engine_start_timeout_s=45,
                        engine_kwargs={"load_format": "dummy", "enforce_eager": True, "nnodes": 2,
                                       "master_addr": "127.0.0.1", "master_port": port})
-    before = {p.pid for p in psutil.process_iter() if p.pid != os.getpid()}
     started = time.monotonic()
     with pytest.raises(EngineError) as err:
         res.get_engine()
@@ -211,9 +210,9 @@ def test_a_worker_node_that_never_joins_stops_the_start_with_the_fix(tmp_path, m
     assert f"127.0.0.1:{port}" in text
     assert 45 <= waited < 45 + 60, waited  # stopped at the deadline, not after vLLM's own (30 min) timeouts
 
-    # Every process, not live_children(): a worker left behind is an orphan, no longer our descendant.
-    def ours() -> list[psutil.Process]:  # vLLM names its processes VLLM::EngineCore, VLLM::Worker_TP0, ...
-        return [p for p in psutil.process_iter(["name", "cmdline"]) if p.pid not in before and (
-            "VLLM" in (p.info["name"] or "") or str(model) in " ".join(p.info["cmdline"] or []))]
+    # By owner tag, not live_children(): a worker left behind is an orphan, no longer our descendant,
+    # but it keeps this test's environment. vLLM names its processes VLLM::EngineCore, VLLM::Worker_TP0, ...
+    def ours() -> list[psutil.Process]:
+        return owned_processes("VLLM") + owned_processes(str(model))
 
     _wait(lambda: not ours(), timeout=30)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_until
+from testkit import wait_until
 from sparkbatch_dagster.engines.orphans import REPORT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,9 +60,9 @@ time.sleep(3600)
 def test_a_sigkilled_process_leaves_no_vllm_engine_core(tmp_path):
     code = """
 import sys, time
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/support")
 import psutil
-from conftest import REAL_SETTINGS
+from testkit import REAL_SETTINGS
 from sparkbatch_dagster import VLLMResource
 if __name__ == "__main__":
     VLLMResource(**{**REAL_SETTINGS, "keep_warm": False}).get_engine()

@@ -16,7 +16,7 @@ from dagster import (
     materialize,
 )
 
-from conftest import make_spec
+from testkit import make_spec
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.definitions.events import ERROR_RATE, EXACTLY_ONCE
 from sparkbatch_dagster.errors import SparkbatchError

@@ -12,13 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dagster import DagsterInstance
+from testkit import SUPPORT
 
 SCRIPT = textwrap.dedent("""
     import sys, warnings
     warnings.filterwarnings("ignore")
     sys.path.insert(0, {tests!r})
     from pathlib import Path
-    from conftest import make_spec
+    from testkit import make_spec
     from dagster import DagsterInstance, materialize
     from sparkbatch_dagster import build_batch_assets
     from sparkbatch_dagster.testing import FakeVLLMResource
@@ -43,7 +44,7 @@ def test_a_second_run_waits_for_the_gpu_pool(tmp_path):
     subprocess.run([sys.executable, "-m", "dagster", "instance", "concurrency", "set", "gpu", "1"], check=True,
                    capture_output=True, env={**os.environ})
     script = tmp_path / "one.py"
-    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), root=str(tmp_path)))
+    script.write_text(SCRIPT.format(tests=str(SUPPORT), root=str(tmp_path)))
     procs = [subprocess.Popen([sys.executable, str(script), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, env={**os.environ, "DAGSTER_HOME": str(home)})
              for name in ("first", "second")]

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import make_spec, unique_rows, write_parquet
+from testkit import make_spec, unique_rows, write_parquet
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.base import EngineRequest, EngineResult

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REAL_SETTINGS
+from testkit import REAL_SETTINGS
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.cli.commands import run_batch
 from sparkbatch_dagster.definitions.batch_files import batch_file_job

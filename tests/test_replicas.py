@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from local_server import LocalServer
 
-from conftest import LABELS, make_rows, make_spec, one_shard, written_parts
+from testkit import LABELS, make_rows, make_spec, one_shard, written_parts
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.engines.base import EngineRequest
 from sparkbatch_dagster.engines.server_process import MAX_FRONTENDS, batch_server_defaults, serve_args

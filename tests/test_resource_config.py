@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, Definitions, EnvVar, materialize
 
-from conftest import make_spec
+from testkit import make_spec
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import FakeEngine, settings

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, Definitions, materialize
 
-from conftest import fake_resource, label_then_metrics, make_rows, make_spec, total, write_parquet
+from testkit import fake_resource, label_then_metrics, make_rows, make_spec, total, write_parquet
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, SparkbatchError, build_batch_assets
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.errors import PendingRowsError

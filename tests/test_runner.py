@@ -4,7 +4,7 @@
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_rows, make_spec, write_parquet
+from testkit import make_rows, make_spec, write_parquet
 from sparkbatch_dagster import EngineError, OutputSpec
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.home import JobHome

@@ -24,6 +24,7 @@ import psutil
 import pytest
 from faults import FaultProxy
 from s3_server import S3Server
+from testkit import SUPPORT
 
 
 def puts(proxy: FaultProxy) -> list[tuple[str, str, str]]:
@@ -194,7 +195,7 @@ def test_a_killed_session_leaves_no_server_process() -> None:
     """SIGKILL runs no atexit hook: the server's watchdog sees its parent gone and exits."""
     script = "import sys; sys.path.insert(0, sys.argv[1]); from s3_server import S3Server; " \
              "print(S3Server.start().proc.pid, flush=True); import time; time.sleep(600)"
-    session = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent)], stdout=subprocess.PIPE)
+    session = subprocess.Popen([sys.executable, "-c", script, str(SUPPORT)], stdout=subprocess.PIPE)
     assert session.stdout is not None
     server = psutil.Process(int(session.stdout.readline()))
     assert "moto.server" in " ".join(server.cmdline())

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from conftest import wait_until
+from testkit import wait_until
 from sparkbatch_dagster import ConfigError
 from sparkbatch_dagster.cli.serve_batch import check_bind
 from sparkbatch_dagster.engines.server_process import free_port

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
 
-from conftest import (
+from testkit import (
     EAGER,
     REAL_SETTINGS,
     confidence_tolerance,
@@ -53,9 +53,9 @@ def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_fronte
     running.set()
 
     def watch():
-        while running.is_set():
-            engines.update(p.pid for p in live_children("VLLM::EngineCore_DP"))
-            frontends.update(p.pid for p in live_children("VLLM::APIServer_"))
+        while running.is_set():  # this run's own: not the session's warm engine, nor any other process's
+            engines.update(p.pid for p in live_children("VLLM::EngineCore_DP") if p.pid not in before)
+            frontends.update(p.pid for p in live_children("VLLM::APIServer_") if p.pid not in before)
             time.sleep(0.5)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -234,7 +234,7 @@ def test_offline_and_a_started_server_answer_alike_when_the_model_sets_sampling_
             for i, w in enumerate(words)]
     sampling, text = SamplingSpec(max_tokens=24), OutputSpec(kind="text")
     # float32: 24 free tokens from two engines agree only where an answer does not move with its
-    # batch (in bf16 one near tie flips a sentence: exact_numerics in conftest.py).
+    # batch (in bf16 one near tie flips a sentence: exact_numerics in support/testkit.py).
     settings = {**REAL_SETTINGS, "model": str(model), "keep_warm": False, "dtype": "float32"}
     answers, identities = {}, {}
     for mode in ("offline", "server"):

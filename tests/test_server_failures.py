@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from local_server import LocalServer
 
-from conftest import LABELS, make_rows, make_spec, one_shard, written_parts
+from testkit import LABELS, make_rows, make_spec, one_shard, written_parts
 from sparkbatch_dagster.engines.base import EngineRequest
 from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine, check_served, free_port, served_models
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
@@ -315,7 +315,7 @@ def test_the_cli_names_an_unset_api_key_variable_in_one_line(tmp_path, stub, mon
     defs.write_text(
         "from pathlib import Path\n"
         "from dagster import Definitions, EnvVar\n"
-        "from conftest import make_spec\n"
+        "from testkit import make_spec\n"
         "from sparkbatch_dagster import VLLMResource, build_batch_assets\n"
         f"job = build_batch_assets(spec=make_spec(Path({str(tmp_path)!r}), n=30, shards=2))\n"
         f"vllm = VLLMResource(engine='server', server_url={stub.url!r}, model='m', api_key=EnvVar('SB_TEST_KEY'))\n"

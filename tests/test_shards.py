@@ -3,7 +3,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_rows, make_spec, write_parquet
+from testkit import make_rows, make_spec, write_parquet
 from sparkbatch_dagster import InputError
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards

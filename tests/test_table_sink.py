@@ -16,7 +16,7 @@ from dagster import DagsterInstance, EnvVar, materialize
 from deltalake import DeltaTable, write_deltalake  # the dev extra has it (pyproject.toml)
 from deltalake.exceptions import CommitFailedError
 
-from conftest import fake_resource, make_spec, yaml_job_spec
+from testkit import SUPPORT, fake_resource, make_spec, yaml_job_spec
 from sparkbatch_dagster import SinkSpec, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.errors import ConfigError
@@ -260,8 +260,8 @@ def test_a_job_with_a_sink_loads_without_deltalake(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    code = (f"import sys; sys.path.insert(0, {str(root / 'tests')!r})\n"
-            "from pathlib import Path\nfrom conftest import make_spec\n"
+    code = (f"import sys; sys.path.insert(0, {str(SUPPORT)!r})\n"
+            "from pathlib import Path\nfrom testkit import make_spec\n"
             "from sparkbatch_dagster import SinkSpec, build_batch_assets\n"
             f"job = build_batch_assets(spec=make_spec(Path({str(tmp_path)!r}), sink=SinkSpec()))\n"
             "print('deltalake' in sys.modules)")

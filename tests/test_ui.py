@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_rows, write_parquet
+from testkit import make_rows, write_parquet
 
 DEFS = """
 from dagster import Definitions

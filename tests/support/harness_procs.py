@@ -1,4 +1,4 @@
-"""The fault harness's pieces (tests/harness.py plays them): the job each box runs, the
+"""The fault harness's pieces (tests/support/harness.py plays them): the job each box runs, the
 read-only command with its audit hook, a box and its processes, and an episode's verdict."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from checker import Break
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240.0  # a run that takes longer is hung (a liveness break), not slow: they take seconds
 
 DEFS = """
@@ -87,7 +87,7 @@ def quiet_proxy(proxy: Any) -> Any:
 
 
 def replay_command(seed: int, home: str) -> str:
-    return f"python tests/harness.py --seed {seed} --home {home}"
+    return f"python tests/support/harness.py --seed {seed} --home {home}"
 
 
 @dataclass

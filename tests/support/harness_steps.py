@@ -1,4 +1,4 @@
-"""The fault harness's steps (tests/harness_plan.py's ``Step`` kinds), as :class:`Steps`, which
+"""The fault harness's steps (tests/support/harness_plan.py's ``Step`` kinds), as :class:`Steps`, which
 ``harness.Episode`` plays: each waits for its trigger, then does one thing to the boxes, the
 store or the input, and writes what it did in the episode's events."""
 

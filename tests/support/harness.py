@@ -1,13 +1,13 @@
 """The seeded fault harness (issue 29): several boxes run the real CLI against one home (a shared
 folder, or a bucket on moto's S3 server with a cache and a fault proxy per box) while a plan drawn
 from a seed kills, pauses, fails and reads; then a clean run finishes the job and the checker
-(tests/checker.py) reads the home and every box's Dagster instance for the invariants.
+(tests/support/checker.py) reads the home and every box's Dagster instance for the invariants.
 
-    python tests/harness.py --seed 7                 # replay one seed: schedule, events, verdict
-    python tests/harness.py --seed 7 --home folder   # the same draws on a folder home
+    python tests/support/harness.py --seed 7                 # replay one seed: schedule, events, verdict
+    python tests/support/harness.py --seed 7 --home folder   # the same draws on a folder home
     python benchmarks/fault_harness.py --episodes 500   # the long run, one result file
 
-The plans (what a seed does) are in tests/harness_plan.py; every failure names the one command
+The plans (what a seed does) are in tests/support/harness_plan.py; every failure names the one command
 that replays it.
 """
 
@@ -278,7 +278,7 @@ class Episode(Steps):
 
 def run_seed(seed: int, home: str | None = None, server: Any = None, work: Path | None = None,
              keep: bool = False, verbose: bool = False) -> Verdict:
-    """Play the episode of ``seed`` and check it. An S3 home needs ``server`` (tests/s3_server.py)."""
+    """Play the episode of ``seed`` and check it. An S3 home needs ``server`` (tests/support/s3_server.py)."""
     plan = make_plan(seed, home)
     folder = Path(tempfile.mkdtemp(prefix=f"harness-{seed}-", dir=work))
     try:

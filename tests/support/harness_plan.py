@@ -1,5 +1,5 @@
 """The fault harness's schedules: one seed gives one episode's plan, printed as numbered lines a
-newcomer can follow (tests/harness.py runs it, tests/checker.py judges what it left).
+newcomer can follow (tests/support/harness.py runs it, tests/support/checker.py judges what it left).
 
 An episode: a few "boxes" (separate processes of the real CLI, each with its own Dagster
 instance; with an S3 home each has its own cache and its own fault proxy) label one job while

@@ -1,5 +1,5 @@
-"""What the fault harness's checker (tests/checker.py) reads: an episode's record (its inputs,
-processes and read-only commands, written by tests/harness.py) and the home itself, a bucket or a
+"""What the fault harness's checker (tests/support/checker.py) reads: an episode's record (its inputs,
+processes and read-only commands, written by tests/support/harness.py) and the home itself, a bucket or a
 shared folder, read straight from the store."""
 
 from __future__ import annotations
