@@ -57,8 +57,8 @@ def main() -> None:
     args = p.parse_args()
 
     from dagster import DagsterInstance, materialize
-    from s3_server import S3Server
 
+    from s3_server import S3Server
     from sparkbatch_dagster import VLLMResource, build_batch_assets
 
     server = S3Server.start()

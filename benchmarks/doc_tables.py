@@ -6,7 +6,7 @@ in them comes from a result file a benchmark script wrote.
     python benchmarks/doc_tables.py --check    # exit 1 when a page's tables differ
 
 In a page (README.md or docs/*.md) each table sits between ``<!-- table:NAME ... -->`` and
-``<!-- /table -->``; ``tests/test_results_files.py`` fails when one differs from what this script
+``<!-- /table -->``; ``tests/unit/test_results_files.py`` fails when one differs from what this script
 renders, or when a table is in no page or in two.
 """
 

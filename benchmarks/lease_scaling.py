@@ -105,7 +105,6 @@ def main() -> None:
 
     from faults import FaultProxy
     from s3_server import S3Server
-
     from sparkbatch_dagster.home import open_home
     from sparkbatch_dagster.home.bucket import Bucket
     from sparkbatch_dagster.home.layout import shard_key

@@ -1,6 +1,6 @@
 """How every benchmark here reports: one JSON object on stdout, and the same line in a result
 file under ``benchmarks/results/`` when ``--out`` names one (the tables of docs/ are rendered
-from those files by ``doc_tables.py``; ``tests/test_results_files.py`` checks them)."""
+from those files by ``doc_tables.py``; ``tests/unit/test_results_files.py`` checks them)."""
 
 from __future__ import annotations
 

@@ -113,6 +113,7 @@ def main() -> None:
     import shutil
 
     import deltalake
+
     from s3_server import S3Server
 
     work = Path(args.work)

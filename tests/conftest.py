@@ -1,7 +1,7 @@
 """The suite's root: tiers by folder (support/tiers.py) and the fixtures every tier shares
-(support/fixtures.py). Helpers a test imports live in support/ too (``from testkit import
+(support/common_fixtures.py). Helpers a test imports live in support/ too (``from testkit import
 make_spec``): ``pythonpath`` in pyproject.toml puts that folder on the path.
 
 How to run one tier, one test or the last failures: docs/testing.md."""
 
-pytest_plugins = ["tiers", "fixtures"]
+pytest_plugins = ["tiers", "common_fixtures"]

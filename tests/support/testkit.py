@@ -28,7 +28,7 @@ from sparkbatch_dagster.testing import FakeVLLMResource
 #: This folder (for a script a test runs: ``sys.path.insert(0, str(SUPPORT))``) and the repository.
 SUPPORT = Path(__file__).resolve().parent
 REPO = SUPPORT.parents[1]
-#: Set for every test to a value of its own (fixtures.py); the processes it starts inherit it, so
+#: Set for every test to a value of its own (common_fixtures.py); the processes it starts inherit it, so
 #: :func:`owned_processes` finds them even once they are orphans, and never another test's or session's.
 OWNER_ENV = "SPARKBATCH_TEST_OWNER"
 
