@@ -4,4 +4,5 @@ make_spec``): ``pythonpath`` in pyproject.toml puts that folder on the path.
 
 How to run one tier, one test or the last failures: docs/testing.md."""
 
-pytest_plugins = ["tiers", "common_fixtures"]
+# pytester: tests/unit/test_tiers.py runs pytest on made-up trees, in-process.
+pytest_plugins = ["tiers", "common_fixtures", "pytester"]

@@ -81,14 +81,18 @@ from dagster import Definitions
 from sparkbatch_dagster import JobSpec, build_batch_assets
 from sparkbatch_dagster.testing import FakeVLLMResource
 
-scatter = build_batch_assets(spec=JobSpec(**json.loads({scatter!r})), resource_key="fake")
-scatter_defs = Definitions(assets=scatter.assets, resources={{"fake": FakeVLLMResource(delay_s=0.05)}})
+
+
+def scatter_defs() -> Definitions:  # a function: Dagster allows one Definitions at module scope
+    # In the job's group: with one group the UI's global lineage draws every asset, not groups.
+    scatter = build_batch_assets(spec=JobSpec(**json.loads({scatter!r})), resource_key="fake", group_name="things")
+    return Definitions(assets=scatter.assets, resources={{"fake": FakeVLLMResource(delay_s=0.05)}})
 """
 DEFS_PY = SCATTER_PY + """
 from sparkbatch_dagster import VLLMResource
 
 job = build_batch_assets(spec=JobSpec(**json.loads({fields!r})))
-defs = Definitions.merge(scatter_defs,
+defs = Definitions.merge(scatter_defs(),
                          Definitions(assets=job.assets, resources={{"vllm": VLLMResource(**json.loads({engine!r}))}}))
 """
 DG_PYPROJECT = """
@@ -103,7 +107,7 @@ DEFS_FOLDER_PY = SCATTER_PY + """
 from pathlib import Path
 from dagster import load_from_defs_folder
 
-defs = Definitions.merge(load_from_defs_folder(path_within_project=Path(__file__).resolve().parent), scatter_defs)
+defs = Definitions.merge(load_from_defs_folder(path_within_project=Path(__file__).resolve().parent), scatter_defs())
 """
 DAGSTER_YAML = """
 telemetry:
@@ -568,7 +572,7 @@ def test_a_scattered_backfill_costs_one_engine_start(page: Any, server: Server) 
     from sparkbatch_dagster.testing import FakeVLLMResource
 
     inst = DagsterInstance.from_config(str(server.root / "dagster_home"))
-    job = build_batch_assets(spec=JobSpec(**scatter_fields(server.root)), resource_key="fake")
+    job = build_batch_assets(spec=JobSpec(**scatter_fields(server.root)), resource_key="fake", group_name="things")
     res = {"fake": FakeVLLMResource()}
     assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
     keys = sorted(inst.get_dynamic_partitions(job.partitions_def.name))

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from dagster import DagsterInstance, materialize
-from unit.test_compile_cache import Log, archives, box, start
 
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.definitions.compile_cache import for_resource
@@ -22,6 +21,7 @@ from sparkbatch_dagster.engines import compile_cache as cc
 from sparkbatch_dagster.home import JobHome, compile_store
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import make_spec
+from unit.test_compile_cache import Log, archives, box, start
 
 GRAPH = "inductor/fxgraph/fake-graph.bin"
 

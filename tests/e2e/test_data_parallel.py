@@ -15,7 +15,6 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
-from unit.test_data_parallel import _workers
 
 from sparkbatch_dagster import EngineError, build_batch_assets
 from sparkbatch_dagster.engines.base import EngineRequest
@@ -23,6 +22,7 @@ from sparkbatch_dagster.engines.data_parallel import DataParallelEngine
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource, fake_worker
 from testkit import make_spec
+from unit.test_data_parallel import _workers
 
 RANGE = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 OUTPUT = OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"])

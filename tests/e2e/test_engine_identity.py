@@ -9,13 +9,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
-from unit.test_engine_identity import model_folder, new_weights
 
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import model
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import make_spec
+from unit.test_engine_identity import model_folder, new_weights
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 from dagster import DagsterInstance, materialize
-from unit.test_estimate import _slow_start, untimed
 
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, summary
@@ -22,6 +21,7 @@ from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.spec import NodeOption
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
+from unit.test_estimate import _slow_start, untimed
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, materialize
-from unit.test_gpu_lock import held_elsewhere, wait_until
 
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines.gpu_lock import DeviceLock, lock_path
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import SUPPORT, make_spec, unique_rows, write_parquet
+from unit.test_gpu_lock import held_elsewhere, wait_until
 
 TESTS = SUPPORT
 WAIT_S = 120.0  # only a guard: every step below waits for a signal, not for time

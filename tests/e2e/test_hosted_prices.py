@@ -56,7 +56,7 @@ def test_the_estimate_asset_and_report_put_the_job_beside_hosted_batch(tmp_path)
 
 
 def test_the_cli_takes_a_price_file_and_stops_early_on_a_bad_one(tmp_path):
-    from test_estimate import _cli
+    from e2e.test_estimate import _cli
 
     prices = tmp_path / "prices.yaml"
     prices.write_text("- {name: offer-a, input_per_million_usd: 0.5, output_per_million_usd: 2.0}\n")

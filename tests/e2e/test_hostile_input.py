@@ -4,9 +4,9 @@ be read at all stops before the engine with one clear line."""
 
 
 import pyarrow.parquet as pq
-from unit.test_hostile_input import _csv_75, _write
 
 from testkit import fake_resource, label_then_metrics, make_spec
+from unit.test_hostile_input import _csv_75, _write
 
 BAD_UTF8 = {30: b"Caf\xe9 cr\xe8me", 75: b"broken \xff\xfe tail"}
 

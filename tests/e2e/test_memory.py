@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from unit.test_memory import Loaded, simulate, weights_folder
 
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.engines import memory, model
 from sparkbatch_dagster.engines.memory import GIB, Device, Host
 from sparkbatch_dagster.errors import ConfigError
+from unit.test_memory import Loaded, simulate, weights_folder
 
 GB10 = Device("NVIDIA GB10", True, int(121.7 * GIB))
 H200 = Device("NVIDIA H200", False, int(139.8 * GIB))

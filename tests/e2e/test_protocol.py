@@ -213,7 +213,7 @@ def test_a_box_paused_past_its_lease_stops_and_bills_the_shards_as_waste(tmp_pat
     commits nothing, records them as done elsewhere and bills its time as waste."""
     import signal
 
-    from test_bucket_home import SHARDS, BucketJob, _kill, _wait_for
+    from e2e.test_bucket_home import SHARDS, BucketJob, _kill, _wait_for
 
     job = BucketJob(tmp_path, s3_server)
     gate = tmp_path / "go-a"

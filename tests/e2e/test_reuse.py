@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, Definitions, materialize
-from unit.test_reuse import _unique_rows
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, build_batch_assets
 from sparkbatch_dagster.run.result_store import ResultStore
 from testkit import fake_resource, label_then_metrics, make_spec, total, write_parquet
+from unit.test_reuse import _unique_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 

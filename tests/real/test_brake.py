@@ -8,22 +8,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from e2e.test_brake import _cli, _defs, _on_disk
-
-ROOT = Path(__file__).resolve().parents[2]
-
-DEFS = """
-from dagster import Definitions
-from sparkbatch_dagster import JobSpec, OutputSpec, VLLMResource, build_batch_assets
-from sparkbatch_dagster.testing import FakeVLLMResource
-spec = JobSpec(name="things", input={src!r}, id_column="id", text_columns=["text"],
-               system_prompt="Answer with one word.", user_template="What is this? {{{{ text }}}}",
-               output=OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"]), shard_count=3,
-               gold_column="gold", home={home!r}, hourly_rate_usd={rate!r})
-job = build_batch_assets(spec=spec)
-defs = Definitions(assets=job.assets, resources={{"vllm": {resource}}})
-"""
-
 
 # --- the real engine: one CLI run in its own process -------------------------------------------
 

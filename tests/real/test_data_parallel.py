@@ -7,13 +7,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from e2e.test_data_parallel import _label, _outputs
-from unit.test_data_parallel import _workers
 
+from e2e.test_data_parallel import _label, _outputs
 from sparkbatch_dagster import VLLMResource
 from testkit import REAL_SETTINGS, live_children
-
-RANGE = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
+from unit.test_data_parallel import _workers
 
 
 def test_two_real_cpu_engines_label_a_job(tmp_path):

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 import pytest
-from e2e.test_multinode import _wait
 
+from e2e.test_multinode import _wait
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.engines.server_process import free_port
 from testkit import LABELS, make_rows, owned_processes, write_parquet

@@ -5,11 +5,7 @@ seen the child; the child is gone), under a deadline that only bounds a hang."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from e2e.test_orphans import _killed_leaves_nothing, _start
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_sigkilled_process_leaves_no_vllm_engine_core(tmp_path):

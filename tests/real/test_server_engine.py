@@ -250,7 +250,7 @@ def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engi
     """server_token_ids gives the client the tokenizer, so labels go as one step over their first
     tokens, asked again with the grammar where that token begins several (``label_tokens``): the
     offline engine's answers."""
-    from test_label_tokens import SECTIONS, SENTIMENT, _answers
+    from real.test_label_tokens import SECTIONS, SENTIMENT, _answers
 
     tolerance = confidence_tolerance()
     for labels in (SENTIMENT, SECTIONS):
@@ -263,7 +263,7 @@ def test_a_started_server_answers_labels_in_one_step_as_offline_does(server_engi
 
 def test_a_started_server_sends_the_rest_to_the_grammar_when_the_probe_is_mostly_asked_again(server_engine, caplog):
     """The client holds the rest until the probe's 3 rows are answered (``label_tokens.Tally``)."""
-    from test_label_tokens import check_probed, probed
+    from real.test_label_tokens import check_probed, probed
 
     with caplog.at_level("INFO", logger="sparkbatch"):
         fast, grammar = probed(server_engine, 3)
@@ -324,8 +324,7 @@ def test_a_started_server_answers_alike_with_several_prompts_per_request_or_one(
 def test_a_chat_server_gives_the_confidence_by_token_text(server_engine, real_engine):
     """Someone else's server is asked in chat messages, without the tokenizer here: the grammar
     answers, and its log-probabilities come back keyed by token text, not id."""
-    from test_label_tokens import SECTIONS, SENTIMENT, _answers
-
+    from real.test_label_tokens import SECTIONS, SENTIMENT, _answers
     from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
 
     chat = VLLMServerEngine(server_engine.base_url, server_engine.served_name, token_ids=False)

@@ -6,7 +6,8 @@
 
 Each tier is one pytest session: the unit and e2e tiers spread over ``SPARKBATCH_TEST_WORKERS``
 processes (pytest-xdist; default 2, the cores of the machines this runs on), the real tier in one
-process around one warm engine, the browser tier in one. A tier that fails does not stop the next:
+process around one warm engine, the browser tier in one; the e2e and real tiers run at once
+(``SPARKBATCH_TEST_OVERLAP=0``: one after the other). A tier that fails does not stop the next:
 the table at the end names every tier's outcome and time, and its last line counts every test.
 The exit status is the worst tier's (5, "no tests", counts as a pass for a tier filtered to nothing
 by ``-k``)."""
@@ -14,6 +15,7 @@ by ``-k``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -42,7 +44,7 @@ class Outcome:
 
 def pytest_command(tier: str, extra: list[str], report: Path) -> list[str]:
     workers = os.environ.get("SPARKBATCH_TEST_WORKERS", "2")
-    cmd = [sys.executable, "-m", "pytest", f"tests/{tier}", "-q", "--durations=10", f"--junitxml={report}"]
+    cmd = [sys.executable, "-m", "pytest", f"tests/{tier}", "-q", "-rfEs", "--durations=10", f"--junitxml={report}"]
     if tier in PARALLEL and workers not in ("0", "1"):
         # loadgroup: a module marked xdist_group (the fault harness) runs on one worker, in order.
         cmd += ["-n", workers, "--dist", "loadgroup"]
@@ -61,23 +63,81 @@ def counts(report: Path) -> tuple[int, int, int]:
     return tests - failed - skipped, failed, skipped
 
 
-def run_tier(tier: str, extra: list[str], reports: Path) -> Outcome:
-    report = reports / f"{tier}.xml"
-    report.unlink(missing_ok=True)
-    print(f"\n=== tier {tier}: tests/{tier}/ ===", flush=True)
-    started = time.monotonic()
-    status = subprocess.call(pytest_command(tier, extra, report), cwd=REPO)
-    return Outcome(tier, status, time.monotonic() - started, *counts(report))
+LASTFAILED = Path("v/cache/lastfailed")
 
 
-def table(outcomes: list[Outcome]) -> str:
+def merge_lastfailed(tier: str, own_cache: Path) -> None:
+    """Fold a tier's failures, kept in a cache of its own while it ran beside another tier, into the
+    project's pytest cache, so `--lf` after `make test` knows every tier's: pytest writes its cache
+    once at the end of a session, and the session that ends last would drop the other's."""
+    main = REPO / ".pytest_cache" / LASTFAILED
+    theirs = json.loads((own_cache / LASTFAILED).read_text()) if (own_cache / LASTFAILED).exists() else {}
+    ours = json.loads(main.read_text()) if main.exists() else {}
+    prefix = f"tests/{tier}/"
+    merged = {k: v for k, v in ours.items() if not k.startswith(prefix)}
+    merged.update({k: v for k, v in theirs.items() if k.startswith(prefix)})
+    main.parent.mkdir(parents=True, exist_ok=True)
+    main.write_text(json.dumps(merged, indent=2, sort_keys=True))
+
+
+def start_tier(tier: str, extra: list[str], reports: Path, log: Path | None) -> tuple[subprocess.Popen[bytes], float]:
+    """Start a tier's pytest: its output to this terminal, or to ``log`` (and its pytest cache to a
+    folder of its own) when it runs beside another."""
+    (reports / f"{tier}.xml").unlink(missing_ok=True)
+    out = log.open("wb") if log else None
+    cmd = pytest_command(tier, extra, reports / f"{tier}.xml")
+    if log:
+        cmd += ["-o", f"cache_dir={reports / (tier + '-cache')}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT if out else None)
+    if out:
+        out.close()
+    return proc, time.monotonic()
+
+
+def run_stage(tiers: list[str], extra: list[str], reports: Path) -> list[Outcome]:
+    """Run these tiers at once (one: in the foreground), each its own pytest session."""
+    together = len(tiers) > 1
+    if together:
+        logs = ", ".join(f".pytest_cache/tiers/{t}.log" for t in tiers)
+        print(f"\n=== tiers {' and '.join(tiers)} at once: each one's output follows as it ends (live: {logs}) ===",
+              flush=True)
+    else:
+        print(f"\n=== tier {tiers[0]}: tests/{tiers[0]}/ ===", flush=True)
+    running = {t: start_tier(t, extra, reports, reports / f"{t}.log" if together else None) for t in tiers}
+    outcomes = []
+    for tier, (proc, started) in running.items():
+        status = proc.wait()
+        outcomes.append(Outcome(tier, status, time.monotonic() - started, *counts(reports / f"{tier}.xml")))
+        if together:
+            merge_lastfailed(tier, reports / f"{tier}-cache")
+    if together:
+        for tier in tiers:
+            print(f"\n=== tier {tier}: tests/{tier}/ ===\n" + (reports / f"{tier}.log").read_text(errors="replace"),
+                  flush=True)
+    return outcomes
+
+
+def stages(tiers: list[str]) -> list[list[str]]:
+    """The order the tiers run in. The e2e tier (processes that mostly start Python) and the real
+    tier (one engine bound to one core) run at once unless SPARKBATCH_TEST_OVERLAP=0: the real
+    tier leaves most of the second core idle while its engines start and generate."""
+    overlap = os.environ.get("SPARKBATCH_TEST_OVERLAP", "1") != "0"
+    out: list[list[str]] = []
+    for tier in tiers:
+        if overlap and tier == "real" and out and out[-1] == ["e2e"]:
+            out[-1].append(tier)
+        else:
+            out.append([tier])
+    return out
+
+
+def table(outcomes: list[Outcome], wall: int) -> str:
     lines = ["", "tier      time      passed  failed  skipped  status"]
     for o in outcomes:
         verdict = "ok" if o.status in (0, 5) else f"FAILED (pytest exit {o.status})"
         minutes, seconds = divmod(round(o.seconds), 60)
         lines.append(f"{o.tier:<9} {minutes:>3}:{seconds:02d}  {o.passed:>8} {o.failed:>7} {o.skipped:>8}  {verdict}")
-    total = round(sum(o.seconds for o in outcomes))
-    lines.append(f"{'all':<9} {total // 60:>3}:{total % 60:02d}")
+    lines.append(f"{'all':<9} {wall // 60:>3}:{wall % 60:02d}  (wall clock; tiers run at once overlap)")
     # One closing line a CI reads, over every tier.
     lines.append(f"tiers: {sum(o.passed for o in outcomes)} passed, {sum(o.failed for o in outcomes)} failed, "
                  f"{sum(o.skipped for o in outcomes)} skipped")
@@ -99,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     args.tiers = args.tiers or list(ORDER)
     reports = REPO / ".pytest_cache" / "tiers"
     reports.mkdir(parents=True, exist_ok=True)
-    outcomes = [run_tier(tier, extra, reports) for tier in ORDER if tier in args.tiers]
-    print(table(outcomes), flush=True)
+    started = time.monotonic()
+    outcomes = [o for stage in stages([t for t in ORDER if t in args.tiers]) for o in run_stage(stage, extra, reports)]
+    print(table(outcomes, round(time.monotonic() - started)), flush=True)
     bad = [o.status for o in outcomes if o.status not in (0, 5)]
     return max(bad) if bad else 0
 

