@@ -40,9 +40,8 @@ from harness_plan import FAULT_KINDS, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Every test of this module runs on one xdist worker, in order: the last one reads what the seeds injected.
-pytestmark = pytest.mark.xdist_group("fault-harness")
-
+#: make test runs this module on one xdist worker, in order (``--dist loadfile``): the check after
+#: the seeds reads what they injected.
 #: `make test`: one seed per home, chosen for the fault kinds they inject between them
 #: (``python tests/support/harness.py --seed N --plan`` prints a seed's schedule).
 FIXED = {

@@ -6,8 +6,9 @@
 
 Each tier is one pytest session: the unit and e2e tiers spread over ``SPARKBATCH_TEST_WORKERS``
 processes (pytest-xdist; default 2, the cores of the machines this runs on), the real tier in one
-process around one warm engine, the browser tier in one; the e2e and real tiers run at once
-(``SPARKBATCH_TEST_OVERLAP=0``: one after the other). A tier that fails does not stop the next:
+process around one warm engine, the browser tier in one. After the unit tier, the real tier runs
+beside the e2e tier and then the browser tier (``SPARKBATCH_TEST_OVERLAP=0``: each tier alone, in
+order). A tier that fails does not stop the next:
 the table at the end names every tier's outcome and time, and its last line counts every test.
 The exit status is the worst tier's (5, "no tests", counts as a pass for a tier filtered to nothing
 by ``-k``)."""
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +48,10 @@ def pytest_command(tier: str, extra: list[str], report: Path) -> list[str]:
     workers = os.environ.get("SPARKBATCH_TEST_WORKERS", "2")
     cmd = [sys.executable, "-m", "pytest", f"tests/{tier}", "-q", "-rfEs", "--durations=10", f"--junitxml={report}"]
     if tier in PARALLEL and workers not in ("0", "1"):
-        # loadgroup: a module marked xdist_group (the fault harness) runs on one worker, in order.
-        cmd += ["-n", workers, "--dist", "loadgroup"]
+        # loadfile: a module's tests on one worker, in order (the fault harness's last test reads what
+        # its seeds injected; module fixtures start once). loadgroup would do it by mark, but with
+        # pytest 9 xdist 3.8 no longer groups by it (seen: a group's tests on both workers).
+        cmd += ["-n", workers, "--dist", "loadfile"]
     return cmd + extra
 
 
@@ -94,41 +98,48 @@ def start_tier(tier: str, extra: list[str], reports: Path, log: Path | None) -> 
     return proc, time.monotonic()
 
 
-def run_stage(tiers: list[str], extra: list[str], reports: Path) -> list[Outcome]:
-    """Run these tiers at once (one: in the foreground), each its own pytest session."""
-    together = len(tiers) > 1
-    if together:
-        logs = ", ".join(f".pytest_cache/tiers/{t}.log" for t in tiers)
-        print(f"\n=== tiers {' and '.join(tiers)} at once: each one's output follows as it ends (live: {logs}) ===",
-              flush=True)
-    else:
-        print(f"\n=== tier {tiers[0]}: tests/{tiers[0]}/ ===", flush=True)
-    running = {t: start_tier(t, extra, reports, reports / f"{t}.log" if together else None) for t in tiers}
+def run_lane(lane: list[str], extra: list[str], reports: Path, logged: bool) -> list[Outcome]:
+    """Run a lane's tiers one after the other, each its own pytest session."""
     outcomes = []
-    for tier, (proc, started) in running.items():
+    for tier in lane:
+        if not logged:
+            print(f"\n=== tier {tier}: tests/{tier}/ ===", flush=True)
+        proc, started = start_tier(tier, extra, reports, reports / f"{tier}.log" if logged else None)
         status = proc.wait()
         outcomes.append(Outcome(tier, status, time.monotonic() - started, *counts(reports / f"{tier}.xml")))
-        if together:
+        if logged:
             merge_lastfailed(tier, reports / f"{tier}-cache")
-    if together:
-        for tier in tiers:
-            print(f"\n=== tier {tier}: tests/{tier}/ ===\n" + (reports / f"{tier}.log").read_text(errors="replace"),
-                  flush=True)
     return outcomes
 
 
-def stages(tiers: list[str]) -> list[list[str]]:
-    """The order the tiers run in. The e2e tier (processes that mostly start Python) and the real
-    tier (one engine bound to one core) run at once unless SPARKBATCH_TEST_OVERLAP=0: the real
-    tier leaves most of the second core idle while its engines start and generate."""
-    overlap = os.environ.get("SPARKBATCH_TEST_OVERLAP", "1") != "0"
-    out: list[list[str]] = []
-    for tier in tiers:
-        if overlap and tier == "real" and out and out[-1] == ["e2e"]:
-            out[-1].append(tier)
-        else:
-            out.append([tier])
-    return out
+def run_phase(lanes: list[list[str]], extra: list[str], reports: Path) -> list[Outcome]:
+    """Run these lanes at once (one lane: in the foreground); each tier's output follows as the
+    phase ends, in tier order."""
+    if len(lanes) == 1:
+        return run_lane(lanes[0], extra, reports, logged=False)
+    tiers = [t for lane in lanes for t in lane]
+    logs = ", ".join(f".pytest_cache/tiers/{t}.log" for t in tiers)
+    print(f"\n=== at once: {' | '.join(' then '.join(lane) for lane in lanes)} "
+          f"(each tier's output follows when all have ended; live: {logs}) ===", flush=True)
+    with ThreadPoolExecutor(len(lanes)) as pool:
+        done = [o for f in [pool.submit(run_lane, lane, extra, reports, True) for lane in lanes] for o in f.result()]
+    for tier in sorted(tiers, key=ORDER.index):
+        print(f"\n=== tier {tier}: tests/{tier}/ ===\n" + (reports / f"{tier}.log").read_text(errors="replace"),
+              flush=True)
+    return sorted(done, key=lambda o: ORDER.index(o.tier))
+
+
+def phases(tiers: list[str]) -> list[list[list[str]]]:
+    """How the tiers run: phases one after the other, each a few lanes at once, each lane its tiers
+    in order. The unit tier first, alone (it answers in seconds); then the real tier (one engine
+    bound to one core, idle while it loads) beside the e2e tier and then the browser tier, unless
+    SPARKBATCH_TEST_OVERLAP=0: every tier alone, in order."""
+    if os.environ.get("SPARKBATCH_TEST_OVERLAP", "1") == "0":
+        return [[[t]] for t in tiers]
+    out = [[[t]] for t in tiers if t == "unit"]
+    lanes = [[t for t in tiers if t in ("e2e", "browser")], [t for t in tiers if t == "real"]]
+    lanes = [lane for lane in lanes if lane]
+    return out + ([lanes] if lanes else [])
 
 
 def table(outcomes: list[Outcome], wall: int) -> str:
@@ -160,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = REPO / ".pytest_cache" / "tiers"
     reports.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    outcomes = [o for stage in stages([t for t in ORDER if t in args.tiers]) for o in run_stage(stage, extra, reports)]
+    outcomes = [o for phase in phases([t for t in ORDER if t in args.tiers]) for o in run_phase(phase, extra, reports)]
     print(table(outcomes, round(time.monotonic() - started)), flush=True)
     bad = [o.status for o in outcomes if o.status not in (0, 5)]
     return max(bad) if bad else 0
