@@ -95,10 +95,11 @@ check: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python tests/support/run_tiers.py unit
 
-# Everything, tier by tier (unit, e2e, real, browser: tests/<tier>/), each tier's time at the end.
+# Everything, tier by tier (unit, e2e, real, browser: tests/<tier>/), each tier's time at the end;
+# TEST_RECORD=benchmarks/results/NAME.json also writes those times as a result file (docs/testing.md).
 test: model lint $(DAGSTER_HOME) browser
 	$(BIN)/dagster definitions validate -w workspace.yaml
-	$(BIN)/python tests/support/run_tiers.py
+	$(BIN)/python tests/support/run_tiers.py $(if $(TEST_RECORD),--record $(TEST_RECORD))
 
 # The fault harness at length: every chosen seed (make test runs two and the regression seeds), then
 # SOAK_EPISODES more from SOAK_START, four at a time, into benchmarks/results/.

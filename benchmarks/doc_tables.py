@@ -272,10 +272,25 @@ def table_sink_table(results: Results) -> str:
                   "one missing shard", "labeling it, fake engine", "writer", "file"], rows)
 
 
+def test_tiers_table(results: Results) -> str:
+    """`make test`'s tiers (tests/support/run_tiers.py --record): each one's time, and the whole run's."""
+    def mmss(seconds: float) -> str:
+        return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+    rows = []
+    for name, d in of_kind(results, "test_tiers"):
+        t = d["tiers"]
+        rows.append([d["date"], machine(d, name), d["load"], *(mmss(t[k]["seconds"]) if k in t else "-"
+                     for k in ("unit", "e2e", "real", "browser")), mmss(d["wall_s"]),
+                     f"{d['passed']} passed, {d['failed']} failed, {d['skipped']} skipped", f"`{name}`"])
+    return table(["date", "machine", "else running", "unit", "e2e", "real", "browser", "make test (wall)", "tests",
+                  "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
     "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
-    "lease_scaling": lease_scaling_table, "table_sink": table_sink_table}
+    "lease_scaling": lease_scaling_table, "table_sink": table_sink_table, "test_tiers": test_tiers_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:

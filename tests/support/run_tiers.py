@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -155,6 +156,27 @@ def table(outcomes: list[Outcome], wall: int) -> str:
     return "\n".join(lines)
 
 
+def record(outcomes: list[Outcome], wall: int, load: float, argv: list[str]) -> dict[str, object]:
+    """The run as a result file: each tier's time and counts, and what else the machine was doing."""
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return {
+        "benchmark": "test_tiers", "date": time.strftime("%Y-%m-%d"),
+        "code": git.stdout.strip() + ("+dirty" if dirty else ""),
+        "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        "command": "tests/support/run_tiers.py " + " ".join(argv),
+        # What else ran: SPARKBATCH_TEST_LOAD names it (say "one core kept busy"); the load average at the start.
+        "load": os.environ.get("SPARKBATCH_TEST_LOAD", "none"), "load_average_at_start": round(load, 2),
+        "overlap": os.environ.get("SPARKBATCH_TEST_OVERLAP", "1") != "0",
+        "workers": int(os.environ.get("SPARKBATCH_TEST_WORKERS", "2")),
+        "tiers": {o.tier: {"seconds": round(o.seconds, 1), "passed": o.passed, "failed": o.failed,
+                           "skipped": o.skipped, "status": o.status} for o in outcomes},
+        "wall_s": wall, "passed": sum(o.passed for o in outcomes), "failed": sum(o.failed for o in outcomes),
+        "skipped": sum(o.skipped for o in outcomes),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra: list[str] = []
@@ -163,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         argv, extra = argv[:at], argv[at + 1:]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("tiers", nargs="*", help=f"which of {', '.join(ORDER)} (default: all)")
+    parser.add_argument("--record", metavar="PATH", help="also write the run's figures as one JSON object (a "
+                        "benchmarks/results/ file: docs/testing.md's table is rendered from those)")
     args = parser.parse_args(argv)
     unknown = [t for t in args.tiers if t not in ORDER]
     if unknown:
@@ -170,9 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     args.tiers = args.tiers or list(ORDER)
     reports = REPO / ".pytest_cache" / "tiers"
     reports.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     outcomes = [o for phase in phases([t for t in ORDER if t in args.tiers]) for o in run_phase(phase, extra, reports)]
-    print(table(outcomes, round(time.monotonic() - started)), flush=True)
+    wall = round(time.monotonic() - started)
+    print(table(outcomes, wall), flush=True)
+    if args.record:
+        Path(args.record).write_text(json.dumps(record(outcomes, wall, load, argv)) + "\n")
     bad = [o.status for o in outcomes if o.status not in (0, 5)]
     return max(bad) if bad else 0
 

@@ -74,6 +74,8 @@ REQUIRED = {
     "fault_harness": {"date", "machine", "code", "command", "start_seed", "episodes", "passed", "homes", "faults",
                       "invariant_breaks", "failing_seeds", "harness_errors"},
     "label_step": {"date", "machine", "engine", "rows", "shards", "code", "label_s", "timings_s"},
+    "test_tiers": {"date", "machine", "code", "command", "load", "overlap", "workers", "tiers", "wall_s", "passed",
+                   "failed", "skipped"},
     "batch_file": {"date", "machine", "model", "shape", "mode", "rows", "rounds", "column", "batch", "ratio",
                    "labeling_ratio", "sharding_ratio", "cpu_ratio", "export_s_per_1k_rows", "same_tokens"},
 }
