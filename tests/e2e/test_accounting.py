@@ -1,6 +1,5 @@
-"""Every answer accounted for: no read that deletes, truncation as an answer's property, the
-checkpoint time bound for every shard in flight, downstream reading what was committed.
-Fake engine, real Parquet and DuckDB."""
+"""The tests of tests/unit/test_accounting.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 import errno
 import json

@@ -1,7 +1,5 @@
-"""Provider batch files (docs/batch-files.md) with the fake engine: hostile lines, each line's
-own sampling and output, the exported files parsed with the ``openai`` and ``anthropic``
-packages' own models, every line exactly once across the output and error files, a partial
-export after a failed run, and resume."""
+"""The tests of tests/unit/test_batch_files.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

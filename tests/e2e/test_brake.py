@@ -1,6 +1,5 @@
-"""Estimate, then run, under a budget: `sparkbatch run --estimate` times the sample on the run's
-own engine (one start), and the brake (`--max-cost`, `--deadline`) refuses or stops a run
-cleanly, every finished row saved, no engine process left, with one line that says how to go on."""
+"""The tests of tests/unit/test_brake.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 import json
 import os

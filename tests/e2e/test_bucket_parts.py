@@ -1,5 +1,5 @@
-"""The pieces of a bucket home on a real S3 endpoint (moto's server on loopback, s3fs): the
-conditional writes, leases, the answer store across two boxes, and configuration refused early."""
+"""The tests of tests/unit/test_bucket_parts.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

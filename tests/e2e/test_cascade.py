@@ -1,6 +1,5 @@
-"""A cascade of models (``JobSpec.cascade``): the first stage answers every row, the rows it is
-unsure of go to the next. Fake engines here (their confidence a hash of model and prompt); the
-real engines (SmolLM2 then Gemma 3 270M) in test_cascade_real.py."""
+"""The tests of tests/unit/test_cascade.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 
 import pyarrow.parquet as pq

@@ -1,12 +1,5 @@
-"""The engine's compile cache travels with the job's home (engines/compile_cache.py,
-home/compile_store.py, definitions/compile_cache.py): a run on box A saves it, a fresh box B
-restores it before its engine starts, only under the same key; a broken or hostile archive is
-ignored with a warning and the engine compiles as if cold.
-
-The fake engine "compiles" one file of random bytes into ``TORCHINDUCTOR_CACHE_DIR`` when that is
-a key's folder (``testing.fake_compile``): a box whose file has box A's bytes got it from the
-home, before its start (a start that found nothing would have written its own bytes).
-"""
+"""The tests of tests/unit/test_compile_cache.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A job as a folder with a defs.yaml (``BatchInferenceComponent``): the same assets as the
-Python factory, a run through the YAML-built Definitions on the fake engine, templated values,
-errors with field and line, and the ``dg`` commands (subprocesses in a tmp dg project)."""
+"""The tests of tests/unit/test_component.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

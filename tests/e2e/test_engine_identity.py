@@ -1,6 +1,5 @@
-"""The engine that answers is the model the rows are stamped with: a warm engine (keep_warm) is
-reused only while the model folder's files are the ones it loaded, and an engine that starts as
-another identity than the run computed stops the run before its first answer."""
+"""The tests of tests/unit/test_engine_identity.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The estimate with the fake engine: sampling, extrapolation, node options, the accuracy interval
-and the best buy, more rows while an interval straddles the bar, advice in numbers, prompts
-already paid for, the asset, the bill and predicted vs actual in run_metrics and the CLI's last
-JSON line. The real engine: test_real_estimate."""
+"""The tests of tests/unit/test_estimate.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 import json
 import os

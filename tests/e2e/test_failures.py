@@ -1,5 +1,5 @@
-"""Bad configuration stops early with the value and the fix; a dying engine keeps finished rows;
-nothing built from a partition key or a user value escapes the job home."""
+"""The tests of tests/unit/test_failures.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 
 from dagster import DagsterInstance, materialize

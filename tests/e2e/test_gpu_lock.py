@@ -1,7 +1,5 @@
-"""One engine per GPU on the box, whatever the Dagster instance: a run that would start an engine
-on devices another run's engine holds waits for them (a WARNING names that run), and the locks
-go with the engine (closed, or its process killed). Servers someone else runs, and runs whose
-answers are all stored, take no lock."""
+"""The tests of tests/unit/test_gpu_lock.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -29,12 +26,6 @@ from unit.test_gpu_lock import held_elsewhere, wait_until
 TESTS = SUPPORT
 WAIT_S = 120.0  # only a guard: every step below waits for a signal, not for time
 
-
-@pytest.fixture(autouse=True)
-def _lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "gpu-locks"
-    monkeypatch.setenv("SPARKBATCH_GPU_LOCK_DIR", str(folder))
-    return folder
 
 
 # --- the lock itself ------------------------------------------------------------------------------
@@ -56,7 +47,7 @@ def hold_in_another_process(*devices: str) -> subprocess.Popen:
     return proc
 
 
-def test_a_start_waits_for_the_gpu_another_process_holds_and_says_whose_it_is(_lock_dir):
+def test_a_start_waits_for_the_gpu_another_process_holds_and_says_whose_it_is(_gpu_lock_dir):
     other = hold_in_another_process("0")
     warned, got = threading.Event(), threading.Event()
     lines: list[str] = []
@@ -89,7 +80,7 @@ def test_a_start_waits_for_the_gpu_another_process_holds_and_says_whose_it_is(_l
     assert lock_path("0").read_text() == ""  # no stale holder for the next reader
 
 
-def test_a_killed_holder_frees_its_gpus_at_once(_lock_dir):
+def test_a_killed_holder_frees_its_gpus_at_once(_gpu_lock_dir):
     other = hold_in_another_process("cpu0")
     assert held_elsewhere(lock_path("cpu0"))
     other.kill()  # SIGKILL: no close, no release; the OS drops the flock with the process
@@ -159,7 +150,7 @@ def test_an_engine_stopped_as_the_interpreter_exits_stops_there_and_then():
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "stopped", proc.stderr[-2000:]
 
 
-def test_a_run_whose_answers_are_all_stored_takes_no_lock(tmp_path, monkeypatch, _lock_dir):
+def test_a_run_whose_answers_are_all_stored_takes_no_lock(tmp_path, monkeypatch, _gpu_lock_dir):
     job = build_batch_assets(spec=make_spec(tmp_path, n=30, shards=2))
     res = {"vllm": FakeVLLMResource(gpu_lock=True)}
     inst = DagsterInstance.get()

@@ -1,6 +1,5 @@
-"""The estimate beside hosted batch APIs: the user's price table (no price built in), checked, and
-the job's measured tokens priced at each offer, in the report, the asset's metadata and the CLI.
-The numbers are checked by hand: tokens counted from the input, times the prices."""
+"""The tests of tests/unit/test_hosted_prices.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 import json
 import os

@@ -1,6 +1,5 @@
-"""Hostile input, built byte by byte: bad bytes, broken lines, ragged rows and stray quotes are
-a row's problem (one error row with its reason and line), never the job's; a file that cannot
-be read at all stops before the engine with one clear line."""
+"""The tests of tests/unit/test_hostile_input.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 
 import pyarrow.parquet as pq

@@ -1,8 +1,5 @@
-"""The labeling step's time in named parts, and the engine start overlapped with the run's own work.
-
-Fake engines throughout; every wait is on an event the code under test sets (a shard opened, the
-start returned), never on the clock: a bounded wait only keeps a broken build from hanging.
-"""
+"""The tests of tests/unit/test_label_step.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

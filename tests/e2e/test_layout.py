@@ -1,9 +1,5 @@
-"""The package's rooms and the one direction of its imports; old module paths still import.
-
-Every import of the package is parsed, the lazy ones inside functions too: a module may import
-its own room and the rooms below it (``ROOMS``, in the order data flows), never one above, and
-no chain of imports may come back to where it started.
-"""
+"""The tests of tests/unit/test_layout.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

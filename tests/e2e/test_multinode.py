@@ -1,8 +1,5 @@
-"""A model split over devices: tensor parallel on one machine, and one engine over two machines
-on vLLM's own multi-node mode: the settings checked before any model loads, the worker node's
-command, its restart for the next engine, and real jobs on a Llama-shaped model with random
-weights split in two (two CPU ranks of one engine; two vLLM process trees on loopback run twice
-through `sparkbatch run` with one `sparkbatch worker-node`)."""
+"""The tests of tests/unit/test_multinode.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Several servers (``server_urls``) against local stubs of an OpenAI-compatible server: load
-balanced by in-flight count, a dead replica's rows re-sent to the live ones, pending rows only
-when every replica is dead, one model on every replica (checked before any row)."""
+"""The tests of tests/unit/test_replicas.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""VLLMResource as Dagster config: a launchpad schema without test engines, every field typed and
-described, platform defaults resolved when the engine starts, EnvVars read outside a run too;
-FakeVLLMResource, the test-only resource, in a real materialization."""
+"""The tests of tests/unit/test_resource_config.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Pay once per answer: the result store, content signatures, pending rows, one home per job,
-broken files recomputed. Fake engine (it counts the prompts it receives), real Parquet and DuckDB."""
+"""The tests of tests/unit/test_reuse.py that start processes: the CLI, Dagster runs (their
+log capture), servers, kills. That file says what they cover."""
 
 import json
 import os

@@ -1,8 +1,4 @@
-"""The CPU default fits its CPU: ``dtype="auto"`` runs float32 where the CPU has no native bf16
-(a 2-core AMD EPYC with AVX and FMA, no AVX2: bf16 0.63 rows/s, float32 3.29 rows/s), the
-model's own dtype elsewhere; the choice is part of the model identity and is shown by preview,
-the estimate and the run's log. The flags are injected (``SPARKBATCH_CPU_FLAGS``); the last test
-starts a real engine on them."""
+"""The tests of tests/unit/test_cpu_dtype.py on the real vLLM engine; that file says what they cover."""
 
 
 

@@ -1,6 +1,4 @@
-"""Data parallel inside one run: several engines, each in its own process with its own GPU
-group, one stream of results; the run's guarantees (every row once, per-partition events,
-resume) are those of one engine. Fake engines in worker processes, no vLLM (one real CPU test)."""
+"""The tests of tests/unit/test_data_parallel.py on the real vLLM engine; that file says what they cover."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Prompts encoded on a thread of their own (engines/encode_ahead.py): order, waits, errors, and on
-the real engine the same answers as encoding inline."""
+"""The tests of tests/unit/test_encode_ahead.py on the real vLLM engine; that file says what they cover."""
 
 import threading
 

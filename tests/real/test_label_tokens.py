@@ -1,8 +1,4 @@
-"""Labels without the grammar where the first token settles them (``engines/label_tokens.py``):
-one decode step over every token the grammar's first step allows; a row whose token begins
-several labels is asked again with the grammar. Checked with the embedded SmolLM2's own
-tokenizer, then on the real engine (offline here, `vllm serve` in test_server_engine.py):
-the same answers as the grammar's."""
+"""The tests of tests/unit/test_label_tokens.py on the real vLLM engine; that file says what they cover."""
 
 import re
 

@@ -1,7 +1,4 @@
-"""Memory that cannot wedge the host: on a unified-memory GPU (DGX Spark, GB10) the KV cache is
-sized in bytes from MemAvailable minus a reserve, and a setting the free memory cannot give is
-refused before loading. No GB10 is lent here: its device facts and memory figures are injected
-(``memory.device`` / ``memory.host``); the CPU backend's check and log lines run for real."""
+"""The tests of tests/unit/test_memory.py on the real vLLM engine; that file says what they cover."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""A process that starts an engine and is then SIGKILLed leaves nothing running: its watchdog
-(engines/orphans.py) kills what it had started. Once with a stand-in child that ignores its
-parent's death, once with a real vLLM engine core. Each wait is for a state (the watchdog has
-seen the child; the child is gone), under a deadline that only bounds a hang."""
+"""The tests of tests/e2e/test_orphans.py on the real vLLM engine; that file says what they cover."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""``sparkbatch serve-batch`` against the real ``openai`` client on loopback: a batch created,
-polled, downloaded; one cancelled halfway (its finished rows kept); a server killed mid-batch and
-started again (the batch finishes, every custom_id once, finished rows not asked again).
-
-The server runs as a user starts it, in its own process; its batches run in ``run-batch``
-children on a fake engine whose gate holds the run mid-batch until the test opens it (no sleeps
-decide anything: each wait is for a state the server reports, under a generous deadline).
-"""
+"""The tests of tests/e2e/test_serve_batch.py on the real vLLM engine; that file says what they cover."""
 
 from __future__ import annotations
 

@@ -43,11 +43,14 @@ def _dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _gpu_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _gpu_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test's engines (and its subprocesses') take their GPU locks in a folder of its own:
     the session's warm real engine, locked in an earlier test's folder, must not make a later
-    test's `sparkbatch run` wait for it (engines/gpu_lock.py)."""
-    monkeypatch.setenv("SPARKBATCH_GPU_LOCK_DIR", str(tmp_path / "gpu-locks"))
+    test's `sparkbatch run` wait for it (engines/gpu_lock.py). A test that looks at its locks asks
+    for this fixture by name: the folder."""
+    folder = tmp_path / "gpu-locks"
+    monkeypatch.setenv("SPARKBATCH_GPU_LOCK_DIR", str(folder))
+    return folder
 
 
 @pytest.fixture(autouse=True)

@@ -25,12 +25,6 @@ from sparkbatch_dagster.testing import FakeVLLMResource
 WAIT_S = 120.0  # only a guard: every step below waits for a signal, not for time
 
 
-@pytest.fixture(autouse=True)
-def _lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "gpu-locks"
-    monkeypatch.setenv("SPARKBATCH_GPU_LOCK_DIR", str(folder))
-    return folder
-
 
 def held_elsewhere(path: Path) -> bool:
     """True when some engine holds the lock file (probed through a descriptor of our own, which
@@ -49,7 +43,7 @@ def wait_until(what: str, ok: Callable[[], bool], explain: Callable[[], str] = l
     testkit.wait_until(what, ok, explain, WAIT_S)
 
 
-def test_engines_of_one_process_share_its_lock(_lock_dir):
+def test_engines_of_one_process_share_its_lock(_gpu_lock_dir):
     first = DeviceLock.acquire(["cpu0"], {}, log=pytest.fail)
     second = DeviceLock.acquire(["cpu0"], {}, log=pytest.fail)  # a keep_warm engine of other settings
     first.release()
