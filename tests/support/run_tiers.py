@@ -8,10 +8,10 @@ Each tier is one pytest session: the unit and e2e tiers spread over ``SPARKBATCH
 processes (pytest-xdist; default 2, the cores of the machines this runs on), the real tier in one
 process around one warm engine, the browser tier in one. After the unit tier, the real tier runs
 beside the e2e tier and then the browser tier (``SPARKBATCH_TEST_OVERLAP=0``: each tier alone, in
-order). A tier that fails does not stop the next:
-the table at the end names every tier's outcome and time, and its last line counts every test.
-The exit status is the worst tier's (5, "no tests", counts as a pass for a tier filtered to nothing
-by ``-k``)."""
+order). A tier that fails does not stop the next: the table at the end names every tier's outcome
+and time, and its last line counts every test (a tier that failed before it counted its tests, a
+collection error say, counts as one failure). The exit status is the worst tier's (5, "no tests",
+counts as a pass for a tier filtered to nothing by ``-k``)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,10 @@ def run_lane(lane: list[str], extra: list[str], reports: Path, logged: bool) -> 
             print(f"\n=== tier {tier}: tests/{tier}/ ===", flush=True)
         proc, started = start_tier(tier, extra, reports, reports / f"{tier}.log" if logged else None)
         status = proc.wait()
-        outcomes.append(Outcome(tier, status, time.monotonic() - started, *counts(reports / f"{tier}.xml")))
+        passed, failed, skipped = counts(reports / f"{tier}.xml")
+        if status not in (0, 5):
+            failed = max(failed, 1)
+        outcomes.append(Outcome(tier, status, time.monotonic() - started, passed, failed, skipped))
         if logged:
             merge_lastfailed(tier, reports / f"{tier}-cache")
     return outcomes
