@@ -102,12 +102,12 @@ test: model lint $(DAGSTER_HOME) browser
 	$(BIN)/python tests/support/run_tiers.py $(if $(TEST_RECORD),--record $(TEST_RECORD))
 
 # The fault harness at length: every chosen seed (make test runs two and the regression seeds), then
-# SOAK_EPISODES more from SOAK_START, four at a time, into benchmarks/results/.
+# SOAK_EPISODES more from SOAK_START, two at a time, into a benchmarks/results/ file.
 SOAK_EPISODES ?= 200
 SOAK_START ?= 40000
 soak: model
 	SPARKBATCH_SOAK=1 $(BIN)/pytest tests/e2e/test_harness.py -q
-	$(BIN)/python benchmarks/fault_harness.py --episodes $(SOAK_EPISODES) --start-seed $(SOAK_START) --workers 4
+	$(BIN)/python benchmarks/fault_harness.py --episodes $(SOAK_EPISODES) --start-seed $(SOAK_START) --workers 2
 
 ui: model $(DAGSTER_HOME)
 	$(BIN)/dagster dev -w workspace.yaml

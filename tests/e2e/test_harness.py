@@ -40,8 +40,9 @@ from harness_plan import FAULT_KINDS, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: make test runs this module on one xdist worker, in order (``--dist loadfile``): the check after
-#: the seeds reads what they injected.
+# make test runs this module on one xdist worker, in order (``--dist loadfile``): the check after
+# the seeds reads what they injected.
+
 #: `make test`: one seed per home, chosen for the fault kinds they inject between them
 #: (``python tests/support/harness.py --seed N --plan`` prints a seed's schedule).
 FIXED = {
@@ -69,14 +70,15 @@ REGRESSION = {
     32311: "S3; the torn PUT left a lease behind (fault-harness-h200-30000.json)",
     32314: "S3; the torn PUT left a box lease and claims behind (fault-harness-h200-30000.json)",
     32543: "S3; the torn PUT on an engine failure after a shard's last answer (fault-harness-h200-30000.json)",
+    343: "S3; a box killed right after its bucket commit left the shard's claim and parts behind (found by the "
+         "harness, stop 33)",
 }
-#: `make soak` (with the long harness): the seeds chosen for the breaks a review reported, which the
-#: fixes above keep closed, and the episodes they reach.
+#: `make soak` (with the long harness): the seeds chosen to reproduce breaks a review reported (not found
+#: by the harness), and the episodes they reach.
 SOAK = {
     799: "S3; a header-only input plus hostile ids (empty shards, colliding ids); store faults; clock skew",
     316: "S3; the engine dies right after a shard's last answer (a commit made as the run fails); status",
     337: "S3; a run held at its gate while another box re-shards and `sql` refreshes the run's own cache",
-    343: "S3; a box killed right after its bucket commit: the shard's claim and parts must not stay behind",
 }
 #: What `make test` runs; SPARKBATCH_SOAK=1 (`make soak`) adds the rest.
 SOAKING = os.environ.get("SPARKBATCH_SOAK") == "1"
