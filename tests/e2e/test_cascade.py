@@ -8,8 +8,7 @@ from dagster import DagsterInstance, materialize
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import label_then_metrics, make_spec
-
-CASCADE = [{"below": 0.5}, {"model": "big"}]
+from unit.test_cascade import CASCADE
 
 
 def _run(tmp_path, cascade, n=60, shards=2, trace=None):

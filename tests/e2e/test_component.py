@@ -17,10 +17,9 @@ from sparkbatch_dagster.cli import RANGE_END, RANGE_START
 from sparkbatch_dagster.definitions.factory import find_job
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import make_rows, write_parquet
+from unit.test_component import NAMES, TYPE
 
 ROOT = Path(__file__).resolve().parents[2]
-TYPE = "sparkbatch_dagster.BatchInferenceComponent"
-NAMES = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
 
 
 def test_a_yaml_job_materializes_end_to_end_on_the_fake_engine(tmp_path):

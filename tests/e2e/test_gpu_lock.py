@@ -21,10 +21,9 @@ from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines.gpu_lock import DeviceLock, lock_path
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import SUPPORT, make_spec, unique_rows, write_parquet
-from unit.test_gpu_lock import held_elsewhere, wait_until
+from unit.test_gpu_lock import WAIT_S, held_elsewhere, wait_until
 
 TESTS = SUPPORT
-WAIT_S = 120.0  # only a guard: every step below waits for a signal, not for time
 
 
 

@@ -13,10 +13,7 @@ from dagster import DagsterInstance, materialize
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.spec import EstimateSpec
 from testkit import fake_resource, make_spec, unique_rows, write_parquet
-
-#: Made-up figures for the tests, not anyone's prices.
-TABLE = [{"name": "offer-a", "input_per_million_usd": 0.5, "output_per_million_usd": 2.0},
-         {"name": "offer-b", "input_per_million_usd": 0.04, "output_per_million_usd": 0.12, "note": "test figures"}]
+from unit.test_hosted_prices import TABLE
 
 
 def _prompt_tokens(spec, rows):

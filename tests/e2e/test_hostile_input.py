@@ -5,9 +5,7 @@ log capture), servers, kills. That file says what they cover."""
 import pyarrow.parquet as pq
 
 from testkit import fake_resource, label_then_metrics, make_spec
-from unit.test_hostile_input import _csv_75, _write
-
-BAD_UTF8 = {30: b"Caf\xe9 cr\xe8me", 75: b"broken \xff\xfe tail"}
+from unit.test_hostile_input import BAD_UTF8, _csv_75, _write
 
 
 def test_the_dagster_job_finishes_on_a_csv_with_bad_bytes(tmp_path):

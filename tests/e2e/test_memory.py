@@ -12,15 +12,9 @@ import pytest
 
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.engines import memory, model
-from sparkbatch_dagster.engines.memory import GIB, Device, Host
+from sparkbatch_dagster.engines.memory import GIB, Host
 from sparkbatch_dagster.errors import ConfigError
-from unit.test_memory import Loaded, simulate, weights_folder
-
-GB10 = Device("NVIDIA GB10", True, int(121.7 * GIB))
-H200 = Device("NVIDIA H200", False, int(139.8 * GIB))
-#: A GB10 whose OS and desktop hold about 12 GiB; half the rest is page cache.
-SPARK = Host(total=int(121.7 * GIB), available=110 * GIB, free=55 * GIB)
-WEIGHTS = 16 * 10**9  # an 8B model in bf16
+from unit.test_memory import GB10, H200, SPARK, WEIGHTS, Loaded, simulate, weights_folder
 
 
 @pytest.fixture(autouse=True)

