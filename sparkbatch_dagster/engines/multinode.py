@@ -21,7 +21,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..errors import ConfigError
@@ -75,8 +75,7 @@ def worker_node(model: str, kwargs: Mapping[str, Any], node_rank: int, *, tensor
     if print_only:
         return {"command": cmd}
     master = (str(kwargs["master_addr"]), int(kwargs.get("master_port") or DEFAULT_MASTER_PORT))
-    # A plain SIGTERM (systemd, Kubernetes, kill) ends the loop through its cleanup, vLLM included.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    exit_on_signals()
     return {"command": cmd, "returncode": serve_worker(cmd, master, once=once, log=log)}
 
 
@@ -115,10 +114,12 @@ def serve_worker(cmd: list[str], master: tuple[str, int], once: bool = False,
 
     while True:
         log(f"worker node: joins the engine at {master[0]}:{master[1]} when it starts")
-        # Its own process group, stopped with its workers; and stopped by the kernel if we die.
-        child = spawn_owned(cmd)
+        child = None
         seen = ended = False
         try:
+            # Its own process group, stopped with its workers; and stopped by the kernel if we die.
+            with _STOP.held():
+                child = spawn_owned(cmd)
             while child.poll() is None:
                 up = _listening(*master)
                 if up and not seen:
@@ -132,7 +133,47 @@ def serve_worker(cmd: list[str], master: tuple[str, int], once: bool = False,
         finally:
             # Its worker processes may outlive it (they wait on a first node that is gone): the
             # whole group goes, and is gone before the next engine starts or this process exits.
-            stop_group(child, grace_s=10.0)
+            # A SIGTERM in the middle of the stop waits for its end: the kernel stops only the
+            # group's leader when this process dies, not the workers it started.
+            if child is not None:
+                with _STOP.held():
+                    stop_group(child, grace_s=10.0)
         if once or not seen:
             return 0 if ended else int(child.returncode or 0)
 
+
+class _Stop:
+    """SIGTERM and SIGINT end ``worker-node`` through its cleanup (``sys.exit``), but not in the
+    middle of starting or stopping a vLLM: there the exit waits for the block's end. (Blocking
+    the signals would not do: Python runs handlers in the main thread whichever thread takes
+    the signal, and the spawner thread does not block them.)"""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending = False
+
+    def request(self, *_: object) -> None:
+        if self.depth:
+            self.pending = True
+        else:
+            sys.exit(0)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending:
+                sys.exit(0)
+
+
+_STOP = _Stop()
+
+
+def exit_on_signals() -> None:
+    """A plain SIGTERM (systemd, Kubernetes, kill) or Ctrl-C ends :func:`serve_worker` through
+    its cleanup, vLLM's workers included (main thread only, as for any signal handler)."""
+    signal.signal(signal.SIGTERM, _STOP.request)
+    signal.signal(signal.SIGINT, _STOP.request)

@@ -176,10 +176,11 @@ class ServerProcess:
 
 def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
     """SIGTERM the process group that ``proc`` leads (``spawn_owned``), then SIGKILL what is left
-    after ``grace_s``; returns once no process of the group is left (or 10 s after the SIGKILL),
-    so a caller that exits next leaves none behind."""
+    after ``grace_s``; returns once no process of the group is left (or 60 s after the SIGKILL:
+    a killed engine on a loaded machine can take seconds to give its memory back), so a caller
+    that exits next leaves none behind."""
     group = proc.pid  # start_new_session: the leader's pid is the group's id
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 60.0)):
         _signal_group(group, sig)
         deadline = time.monotonic() + wait_s
         while _group_alive(group) and time.monotonic() < deadline:

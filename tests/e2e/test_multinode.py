@@ -3,9 +3,11 @@ log capture), servers, kills. That file says what they cover."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -38,6 +40,37 @@ def test_the_worker_node_starts_a_fresh_vllm_for_each_engine_of_the_first_node(t
     os.killpg(third, signal.SIGKILL)  # ended by itself before any engine came: the worker node stops
     worker.join(30)
     assert not worker.is_alive() and done["code"] == -signal.SIGKILL
+
+
+def test_a_sigterm_while_the_worker_node_stops_its_vllm_waits_for_the_stop(tmp_path):
+    """The worker node is stopping its headless process group (the first node's engine ended)
+    when SIGTERM comes: it exits only once the group is gone. The stand-in's forked worker,
+    as a busy vLLM worker may, outlives SIGTERM and needs the SIGKILL that ends the stop."""
+    port, pids, termed = free_port(), tmp_path / "pids", tmp_path / "termed"
+    child = ("import os,signal,sys,time\n"
+             "if os.fork() == 0:\n"
+             "    signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[2], 'w').close())\n"
+             "    open(sys.argv[1], 'a').write(f'{os.getpid()}\\n')\n"
+             "while True: time.sleep(1)\n")
+    node = ("import sys\n"
+            "from sparkbatch_dagster.engines.multinode import exit_on_signals, serve_worker\n"
+            "exit_on_signals()\n"
+            "serve_worker([sys.executable, '-c', *sys.argv[1:4]], ('127.0.0.1', int(sys.argv[4])), poll_s=0.05)\n")
+    log = tmp_path / "worker-node.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-u", "-c", node, child, str(pids), str(termed), str(port)],
+                                stdout=out, start_new_session=True)
+    try:
+        _wait(lambda: pids.exists() and pids.read_text().endswith("\n"))
+        with socket.create_server(("127.0.0.1", port)):
+            _wait(lambda: "the first node's engine is up" in log.read_text())
+        _wait(termed.exists)  # inside the stop: the group had its SIGTERM, the worker ignores it
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+        assert not _alive(int(pids.read_text().split()[0]))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

@@ -13,7 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(tmp_path: Path, *args: str) -> dict:
     env = {**os.environ, "SPARKBATCH_HOME": str(tmp_path / "demo"), "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-           "SPARKBATCH_DEMO_ROWS": "120", "SPARKBATCH_DEMO_SHARDS": "3", "PYTHONPATH": str(ROOT)}
+           "SPARKBATCH_DEMO_ROWS": "120", "SPARKBATCH_DEMO_SHARDS": "3", "PYTHONPATH": str(ROOT),
+           # The deployment's CPU default is 0.3 of RAM (7 GiB here): a second suite on the box
+           # starting the same demo would run the machine out of memory.
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run([sys.executable, "-m", "sparkbatch_dagster.cli", *args, "-f", "definitions.py"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

