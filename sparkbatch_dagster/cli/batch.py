@@ -47,6 +47,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8400, help="port (default 8400)")
     p.add_argument("--api-key", default=os.environ.get("SPARKBATCH_API_KEY"),
                    help="the key clients must send (default $SPARKBATCH_API_KEY; none on loopback)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="another Host name clients use (repeatable; loopback names and --host are allowed already)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin allowed to call, e.g. https://notebook.example.com (repeatable; "
+                   "default: loopback pages only)")
+    p.add_argument("--max-upload-mb", type=int, default=512, help="the largest request body taken, in MiB (512)")
     _job_options(p, "serve-batch")
 
 
@@ -100,15 +106,17 @@ def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, A
     this command's engine and options."""
     from .batch_service import Store, Worker
     from .serve_batch import check_bind, serve
+    from .serve_batch_guard import access
 
     check_bind(args.host, args.api_key)
+    door = access(args.host, args.api_key, args.allow_host, args.allow_origin, args.max_upload_mb * 1024 * 1024)
     root = Path(args.root).resolve()
     child = ["--engine-file", str(Path(args.engine_file).resolve())] if args.engine_file else \
         (["--model", args.model] if args.model else [])
     store = Store(root)
     worker = Worker(store, child, resource, args.max_tokens, args.shard_size, args.hourly_rate)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: open batches resume at the next start
-        serve(root, args.host, args.port, args.api_key, worker, store)
+        serve(root, args.host, args.port, door, worker, store)
     return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches()
                                                           if b["status"] not in ("completed", "failed", "cancelled")]}
 

@@ -11,32 +11,39 @@ unchanged ``openai`` client runs its batch here (docs/batch-files.md)::
 
 Served: ``POST /v1/files``, ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content``,
 ``POST /v1/batches``, ``GET /v1/batches``, ``GET /v1/batches/{id}``,
-``POST /v1/batches/{id}/cancel``. Bound to loopback unless ``--host`` says otherwise, and then
-only with an API key (``--api-key`` or ``$SPARKBATCH_API_KEY``), checked on every request.
-Each batch is a job (:mod:`.batch_service`).
+``POST /v1/batches/{id}/cancel``, and the OpenAPI document ``GET /openapi.json``. The routes are a
+FastAPI app (:mod:`.serve_batch_app`) behind a guard (:mod:`.serve_batch_guard`: Host and Origin
+allow-lists, the API key, the body cap), run by uvicorn. Bound to loopback unless ``--host`` says
+otherwise, and then only with an API key (``--api-key`` or ``$SPARKBATCH_API_KEY``). Each batch is
+a job (:mod:`.batch_service`).
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-import json
 import os
-import re
 import signal
+import socket
 import sys
-from email.parser import BytesParser
-from email.policy import default as email_policy
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigError
-from .batch_service import OPEN, Store, Worker, new_batch
+from .batch_service import Store, Worker
+from .serve_batch_guard import Access
 
-#: The largest upload taken (OpenAI's own limit for a batch input file is 200 MB).
-MAX_UPLOAD = 512 * 1024 * 1024
+#: Connections the kernel holds until the server accepts them (capped by net.core.somaxconn):
+#: many clients connecting at once all get in, none reset.
+BACKLOG = 2048
+#: Seconds a stop waits for requests in flight (an upload) before it closes their connections.
+GRACE_S = 10
+#: uvicorn's warnings and errors (a malformed request, a route's crash) as this command's stderr
+#: lines; no access log (a client polls every second).
+LOG_CONFIG: dict[str, Any] = {
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"line": {"format": "sparkbatch: serve-batch: %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}},
+    "loggers": {"uvicorn.error": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}}}
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -50,123 +57,41 @@ def check_bind(host: str, api_key: str | None) -> None:
                           "SPARKBATCH_API_KEY) so that only your clients can run batches, or bind --host 127.0.0.1")
 
 
-class Api:
-    """The routes, on a :class:`Store` and its :class:`Worker`; ``api_key`` None: no check."""
-
-    def __init__(self, store: Store, worker: Worker, api_key: str | None) -> None:
-        self.store, self.worker, self.api_key = store, worker, api_key
-
-    def handle(self, method: str, path: str, headers: Any, body: bytes) -> tuple[int, Any]:
-        """(status, JSON object or raw bytes) for one request."""
-        if self.api_key and not hmac.compare_digest(headers.get("Authorization", ""), f"Bearer {self.api_key}"):
-            return _error(401, "invalid_api_key", "Incorrect API key provided", "invalid_request_error")
-        url = urlsplit(path)
-        route = url.path.rstrip("/")
-        if method == "POST" and route == "/v1/files":
-            return self.upload(headers.get("Content-Type", ""), body)
-        if method == "GET" and (m := re.fullmatch(r"/v1/files/([^/]+)(/content)?", route)):
-            meta = self.store.file(m.group(1))
-            if meta is None:
-                return _error(404, "not_found", f"No such File object: {m.group(1)}")
-            return (200, self.store.file_path(meta["id"]).read_bytes()) if m.group(2) else (200, meta)
-        if method == "POST" and route == "/v1/batches":
-            try:
-                batch = new_batch(self.store, json.loads(body or b"{}"))
-            except (ConfigError, ValueError) as exc:
-                return _error(400, "invalid_request", str(exc))
-            self.worker.submit(batch)
-            return 200, batch
-        if method == "GET" and route == "/v1/batches":
-            return 200, self.listing(parse_qs(url.query))
-        if m := re.fullmatch(r"/v1/batches/([^/]+)(/cancel)?", route):
-            if self.store.batch(m.group(1)) is None:
-                return _error(404, "not_found", f"No such Batch object: {m.group(1)}")
-            if method == "POST" and m.group(2):
-                return 200, self.worker.cancel(m.group(1))
-            if method == "GET" and not m.group(2):
-                return 200, self.worker.progress(m.group(1))
-        return _error(404, "not_found", f"{method} {url.path} is not served here (the Files and Batches endpoints are)")
-
-    def upload(self, content_type: str, body: bytes) -> tuple[int, Any]:
-        """``files.create``: a multipart form with ``purpose`` and ``file``."""
-        if not content_type.startswith("multipart/form-data"):
-            return _error(400, "invalid_request", "files.create sends multipart/form-data with 'file' and 'purpose'")
-        form = BytesParser(policy=email_policy).parsebytes(
-            b"Content-Type: " + content_type.encode() + b"\r\nMIME-Version: 1.0\r\n\r\n" + body)
-        fields: dict[str, Any] = {}
-        for part in form.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            fields[str(name)] = (part.get_filename(), part.get_payload(decode=True) or b"")
-        if "file" not in fields:
-            return _error(400, "invalid_request", "files.create needs a 'file' part")
-        purpose = fields.get("purpose", (None, b"batch"))[1].decode()
-        if purpose != "batch":
-            return _error(400, "invalid_request", f"purpose {purpose!r} is not served here: use 'batch'")
-        filename, data = fields["file"]
-        return 200, self.store.add_file(data, filename or "upload.jsonl", purpose)
-
-    def listing(self, query: dict[str, list[str]]) -> dict[str, Any]:
-        """``batches.list``: newest first, ``limit`` (1 to 100, default 20) after the id ``after``."""
-        batches = self.store.all_batches()
-        after = query.get("after", [None])[0]
-        if after is not None:
-            ids = [b["id"] for b in batches]
-            batches = batches[ids.index(after) + 1:] if after in ids else []
-        limit = max(1, min(100, int(query.get("limit", ["20"])[0] or 20)))
-        page = [self.worker.progress(b["id"]) if b["status"] in OPEN else b for b in batches[:limit]]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(batches) > limit}
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket on ``host:port`` (port 0: a free one), not inherited by the
+    batches' children."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=BACKLOG)
+    except OSError as exc:
+        raise ConfigError(f"serve-batch cannot listen on {host}:{port} ({exc.strerror or exc}): choose another "
+                          "--port, or a --host of this machine") from exc
 
 
-def _error(status: int, code: str, message: str, kind: str = "invalid_request_error") -> tuple[int, Any]:
-    return status, {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def serve(root: Path, host: str, port: int, access: Access, worker: Worker, store: Store) -> None:
+    """Serve until interrupted (KeyboardInterrupt on SIGINT or SIGTERM, once the requests in
+    flight are answered), taking up the batches a previous server left open."""
+    import uvicorn
 
+    from .serve_batch_app import make_app
 
-def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
-    """An HTTP server of ``api`` on ``host:port`` (port 0: a free one; ``server_address`` says which)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _serve(self) -> None:
-            size = int(self.headers.get("Content-Length") or 0)
-            if size > MAX_UPLOAD:
-                status, payload = _error(413, "file_too_large", f"{size} bytes; the most is {MAX_UPLOAD}")
-                self.close_connection = True
-            else:
-                status, payload = api.handle(self.command, self.path, self.headers, self.rfile.read(size))
-            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream" if isinstance(payload, bytes)
-                             else "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = _serve
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-            pass  # the client sees every answer; a poll loop would flood the terminal
-
-    return ThreadingHTTPServer((host, port), Handler)
-
-
-def serve(root: Path, host: str, port: int, api_key: str | None, worker: Worker, store: Store) -> None:
-    """Serve until interrupted, taking up the batches a previous server left open."""
-    check_bind(host, api_key)
-    server = make_server(Api(store, worker, api_key), host, port)
+    check_bind(host, access.api_key)
+    sock = listen(host, port)
+    config = uvicorn.Config(make_app(store, worker, access), lifespan="off", backlog=BACKLOG, access_log=False,
+                            log_config=LOG_CONFIG, timeout_graceful_shutdown=GRACE_S, server_header=False)
     worker.start()
-    bound = f"{host}:{server.server_address[1]}"
-    print(f"sparkbatch: serving the Batch API at http://{bound}/v1 (batches in {root}, pid "
+    bound = f"[{host}]" if ":" in host else host
+    print(f"sparkbatch: serving the Batch API at http://{bound}:{sock.getsockname()[1]}/v1 (batches in {root}, pid "
           f"{os.getpid()})", file=sys.stderr, flush=True)
     # Stop on SIGTERM (systemd, docker stop) and on SIGINT even where it was inherited ignored (a
     # server started in the background of a script): the batches' children go with this process.
+    # uvicorn takes both while it serves, shuts down gracefully, then raises the signal again here.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)
     try:
-        server.serve_forever()
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
-        server.server_close()
+        sock.close()
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def _requests(path: Path, n: int = N) -> list[str]:
 class Server:
     """``sparkbatch serve-batch`` in its own process, and an ``openai`` client pointed at it."""
 
-    def __init__(self, tmp: Path, engine: str, api_key: str | None = None) -> None:
+    def __init__(self, tmp: Path, engine: str, api_key: str | None = None, options: Sequence[str] = ()) -> None:
         self.tmp, self.port = tmp, free_port()
         source = ("from sparkbatch_dagster import VLLMResource\n"
                   f"from sparkbatch_dagster.testing import FakeVLLMResource\nresource = {engine}\n")
@@ -59,7 +59,8 @@ class Server:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sparkbatch_dagster.cli", "serve-batch", "--root", str(tmp / "root"),
-                 "--port", str(self.port), "--engine-file", str(tmp / "engine.py"), "--shard-size", "10", *args],
+                 "--port", str(self.port), "--engine-file", str(tmp / "engine.py"), "--shard-size", "10", *args,
+                 *options],
                 cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
         finally:
             signal.signal(signal.SIGINT, previous)

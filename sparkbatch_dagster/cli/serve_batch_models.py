@@ -1,0 +1,111 @@
+"""The request and response models of ``sparkbatch serve-batch`` (:mod:`.serve_batch_app`): the
+shapes of OpenAI's Files and Batches API that the server takes and gives, and so its OpenAPI
+document (``/openapi.json``).
+
+The stored objects (:mod:`.batch_service`) are the source of truth; a response model lists the
+fields a client may rely on and keeps any other stored field (``extra="allow"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                      "cancelled"]
+
+
+class ErrorDetail(BaseModel):
+    """OpenAI's error: ``message`` says what is wrong and the fix, ``param`` the field at fault."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every refusal's body, whatever the status: ``{"error": {...}}``."""
+
+    error: ErrorDetail
+
+
+class FileObject(BaseModel):
+    """``files.create`` and ``files.retrieve``: an uploaded input file or a batch's result file."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str | None = None
+    expires_at: int | None = None
+    status_details: str | None = None
+
+
+class BatchCreate(BaseModel):
+    """``batches.create``'s body; other fields the client sends are ignored."""
+
+    input_file_id: str = Field(description="an uploaded file's id (files.create with purpose 'batch')")
+    endpoint: Literal["/v1/chat/completions"] = Field(description="the only endpoint served here")
+    completion_window: Literal["24h"] = "24h"
+    metadata: dict[str, Any] | None = None
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchError(BaseModel):
+    code: str | None = None
+    message: str | None = None
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(BaseModel):
+    object: str = "list"
+    data: list[BatchError] = []
+
+
+class Batch(BaseModel):
+    """A Batch object as OpenAI's client parses it; ``request_counts`` follow the run's finished rows."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    errors: BatchErrors | None = None
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    metadata: dict[str, Any] | None = None
+    model: str | None = None
+    request_counts: RequestCounts | None = None
+    usage: dict[str, Any] | None = None
+
+
+class BatchList(BaseModel):
+    """``batches.list``: a page, newest first."""
+
+    object: Literal["list"] = "list"
+    data: list[Batch]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
