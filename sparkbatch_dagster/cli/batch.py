@@ -38,6 +38,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                        help="the file's provider (auto: from its first line)")
         p.add_argument("--home", help="the job's folder (default: <input>.sparkbatch beside the file)")
         p.add_argument("--job-name", help="the job's name (default: from the file's name)")
+        p.add_argument("--result-store", help="folder of stored answers, shared with other jobs (default: "
+                       "<home>/results); an identical request answered there before is not generated again")
         _job_options(p, name)
     p = sub.add_parser("serve-batch", parents=[common],
                        help="serve the OpenAI Files and Batches endpoints: each batch a job on this box")
@@ -92,7 +94,10 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
     resource = engine(args)
     if args.command == "serve-batch":
         return serve_batch(args, resource)
-    extra = {"hourly_rate_usd": args.hourly_rate} if getattr(args, "hourly_rate", None) is not None else {}
+    extra: dict[str, Any] = {"hourly_rate_usd": args.hourly_rate} if getattr(args, "hourly_rate", None) is not None \
+        else {}
+    if args.result_store:
+        extra["result_store"] = str(Path(args.result_store).resolve())
     job, defs = batch_file_job(args.input, args.format, home=args.home, resource=resource, name=args.job_name,
                                sampling=SamplingSpec(max_tokens=args.max_tokens), shard_size=args.shard_size, **extra)
     out, errors = Path(args.output), Path(args.errors) if args.errors else None
@@ -104,7 +109,7 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
 def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, Any]:
     """``serve-batch``: serve until interrupted; each batch runs in a ``run-batch`` child with
     this command's engine and options."""
-    from .batch_service import Store, Worker
+    from .batch_service import OPEN, Store, Worker
     from .serve_batch import check_bind, serve
     from .serve_batch_guard import access
 
@@ -117,8 +122,7 @@ def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, A
     worker = Worker(store, child, resource, args.max_tokens, args.shard_size, args.hourly_rate)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: open batches resume at the next start
         serve(root, args.host, args.port, door, worker, store)
-    return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches()
-                                                          if b["status"] not in ("completed", "failed", "cancelled")]}
+    return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches() if b["status"] in OPEN]}
 
 
 def run_batch(job: Any, defs: Any, out: Path, errors: Path | None,

@@ -1,28 +1,21 @@
-"""The state behind ``sparkbatch serve-batch``: uploaded files, batches, and the one worker that
-runs them (:mod:`.serve_batch` is the HTTP side).
+"""The worker behind ``sparkbatch serve-batch``: it validates each new batch, then runs the batches
+one after another (:mod:`.serve_batch` is the HTTP side, :mod:`.batch_store` the files on disk).
 
-Everything lives under one folder, so a server killed at any moment and started again on the same
-``--root`` carries on::
-
-    files/<file-id>.jsonl, files/<file-id>.json     an uploaded file and its FileObject
-    batches/<batch-id>.json                         the Batch object (status, file ids, times)
-    batches/<batch-id>/home/                        the batch's job: shards, checkpoints, commits
-    batches/<batch-id>/output.jsonl, errors.jsonl   its result files, written when it ends
-
-Each batch is a batch-file job (:func:`..definitions.batch_files.batch_file_job`) run by a
-``sparkbatch run-batch`` child process, one batch at a time (one engine on the box). The child is
-stopped by the kernel if the server dies; on the next start every batch that was not over is
-queued again and its run resumes from its checkpoints (rows already answered are not asked again).
-A cancel interrupts the child, then the rows finished so far become the batch's result files.
+A batch is first ``validating`` (:mod:`.batch_validate`: a file OpenAI would refuse fails the
+batch, line by line), then ``in_progress`` until its turn comes and it has run, ``finalizing``
+while its result files are written, then ``completed``. Each batch is a batch-file job
+(:func:`..definitions.batch_files.batch_file_job`) run by a ``sparkbatch run-batch`` child
+process, one batch at a time (one engine on the box). The child is stopped by the kernel if the
+server dies; on the next start every batch that was not over is queued again and its run resumes
+from its checkpoints (rows already answered are not asked again). A cancel interrupts the child,
+then the rows finished so far become the batch's result files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
-import secrets
 import signal
 import subprocess
 import sys
@@ -33,92 +26,17 @@ from typing import Any
 
 from ..definitions.batch_files import batch_counts, batch_file_job, export_batch
 from ..definitions.resource import VLLMResource
-from ..errors import ConfigError
 from ..spec import SamplingSpec
+from .batch_results import add_unfinished
+from .batch_store import ENDPOINT, OPEN, Store, new_batch, now
+from .batch_validate import validate_file
 
-#: A batch in one of these has not ended: a restarted server takes it up again.
-OPEN = ("validating", "in_progress", "finalizing", "cancelling")
-ENDPOINT = "/v1/chat/completions"
+__all__ = ["ENDPOINT", "OPEN", "STOP_GRACE_S", "Store", "Worker", "new_batch"]
+
 #: Seconds a cancelled run gets to stop on its own before its process group is killed.
 STOP_GRACE_S = 60.0
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def write_json(path: Path, obj: dict[str, Any]) -> None:
-    """``obj`` at ``path``, replaced whole: a reader (or a server killed mid-write) never sees half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
-
-
-class Store:
-    """The files and batches under ``root`` (see the module's docstring)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.files, self.batches = root / "files", root / "batches"
-        self.files.mkdir(parents=True, exist_ok=True)
-        self.batches.mkdir(parents=True, exist_ok=True)
-        self.lock = threading.RLock()
-
-    def add_file(self, data: bytes | Path, filename: str, purpose: str) -> dict[str, Any]:
-        """Keep an uploaded file (or move a result file in); return its FileObject."""
-        fid = f"file-{secrets.token_hex(12)}"
-        path = self.files / f"{fid}.jsonl"
-        if isinstance(data, Path):
-            os.replace(data, path)
-        else:
-            path.write_bytes(data)
-        meta = {"id": fid, "object": "file", "bytes": path.stat().st_size, "created_at": now(),
-                "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
-                "status_details": None}
-        write_json(self.files / f"{fid}.json", meta)
-        return meta
-
-    def file(self, fid: str) -> dict[str, Any] | None:
-        return _read(self.files / f"{_safe(fid)}.json")
-
-    def file_path(self, fid: str) -> Path:
-        return self.files / f"{_safe(fid)}.jsonl"
-
-    def batch(self, bid: str) -> dict[str, Any] | None:
-        return _read(self.batches / f"{_safe(bid)}.json")
-
-    def save(self, batch: dict[str, Any]) -> dict[str, Any]:
-        with self.lock:
-            write_json(self.batches / f"{batch['id']}.json", batch)
-        return batch
-
-    def update(self, bid: str, **fields: Any) -> dict[str, Any]:
-        with self.lock:
-            batch = self.batch(bid)
-            assert batch is not None, bid
-            return self.save({**batch, **fields})
-
-    def all_batches(self) -> list[dict[str, Any]]:
-        """Newest first, as the Batches API lists them."""
-        found = [b for p in self.batches.glob("batch_*.json") if (b := _read(p)) is not None]
-        return sorted(found, key=lambda b: (b["created_at"], b["id"]), reverse=True)
-
-    def folder(self, bid: str) -> Path:
-        return self.batches / _safe(bid)
-
-
-def _safe(name: str) -> str:
-    """An id as a file name: nothing that walks out of the folder."""
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        return "-invalid-"
-    return name
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return None
+#: Seconds between two looks for batches past their ``expires_at``.
+EXPIRY_CHECK_S = 30.0
 
 
 class Worker:
@@ -132,40 +50,93 @@ class Worker:
                  hourly_rate: float) -> None:
         self.store, self.engine, self.resource = store, engine, resource
         self.max_tokens, self.shard_size = max_tokens, shard_size
+        # One answer store for every batch: its answers are kept per model identity, sampling and
+        # output (the store's context), so a request any earlier batch asked of this model is reused.
+        self.answers = store.root / "answers"
         self.options = ["--max-tokens", str(max_tokens), "--shard-size", str(shard_size),
-                        "--hourly-rate", str(hourly_rate)]
+                        "--hourly-rate", str(hourly_rate), "--result-store", str(self.answers)]
         self._jobs: dict[str, Any] = {}  # a batch's job, built once (a poll comes every second)
-        self.queue: queue.Queue[str] = queue.Queue()
+        self.checks: queue.Queue[str] = queue.Queue()  # batches to validate, then...
+        self.queue: queue.Queue[str] = queue.Queue()  # ...to run, one at a time
         self.child: subprocess.Popen[bytes] | None = None
         self.running: str | None = None
-        self.cancelled: set[str] = set()
+        self.stopping: dict[str, str] = {}  # a batch being stopped -> how it ends: cancelled or expired
         self._progress: dict[str, float] = {}
         self._finishing = threading.Lock()
 
     def start(self) -> None:
-        """Take up the batches a previous server left open, then serve the queue."""
+        """Take up the batches a previous server left open, then serve the queues."""
         for batch in sorted(self.store.all_batches(), key=lambda b: b["created_at"]):
             if batch["status"] == "cancelling":
                 self._finish(batch["id"], "cancelled")
+            elif batch["status"] == "validating":
+                self.checks.put(batch["id"])
             elif batch["status"] in OPEN:
                 self.queue.put(batch["id"])
+        threading.Thread(target=self._validate_loop, name="sparkbatch-validate", daemon=True).start()
+        threading.Thread(target=self._expire_loop, name="sparkbatch-expire", daemon=True).start()
         threading.Thread(target=self._loop, name="sparkbatch-batches", daemon=True).start()
 
     def submit(self, batch: dict[str, Any]) -> None:
-        self.queue.put(batch["id"])
+        """Validate a new batch (:func:`.batch_validate.validate_file`), then queue it to run."""
+        self.checks.put(batch["id"])
+
+    def _validate_loop(self) -> None:
+        while True:
+            bid = self.checks.get()
+            try:
+                self._validate(bid)
+            except Exception as exc:  # noqa: BLE001 - one batch's failure must not stop the others
+                self._finish(bid, "failed", f"{type(exc).__name__}: {exc}")
+
+    def _validate(self, bid: str) -> None:
+        """``validating`` -> ``failed`` with the file's problems line by line, or -> ``in_progress``
+        (OpenAI's: a validated batch is in progress, whether or not its turn to run has come)."""
+        batch = self.store.batch(bid)
+        if batch is None or batch["status"] != "validating":
+            return
+        problems = validate_file(self.store.file_path(batch["input_file_id"]), batch["endpoint"])
+        with self.store.lock:
+            if (self.store.batch(bid) or {}).get("status") != "validating":  # cancelled meanwhile
+                return
+            if problems:
+                self.store.update(bid, status="failed", failed_at=now(), errors={"object": "list", "data": problems})
+                return
+            self.store.update(bid, status="in_progress", in_progress_at=now())
+        self.queue.put(bid)
 
     def cancel(self, bid: str) -> dict[str, Any]:
-        """Stop a batch: a queued one ends at once, a running one when its child has stopped."""
+        """``cancelling``, then ``cancelled``: a queued batch at once, a running one when its child
+        has stopped; its requests not run become ``batch_cancelled`` error lines."""
+        return self._stop(bid, "cancelled")
+
+    def expire_due(self, at: int | None = None) -> list[str]:
+        """End every open batch whose ``expires_at`` has passed (``at``: now) as ``expired``: its
+        finished rows are its results, the rest ``batch_expired`` error lines. Returns their ids."""
+        due = [b["id"] for b in self.store.all_batches() if b["status"] in OPEN and b["status"] != "cancelling"
+               and b["id"] not in self.stopping and (b.get("expires_at") or 0) <= (at if at is not None else now())]
+        for bid in due:
+            self._stop(bid, "expired")
+        return due
+
+    def _expire_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a store read racing a write: the next round sees it
+                self.expire_due()
+            time.sleep(EXPIRY_CHECK_S)
+
+    def _stop(self, bid: str, ending: str) -> dict[str, Any]:
         with self.store.lock:
             batch = self.store.batch(bid)
             assert batch is not None
-            if batch["status"] not in OPEN or batch["status"] == "cancelling":
+            if batch["status"] not in OPEN or batch["status"] == "cancelling" or bid in self.stopping:
                 return batch
-            self.cancelled.add(bid)
-            batch = self.store.update(bid, status="cancelling", cancelling_at=now())
+            self.stopping[bid] = ending
+            if ending == "cancelled":
+                batch = self.store.update(bid, status="cancelling", cancelling_at=now())
             child = self.child if self.running == bid else None
         if child is None:  # queued, not running: it ends now, not when the batches before it have run
-            self._finish(bid, "cancelled")
+            self._finish(bid, ending)
             return self.store.batch(bid) or batch
         child.send_signal(signal.SIGINT)  # run-batch stops as on Ctrl-C, its finished rows kept
         # A child started with SIGINT ignored (a server run with `&` from a script) never sees
@@ -180,7 +151,7 @@ class Worker:
             self._jobs[bid], _ = batch_file_job(
                 self.store.file_path(batch["input_file_id"]), "openai_batch", home=self.store.folder(bid) / "home",
                 name=_job_name(bid), resource=self.resource, sampling=SamplingSpec(max_tokens=self.max_tokens),
-                shard_size=self.shard_size)
+                shard_size=self.shard_size, result_store=str(self.answers))
         return self._jobs[bid]
 
     def progress(self, bid: str) -> dict[str, Any]:
@@ -210,8 +181,8 @@ class Worker:
             batch = self.store.batch(bid)
             if batch is None or batch["status"] not in OPEN:
                 continue
-            if bid in self.cancelled or batch["status"] == "cancelling":
-                self._finish(bid, "cancelled")
+            if bid in self.stopping or batch["status"] == "cancelling":
+                self._finish(bid, self.stopping.get(bid, "cancelled"))
                 continue
             try:
                 self._run(bid)
@@ -230,8 +201,8 @@ class Worker:
         from ..engines.server_process import spawn_owned
 
         with self.store.lock:
-            if bid in self.cancelled:
-                self._finish(bid, "cancelled")
+            if bid in self.stopping:
+                self._finish(bid, self.stopping[bid])
                 return
             self.store.update(bid, status="in_progress", in_progress_at=batch.get("in_progress_at") or now())
             with (folder / "run.log").open("ab") as log:  # the child stops when this server dies
@@ -240,8 +211,8 @@ class Worker:
         code = self.child.wait()
         with self.store.lock:
             self.child, self.running = None, None
-        if bid in self.cancelled:
-            self._finish(bid, "cancelled")
+        if bid in self.stopping:
+            self._finish(bid, self.stopping[bid])
         elif code == 0:
             self.store.update(bid, status="finalizing", finalizing_at=now())
             self._finish(bid, "completed")
@@ -250,7 +221,8 @@ class Worker:
 
     def _finish(self, bid: str, status: str, error: str | None = None) -> None:
         """End a batch: its finished rows become result files (all of them when completed, those
-        done so far when cancelled or failed), registered as files the client can download."""
+        done so far when cancelled, expired or failed; for the first two, each request not run is
+        an error line too), registered as files the client can download."""
         with self._finishing:  # once: a cancel and the worker may both end a queued batch
             batch = self.store.batch(bid)
             if batch is not None and batch["status"] in OPEN:
@@ -265,14 +237,25 @@ class Worker:
             counts = None
             if status == "failed":
                 error = error or f"{type(exc).__name__}: {exc}"
+        unrun = 0
+        if status in ("cancelled", "expired"):
+            batch = self.store.batch(bid) or {}
+            unrun = add_unfinished(self.store.file_path(batch.get("input_file_id", "")), folder / "output.jsonl",
+                                   folder / "errors.jsonl", status)
         if counts is not None:
             fields["request_counts"] = _counts(counts, self.store.batch(bid) or {})
+            fields.update(_usage(counts))
             if counts["written"] or status == "completed":
                 fields["output_file_id"] = self.store.add_file(folder / "output.jsonl", "output.jsonl",
                                                                "batch_output")["id"]
-            if counts["errors"]:
-                fields["error_file_id"] = self.store.add_file(folder / "errors.jsonl", "errors.jsonl",
-                                                              "batch_output")["id"]
+        if unrun:
+            counted = fields.get("request_counts") or (self.store.batch(bid) or {}).get("request_counts") or {}
+            failed = int(counted.get("failed") or 0) + unrun
+            fields["request_counts"] = {"total": max(int(counted.get("total") or 0),
+                                                     int(counted.get("completed") or 0) + failed),
+                                        "completed": int(counted.get("completed") or 0), "failed": failed}
+        if (counts is not None and counts["errors"]) or unrun:
+            fields["error_file_id"] = self.store.add_file(folder / "errors.jsonl", "errors.jsonl", "batch_output")["id"]
         if error is not None:
             fields["errors"] = {"object": "list", "data": [{"code": "run_failed", "message": error, "param": None,
                                                             "line": None}]}
@@ -294,6 +277,16 @@ def _counts(summary: dict[str, Any], batch: dict[str, Any]) -> dict[str, int]:
     return {"total": total, "completed": int(summary["written"]), "failed": int(summary["errors"])}
 
 
+def _usage(summary: dict[str, Any]) -> dict[str, Any]:
+    """The Batch's ``usage`` (OpenAI's shape: the tokens spent, a reused answer's none) and
+    ``model``, and how many answers were reused rather than generated (a field of this server's)."""
+    spent = (int(summary["input_tokens"]), int(summary["output_tokens"]))
+    return {"model": summary["model"], "reused_requests": int(summary["reused"]),
+            "usage": {"input_tokens": spent[0], "output_tokens": spent[1], "total_tokens": sum(spent),
+                      "input_tokens_details": {"cached_tokens": int(summary["cached_tokens"])},
+                      "output_tokens_details": {"reasoning_tokens": int(summary["reasoning_tokens"])}}}
+
+
 def _job_name(bid: str) -> str:
     return "batch_" + bid.removeprefix("batch_")[:40]
 
@@ -304,23 +297,3 @@ def _last_line(path: Path) -> str | None:
     except OSError:
         return None
     return lines[-1][-2000:] if lines else None
-
-
-def new_batch(store: Store, body: dict[str, Any]) -> dict[str, Any]:
-    """A Batch object for ``body`` (``batches.create``'s), checked: a ConfigError names what is wrong."""
-    fid = body.get("input_file_id")
-    if not isinstance(fid, str) or store.file(fid) is None:
-        raise ConfigError(f"input_file_id {fid!r} is not a file on this server: upload it with files.create first")
-    if body.get("endpoint") != ENDPOINT:
-        raise ConfigError(f"endpoint {body.get('endpoint')!r} is not served here: use {ENDPOINT!r}")
-    if body.get("completion_window", "24h") != "24h":
-        raise ConfigError(f"completion_window {body.get('completion_window')!r}: use '24h'")
-    lines = sum(1 for line in store.file_path(fid).read_bytes().splitlines() if line.strip())
-    created = now()
-    batch = {"id": f"batch_{secrets.token_hex(12)}", "object": "batch", "endpoint": ENDPOINT, "errors": None,
-             "input_file_id": fid, "completion_window": "24h", "status": "validating", "output_file_id": None,
-             "error_file_id": None, "created_at": created, "in_progress_at": None, "expires_at": created + 86400,
-             "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
-             "cancelling_at": None, "cancelled_at": None, "metadata": body.get("metadata"), "model": None,
-             "request_counts": {"total": lines, "completed": 0, "failed": 0}, "usage": None}
-    return store.save(batch)

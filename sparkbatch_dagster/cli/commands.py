@@ -18,7 +18,6 @@ from ..definitions.factory import BatchJob
 from ..definitions.resource import VLLMResource
 from ..engines.gpu_lock import wait_for_stops
 from ..engines.spans import Collected, collecting
-from ..errors import SparkbatchError
 from ..run.progress import Bar, listening
 from . import batch, console
 from .locate import instance
@@ -98,6 +97,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
 
     clock = _Clock()
     inst, assets = shard(job, defs)
+    job.home.heal_current()  # a damaged pointer, even when nothing is left to label
     clock.lap("shard")
     resources = defs.resources
     resource: VLLMResource = resources[job.resource_key]
@@ -268,20 +268,16 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
 
 
 def sql(job: BatchJob, resource: VLLMResource, query: str) -> dict[str, Any]:
-    """Run ``query`` on the job's DuckDB file after refreshing its views (``labeled``,
-    ``label_distribution``, ``review``, ``reliability``, ``run_metrics``); prints a table on
-    stderr, returns the rows."""
-    from ..run import metrics
+    """Run one SELECT ``query`` over the job's views (``labeled``, ``label_distribution``,
+    ``review``, ``reliability``) and tables (``run_metrics``, ``attempts``) of the resource's
+    version; prints a table on stderr, returns the rows. A read: an in-memory database over the
+    committed files, locked (:mod:`..run.query`); a query that would write, attach, install, set
+    or read another file is refused in one line, and ``metrics.duckdb`` is not opened."""
+    from ..run import query as read
 
-    job.home.refresh()  # a bucket home: the tables are rebuilt here from what the bucket holds
-    metrics.analytics(job.spec, job.home, job.output_version(resource))
-    with metrics.connect(job.home.metrics_db) as con:
-        try:
-            cur = con.execute(query)
-        except Exception as exc:  # a typo in the query: DuckDB's own message says where
-            raise SparkbatchError(f"query failed: {str(exc).splitlines()[0]}") from None
-        columns = [d[0] for d in cur.description or []]
-        rows = [list(r) for r in cur.fetchall()]
+    job.home.refresh()  # a bucket home: the cache brought in step with what the bucket holds
+    with read.read_only(job.spec, job.home, job.output_version(resource)) as con:
+        columns, rows = read.query(con, query)
     print("\t".join(columns), file=sys.stderr)
     for r in rows[:200]:
         print("\t".join("" if v is None else str(v) for v in r), file=sys.stderr)

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import SparkbatchError
+from ..errors import SparkbatchError, storage_error
 from ..home import check_key
 from . import batch, console
 from .budget import continue_with, label_config
@@ -100,8 +101,9 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
             raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
         return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
     if args.command in ("run-batch", "export-batch", "serve-batch"):
-        return batch.command(args, run)
+        return batch.command(args, _noting_home(args, run))
     job, defs = load(args.file, args.job)
+    args.job_home = job.home.root
     resource = defs.resources[job.resource_key]
     if args.command == "status":
         report = status(job, resource, args.file)
@@ -139,6 +141,21 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
     return run(job, defs, only, label_config(args))
 
 
+def _noting_home(args: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``run`` that first notes its job's home, which a full or read-only disk's line names."""
+    def noted(job: Any, *rest: Any) -> dict[str, Any]:
+        args.job_home = job.home.root
+        return run(job, *rest)
+
+    return noted
+
+
+def _one_line(exc: Exception, args: argparse.Namespace) -> BaseException:
+    """The error to tell: a full, read-only or forbidden home as one :class:`StorageError` line
+    (wherever the write failed: a part file, DuckDB's metrics, a lock), else ``exc``."""
+    return storage_error(exc, getattr(args, "job_home", None)) or continue_with(exc, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``sparkbatch`` command: one JSON line on stdout, or one ``sparkbatch:`` error line on
     stderr; returns the exit code. Example::
@@ -152,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             emit(_command(args))
         return 0
     except Exception as exc:
-        line = console.error_line(continue_with(exc, args))
+        told = _one_line(exc, args)
+        line = console.error_line(told)
         if line is None or console.debugging():
             raise
         print(line, file=sys.stderr)
-        return console.exit_code(exc)
+        return console.exit_code(told)
 

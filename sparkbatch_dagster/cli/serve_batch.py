@@ -9,8 +9,8 @@ unchanged ``openai`` client runs its batch here (docs/batch-files.md)::
     ...  # client.batches.retrieve(b.id).status == "completed"
     client.files.content(b.output_file_id).text
 
-Served: ``POST /v1/files``, ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content``,
-``POST /v1/batches``, ``GET /v1/batches``, ``GET /v1/batches/{id}``,
+Served: ``POST /v1/files``, ``GET /v1/files``, ``GET /v1/files/{id}``, ``DELETE /v1/files/{id}``,
+``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET /v1/batches``, ``GET /v1/batches/{id}``,
 ``POST /v1/batches/{id}/cancel``, and the OpenAPI document ``GET /openapi.json``. The routes are a
 FastAPI app (:mod:`.serve_batch_app`) behind a guard (:mod:`.serve_batch_guard`: Host and Origin
 allow-lists, the API key, the body cap), run by uvicorn. Bound to loopback unless ``--host`` says

@@ -26,7 +26,7 @@ from starlette.responses import Response
 from ..errors import ConfigError
 from .batch_service import ENDPOINT, OPEN, Store, Worker, new_batch
 from .serve_batch_guard import Access, Guard, error_response
-from .serve_batch_models import Batch, BatchCreate, BatchList, ErrorResponse, FileObject
+from .serve_batch_models import Batch, BatchCreate, BatchList, ErrorResponse, FileDeleted, FileList, FileObject
 
 TITLE = "sparkbatch serve-batch: OpenAI Files and Batches API"
 #: Refusals any operation may answer (the guard's, and 400 for a request its model refuses).
@@ -58,6 +58,26 @@ def make_app(store: Store, worker: Worker, access: Access) -> FastAPI:
     def create_file(file: Annotated[UploadFile, File(description="the batch input file (JSONL)")],
                     purpose: Annotated[Literal["batch"], Form(description="required, as OpenAI's")]) -> dict[str, Any]:
         return _keep_upload(store, file, purpose)
+
+    @app.get("/v1/files", response_model=FileList, operation_id="files_list")
+    def list_files(purpose: Annotated[str | None, Query(description="only the files of this purpose")] = None,
+                   limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+                   after: Annotated[str | None, Query(description="the last id of the previous page")] = None,
+                   order: Annotated[Literal["asc", "desc"], Query(description="by created_at")] = "desc",
+                   ) -> dict[str, Any]:
+        files = [f for f in store.all_files() if purpose is None or f["purpose"] == purpose]
+        return _page(files[::-1] if order == "desc" else files, after, limit)
+
+    @app.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=not_found, operation_id="files_delete")
+    def delete_file(file_id: str) -> dict[str, Any]:
+        fid = _file(store, file_id)["id"]
+        with store.lock:
+            using = [b["id"] for b in store.all_batches() if b["status"] in OPEN and b["input_file_id"] == fid]
+            if using:
+                raise ApiError(400, f"File {fid} is the input of batch {using[0]}, which has not ended: cancel it "
+                               "(batches.cancel) or let it finish, then delete the file", "file_in_use", "file_id")
+            store.delete_file(fid)
+        return {"id": fid, "object": "file", "deleted": True}
 
     @app.get("/v1/files/{file_id}", response_model=FileObject, responses=not_found, operation_id="files_retrieve")
     def retrieve_file(file_id: str) -> dict[str, Any]:
@@ -143,13 +163,19 @@ def _keep_upload(store: Store, upload: UploadFile, purpose: str) -> dict[str, An
 
 def _listing(store: Store, worker: Worker, after: str | None, limit: int) -> dict[str, Any]:
     """``batches.list``: newest first, ``limit`` of them after the id ``after`` (unknown: none)."""
-    batches = store.all_batches()
+    listing = _page(store.all_batches(), after, limit)
+    listing["data"] = [worker.progress(b["id"]) if b["status"] in OPEN else b for b in listing["data"]]
+    return listing
+
+
+def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
+    """A cursor page, as OpenAI's lists: ``limit`` items after the id ``after`` (unknown: none)."""
     if after is not None:
-        ids = [b["id"] for b in batches]
-        batches = batches[ids.index(after) + 1:] if after in ids else []
-    page = [worker.progress(b["id"]) if b["status"] in OPEN else b for b in batches[:limit]]
+        ids = [item["id"] for item in items]
+        items = items[ids.index(after) + 1:] if after in ids else []
+    page = items[:limit]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(batches) > limit}
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
 
 
 def _add_error_handlers(app: FastAPI) -> None:

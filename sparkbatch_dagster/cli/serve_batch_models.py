@@ -46,6 +46,24 @@ class FileObject(BaseModel):
     status_details: str | None = None
 
 
+class FileList(BaseModel):
+    """``files.list``: a page of files, in the ``order`` asked."""
+
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+class FileDeleted(BaseModel):
+    """``files.delete``'s answer."""
+
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
+
+
 class BatchCreate(BaseModel):
     """``batches.create``'s body; other fields the client sends are ignored."""
 
@@ -73,6 +91,25 @@ class BatchErrors(BaseModel):
     data: list[BatchError] = []
 
 
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(BaseModel):
+    """The tokens the batch's answers cost: an answer reused (an identical request answered
+    before, not generated again) counts none, so the sums equal what the engine generated."""
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = InputTokensDetails()
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
+    total_tokens: int
+
+
 class Batch(BaseModel):
     """A Batch object as OpenAI's client parses it; ``request_counts`` follow the run's finished rows."""
 
@@ -98,7 +135,7 @@ class Batch(BaseModel):
     metadata: dict[str, Any] | None = None
     model: str | None = None
     request_counts: RequestCounts | None = None
-    usage: dict[str, Any] | None = None
+    usage: BatchUsage | None = None
 
 
 class BatchList(BaseModel):

@@ -58,7 +58,8 @@ def export_batch(job: BatchJob, out: Path, errors: Path | None = None, resource:
     """Write ``job``'s finished rows as its input format's result files: answers to ``out``, error
     rows to ``errors`` (``None``: to ``out`` too). Which output version: ``version``, else the one
     ``resource`` labels when it has rows (a run's, before its first commit too), else the latest
-    committed one. Returns the counts (``written``, ``errors``, ``remaining``, ``complete``)."""
+    committed one. Returns the counts (``written``, ``errors``, ``remaining``, ``complete``) and what
+    the rows cost (``input_tokens``, ``output_tokens``, ``reused``, ``model``: ``run.batch_export.usage_of``)."""
     if job.spec.input_format not in BATCH_INPUTS:
         raise ConfigError(f"job {job.spec.name!r} reads input_format={job.spec.input_format!r}: only a batch-file job "
                           f"({', '.join(BATCH_INPUTS)}) exports batch result files; use read_outputs() for others")

@@ -158,7 +158,7 @@ def adopt(instance: Any, key: AssetKey, home: JobHome, keys: list[str]) -> list[
     current = home.read_current() if home.remote is not None else None
     if current is None:
         return []
-    version = current["version"]
+    version = current.version
     have = set(instance.get_materialized_partitions(key))
     adopted = [k for k in keys if k not in have and home.is_done(version, k)]
     for k in adopted:

@@ -33,7 +33,7 @@ from dagster import (
 )
 
 from ..engines.model import answer_settings
-from ..errors import SparkbatchError
+from ..errors import SparkbatchError, storage_errors
 from ..home import open_home
 from ..inputs.shards import build_shards
 from ..run import attempts, metrics
@@ -193,8 +193,9 @@ def build_batch_assets(
                          ).with_io_manager_key(job.io_manager_key)],
     )
     def labeled_outputs(context: AssetExecutionContext, config: LabelConfig) -> Iterator[Any]:
-        yield from label_partitions(context, job, getattr(context.resources, resource_key), code_version, pool,
-                                    config)
+        with storage_errors(home.root):  # a full or read-only home fails the step in one line
+            yield from label_partitions(context, job, getattr(context.resources, resource_key), code_version, pool,
+                                        config)
 
     follow = AutomationCondition.eager().ignore(AssetSelection.assets(job.keys["estimate"]))
 

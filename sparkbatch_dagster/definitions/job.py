@@ -111,7 +111,7 @@ class BatchJob:
         if current is None:
             raise SparkbatchError(f"{self.home.root} has no labeled outputs yet: materialize "
                                   f"{self.keys['labeled_outputs'].to_user_string()} first")
-        return str(current["version"])
+        return current.version
 
     def read_outputs(self, partitions: list[str] | None = None, require: bool = False) -> Any:
         """The current labeled rows (every committed partition, or ``partitions``) as a pyarrow

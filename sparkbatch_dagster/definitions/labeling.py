@@ -68,13 +68,16 @@ def label_partitions(context: AssetExecutionContext, job: BatchJob, resource: VL
         model_id = plan.model_id if plan else resource.model_identity()  # once: for a server, a request
     version = job.version_for(model_id)
     planned = (home.read_manifest() or {}).get("signature")
-    if (home.read_current() or {}).get("version") != version:  # refresh() brought the current one
+    home.heal_current()
+    current = home.read_current()
+    if current is None or current.version != version:  # refresh() brought the current one
         home.pull_version(version)
     brake = make_brake(job, version, config)  # a bad max cost or deadline stops here, before the engine
     resource.use_home(home, context.log)  # a cold start restores the compile cache from it, and saves it there
     # A log line when the engine starts loading and when it is ready: a minute of silence reads as a hang.
     engine = LazyEngine(model_id, plan.start if plan else resource.get_engine, log=context.log.info,
-                        settings=_settings_line(resource), spans=spans)
+                        settings=_settings_line(resource), spans=spans,
+                        cold_starts=plan.cold_starts if plan else resource.cold_starts)
     try:
         yield from _label(context, job, resource, config, engine, plan, version, planned, brake, code_version, pool,
                           keys)
@@ -90,10 +93,10 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
     spec, home, key = job.spec, job.home, job.keys["labeled_outputs"]
     starts = plan.cold_starts if plan is not None else resource.cold_starts
     # Downstream assets read the current version: it moves to this one only once it has a
-    # committed partition, so a run that fails under new settings never empties them.
-    current = home.has_commits(version)
-    if current:
-        home.write_current(version, engine.model_id)
+    # committed partition, so a run that fails under new settings never empties them; and only
+    # while the input is still the one this run sharded (a late run of an old input never moves
+    # readers back to it: home/pointer.py).
+    current = home.has_commits(version) and home.advance_current(version, engine.model_id, planned)
     todo = [k for k in keys if not home.is_done(version, k)]
     tags = {"dagster/code_version": code_version, "dagster/data_version_is_user_provided": "true",
             **_input_provenance(context.instance, job.keys["input_shards"])}
@@ -126,11 +129,8 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
         runner.pace.expected_rows_per_s = job.expected_rows_per_s(version)
         before = _estimate_first(job, resource, engine, runner, context.log.info) if config.estimate else None
         for stats in runner.stream(todo + gaps, optional=set(gaps), before=before):
-            # This version's first commit makes it current, unless the input was sharded again
-            # meanwhile: a run of the old input finishing late must not move readers back to it.
-            if not current and home.input_signature_now() == planned:
-                home.write_current(version, engine.model_id)
-                current = True
+            if not current:
+                current = home.advance_current(version, engine.model_id, planned)
             context.log.info(f"{stats['partition']} committed: {stats['rows']} rows, {stats['errors']} errors, "
                              f"{stats['generated_requests']} prompts generated, {stats['reused_rows']} reused, "
                              f"${stats['cost_usd']:.4f}{_truncation_note(spec, stats)}")

@@ -151,9 +151,10 @@ class LazyEngine(Engine):
     spans: Spans  # always one: the step's, or its own
 
     def __init__(self, model_id: str, start: Callable[[], Engine], log: Callable[[str], None] | None = None,
-                 settings: str = "", spans: Spans | None = None) -> None:
+                 settings: str = "", spans: Spans | None = None, cold_starts: Callable[[], int] | None = None) -> None:
         self.model_id = model_id
         self._start = start
+        self._cold_starts = cold_starts  # how many engines ``start`` has loaded: unchanged for a warm one
         self._log, self._settings = log, settings  # "loading" and "ready" lines, outside the timed start
         self.spans = spans or Spans()
         self.started: Engine | None = None
@@ -203,6 +204,7 @@ class LazyEngine(Engine):
                 ready.set()
 
         began = time.perf_counter()
+        cold_before = self._cold_starts() if self._cold_starts is not None else None
         spans.push("engine_start", cover=True)
         try:
             threading.Thread(target=start, name="sparkbatch-engine-start", daemon=True).start()
@@ -216,7 +218,8 @@ class LazyEngine(Engine):
         self.started = got["engine"]
         # What this run paid to get an engine: a cold start in full, a warm one (keep_warm) nothing,
         # and not the wait for another run's engine to free the GPUs.
-        self.start_seconds = max(got["ended"] - began - self.started.gpu_wait_s, 0.0)
+        warm = cold_before is not None and self._cold_starts is not None and self._cold_starts() == cold_before
+        self.start_seconds = 0.0 if warm else max(got["ended"] - began - self.started.gpu_wait_s, 0.0)
         spans.move("engine_start", "gpu_wait", self.started.gpu_wait_s)
         self.started.spans = spans  # the backend's own parts (tokenizing) in the step's
         if self._log:

@@ -1,8 +1,9 @@
 """The job's home on disk: where every file of a job lives, how it is written, who may write it.
 
 Owns the folder layout (:class:`JobHome`, shard keys), commit points (:mod:`.atomic`: write to a
-temporary name, fsync, rename), the locks between processes (:mod:`.locks`) and content digests
-of files and objects (:mod:`.digests`), which the model identity and the input signature use;
+temporary name, fsync, rename; what a committed file must be, :mod:`.commit_record`), the locks
+between processes (:mod:`.locks`) and content digests of files and objects (:mod:`.digests`),
+which the model identity and the input signature use;
 and a home in an object store (:mod:`.bucket`, :mod:`.mirror`, :mod:`.uploader`, :mod:`.lease`,
 :mod:`.keeper`, :mod:`.partition_lock`): the bucket the truth, the folder its cache, commits and
 leases written with the store's conditions (the protocol on one page: docs/protocol.md); and

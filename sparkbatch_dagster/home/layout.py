@@ -4,7 +4,7 @@
     <home>/shards/shard-00003.parquet      input rows of one shard
     <home>/out/<version>/parts/shard-00003/part-000001.parquet   checkpoints
     <home>/out/<version>/labeled/shard-00003.parquet             the finalized shard
-    <home>/out/<version>/stats/shard-00003.json                  its run statistics
+    <home>/out/<version>/stats/shard-00003.json                  its run statistics and commit record
     <home>/out/<version>/prediction.json   the estimate's prediction for this version
     <home>/estimate/estimate.json|png      the latest estimate (all models compared)
     <home>/metrics.duckdb                  run metrics and analytics tables
@@ -20,7 +20,10 @@ other settings live in another folder and are never mixed with these.
 
 Commit points are written through :mod:`.atomic` (after a power loss a file is either whole or
 absent); the locks that keep two runs off one shard are :mod:`.locks`. What is found broken anyway
-(a truncated part, an empty stats file) is logged and recomputed, never a crash.
+(a truncated part, an empty stats file, a labeled file that is not what its commit recorded,
+:mod:`.commit_record`) is logged and recomputed, never a crash; derived files are made again: a
+damaged shard file from the input (``inputs/shard_files.py``), a damaged ``metrics.duckdb`` from
+the stats files (``run/metrics.py``).
 """
 
 
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, SparkbatchError
-from .atomic import atomic_write_text
+from . import commit_record, pointer
 from .lease import BoxLease, Claim
 from .locks import FileLock
 from .partition_lock import PartitionLock
@@ -116,9 +119,10 @@ class JobHome:
         """Which output version is current: written by each ``labeled_outputs`` run."""
         return self.root / "current.json"
 
-    def write_current(self, version: str, model: str) -> None:
-        atomic_write_text(self.current_path, json.dumps({"version": version, "model": model}))
-        self.publish(self.current_path)
+    def advance_current(self, version: str, model: str, signature: str | None) -> bool:
+        """Make ``version`` current if the home's input is still ``signature`` (checked and written
+        as one step, :mod:`.pointer`); True when it is current now."""
+        return pointer.advance(self, version, model, signature)
 
     def publish(self, path: Path) -> None:
         """With a bucket home, upload a small file just written (a pointer, a report); else nothing."""
@@ -148,7 +152,7 @@ class JobHome:
             log.info("a run on this cache is reading its shards: they are not refreshed from %s now", self.location)
         self.remote.fetch(self.current_path)
         current = self.read_current()
-        for version in dict.fromkeys([*versions, *([current["version"]] if current else [])]):
+        for version in dict.fromkeys([*versions, *([current.version] if current else [])]):
             commits = self.remote.pull(self, version)
             if write:  # a writer cleans what a box killed right after a commit left behind
                 swept = self.remote.sweep(self, version, commits, self._take_and_drop)
@@ -191,11 +195,19 @@ class JobHome:
         bucket home (another box may have sharded a new input since this cache was refreshed)."""
         if self.remote is not None:
             raw = self.remote.bucket.get_bytes("shards/manifest.json")
-            return json.loads(raw).get("signature") if raw is not None else None
+            try:
+                return json.loads(raw).get("signature") if raw is not None else None
+            except (ValueError, AttributeError):  # damaged: no input is the home's until it is sharded again
+                return None
         return (self.read_manifest() or {}).get("signature")
 
-    def read_current(self) -> dict[str, Any] | None:
-        return json.loads(self.current_path.read_text()) if self.current_path.exists() else None
+    def heal_current(self) -> bool:
+        """For a writer: a pointer that does not parse is written again from the commits."""
+        return pointer.heal(self)
+
+    def read_current(self) -> pointer.Current | None:
+        """The current version (None before any commit); a damaged pointer is derived from the commits."""
+        return pointer.read(self)
 
     def has_commits(self, version: str) -> bool:
         """Whether ``version`` has a committed shard."""
@@ -235,10 +247,11 @@ class JobHome:
             return None
 
     def is_done(self, version: str, key: str) -> bool:
-        """True when the shard's labeled file and stats are both whole. Only reads.
+        """True when the shard's labeled file and stats are both whole, and the file is the one its
+        commit recorded (rows, sha256). Only reads.
 
         A committed shard whose files are found broken (truncated by a crash of the disk, not of
-        this process: commits are fsynced) is not done: the next run that holds the shard's lock
+        this process: commits are fsynced; or replaced since) is not done: the next run that holds the shard's lock
         sets its files aside (:meth:`set_aside_broken`) and recomputes it, its answers coming back
         from the result store, not the engine. A read that fails (shared storage away for a
         moment) is not a broken file: it raises, naming the file, and nothing is touched.
@@ -248,7 +261,8 @@ class JobHome:
         return self.labeled_path(version, key).exists() and self.broken(version, key) is None
 
     def broken(self, version: str, key: str) -> str | None:
-        """Why a committed shard's files do not parse (None when whole, or not committed)."""
+        """Why a committed shard's files do not parse, or its labeled file is not the one its commit
+        recorded (:mod:`.commit_record`: rows, sha256); None when whole, or not committed."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -257,10 +271,12 @@ class JobHome:
         try:
             if not labeled.exists():
                 return None
-            pq.read_metadata(labeled)
+            rows = pq.read_metadata(labeled).num_rows
             path = stats
-            json.loads(stats.read_text())["rows"]
-            return None
+            record = json.loads(stats.read_text())
+            record["rows"]  # noqa: B018 - a record without its rows is a broken stats file
+            path = labeled
+            return commit_record.mismatch(labeled, record, rows)
         except FileNotFoundError:  # a labeled file without its stats (written first): not whole
             return f"{path.name} is missing"
         except (ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:  # the bytes are there, and wrong

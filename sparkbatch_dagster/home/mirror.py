@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .atomic import atomic_write_text, failpoint
-from .bucket import Bucket
+from .bucket import Bucket, precondition_failed
+from .commit_record import as_recorded, commit_of
 from .locks import FileLock
 from .uploader import Uploader
 
@@ -54,6 +55,13 @@ class JobHome(Protocol):
     def stats_path(self, version: str, key: str) -> Path: ...
     def commit_path(self, version: str, key: str) -> Path: ...
     def prediction_path(self, version: str) -> Path: ...
+
+
+def _signature_of(raw: bytes) -> str | None:
+    try:
+        return json.loads(raw).get("signature")
+    except (ValueError, AttributeError):  # a damaged manifest: any sharding replaces it
+        return None
 
 
 class Mirror:
@@ -91,20 +99,45 @@ class Mirror:
 
     # -- input shards ------------------------------------------------------------------------
 
-    def publish_shards(self, home: JobHome, manifest: dict[str, Any]) -> None:
+    def publish_shards(self, home: JobHome, manifest: dict[str, Any], input_now: Callable[[], str | None]) -> bool:
         """Upload the shards under their signature's folder, then the manifest naming it (both
-        skipped where the bucket has them already)."""
-        raw = self.bucket.get_bytes("shards/manifest.json")
-        if raw is not None and json.loads(raw).get("signature") == manifest["signature"]:
-            return
-        folder = f"shards/{manifest['signature'][:16]}"
+        skipped where the bucket has them already). The manifest moves only forward, as
+        ``current.json`` does (:mod:`.pointer`): written on the condition that it is still the one
+        read before ``input_now()`` (the input's signature as it is now) was found to be this
+        manifest's. False when the input changed since it was read here: the bucket keeps the
+        newer manifest (another box's, or the next run's)."""
+        folder, rel = f"shards/{manifest['signature'][:16]}", "shards/manifest.json"
+        body = json.dumps({**{k: v for k, v in manifest.items() if k != "reused"}, "objects": folder},
+                          indent=2).encode()
+        uploaded = False
+        for _ in range(20):
+            tag = self.bucket.etag(rel)  # first: content newer than the tag only makes the write fail
+            raw = self.bucket.get_bytes(rel)
+            if raw is not None and _signature_of(raw) == manifest["signature"]:
+                return True
+            if input_now() != manifest["signature"]:
+                log.warning("the input changed since it was sharded here: the bucket's shards are left as they are")
+                return False
+            if not uploaded:
+                self._upload_shards(home, manifest, folder)
+                uploaded = True
+            if raw is not None and tag is None:
+                continue
+            try:
+                if self.bucket.put_bytes(rel, body, create=raw is None, if_match=tag if raw is not None else None):
+                    return True
+            except OSError as exc:  # FileNotFoundError too: deleted since read
+                if not (precondition_failed(exc) or isinstance(exc, FileNotFoundError)):
+                    raise
+        log.warning("%s kept changing under 20 conditional writes: this run's shards are not published", rel)
+        return False
+
+    def _upload_shards(self, home: JobHome, manifest: dict[str, Any], folder: str) -> None:
         have = self.bucket.list(folder)
         for key in manifest["keys"]:
             path = home.shard_path(key)
             if have.get(path.name) != path.stat().st_size:
                 self.bucket.put_file(path, f"{folder}/{path.name}")
-        body = {k: v for k, v in manifest.items() if k != "reused"}
-        self.bucket.put_bytes("shards/manifest.json", json.dumps({**body, "objects": folder}, indent=2).encode())
 
     def pull_shards(self, home: JobHome) -> None:
         """Bring the bucket's shards into the cache unless the same ones are there."""
@@ -175,15 +208,19 @@ class Mirror:
         return sorted(set(swept) | {f"{version}/{n.split('/', 1)[0]}" for n in parts})
 
     def pull_commit(self, home: JobHome, version: str, key: str) -> bool:
-        """The shard's committed output into the cache, if the bucket has a commit; True if so."""
+        """The shard's committed output into the cache, if the bucket has a commit; True if so. A
+        cached copy that is not what the commit recorded (damaged, replaced) is fetched again."""
         marker = home.commit_path(version, key)
         stats, labeled = home.stats_path(version, key), home.labeled_path(version, key)
-        if marker.exists() and stats.exists() and labeled.exists():
+        raw = marker.read_bytes() if marker.exists() else None
+        commit = commit_of(raw)
+        if commit is not None and stats.exists() and labeled.exists() and as_recorded(labeled, stats):
             return True
-        raw = marker.read_bytes() if marker.exists() else self.bucket.get_bytes(self.rel(marker))
-        if raw is None:
-            return False
-        commit = json.loads(raw)
+        if raw is None or commit is None:  # not in the cache, or a damaged copy there: the bucket's
+            raw = self.bucket.get_bytes(self.rel(marker))
+            if raw is None:
+                return False
+            commit = json.loads(raw)
         atomic_write_text(stats, json.dumps(commit["stats"], indent=2))
         self.bucket.get_file(commit["labeled"], labeled)
         atomic_write_text(marker, raw.decode())

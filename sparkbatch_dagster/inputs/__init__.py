@@ -2,7 +2,8 @@
 
 Owns :func:`.shards.build_shards` (DuckDB reads the input, gives every row a stable id, splits
 the rows into shards by a hash of the id, writes the manifest; the ids and the shard query are
-:mod:`.ids`: a generated id never equals a real one) and the slow path for hostile
+:mod:`.ids`: a generated id never equals a real one; a damaged shard file, :mod:`.shard_files`, is
+made again) and the slow path for hostile
 files that DuckDB could not read in one go: a CSV, JSONL or Parquet input re-read line by line,
 every line becoming exactly one row, good or carrying its reason (:mod:`.csv_input`,
 :mod:`.json_input`, :mod:`.parquet_input`, staged by :mod:`.staging`; :mod:`.files` sniffs).

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..spec.batch_requests import LineError, parse_line
-from .files import _SURROGATE, _lines, diagnose, open_binary
+from .files import _SURROGATE, _lines, diagnose, json_problem, open_binary
 from .staging import Staged, _Writer
 
 #: The staged file's columns; ``request`` is the job's one text column.
@@ -34,8 +34,7 @@ def read_line(text: str, n: int, spec: Any) -> tuple[str | None, str | None, str
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        msg = f"{exc.msg}: column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
-        return None, None, f"unparsable_row: line {n}: not valid JSON ({msg})"
+        return None, None, f"unparsable_row: line {n}: not valid JSON ({json_problem(exc, text)})"
     try:
         cid, request = parse_line(obj, spec.input_format, spec.sampling)
     except LineError as exc:

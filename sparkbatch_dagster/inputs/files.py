@@ -3,6 +3,7 @@ cannot be read at all, and physical lines with their UTF-8 checks."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -142,13 +143,44 @@ def diagnose(f: str, fmt: str) -> None:
         return
     if head.startswith(b"PAR1"):
         raise InputError(f"input file {f} is a Parquet file, not {kind}: set input_format='parquet'")
-    if head.startswith(b"\x1f\x8b"):
-        raise InputError(f"input file {f} is gzip-compressed: name it {Path(f).name}.gz so it is decompressed")
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise InputError(f"input file {f} is UTF-16 text: save it as UTF-8")
-    if b"\x00" in head:
-        raise InputError(f"input file {f} is binary data, not {kind} text ({_looks_like(head)}): check input "
-                         "and input_format")
+    for magic, what, fix in _SIGNATURES:
+        if head.startswith(magic):
+            raise InputError(f"input file {f} is {what}: {fix.format(name=Path(f).name)}")
+    bad = binary_lines(head)
+    if bad is not None:
+        raise InputError(f"input file {f} is binary data, not {kind} text ({_looks_like(head)}; {bad[0]} of the "
+                         f"{bad[1]} lines of its first 64 KiB hold NUL or other bytes no text has): check input and "
+                         "input_format")
+
+
+#: Signatures of what a text file's name may hide, and the fix. Named right (``.gz``, ``.zst``...),
+#: a compressed file is decompressed before it is read, so its head is text again.
+_SIGNATURES = (
+    (b"\x1f\x8b", "gzip-compressed", "name it {name}.gz so it is decompressed"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "name it {name}.zst so it is decompressed"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "name it {name}.xz so it is decompressed"),
+    (b"PK\x03\x04", "a zip archive", "unzip it and give the files inside as input"),
+    (b"\xff\xfe", "UTF-16 text", "save it as UTF-8"),
+    (b"\xfe\xff", "UTF-16 text", "save it as UTF-8"),
+)
+#: Bytes no text file holds: NUL and the C0 controls but BEL, BS, tab, line breaks, VT, FF and ESC
+#: (the bytes file(1) counts as text), and DEL.
+_NOT_TEXT = bytes([*range(0x00, 0x07), *range(0x0E, 0x1B), *range(0x1C, 0x20), 0x7F])
+
+
+def binary_lines(head: bytes) -> tuple[int, int] | None:
+    """(lines holding bytes no text has, non-blank lines) of a file's first bytes when they are
+    binary data: more than half of its bytes are such bytes (a file mostly NUL), or more than 1 in
+    100 are and more than half of its lines hold one (a blob, UTF-16 without its mark); None for
+    text, also text with a few bad lines, each of which is then an error row of its own."""
+    odd = len(head) - len(head.translate(None, _NOT_TEXT))
+    if not odd:
+        return None
+    lines = [line for line in head.split(b"\n") if line.strip()]
+    bad = sum(1 for line in lines if len(line.translate(None, _NOT_TEXT)) < len(line))
+    if 2 * odd > len(head) or (100 * odd > len(head) and 2 * bad > len(lines)):
+        return bad, len(lines)
+    return None
 
 
 def _looks_like(head: bytes) -> str:
@@ -161,7 +193,7 @@ def _looks_like(head: bytes) -> str:
 
 def _no_good_rows(f: str, n: int, first: tuple[int, str]) -> InputError:
     line, reason = first
-    if reason.startswith("invalid_text"):
+    if reason.startswith("invalid_text") and "not valid UTF-8" in reason:
         return InputError(f"cannot read input file {f}: none of its {n} rows is valid UTF-8 (line {line}); "
                           "it is probably Latin-1/Windows-1252: save it as UTF-8")
     return InputError(f"cannot read input file {f}: none of its {n} rows is readable ({reason}): check input_format, "
@@ -179,6 +211,18 @@ def _lines(fh: IO[bytes]) -> Iterator[tuple[int, str]]:
         if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
         yield n, raw.decode("utf-8", "surrogateescape")
+
+
+def json_problem(exc: ValueError | RecursionError, text: str) -> str:
+    """Why a line is not JSON, for its error row: the parser's words and the column, or the raw
+    control byte (a NUL...) that a JSON string may only hold escaped."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if not isinstance(exc, json.JSONDecodeError):
+        return str(exc)
+    if exc.msg.startswith("Invalid control character") and exc.pos < len(text):
+        return f"a raw control byte 0x{ord(text[exc.pos]):02X} at column {exc.colno}: JSON strings must escape it"
+    return f"{exc.msg}: column {exc.colno}"
 
 
 def _bad_utf8(value: str) -> str | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .files import _SURROGATE, _lines, diagnose, lit, open_binary
+from .files import _SURROGATE, _lines, diagnose, json_problem, lit, open_binary
 from .staging import STAGED_COLUMNS, Staged, _check_values, _Tally, _wanted, _Writer
 
 
@@ -74,9 +74,7 @@ def _json_line(text: str, n: int, spec: Any, wanted_columns: list[str]
     try:
         obj = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_pairs_hook(doubled))
     except (ValueError, RecursionError) as exc:
-        msg = (f"{exc.msg}: column {exc.colno}" if isinstance(exc, json.JSONDecodeError)
-               else "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
-        return None, {}, f"unparsable_row: line {n}: not valid JSON ({msg})"
+        return None, {}, f"unparsable_row: line {n}: not valid JSON ({json_problem(exc, text)})"
     if not isinstance(obj, dict):
         return None, {}, f"unparsable_row: line {n}: a JSON {type(obj).__name__}, expected an object"
     twice = [k for o, keys in doubled if o is obj for k in keys if k in wanted_columns]

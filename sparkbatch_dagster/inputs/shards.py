@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, storage_error, storage_errors
 from ..home import JobHome, atomic_write_text, failpoint, shard_key
 from ..spec import BATCH_INPUTS, JobSpec, fingerprint
 from .batch_input import stage_batch
@@ -27,6 +27,7 @@ from .files import csv_options, delimiter_hint, empty_files, sniff
 from .ids import quote_ident, shard_sql  # noqa: F401 - quote_ident: imported from here by run/, estimate/
 from .json_input import json_reader, stage_json
 from .parquet_input import stage_parquet
+from .shard_files import damaged_shards
 from .staging import STAGED_COLUMNS, Staged
 
 log = logging.getLogger("sparkbatch")
@@ -141,18 +142,19 @@ def build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     Concurrent callers (two runs started at once) take turns: the second waits, then finds
     the shards done. Returns the manifest: ``keys``, ``rows``, ``signature``, ``reused``.
     """
-    lock = home.shards_lock()
-    lock.acquire(wait=True)
-    try:
-        if home.remote is not None:  # a bucket home: its shards are the ones to reuse
-            home.remote.check(write=True)
-            home.remote.pull_shards(home)
-        manifest = _build_shards(spec, home)
-        if home.remote is not None:
-            home.remote.publish_shards(home, manifest)
-        return manifest
-    finally:
-        lock.release()
+    with storage_errors(home.root):  # a full or read-only disk: one line naming the home, not DuckDB's words
+        lock = home.shards_lock()
+        lock.acquire(wait=True)
+        try:
+            if home.remote is not None:  # a bucket home: its shards are the ones to reuse
+                home.remote.check(write=True)
+                home.remote.pull_shards(home)
+            manifest = _build_shards(spec, home)
+            if home.remote is not None:
+                home.remote.publish_shards(home, manifest, lambda: input_signature(spec))
+            return manifest
+        finally:
+            lock.release()
 
 
 def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
@@ -160,8 +162,13 @@ def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     files = source_files(con, spec)
     signature = _signature(spec, files)
     old = home.read_manifest()
-    if old and old.get("signature") == signature and all(home.shard_path(k).exists() for k in old["keys"]):
-        return {**old, "reused": True}
+    if old and old.get("signature") == signature:
+        damaged = damaged_shards(home, old["keys"], old.get("rows"))
+        if not damaged:
+            return {**old, "reused": True}
+        # Shard files are derived from the input: made again, the same rows in the same shards.
+        log.warning("%s: the input is sharded again (the same input: nothing done is labeled again)",
+                    "; ".join(damaged[:3]))
 
     started = time.perf_counter()
     fmt = _format(spec)
@@ -188,13 +195,14 @@ def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
             rows, k, sql = _write_tmp(con, spec, fmt, files, tmp, staged.order, staged, staged.delimiter)
         keys = [shard_key(i) for i in range(k)]
         _move_shards(con, tmp, home, keys, sql)
-    finally:
+    finally:  # on any failure too (a full disk mid-COPY): no half-written folder stays in the home
         shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     manifest = {
         "signature": signature, "input": spec.input, "files": files, "format": fmt, "rows": rows,
         "shard_count": k, "keys": keys, "seconds": round(time.perf_counter() - started, 3),
     }
-    atomic_write_text(home.manifest_path, _json(manifest))
+    atomic_write_text(home.manifest_path, _json(manifest), point="write:manifest")
     return {**manifest, "reused": False}
 
 
@@ -203,7 +211,9 @@ def _input_problem(exc: Exception) -> bool:
     import duckdb
 
     about_data = (duckdb.InvalidInputException, duckdb.ConversionException, duckdb.IOException)
-    return isinstance(exc, about_data) and not isinstance(exc, duckdb.HTTPException)
+    # A full or read-only home is an IOException too: reading the input again would not help.
+    return (isinstance(exc, about_data) and not isinstance(exc, duckdb.HTTPException)
+            and storage_error(exc, None) is None)
 
 
 def _read_in_one_go(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Path) -> tuple[int, int, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ log = logging.getLogger("sparkbatch")
 #: Columns the staged view adds: which file, which line, and why the row is bad (NULL if good).
 STAGED_COLUMNS = ("_sb_file", "_sb_line", "_sb_error")
 _BATCH = 50_000
+#: Control characters a text value may not hold: those the prompt check refuses (spec/prompts.py).
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 @dataclass
@@ -83,8 +86,9 @@ def _wanted(spec: Any) -> list[str]:
 
 
 def _check_values(values: dict[str, Any], line: int, spec: Any) -> str | None:
-    """Blame bytes that are not UTF-8 on the first wanted column holding them; that column and
-    the text columns become NULL (the id stays when it is clean: the error row keeps it)."""
+    """Blame bytes that are not UTF-8 on the first wanted column holding them, else a control
+    byte (a NUL...) on the first text column holding one; the text columns become NULL (the id
+    stays when it is clean: the error row keeps it)."""
     error = None
     for col in sorted(values, key=lambda c: c not in spec.text_columns):
         v = values[col]
@@ -92,6 +96,12 @@ def _check_values(values: dict[str, Any], line: int, spec: Any) -> str | None:
         if bad:
             error = error or f"invalid_text: line {line}: column {col!r} is not valid UTF-8 ({bad})"
             values[col] = None
+    for col in spec.text_columns if error is None else ():
+        v = values.get(col)
+        found = _CONTROL.search(v) if isinstance(v, str) else None
+        if found:  # a NUL or another control byte: as the prompt check would say, with the line
+            error = (f"invalid_text: line {line}: column {col!r} has control character 0x{ord(found.group()):02X} "
+                     f"at character {found.start() + 1}")
     if error:
         for col in spec.text_columns:
             values[col] = None

@@ -11,8 +11,9 @@ timer and the every-row-exactly-once finalize (:mod:`.checkpoint`), every attemp
 (:mod:`.brake`), the result store that pays once per answer (:mod:`.result_store`), each
 shard's statistics and the run's progress reports (:mod:`.shard_stats`, :mod:`.progress`, the
 pace behind their ETA: :mod:`.pace`), and
-the run metrics and analytics views in the job's DuckDB file (:mod:`.metrics`), and the
-confidence buckets they and the estimate share (:mod:`.reliability`). Knows nothing of Dagster.
+the run metrics and analytics views in the job's DuckDB file (:mod:`.metrics`, :mod:`.views`), the
+locked in-memory database ``sparkbatch sql`` reads (:mod:`.query`), and the confidence buckets
+they and the estimate share (:mod:`.reliability`). Knows nothing of Dagster.
 
 May import: ``errors``, ``spec``, ``home``, ``inputs``, ``engines``.
 """

@@ -23,6 +23,7 @@ lease lengths old, which its box, had it lived, would have renewed several times
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ..home import FileLock, JobHome, atomic_write_text
+
+log = logging.getLogger("sparkbatch")
 
 COLUMNS = [
     ("attempt", "VARCHAR"), ("version", "VARCHAR"), ("run_id", "VARCHAR"), ("started", "VARCHAR"),
@@ -93,8 +96,17 @@ class Attempt:
         elif exc is not None:
             self.record["error"] = f"{type(exc).__name__}: {exc}"[:500]
         self.record["ended"] = _now()
-        self._write(push=True)
-        self._lock.release()
+        try:
+            self._write(push=True)
+        except OSError as failed:
+            if exc is None:
+                raise
+            # A full or read-only disk that failed the run fails this last write too: the run's
+            # own error is the one to tell; the record stays "running", read later as killed,
+            # billed to its last heartbeat.
+            log.warning("cannot write the end of attempt %s (%s): %s", self.id, failed, self.path)
+        finally:
+            self._lock.release()
 
     def committed(self, stats: dict[str, Any]) -> None:
         """A shard of this attempt committed (its stats): counted, and written at once."""
@@ -124,7 +136,7 @@ class Attempt:
             r["wasted_usd"] = round(max(r["cost_usd"] - r["committed_cost_usd"], 0.0), 6)
             self._last_beat = time.monotonic()
             # Under the lock: the timer's heartbeat and a commit share one temporary file name.
-            atomic_write_text(self.path, json.dumps(r, indent=2))
+            atomic_write_text(self.path, json.dumps(r, indent=2), point="write:attempt")
             remote = self._home.remote
             if remote is not None and (push or self._last_push + self._push_every_s <= self._last_beat):
                 self._last_push = self._last_beat

@@ -7,10 +7,12 @@ the error file (the output file when no error file is given, as ``vllm run-batch
 do). ``custom_id`` is the row id: the line's own, or for a line that had none usable the name
 the job gave it (``unparsable-line-7``, ``a#dup2``), so a line is never lost. While the job runs
 (or after a cancel) the rows finished so far are written, committed partitions and the
-checkpointed rows of the others alike, and the summary says how many remain. Example::
+checkpointed rows of the others alike, and the summary says how many remain. Each line's
+``usage`` is the tokens generated for that row (a duplicate's or a reused answer's: zero), so the
+file's sums are the run's generated tokens; the summary adds them up (:func:`usage_of`). Example::
 
     summary = export(home, version, "openai_batch", Path("out.jsonl"), Path("errors.jsonl"))
-    summary["written"], summary["errors"], summary["remaining"]
+    summary["written"], summary["errors"], summary["remaining"], summary["input_tokens"]
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,26 +107,42 @@ def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int]) ->
 
 def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None = None) -> dict[str, Any]:
     """Write the finished rows of ``version`` as ``fmt``'s result files (each replaced whole);
-    return counts: ``written`` answers, ``errors``, ``remaining`` rows not finished yet."""
+    return counts: ``written`` answers, ``errors``, ``remaining`` rows not finished yet, and
+    :func:`usage_of` the rows (tokens, ``reused``, ``model``)."""
     manifest = home.read_manifest() or {"keys": [], "rows": 0}
     rows = list(finished_rows(home, version, manifest["keys"]))
-    # Tokens are counted once per generated prompt in the rows (fanned-out duplicates carry zeros):
-    # every row of a prompt reports the usage of the generation that answered it.
-    usage: dict[str, tuple[int, int]] = {}
-    for row, _ in rows:
-        if row["prompt_key"] and not row["deduplicated"]:
-            usage[row["prompt_key"]] = (row["prompt_tokens"], row["output_tokens"])
     ok: list[dict[str, Any]] = []
     bad: list[dict[str, Any]] = []
     for row, when in rows:
-        used = usage.get(row["prompt_key"] or "", (row["prompt_tokens"], row["output_tokens"]))
+        # Each row reports the tokens generated for it: a duplicate answered by another row's
+        # generation, or an answer reused from the result store, reports zeros (it cost nothing
+        # now), so the file's sums are the run's generated tokens.
+        used = (int(row["prompt_tokens"] or 0), int(row["output_tokens"] or 0))
         line = openai_line(row, version, int(when), used) if fmt == "openai_batch" else \
             anthropic_line(row, version, used)
         (bad if row["error"] is not None else ok).append(line)
     _write(out, ok if errors is not None else ok + bad)
     if errors is not None:
         _write(errors, bad)
-    return {**_summary(manifest, len(ok), len(bad)), "output_file": str(out), "error_file": str(errors or out)}
+    return {**_summary(manifest, len(ok), len(bad)), **usage_of(row for row, _ in rows), "output_file": str(out),
+            "error_file": str(errors or out)}
+
+
+def usage_of(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """What the finished rows cost and who answered them: ``input_tokens``, ``output_tokens``,
+    ``cached_tokens``, ``reasoning_tokens`` (every token the engine spent on them, an answer that
+    then failed its check included; a reused answer's are zero), ``reused`` (answers not generated
+    now: a duplicate's or the result store's) and ``model`` (the answering model, ``None`` before
+    any answer)."""
+    rows = list(rows)
+
+    def total(column: str) -> int:
+        return sum(int(r.get(column) or 0) for r in rows)
+
+    return {"input_tokens": total("prompt_tokens"), "output_tokens": total("output_tokens"),
+            "cached_tokens": total("cached_tokens"), "reasoning_tokens": total("reasoning_tokens"),
+            "reused": sum(1 for r in rows if r["error"] is None and (r["reused"] or r["deduplicated"])),
+            "model": next((r["model"] for r in rows if r["error"] is None and r["model"]), None)}
 
 
 def tally(home: JobHome, version: str) -> dict[str, Any]:

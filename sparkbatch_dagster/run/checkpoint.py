@@ -166,7 +166,7 @@ class CheckpointWriter:
         table = pa.Table.from_pylist(self._buffer, schema=OUTPUT_SCHEMA)
         name = f"part-{self._seq:06d}-{self.tag}" if self.tag else f"part-{self._seq:06d}"
         path = self.parts_dir / f"{name}.parquet"
-        atomic_write_parquet(path, table)
+        atomic_write_parquet(path, table, point="write:part")
         self.tables[path.name] = table
         self.on_part(path)
         self.rows_written += len(self._buffer)
@@ -257,7 +257,7 @@ def commit(parts_dir: Path, table: pa.Table, final_path: Path, keep_parts: bool 
     """The shard's commit point: the final file appears atomically, then the parts go.
     ``keep_parts``: with a bucket home, whose commit is the one that counts, the parts stay
     until that is made (the mirror drops them then), so a crash before it loses nothing."""
-    atomic_write_parquet(final_path, table)
+    atomic_write_parquet(final_path, table, point="write:labeled")
     failpoint("finalize:committed")
     if not keep_parts:
         shutil.rmtree(parts_dir, ignore_errors=True)

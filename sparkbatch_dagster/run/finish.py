@@ -23,9 +23,11 @@ from typing import Any, Protocol
 from ..engines.base import Engine
 from ..engines.spans import Spans
 from ..home import JobHome, atomic_write_text, failpoint
+from ..home.atomic import atomic_write_bytes
+from ..home.commit_record import parquet_bytes, record_of
 from ..spec import JobSpec
 from .attempts import Attempt
-from .checkpoint import FlushTimer, assemble, commit
+from .checkpoint import FlushTimer, assemble
 from .open_shard import OpenShard, new_answers
 from .result_store import ResultStore
 from .shard_stats import shard_stats
@@ -81,14 +83,21 @@ def write_shard(run: Run, shard: OpenShard, timer: FlushTimer) -> dict[str, Any]
         stats["input_signature"] = run.signature
     if run.attempt is not None:  # which attempt committed it (the bucket's commit names it too)
         stats["attempt"] = run.attempt.id
+    # The commit record holds what the labeled file must be (its rows are the stats' ``rows``): a
+    # file replaced after its commit is found by every reader, not counted done.
+    data = parquet_bytes(table)
+    stats.update(record_of(data))
     # Stats and new answers first, then the labeled file (the commit point): a done shard
     # always has stats, and its answers are in the store for any later layout or version.
     home = run.home
-    atomic_write_text(home.stats_path(run.version, shard.key), json.dumps(stats, indent=2))
+    atomic_write_text(home.stats_path(run.version, shard.key), json.dumps(stats, indent=2), point="write:stats")
     failpoint("finalize:stats")
     with run.spans.span("store_add"):
         run.store.add(new_answers(table))
-    commit(shard.writer.parts_dir, table, home.labeled_path(run.version, shard.key), keep_parts=True)
+    # The commit point (checkpoint.commit's, with the bytes hashed above): the parts stay until
+    # the bucket's commit with a bucket home, else they go from the timer's thread below.
+    atomic_write_bytes(home.labeled_path(run.version, shard.key), data, point="write:labeled")
+    failpoint("finalize:committed")
     if home.remote is None:  # the parts go from the timer's thread
         timer.later(functools.partial(shutil.rmtree, shard.writer.parts_dir, ignore_errors=True))
     shard.release()

@@ -1,24 +1,35 @@
-"""Run metrics and analytics in the job's DuckDB file.
+"""Run metrics and analytics in the job's DuckDB file, ``metrics.duckdb``: written here only, by
+the ``run_metrics`` and ``analytics`` assets and ``sparkbatch run`` (``sparkbatch sql`` reads an
+in-memory copy, :mod:`.query`).
 
 DuckDB allows one writing process per file, and several GPUs mean several processes: every
-connection here is short-lived and retried while another process holds the lock.
+connection here is short-lived and retried while another process holds the lock. The file is
+derived from the stats and attempt files: one DuckDB finds damaged (truncated, a checksum that
+does not match) is set aside as ``metrics.duckdb.broken-<time>`` and rebuilt from them, never a
+crash (:func:`writing`).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import SparkbatchError
-from ..home import JobHome
-from ..inputs.shards import quote_ident
+from ..home import FileLock, JobHome
 from ..spec import JobSpec
-from .checkpoint import WITH_CONFIDENCE, WITH_REASONING
-from .reliability import BUCKET_SQL, BUCKETS, bucket_row
+from .reliability import BUCKETS, bucket_row
+from .views import define_views, fill
+
+log = logging.getLogger("sparkbatch")
+T = TypeVar("T")
+#: What DuckDB says of a database file whose bytes are wrong (not of a lock, a path or a query).
+_DAMAGED = ("not a valid duckdb database", "could not read enough bytes", "corrupt database file",
+            "checksum", "serializ")
 
 METRIC_COLUMNS = [
     ("partition", "VARCHAR"), ("version", "VARCHAR"), ("model", "VARCHAR"), ("rows", "BIGINT"),
@@ -61,17 +72,72 @@ def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
 
 def _upsert(home: JobHome, table: str, columns: list[tuple[str, str]], key: tuple[str, ...],
             rows: list[dict[str, Any]]) -> None:
-    names = [c for c, _ in columns]
-    with connect(home.metrics_db) as con:
-        cols = ", ".join(f'"{c}" {t}' for c, t in columns)
-        con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols}, PRIMARY KEY ({', '.join(key)}))")
-        for c, t in columns:  # a table made by an older release gains the newer columns
-            con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{c}" {t}')
-        placeholders = ", ".join("?" for _ in names)
-        con.executemany(
-            f"INSERT OR REPLACE INTO {table} ({', '.join(quote_ident(n) for n in names)}) VALUES ({placeholders})",
-            [[r.get(c) for c in names] for r in rows],
-        )
+    writing(home, lambda con: fill(con, table, columns, key, rows))
+
+
+def writing(home: JobHome, work: Callable[[Any], T]) -> T:
+    """``work(con)`` on ``metrics.duckdb`` opened for writing. A file DuckDB finds damaged (when
+    opened, or only when a query reaches the bad bytes) is set aside (``.broken-<time>``, kept for a
+    look) and a new one rebuilt from the stats and attempt files of every version, then ``work``
+    runs on that."""
+    path, damage = home.metrics_db, ""
+    for attempt in range(3):
+        seen = _identity(path)
+        try:
+            with connect(path) as con:
+                if attempt:
+                    _rebuild(home, con)
+                return work(con)
+        except Exception as exc:
+            if not _damaged(exc):
+                raise
+            damage = str(exc.__cause__ or exc).splitlines()[0]
+            _set_aside(home, seen, damage)
+    raise SparkbatchError(f"{path} is damaged ({damage}) and stays so when made again: move it away (it is "
+                          "derived from the stats files) and run again")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file is at ``path``: a set-aside moves it (its inode) away, and the new one is another."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _damaged(exc: BaseException) -> bool:
+    import duckdb
+
+    cause = exc if isinstance(exc, duckdb.Error) else exc.__cause__
+    return isinstance(cause, duckdb.Error) and any(w in str(cause).lower() for w in _DAMAGED)
+
+
+def _set_aside(home: JobHome, seen: tuple[int, int] | None, damage: str) -> None:
+    """Move the damaged file (and its write-ahead log) aside, unless it is not the one found damaged
+    any more (another writer set that aside and made a new one since: ``seen`` was its identity)."""
+    path = home.metrics_db
+    with FileLock(home.root / ".metrics.lock").held():
+        if seen is None or _identity(path) != seen:
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        log.warning("%s is damaged (%s): set aside as %s.broken-%s and rebuilt from the stats files",
+                    path, damage, path.name, stamp)
+        for damaged in (path, path.with_name(path.name + ".wal")):
+            if damaged.exists():
+                damaged.rename(damaged.with_name(f"{damaged.name}.broken-{stamp}"))
+
+
+def _rebuild(home: JobHome, con: Any) -> None:
+    """``run_metrics`` and ``attempts`` of every version the home has, from their files."""
+    from .attempts import COLUMNS, load
+
+    out = home.root / "out"
+    for folder in sorted(out.iterdir()) if out.exists() else []:
+        if folder.is_dir() and len(folder.name) == 16:
+            fill(con, "run_metrics", METRIC_COLUMNS, ("partition", "version"),
+                 list(committed_stats(home, folder.name).values()))
+            fill(con, "attempts", COLUMNS, ("attempt",), load(home, folder.name))
 
 
 def sync_attempts(home: JobHome, version: str) -> list[dict[str, Any]]:
@@ -149,51 +215,36 @@ def prediction_check(home: JobHome, version: str, stats: list[dict[str, Any]]) -
             "prediction_error_pct": round((predicted - actual) / actual * 100, 1) if actual else None}
 
 
-def _sql_path(p: Path) -> str:
-    return str(p).replace("'", "''")
-
-
 def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
     """Refresh the DuckDB views over the labeled output and return the headline numbers.
 
-    Views: ``labeled`` (output rows joined with their input), ``label_distribution``, ``review``
-    (rows whose confidence is under ``spec.review_below``, least sure first) and ``reliability``
-    (rows per confidence bucket, :mod:`.reliability`; with a gold column how many were right).
-    Returns ``confidence`` (mean, rows below ``review_below``) when rows have one, and
-    ``reliability`` (a row per non-empty bucket) with a gold column.
+    Views (:func:`.views.define_views`): ``labeled`` (output rows joined with their input),
+    ``label_distribution``, ``review`` (rows whose confidence is under ``spec.review_below``,
+    least sure first) and ``reliability`` (rows per confidence bucket, :mod:`.reliability`; with
+    a gold column how many were right). Returns ``confidence`` (mean, rows below
+    ``review_below``) when rows have one, and ``reliability`` (a row per non-empty bucket) with a
+    gold column.
     """
-    # The committed shards' files by name, not a glob: a file no commit names (with a bucket home,
-    # a shard committed in the cache by a run that died before the bucket's commit) is not output.
     committed = sync(home, version)
     sync_attempts(home, version)  # the bill as of now, whichever box ran (and a dead one's end recorded)
-    files = ", ".join(f"'{_sql_path(home.labeled_path(version, k))}'" for k in sorted(committed))
-    if not files:
+    if not committed:
         return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}, "confidence": None,
                 "reliability": None}
-    gold = f", s.{quote_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
-    with connect(home.metrics_db) as con:
-        # Files written before confidences (thinking) were kept have no such column: null there.
-        con.execute(
-            f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
-            f"FROM (FROM read_parquet([{files}], union_by_name = true) "
-            f"{WITH_CONFIDENCE} {WITH_REASONING}) o "
-            f"JOIN read_parquet('{_sql_path(home.shards_dir / 'shard-*.parquet')}') s USING (row_id)"
-        )
-        con.execute(
-            "CREATE OR REPLACE VIEW label_distribution AS SELECT output AS label, count(*) AS rows "
-            "FROM labeled WHERE error IS NULL GROUP BY ALL ORDER BY rows DESC, label"
-        )
-        _confidence_views(con, spec)
-        rows, errors, correct = con.execute(
-            "SELECT count(*), count(error), count(*) FILTER (WHERE error IS NULL AND output = gold) FROM labeled"
-        ).fetchone()
-        dist = dict(con.execute("SELECT label, rows FROM label_distribution").fetchall())
-        sure, mean, review = con.execute(
-            "SELECT count(confidence), avg(confidence), (SELECT count(*) FROM review) FROM labeled").fetchone()
-        buckets = con.execute("SELECT low, rows, correct, mean_confidence FROM reliability").fetchall()
-        cost = con.execute(
-            "SELECT sum(cost_usd), sum(rows) FROM run_metrics WHERE version = ?", [version]
-        ).fetchone() if _has_table(con, "run_metrics") else (None, None)
+    return writing(home, lambda con: _headline(con, spec, home, version, sorted(committed)))
+
+
+def _headline(con: Any, spec: JobSpec, home: JobHome, version: str, keys: list[str]) -> dict[str, Any]:
+    define_views(con, spec, home, version, keys)
+    rows, errors, correct = con.execute(
+        "SELECT count(*), count(error), count(*) FILTER (WHERE error IS NULL AND output = gold) FROM labeled"
+    ).fetchone()
+    dist = dict(con.execute("SELECT label, rows FROM label_distribution").fetchall())
+    sure, mean, review = con.execute(
+        "SELECT count(confidence), avg(confidence), (SELECT count(*) FROM review) FROM labeled").fetchone()
+    buckets = con.execute("SELECT low, rows, correct, mean_confidence FROM reliability").fetchall()
+    cost = con.execute(
+        "SELECT sum(cost_usd), sum(rows) FROM run_metrics WHERE version = ?", [version]
+    ).fetchone() if _has_table(con, "run_metrics") else (None, None)
     return {
         "rows": rows, "labeled": rows - errors, "errors": errors,
         "accuracy": round(correct / rows, 4) if spec.gold_column and rows else None,
@@ -204,24 +255,6 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
         "reliability": [bucket_row(round(b * BUCKETS), n, c, m) for b, n, c, m in buckets]
         if spec.gold_column and sure else None,
     }
-
-
-def _confidence_views(con: Any, spec: JobSpec) -> None:
-    """``review`` and ``reliability`` over ``labeled``; rows with no confidence are in neither."""
-    con.execute(
-        f"CREATE OR REPLACE VIEW review AS SELECT * FROM labeled WHERE confidence < {float(spec.review_below)!r} "
-        "ORDER BY confidence, row_id"
-    )
-    # Without a gold column nothing says what was right: correct and accuracy are null.
-    right = ("count(*) FILTER (WHERE output = gold)" if spec.gold_column else "NULL::BIGINT")
-    con.execute(
-        "CREATE OR REPLACE VIEW reliability AS "
-        f"SELECT printf('%.1f-%.1f', b / {BUCKETS}, (b + 1) / {BUCKETS}) AS bucket, b / {BUCKETS} AS low, "
-        f"(b + 1) / {BUCKETS} AS high, count(*) AS rows, {right} AS correct, "
-        f"round({right} / count(*), 4) AS accuracy, round(avg(confidence), 4) AS mean_confidence "
-        f"FROM (SELECT *, {BUCKET_SQL} AS b FROM labeled WHERE confidence IS NOT NULL) "
-        "GROUP BY b ORDER BY b"
-    )
 
 
 def _has_table(con: Any, name: str) -> bool:

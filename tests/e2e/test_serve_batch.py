@@ -36,8 +36,11 @@ def _requests(path: Path, n: int = N) -> list[str]:
     lines = [json.dumps({"custom_id": rid, "method": "POST", "url": "/v1/chat/completions",
                          "body": {"model": "any", "messages": [{"role": "user", "content": f"Question {rid}?"}],
                                   "max_tokens": 8}}) for rid in ids]
-    lines += ["{not json", json.dumps({"custom_id": "req-0", "url": "/v1/chat/completions",
-                                       "body": {"messages": [{"role": "user", "content": "again"}]}})]
+    # Two requests OpenAI answers with an error line of their own (a file-level fault, such as a
+    # line that is not JSON, fails the whole batch instead: tests/e2e/test_batch_semantics.py).
+    lines += [json.dumps({"custom_id": f"bad-{k}", "method": "POST", "url": "/v1/chat/completions",
+                          "body": {"messages": [{"role": "user", "content": "x"}], **extra}})
+              for k, extra in enumerate([{"temperature": 9}, {"n": 3}])]
     path.write_text("\n".join(lines) + "\n")
     return ids
 
@@ -148,6 +151,7 @@ def test_a_batch_runs_from_the_openai_client_to_its_result_files(tmp_path, serve
         answer = ChatCompletion.model_validate(line["response"]["body"])  # the client's own type
         assert answer.choices[0].message.content and line["response"]["status_code"] == 200
     assert {line["response"]["status_code"] for line in err} == {400}
+    assert sorted(line["custom_id"] for line in err) == ["bad-0", "bad-1"]  # the user's own ids
     assert [b.id for b in client.batches.list(limit=10)] == [batch.id]
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_nope")
@@ -159,7 +163,7 @@ def test_a_batch_runs_from_the_openai_client_to_its_result_files(tmp_path, serve
 
 def test_a_batch_cancelled_halfway_keeps_its_finished_rows(tmp_path, servers):
     gate = tmp_path / "gate"
-    _requests(tmp_path / "requests.jsonl")
+    ids = _requests(tmp_path / "requests.jsonl")
     servers.append(server := Server(tmp_path, f"FakeVLLMResource(gate_path={str(gate)!r}, gate_after=15)"))
     client = server.client
     uploaded = client.files.create(file=(tmp_path / "requests.jsonl").open("rb"), purpose="batch")
@@ -169,12 +173,18 @@ def test_a_batch_cancelled_halfway_keeps_its_finished_rows(tmp_path, servers):
                                    completion_window="24h")
     ended = client.batches.cancel(queued.id)  # waiting behind the first: it ends now, with nothing run
     assert ended.status == "cancelled" and ended.request_counts.completed == 0 and ended.output_file_id is None
+    _, never_run = _results(client, ended)  # each request once, as OpenAI's error line of a request not run
+    assert sorted(line["custom_id"] for line in never_run) == sorted([*ids, "bad-0", "bad-1"])
+    assert {line["error"]["code"] for line in never_run} == {"batch_cancelled"} and ended.request_counts.failed == N + 2
     assert client.batches.cancel(batch.id).status == "cancelling"
     cancelled = server.batch(batch.id, "cancelled")
     out, err = _results(client, cancelled)
     got = [line["custom_id"] for line in out]
     assert 10 <= len(got) < N and len(set(got)) == len(got) == cancelled.request_counts.completed
     assert all(line["response"]["status_code"] == 200 for line in out)
+    assert sorted(got + [line["custom_id"] for line in err]) == sorted([*ids, "bad-0", "bad-1"])  # the rest: errors
+    assert cancelled.request_counts.failed == len(err)
+    assert {"batch_cancelled"} <= {line["error"]["code"] for line in err}
     assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again changes nothing
 
 

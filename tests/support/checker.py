@@ -17,9 +17,9 @@ bucket, or the shared folder) and from every box's Dagster instance.
     finished      the final clean run succeeded (the job can finish)
 
 What a reader may write (decided here, stated once): its Dagster instance (not the home); in a
-folder home ``metrics.duckdb`` (tables derived from the stats files), lock files, and an attempt
-record moved from ``running`` to ``killed`` (its process is dead: the bill says so from then on),
-in the bucket that same record; in a bucket home's cache anything but a shard file replaced
+folder home lock files and an attempt record moved from ``running`` to ``killed`` (its process is
+dead: the bill says so from then on), in the bucket that same record (not ``metrics.duckdb``: the
+writers keep it, ``sql`` reads an in-memory copy); in a bucket home's cache anything but a shard file replaced
 while a run of that cache was going without the shards lock held exclusively. ``preview`` shards
 a changed input as ``run`` does (``shards/``, under the exclusive shards lock, and the bucket's
 ``shards/`` plus its write probe; in a folder home its own scratch folders, ``.shards-tmp-<pid>``).
@@ -106,6 +106,10 @@ def check_rows(rec: EpisodeRecord, commits: dict[str, dict[str, dict[str, Any]]]
             out.append(Break("rows", f"version {version} has commits but is the version of no input written"))
             continue
         gen, plain, others = mine[-1]
+        for key, c in sorted(commits.get(version, {}).items()):
+            if c.get("record"):  # a committed file replaced since: readers would not count it done
+                out.append(Break("rows", f"version {version}: {key}'s labeled file is not what its commit "
+                                         f"recorded: {c['record']}"))
         rows = [r for c in commits.get(version, {}).values() for r in c["rows"]]
         twice = [rid for rid, n in Counter(r[0] for r in rows).items() if n > 1]
         if twice:
@@ -312,7 +316,7 @@ def _audit_breaks(r: ReadRecord, home: str) -> list[str]:
                 swapped.append(rel)
             continue
         ok = rel.endswith(".lock") or re.fullmatch(r"out/[0-9a-f]{16}/attempts/\.?[^/]+\.json(\.tmp-\d+)?", rel) \
-            or rel.startswith("metrics.duckdb") or (r.cmd == "preview" and (
+            or (r.cmd == "preview" and (
                 (rel.startswith("shards/") and shards_locked) or re.match(r"\.[a-z]+-tmp-\d+(/|$)", rel)))
         if not ok:
             wrote.append(f"{rel} ({e['op']})")

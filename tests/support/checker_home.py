@@ -113,9 +113,10 @@ class BucketView:
         for n in sorted(self.names()):
             if n.startswith(f"out/{version}/commits/") and n.endswith(".json"):
                 commit = json.loads(self.read(n))
-                table = pq.read_table(io.BytesIO(self.read(commit["labeled"])))
+                data = self.read(commit["labeled"])
+                table = pq.read_table(io.BytesIO(data))
                 out[n.rsplit("/", 1)[1][:-5]] = {"stats": commit["stats"], "attempt": commit.get("attempt"),
-                                                 "rows": _rows(table)}
+                                                 "rows": _rows(table), "record": not_as_recorded(data, commit["stats"])}
         return out
 
     def attempts(self, version: str) -> list[dict[str, Any]]:
@@ -155,14 +156,14 @@ class FolderView:
         return sorted(p for p in self.root.rglob("*") if p.is_file())
 
     def digest(self) -> dict[str, str]:
-        """Every file's bytes, except what a reader legitimately rebuilds (``metrics.duckdb``) and
-        lock files (a lock taken and released leaves its file, holding the pid)."""
+        """Every file's bytes (``metrics.duckdb`` too: no reader writes it), except lock files (a
+        lock taken and released leaves its file, holding the pid)."""
         import hashlib
 
         out = {}
         for p in self.files():
             rel = p.relative_to(self.root).as_posix()
-            if rel.startswith("metrics.duckdb") or rel.endswith(".lock"):
+            if rel.endswith(".lock"):
                 continue
             data = p.read_bytes()
             if is_attempt(rel):
@@ -180,7 +181,9 @@ class FolderView:
         out = {}
         for p in sorted((base / "labeled").glob("shard-*.parquet")):
             stats = json.loads((base / "stats" / f"{p.stem}.json").read_text())
-            out[p.stem] = {"stats": stats, "attempt": stats.get("attempt"), "rows": _rows(pq.read_table(p))}
+            data = p.read_bytes()
+            out[p.stem] = {"stats": stats, "attempt": stats.get("attempt"),
+                           "rows": _rows(pq.read_table(io.BytesIO(data))), "record": not_as_recorded(data, stats)}
         return out
 
     def attempts(self, version: str) -> list[dict[str, Any]]:
@@ -221,6 +224,21 @@ def is_attempt(rel: str) -> bool:
 def _pid(owner: str) -> int | None:
     parts = owner.split(":")
     return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+
+
+def not_as_recorded(data: bytes, stats: dict[str, Any]) -> str | None:
+    """Why a committed labeled file (its bytes) is not what its commit record says: its row count,
+    and, in records that keep them, its size and sha256 (None: it is)."""
+    import hashlib
+
+    rows = pq.read_metadata(io.BytesIO(data)).num_rows
+    if rows != stats.get("rows"):
+        return f"{rows} rows, the commit recorded {stats.get('rows')}"
+    if stats.get("labeled_bytes") not in (None, len(data)):
+        return f"{len(data)} bytes, the commit recorded {stats['labeled_bytes']}"
+    if stats.get("labeled_sha256") not in (None, hashlib.sha256(data).hexdigest()):
+        return "its sha256 is not the one the commit recorded"
+    return None
 
 
 def _rows(table: Any) -> list[tuple[str, str | None, str | None]]:

@@ -35,7 +35,7 @@ _S3_ERRORS = {
 #: Hop-by-hop headers: about one connection, not the request (none of them is signed by SigV4).
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect",
         "proxy-connection"}
-_COUNTS = ("requests", "forwarded", "errors", "drops", "drops_after_upstream", "delays")
+_COUNTS = ("requests", "forwarded", "errors", "drops", "drops_after_upstream", "delays", "slow", "held")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,12 @@ class Faults:
     methods: frozenset[str] | None = None
     path_contains: str | None = None
     max_faults: int | None = None
+    #: A slow store: a PUT whose path holds ``slow_path`` (any PUT when None) waits ``slow_s``
+    #: first, with probability ``slow_rate``, at most ``max_slow`` times (not counted as faults).
+    slow_rate: float = 0.0
+    slow_s: float = 0.0
+    slow_path: str | None = None
+    max_slow: int | None = None
 
     def matches(self, method: str, path: str) -> bool:
         return (self.methods is None or method in self.methods) and (
@@ -103,6 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:  # the client gave up mid-body: nothing reaches the store, the connection ends
             self.close_connection = True
             return
+        proxy._wait_if_held(self.command, self.path)
         plan = proxy._decide(self.command, self.path)
         if "delay" in plan:
             time.sleep(plan["delay"])
@@ -178,6 +185,9 @@ class FaultProxy:
         self._rng = random.Random()
         self._counts = dict.fromkeys(_COUNTS, 0)
         self._faulted = 0  # faulty requests since the last set()
+        self._slowed = 0  # slow PUTs since the last set()
+        self._hold: Faults | None = None  # the requests held until release()
+        self._released = threading.Event()
         self._log: list[tuple[str, str, str]] = []
         self._conns: set[socket.socket] = set()
         self._closed = threading.Condition(self._lock)  # notified as each connection ends
@@ -191,27 +201,49 @@ class FaultProxy:
     def set(self, error_rate: float = 0.0, codes: Collection[int] = (500, 503), delay_rate: float = 0.0,
             delay_s: float = 0.0, drop_rate: float = 0.0, drop_after_upstream_rate: float = 0.0,
             methods: Collection[str] | None = None, path_contains: str | None = None,
-            max_faults: int | None = None, seed: int | None = None) -> None:
+            max_faults: int | None = None, seed: int | None = None, slow_rate: float = 0.0, slow_s: float = 0.0,
+            slow_path: str | None = None, max_slow: int | None = None) -> None:
         """Replace the faults: each matching request is dropped before forwarding (``drop_rate``),
         answered with an S3 error from ``codes`` (``error_rate``), delayed by ``delay_s`` first
         (``delay_rate``), or forwarded and then dropped before its answer (``drop_after_upstream_rate``).
 
         ``methods`` (e.g. ``{"PUT"}``) and ``path_contains`` restrict faults to matching requests;
         after ``max_faults`` faulty requests (delays not counted) every request goes through, which
-        makes "exactly the first PUT fails" a test can state.
+        makes "exactly the first PUT fails" a test can state. ``slow_*``: a slow store (:class:`Faults`).
         """
         faults = Faults(error_rate, tuple(codes), delay_rate, delay_s, drop_rate, drop_after_upstream_rate,
                         frozenset(m.upper() for m in methods) if methods is not None else None, path_contains,
-                        max_faults)
+                        max_faults, slow_rate, slow_s, slow_path, max_slow)
         with self._lock:
             self._faults = faults
-            self._faulted = 0
+            self._faulted = self._slowed = 0
             if seed is not None:
                 self._rng.seed(seed)
 
     def clear(self) -> None:
         """No more faults: every request is forwarded and answered."""
         self.set()
+
+    def hold(self, methods: Collection[str] = ("PUT",), path_contains: str | None = None) -> None:
+        """Hold every matching request (its body read, nothing forwarded) until :meth:`release`: a
+        store as slow as a test needs it to be, with no clock in the test. ``counts["held"]``
+        says how many were held."""
+        with self._lock:
+            self._hold = Faults(methods=frozenset(m.upper() for m in methods), path_contains=path_contains)
+            self._released.clear()
+
+    def release(self) -> None:
+        """Let the held requests through (forwarded now, in any order), and hold no more."""
+        with self._lock:
+            self._hold = None
+            self._released.set()
+
+    def _wait_if_held(self, method: str, path: str) -> None:
+        with self._lock:
+            held = self._hold is not None and self._hold.matches(method, path)
+            self._counts["held"] += held
+        if held:
+            self._released.wait()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -252,6 +284,11 @@ class FaultProxy:
             plan["drop_after_upstream"] = 1.0
             self._counts["drops_after_upstream"] += 1
         self._faulted += bool(plan.keys() - {"delay"})
+        if (f.slow_rate and method == "PUT" and (f.slow_path is None or f.slow_path in path)
+                and (f.max_slow is None or self._slowed < f.max_slow) and rng.random() < f.slow_rate):
+            plan["delay"] = max(plan.get("delay", 0.0), f.slow_s)
+            self._slowed += 1
+            self._counts["slow"] += 1
         return plan
 
     def _forward(self, method: str, path: str, headers: list[tuple[str, str]],
@@ -292,7 +329,8 @@ class FaultProxy:
                 self._closed.wait(left)
 
     def stop(self) -> None:
-        """Stop serving and close every client connection still open."""
+        """Stop serving and close every client connection still open (held requests go through first)."""
+        self.release()
         self._server.shutdown()
         self._server.server_close()
         with self._lock:

@@ -148,7 +148,9 @@ class Episode(Steps):
 
     def env(self, box: Box, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKBATCH_FAILPOINT", "T_", "H_"))}
-        env.update(PYTHONPATH=str(ROOT), DAGSTER_HOME=str(box.dagster_home), T_CACHE=str(box.cache),
+        # The repo first; a PYTHONPATH already set (a site folder carried to another machine) after it.
+        path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
+        env.update(PYTHONPATH=path, DAGSTER_HOME=str(box.dagster_home), T_CACHE=str(box.cache),
                    SPARKBATCH_CACHE_DIR=str(self.work / "digests"), SPARKBATCH_CLOCK_SKEW_S=str(box.skew_s))
         if self.server is not None:
             env.update(self.server.env())
@@ -228,11 +230,16 @@ class Episode(Steps):
         for box in self.boxes.values():
             if box.proxy is not None:
                 for kind, name in (("errors", "store_5xx"), ("drops", "store_drop"),
-                                   ("drops_after_upstream", "store_lost_reply"), ("delays", "store_delay")):
+                                   ("drops_after_upstream", "store_lost_reply"), ("delays", "store_delay"),
+                                   ("slow", "store_slow")):
                     self.faults[name] += box.proxy.counts[kind]
                 box.proxy.clear()
         if any(box.skew_s for box in self.boxes.values()):
             self.faults["clock_skew"] += 1
+        self.drain()  # a slow PUT of a run that ended lands (or not) before the pointer is judged
+        self.check_current()
+        if self.plan.damage:
+            self.damage(self.plan.damage, self.boxes[self.plan.final_box])
         self.start(Step("start", self.plan.final_box), final=True)
         final = self.boxes[self.plan.final_box]
         self.wait(final)

@@ -23,9 +23,11 @@ from typing import Any
 HOMES = ("s3", "folder")
 READS = ("status", "sql", "preview", "read_outputs")
 #: Every kind of fault a plan can inject; the fixed seeds of ``make test`` cover them all.
-FAULT_KINDS = ("sigkill", "sigstop", "store_5xx", "store_lost_reply", "store_delay", "reshard",
+FAULT_KINDS = ("sigkill", "sigstop", "store_5xx", "store_lost_reply", "store_delay", "store_slow", "reshard",
                "read_status", "read_sql", "read_preview", "read_read_outputs", "empty_shards", "hostile_ids",
-               "clock_skew", "engine_fail", "failpoint_kill", "failpoint_stop", "cascade")
+               "clock_skew", "engine_fail", "failpoint_kill", "failpoint_stop", "cascade", "damage")
+#: Home files a plan may damage (truncate) once every run has ended, before the final run heals them.
+DAMAGE = ("shard", "current", "metrics", "labeled", "stats", "manifest")
 #: Rows whose ids collide with the ids sharding generates for duplicates and nulls, and a null text.
 HOSTILE = [("a", "A hostile twin, the first."), ("a", "A hostile twin, the second."),
            ("a#dup2", "A real id that looks like a generated one."), (None, "A row with no id at all."),
@@ -44,9 +46,15 @@ class BoxPlan:
         if not self.faults:
             return f"box {self.name}: {skew}, no store faults"
         f = self.faults
-        return (f"box {self.name}: {skew}, store faults: {f['error_rate']:.0%} 5xx, {f['drop_rate']:.0%} dropped "
-                f"before the store, {f['drop_after_upstream_rate']:.0%} replies lost after the write landed, "
-                f"{f['delay_rate']:.0%} delayed {f['delay_s']:.2f} s")
+        text = f"box {self.name}: {skew}, store faults:"
+        if f.get("error_rate") is not None:
+            text += (f" {f['error_rate']:.0%} 5xx, {f['drop_rate']:.0%} dropped before the store, "
+                     f"{f['drop_after_upstream_rate']:.0%} replies lost after the write landed, {f['delay_rate']:.0%} "
+                     f"delayed {f['delay_s']:.2f} s")
+        if f.get("slow_rate"):
+            text += (f" a slow store: {f['slow_rate']:.0%} of PUTs to {f['slow_path'] or 'anything'} held "
+                     f"{f['slow_s']:.2f} s (at most {f['max_slow']})")
+        return text
 
 
 @dataclass
@@ -103,6 +111,7 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     final_box: str = "A"
     cascade: bool = False  # the job is a cascade of two fake models (spec/cascade.py)
+    damage: str | None = None  # a home file (DAMAGE) truncated once every run has ended, before the final run
 
     def describe(self) -> list[str]:
         head = (f"episode seed={self.seed} home={self.home}: {len(self.boxes)} boxes, lease {self.lease_s:g} s, "
@@ -112,7 +121,9 @@ class Plan:
                                                 "text" if self.hostile else "")
         lines = [head, f"  {rows}", *(f"  {b.describe()}" for b in self.boxes)]
         lines += [f"  {n}. {s.describe()}" for n, s in enumerate(self.steps, 1)]
-        return [*lines, f"  final: every run ended, faults cleared, a clean run on {self.final_box}, then the checker"]
+        damage = f", {self.damage} file truncated" if self.damage else ""
+        return [*lines, f"  final: every run ended, faults cleared{damage}, a clean run on {self.final_box}, then "
+                        "the checker"]
 
     def kinds(self) -> set[str]:
         """The fault kinds this plan injects. On an input of a few rows the faults that wait for
@@ -122,9 +133,11 @@ class Plan:
         kinds |= {"empty_shards"} if self.rows < self.shards else set()
         kinds |= {"clock_skew"} if any(b.skew_s for b in self.boxes) else set()
         kinds |= {"cascade"} if self.cascade and self.rows else set()
+        kinds |= {"damage"} if self.damage else set()
         for f in [b.faults for b in self.boxes if b.faults] + [s.faults for s in self.steps if s.faults]:
             kinds |= {k for k, rate in (("store_5xx", f.get("error_rate")), ("store_delay", f.get("delay_rate")),
-                                        ("store_lost_reply", f.get("drop_after_upstream_rate"))) if rate}
+                                        ("store_lost_reply", f.get("drop_after_upstream_rate")),
+                                        ("store_slow", f.get("slow_rate"))) if rate}
         few = self.rows < 20
         for s in self.steps:
             if few and (s.after is not None or s.fail_after is not None or s.gate_after is not None):
@@ -298,6 +311,7 @@ def make_plan(seed: int, home: str | None = None) -> Plan:
                       "delay_rate": round(rng.uniform(0.05, 0.15), 3), "delay_s": round(rng.uniform(0.05, 0.2), 2),
                       "seed": rng.randrange(1 << 30)}
         plan.boxes.append(BoxPlan(name, skew, faults if plan.home == "s3" else None))
+    _draw_issue49(plan)
     planner = _Planner(rng, plan)
     planner.open_run("A")
     for _ in range(rng.randint(0, 2)):
@@ -306,6 +320,20 @@ def make_plan(seed: int, home: str | None = None) -> Plan:
         planner.add(Step("start", box))
     plan.final_box = rng.choice(planner.names())
     return plan
+
+
+def _draw_issue49(plan: Plan) -> None:
+    """A slow store (PUTs held one to two leases) and a damaged home file, drawn from a stream of
+    their own so that every seed's schedule stays what it was."""
+    rng = random.Random(f"slow-store-{plan.seed}")
+    if plan.home == "s3" and rng.random() < 0.4:
+        box = rng.choice(plan.boxes)
+        slow = {"slow_rate": round(rng.uniform(0.3, 0.7), 2), "slow_s": round(rng.uniform(1, 2) * plan.lease_s, 2),
+                "slow_path": rng.choice(["current.json", "/commits/", "manifest.json", None]),
+                "max_slow": rng.randint(1, 3)}
+        box.faults = {**(box.faults or {"seed": rng.randrange(1 << 30)}), **slow}
+    if rng.random() < 0.3:
+        plan.damage = rng.choice(DAMAGE)
 
 
 # -- inputs ----------------------------------------------------------------------------------------

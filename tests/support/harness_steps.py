@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from checker import ReadRecord
+from checker import Break, ReadRecord
 from harness_plan import Plan, Step
 from harness_procs import READER, TIMEOUT_S, Box, Proc, quiet_proxy
 
@@ -26,6 +26,8 @@ class Steps:
     work: Any
     faults: Any
     reads: list[ReadRecord]
+    problems: list[Break]
+    generations: list[Any]
 
     def log(self, text: str) -> None: ...
     def start(self, step: Step, final: bool = False) -> None: ...
@@ -194,6 +196,43 @@ class Steps:
         self.faults[f"read_{cmd}"] += 1
         self.log(f"`{cmd}` on {box.name} ({'no run going' if quiet else 'during a run'}): exit {rc}"
                  + (f": {tail}" if rc else ""))
+
+    def check_current(self) -> None:
+        """With every run ended: once the newest input's version has a commit, ``current.json``
+        names it (it moves only forward: a late or slow writer of an older input never wins).
+        Judged before the final run, whose own start would move it anyway."""
+        latest = self.generations[-1].version
+        if latest is None or not self.view.commits(latest):
+            return
+        now = self.view.current()
+        if now != latest:
+            self.problems.append(Break("current", f"with every run ended, current.json names {now}, not {latest} "
+                                                  "(the newest input's, which has commits)"))
+
+    def damage(self, kind: str, box: Box) -> None:
+        """Truncate one home file of ``kind`` (``harness_plan.DAMAGE``): in a folder home the home's,
+        in a bucket home the final box's cache copy, or the bucket's pointer. The final run must
+        heal it (or the checker finds what it cost)."""
+        root = box.cache if self.plan.home == "s3" else self.work / "home"
+        if kind == "current" and self.plan.home == "s3":
+            fs, rel = self.view.fs, f"{self.view.root}/current.json"
+            if fs.exists(rel):
+                fs.pipe_file(rel, fs.cat_file(rel)[:9])
+                self.faults["damage"] += 1
+                self.log("damage: the bucket's current.json truncated to 9 bytes")
+            return
+        pattern = {"shard": "shards/shard-*.parquet", "current": "current.json", "metrics": "metrics.duckdb",
+                   "labeled": "out/*/labeled/shard-*.parquet", "stats": "out/*/stats/shard-*.json",
+                   "manifest": "shards/manifest.json"}[kind]
+        found = sorted(root.glob(pattern))
+        if not found:
+            self.log(f"damage: no {kind} file in {root} to truncate")
+            return
+        path = found[0]
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+        self.faults["damage"] += 1
+        self.log(f"damage: {path.relative_to(root)} truncated to {len(data) // 2} of {len(data)} bytes")
 
     def drain(self) -> None:
         """Wait until no proxy holds a request (a delayed PUT of a killed box lands, or not, first)."""

@@ -197,7 +197,8 @@ def test_the_openapi_document_says_what_is_served(tmp_path):
     client, _ = _client(tmp_path / "root", access("127.0.0.1", "k"))
     doc = client.get("/openapi.json", headers={"Authorization": "Bearer k"}).json()
     operations = {f"{method.upper()} {path}": op for path, item in doc["paths"].items() for method, op in item.items()}
-    assert set(operations) == {"POST /v1/files", "GET /v1/files/{file_id}", "GET /v1/files/{file_id}/content",
+    assert set(operations) == {"POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}",
+                               "DELETE /v1/files/{file_id}", "GET /v1/files/{file_id}/content",
                                "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
                                "POST /v1/batches/{batch_id}/cancel"}
     for op in operations.values():
