@@ -72,6 +72,12 @@ REGRESSION = {
     32543: "S3; the torn PUT on an engine failure after a shard's last answer (fault-harness-h200-30000.json)",
     343: "S3; a box killed right after its bucket commit left the shard's claim and parts behind (found by the "
          "harness, stop 33)",
+    70153: "folder; a damaged stats file: the shard set aside and committed again, which the checker counted as "
+           "computed twice (fault-harness-h100-70000.json)",
+    70232: "folder; the same for a damaged labeled file, after a failpoint kill (fault-harness-h100-70000.json)",
+    70237: "folder; the same for a damaged stats file, after a failpoint stop (fault-harness-h100-70000.json)",
+    70269: "folder; the same for a damaged labeled file (fault-harness-h100-70000.json)",
+    70354: "folder; the same for a damaged stats file (fault-harness-h100-70000.json)",
 }
 #: `make soak` (with the long harness): the seeds chosen to reproduce breaks a review reported (not found
 #: by the harness), and the episodes they reach.

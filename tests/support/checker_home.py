@@ -126,6 +126,11 @@ class BucketView:
     def current(self) -> str | None:
         return json.loads(self.read("current.json"))["version"] if "current.json" in self.names() else None
 
+    def recomputed(self, version: str) -> set[str]:
+        """Shards committed again after damage: none (a commit is created once; a damaged cache
+        copy is fetched again)."""
+        return set()
+
     def leftovers(self, killed_pids: set[int], current: str | None) -> tuple[list[str], list[str]]:
         """(breaks, notes): claims and parts left; a killed box's own lease or a fence is a note,
         and so are the parts of a version an input sharded again left unfinished (checkpoints
@@ -188,6 +193,11 @@ class FolderView:
 
     def attempts(self, version: str) -> list[dict[str, Any]]:
         return [json.loads(p.read_text()) for p in sorted((self.root / "out" / version / "attempts").glob("*.json"))]
+
+    def recomputed(self, version: str) -> set[str]:
+        """Shards whose committed files were found broken, set aside (``*.broken-<time>``) and committed again."""
+        base = self.root / "out" / version
+        return {p.name.split(".")[0] for d in ("labeled", "stats") for p in (base / d).glob("shard-*.broken-*")}
 
     def current(self) -> str | None:
         path = self.root / "current.json"
