@@ -221,8 +221,11 @@ class Steps:
                 self.faults["damage"] += 1
                 self.log("damage: the bucket's current.json truncated to 9 bytes")
             return
+        # The newest input's files: an older version's are read by no one (the final run heals
+        # what readers see; the checker reads every version's commits).
+        version = self.generations[-1].version or "none"
         pattern = {"shard": "shards/shard-*.parquet", "current": "current.json", "metrics": "metrics.duckdb",
-                   "labeled": "out/*/labeled/shard-*.parquet", "stats": "out/*/stats/shard-*.json",
+                   "labeled": f"out/{version}/labeled/shard-*.parquet", "stats": f"out/{version}/stats/shard-*.json",
                    "manifest": "shards/manifest.json"}[kind]
         found = sorted(root.glob(pattern))
         if not found:
