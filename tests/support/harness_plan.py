@@ -311,7 +311,6 @@ def make_plan(seed: int, home: str | None = None) -> Plan:
                       "delay_rate": round(rng.uniform(0.05, 0.15), 3), "delay_s": round(rng.uniform(0.05, 0.2), 2),
                       "seed": rng.randrange(1 << 30)}
         plan.boxes.append(BoxPlan(name, skew, faults if plan.home == "s3" else None))
-    _draw_issue49(plan)
     planner = _Planner(rng, plan)
     planner.open_run("A")
     for _ in range(rng.randint(0, 2)):
@@ -319,6 +318,7 @@ def make_plan(seed: int, home: str | None = None) -> Plan:
     for box in sorted(planner.killed):  # a killed box comes back before the end
         planner.add(Step("start", box))
     plan.final_box = rng.choice(planner.names())
+    _draw_issue49(plan)
     return plan
 
 
@@ -327,9 +327,12 @@ def _draw_issue49(plan: Plan) -> None:
     their own so that every seed's schedule stays what it was."""
     rng = random.Random(f"slow-store-{plan.seed}")
     if plan.home == "s3" and rng.random() < 0.4:
-        box = rng.choice(plan.boxes)
-        slow = {"slow_rate": round(rng.uniform(0.3, 0.7), 2), "slow_s": round(rng.uniform(1, 2) * plan.lease_s, 2),
-                "slow_path": rng.choice(["current.json", "/commits/", "manifest.json", None]),
+        # A box that runs (its first run, or the final one), and every PUT to the path held until
+        # ``max_slow`` were: a slow store that is sure to be met.
+        box = rng.choice([b for b in plan.boxes if b.name == "A" or b.name == plan.final_box
+                          or any(s.kind == "start" and s.box == b.name for s in plan.steps)])
+        slow = {"slow_rate": 1.0, "slow_s": round(rng.uniform(1, 2) * plan.lease_s, 2),
+                "slow_path": rng.choice(["current.json", "/commits/", "/leases/", None]),
                 "max_slow": rng.randint(1, 3)}
         box.faults = {**(box.faults or {"seed": rng.randrange(1 << 30)}), **slow}
     if rng.random() < 0.3:

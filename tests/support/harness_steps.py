@@ -154,7 +154,9 @@ class Steps:
     def step_faults(self, step: Step) -> None:
         proxy = self.boxes[str(step.box)].proxy
         if proxy is not None and step.faults:
-            proxy.set(**step.faults)
+            box = next(b for b in self.plan.boxes if b.name == step.box)
+            slow = {k: v for k, v in (box.faults or {}).items() if k.startswith(("slow_", "max_slow"))}
+            proxy.set(**{**slow, **step.faults})  # a burst on top of a slow store, which stays
             self.log(f"store faults on {step.box}: {step.faults}")
 
     def step_read(self, step: Step) -> None:
