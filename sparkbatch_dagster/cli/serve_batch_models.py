@@ -46,14 +46,19 @@ class FileObject(BaseModel):
     status_details: str | None = None
 
 
-class FileList(BaseModel):
-    """``files.list``: a page of files, in the ``order`` asked."""
+class _Page(BaseModel):
+    """What every OpenAI list page carries besides its ``data``."""
 
     object: Literal["list"] = "list"
-    data: list[FileObject]
     first_id: str | None = None
     last_id: str | None = None
     has_more: bool
+
+
+class FileList(_Page):
+    """``files.list``: a page of files, in the ``order`` asked."""
+
+    data: list[FileObject]
 
 
 class FileDeleted(BaseModel):
@@ -138,11 +143,7 @@ class Batch(BaseModel):
     usage: BatchUsage | None = None
 
 
-class BatchList(BaseModel):
+class BatchList(_Page):
     """``batches.list``: a page, newest first."""
 
-    object: Literal["list"] = "list"
     data: list[Batch]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool

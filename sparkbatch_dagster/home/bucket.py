@@ -197,6 +197,33 @@ class Bucket:
         tag = reply.get("ETag") if isinstance(reply, Mapping) else None
         return str(tag) if tag else self.etag(rel)
 
+    def put_forward(self, rel: str, data: bytes, settled: Callable[[bytes], bool], may_write: Callable[[], bool],
+                    tries: int = 20) -> tuple[bool, bytes | None]:
+        """Write ``data`` only over the version read right before ``may_write()`` said yes (a small
+        pointer that must only move forward, under any store latency): the tag is read first, so
+        content newer than the tag only makes the write fail, and a lost write is read again.
+        Returns (True, what the object holds) once it is ``data`` or ``settled`` by what is there;
+        (False, the bytes last read) when ``may_write()`` says no or the object kept moving."""
+        raw: bytes | None = None
+        for _ in range(tries):
+            tag = self.etag(rel)
+            raw = self.get_bytes(rel)
+            if raw is not None and settled(raw):  # ours already (a reply lost), or another's that will do
+                return True, raw
+            if not may_write():
+                return False, raw
+            if raw is not None and tag is None:
+                continue  # created between the two reads: read both again
+            try:
+                if self.put_bytes(rel, data, create=raw is None, if_match=None if raw is None else tag):
+                    return True, data
+            except OSError as exc:  # FileNotFoundError too: deleted since read
+                if not (precondition_failed(exc) or isinstance(exc, FileNotFoundError)):
+                    raise
+            log.info("%s moved while being written: read again", self.path(rel))
+        log.warning("%s kept moving under %d conditional writes: left as it is", self.path(rel), tries)
+        return False, raw
+
     def put_file(self, local: Path, rel: str) -> None:
         self._retry("upload", lambda: self.fs.put_file(str(local), self.path(rel)))
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .atomic import atomic_write_text, failpoint
-from .bucket import Bucket, precondition_failed
+from .bucket import Bucket
 from .commit_record import as_recorded, commit_of
 from .locks import FileLock
 from .uploader import Uploader
@@ -109,28 +109,19 @@ class Mirror:
         folder, rel = f"shards/{manifest['signature'][:16]}", "shards/manifest.json"
         body = json.dumps({**{k: v for k, v in manifest.items() if k != "reused"}, "objects": folder},
                           indent=2).encode()
-        uploaded = False
-        for _ in range(20):
-            tag = self.bucket.etag(rel)  # first: content newer than the tag only makes the write fail
-            raw = self.bucket.get_bytes(rel)
-            if raw is not None and _signature_of(raw) == manifest["signature"]:
-                return True
+        uploaded: list[bool] = []
+
+        def may_write() -> bool:
             if input_now() != manifest["signature"]:
                 log.warning("the input changed since it was sharded here: the bucket's shards are left as they are")
                 return False
-            if not uploaded:
+            if not uploaded:  # the objects first, once: the manifest names them
                 self._upload_shards(home, manifest, folder)
-                uploaded = True
-            if raw is not None and tag is None:
-                continue
-            try:
-                if self.bucket.put_bytes(rel, body, create=raw is None, if_match=tag if raw is not None else None):
-                    return True
-            except OSError as exc:  # FileNotFoundError too: deleted since read
-                if not (precondition_failed(exc) or isinstance(exc, FileNotFoundError)):
-                    raise
-        log.warning("%s kept changing under 20 conditional writes: this run's shards are not published", rel)
-        return False
+                uploaded.append(True)
+            return True
+
+        return self.bucket.put_forward(rel, body, lambda raw: _signature_of(raw) == manifest["signature"],
+                                       may_write)[0]
 
     def _upload_shards(self, home: JobHome, manifest: dict[str, Any], folder: str) -> None:
         have = self.bucket.list(folder)

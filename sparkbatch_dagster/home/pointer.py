@@ -31,14 +31,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .atomic import atomic_write_text
-from .bucket import precondition_failed
 from .locks import FileLock
 from .mirror import Mirror
 
 log = logging.getLogger("sparkbatch")
-
-#: Conditional writes tried before giving up: each lost one means another box moved the pointer.
-TRIES = 20
 
 
 class JobHome(Protocol):
@@ -134,33 +130,13 @@ def advance(home: JobHome, version: str, model: str, signature: str | None) -> b
                 return False
             atomic_write_text(home.current_path, new.to_json())
             return True
-    bucket, rel = home.remote.bucket, home.remote.rel(home.current_path)
-    for _ in range(TRIES):
-        tag = bucket.etag(rel)  # first: content newer than the tag only makes the write fail
-        raw = bucket.get_bytes(rel)
-        seen = parse(raw) if raw is not None else None
-        if raw is not None and seen is not None and seen.version == version:  # ours already (a reply lost), or
-            _keep_local(home.current_path, raw)                                   # another run's of this version
-            return True
-        if home.input_signature_now() != signature:
-            if raw is not None:
-                _keep_local(home.current_path, raw)
-            return False
-        if raw is not None and tag is None:
-            continue  # created between the two reads: read both again
-        try:
-            if bucket.put_bytes(rel, new.to_json().encode(), create=raw is None, if_match=None if raw is None else tag):
-                break
-        except OSError as exc:  # FileNotFoundError too: deleted since read
-            if not (precondition_failed(exc) or isinstance(exc, FileNotFoundError)):
-                raise
-        log.info("current.json moved while %s was being made current: read again", version)
-    else:
-        log.warning("current.json of %s kept moving under %d conditional writes: %s is not made current now; the "
-                    "next run of it tries again", home.location, TRIES, version)
-        return False
-    _keep_local(home.current_path, new.to_json().encode())
-    return True
+    written, raw = home.remote.bucket.put_forward(
+        home.remote.rel(home.current_path), new.to_json().encode(),
+        settled=lambda raw: (found := parse(raw)) is not None and found.version == version,
+        may_write=lambda: home.input_signature_now() == signature)
+    if raw is not None:
+        _keep_local(home.current_path, raw)
+    return written
 
 
 def heal(home: JobHome) -> bool:
