@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from sparkbatch_dagster.engines import heap
+from sparkbatch_dagster.engines.platform import heap
 
 GPU_FIELDS = ("clocks.sm", "utilization.gpu", "power.draw", "temperature.gpu")
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
@@ -140,7 +140,7 @@ def gc_pauses() -> Iterator[dict[str, Any]]:
             started.append(time.perf_counter())
             if info["generation"] == 2:
                 full_at.append(round(started[-1] - began, 2))
-                # Whether the run had the heap frozen then (engines/heap.py), and how much was.
+                # Whether the run had the heap frozen then (engines/platform/heap.py), and how much was.
                 full_state.append([heap.is_frozen(), gc.get_freeze_count(), gc.isenabled()])
         elif started:
             spent.setdefault(info["generation"], []).append(time.perf_counter() - started.pop())

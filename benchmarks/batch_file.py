@@ -72,7 +72,7 @@ def arm(job: Any, res: dict[str, Any], inst: Any, engine: Any, export_to: Path |
     result = materialize(job.assets, selection=[job.keys["labeled_outputs"]], resources=res, instance=inst, tags=tags)
     materialize(job.assets, selection=[job.keys["run_metrics"]], resources=res, instance=inst, tags=tags)
     labeled = time.perf_counter()
-    written = export_batch(job, export_to) if export_to is not None else None
+    written = export_batch(job, export_to).to_json() if export_to is not None else None
     ended = time.perf_counter()
     mds = [m.metadata for m in result.asset_materializations_for_node("__".join(job.keys["labeled_outputs"].path))]
     out = {"sharding_s": sharded - began, "labeling_s": labeled - sharded, "export_s": ended - labeled,

@@ -144,7 +144,7 @@ def main() -> None:
         if args.estimate:
             job = build_batch_assets(spec=spec_for(src, work / "estimate", args))
             build_shards(job.spec, job.home)
-            report = job.estimate(resource, log=lambda line: print(line, file=sys.stderr, flush=True))
+            report = job.estimate(resource, log=lambda line: print(line, file=sys.stderr, flush=True)).to_json()
             first_name = resource.model_identity().split("@")[0]
             pair = next(c for c in report["cascades"] if c["stages"][0].split("@")[0] == first_name)
             below = below if below is not None else pair["threshold"]

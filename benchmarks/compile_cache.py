@@ -112,7 +112,7 @@ def measure(variant: str, model: str, work: Path, cache: Path, reference: Path, 
 
 
 def platform_name() -> str:
-    from sparkbatch_dagster.engines.compile_cache import device
+    from sparkbatch_dagster.engines.platform.compile_cache import device
 
     return "cpu" if device().startswith("cpu") else "gpu"
 
@@ -127,7 +127,7 @@ def main() -> None:
                     help='more VLLMResource fields, e.g. \'{"engine_kwargs": {"load_format": "dummy"}}\' (a GPU box)')
     ap.add_argument("--out", default=None, help="default: benchmarks/results/compile-cache-<cpu|gpu>.json")
     args = ap.parse_args()
-    from sparkbatch_dagster.engines.model import resolve_model
+    from sparkbatch_dagster.engines.platform.model import resolve_model
 
     model = resolve_model(args.model)  # the embedded model is converted here, outside every measurement
     work = Path(tempfile.mkdtemp(prefix="compile-cache-bench-"))

@@ -6,7 +6,7 @@
 
 One engine (``VLLMResource``, prefix caching off so every pass prefills in full) answers the same
 Debian package descriptions with the engine's ``confidence`` on (log-probabilities asked per
-token, ``engines/confidence.py``) and off, in A-B / B-A order per round after one warm-up pass of
+token, ``engines/answers/confidence.py``) and off, in A-B / B-A order per round after one warm-up pass of
 each. ``--kind label``: the Debian sections of ``label_decoding.py`` (one-step decoding, the
 default); ``--kind json``: ``{"section": ..., "summary": ...}``. Reports each mode's median
 generation seconds and their ratio, whether the answers are the same, and, for labels, how
@@ -16,6 +16,7 @@ confidence bucket.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from label_decoding import SECTIONS, engine_arguments, machine, rows  # noqa: E402
 from results_io import emit  # noqa: E402
+from switches import no_confidence  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"section": {"type": "string", "enum": SECTIONS},
                                            "summary": {"type": "string", "maxLength": 60}},
@@ -65,9 +67,9 @@ def main() -> None:
     engine = res.get_engine()
 
     def run(mode: str) -> tuple[float, dict[str, object]]:
-        engine.confidence = mode == "on"
         began = time.perf_counter()
-        out = list(engine.generate(reqs, sampling, output))
+        with no_confidence() if mode == "off" else contextlib.nullcontext():
+            out = list(engine.generate(reqs, sampling, output))
         return time.perf_counter() - began, {r.id: r for r in out}
 
     modes = ["off", "on"]

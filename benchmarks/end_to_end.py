@@ -77,7 +77,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from assets.debian import SECTIONS
-    from sparkbatch_dagster.engines.model import ensure_embedded
+    from sparkbatch_dagster.engines.platform.model import ensure_embedded
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=600)

@@ -44,7 +44,7 @@ def main() -> None:
     for n in (int(x) for x in args.samples.split(",")):
         t = time.perf_counter()
         # fill_batch off: this measures what each sample size gives, small ones included.
-        report = job.estimate(resource, EstimateSpec(sample_rows=n, warmup_rows=min(64, n), fill_batch=False))
+        report = job.estimate(resource, EstimateSpec(sample_rows=n, warmup_rows=min(64, n), fill_batch=False)).to_json()
         predictions[n] = {"predicted_wall_s": report["predicted_wall_s"],
                           "sample_s": report["sample_s"], "estimate_s": round(time.perf_counter() - t, 1),
                           "advice": report["advice"]}

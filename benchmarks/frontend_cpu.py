@@ -4,7 +4,7 @@
 
 Starts the server a job starts (CPU here: one frontend in the `vllm serve` process, the engine
 core and its worker in child processes) and runs the same rows through ``VLLMServerEngine`` with
-``PROMPTS_PER_REQUEST`` prompts per completions request (``engines/prompt_groups.py``) and with
+``PROMPTS_PER_REQUEST`` prompts per completions request (``engines/server/prompt_groups.py``) and with
 one, A-B / B-A. Each arm reads the CPU time of every server process before and after, so the
 frontend's cost per row (HTTP, routing, validation, handing to the engine core, the answer) is
 measured apart from the model's. One output token per row and prompts the prefix cache already
@@ -50,7 +50,7 @@ def main() -> None:
 
     from sparkbatch_dagster import OutputSpec, SamplingSpec, VLLMResource
     from sparkbatch_dagster.engines import EngineRequest
-    from sparkbatch_dagster.engines.prompt_groups import PROMPTS_PER_REQUEST
+    from sparkbatch_dagster.engines.server.prompt_groups import PROMPTS_PER_REQUEST
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--rows", type=int, default=512)

@@ -5,7 +5,7 @@
 
 One engine (``VLLMResource``, prefix caching off so every pass prefills in full) labels the same
 Debian package descriptions with ``label_decoding="grammar"`` and ``"auto"`` (one decode step over
-the tokens that begin exactly one label, ``engines/label_tokens.py``), in A-B / B-A order per
+the tokens that begin exactly one label, ``engines/answers/label_tokens.py``), in A-B / B-A order per
 round after one warm-up pass of each. The labels are the Debian sections among the 13 most common
 whose first tokens tell them apart (SmolLM2's tokenizer), and the rows those sections' packages.
 Reports each mode's median generation seconds, their ratio, how many answers the two modes share,
@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from results_io import emit  # noqa: E402
+from switches import engine_switches  # noqa: E402
 
 #: The Debian set: ../shared here; on a GPU box, the copy benchmarks/make_bench_dir.sh puts in .bench.
 DEBIAN = next((p for p in (ROOT.parent / "shared" / "data" / "debian_packages.parquet",
@@ -69,7 +70,7 @@ def main() -> None:
     args = engine_arguments(__doc__.splitlines()[0]).parse_args()
     from sparkbatch_dagster import OutputSpec, SamplingSpec, VLLMResource
     from sparkbatch_dagster.engines import EngineRequest
-    from sparkbatch_dagster.engines.label_tokens import plan
+    from sparkbatch_dagster.engines.answers.label_tokens import plan
 
     data = rows(args.rows)
     output, sampling = OutputSpec(kind="label", labels=SECTIONS), SamplingSpec(max_tokens=8)
@@ -83,9 +84,9 @@ def main() -> None:
     assert heads, "these labels should be told apart by their first tokens"
 
     def run(mode: str) -> tuple[float, dict[str, str], int]:
-        engine.label_decoding = mode
         began = time.perf_counter()
-        out = list(engine.generate(reqs, sampling, output))
+        with engine_switches(engine, {"label_decoding": mode}):
+            out = list(engine.generate(reqs, sampling, output))
         took = time.perf_counter() - began
         return took, {r.id: r.text for r in out}, sum(r.output_tokens for r in out)
 

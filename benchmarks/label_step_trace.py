@@ -274,7 +274,7 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
         began = time.perf_counter()
         if prof is not None:
             prof.enable()
-        summary = commands.run(job, defs)
+        summary = commands.run(job, defs).to_json()
         if prof is not None:
             prof.disable()
         wall = time.perf_counter() - began
@@ -302,7 +302,7 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
 
 def _watch() -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Wall and process CPU seconds of each ``materialize`` the command makes (by the asset it
-    selects), and the labeling step's thread CPU per part (``engines/spans.py``, when it counts)."""
+    selects), and the labeling step's thread CPU per part (``engines/platform/spans.py``, when it counts)."""
     import dagster
 
     runs: list[dict[str, Any]] = []
@@ -327,7 +327,7 @@ def _watch() -> tuple[list[dict[str, Any]], dict[str, float]]:
                          "cpu_s": round(time.process_time() - began, 2)})
 
     try:
-        from sparkbatch_dagster.engines import spans
+        from sparkbatch_dagster.engines.platform import spans
         spans.COUNT_CPU = True
     except ImportError:  # a copy from before the parts were named
         spans = None  # type: ignore[assignment]

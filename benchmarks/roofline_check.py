@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results_io import emit  # noqa: E402
 
-from sparkbatch_dagster.engines.model import param_count  # noqa: E402
+from sparkbatch_dagster.engines.platform.model import param_count  # noqa: E402
 from sparkbatch_dagster.estimate.roofline import EFFICIENCY, ModelShape, Workload, project  # noqa: E402
 from sparkbatch_dagster.spec import PRESETS  # noqa: E402
 from sparkbatch_dagster.testing import DUMMY_SHAPES  # noqa: E402
@@ -61,7 +61,7 @@ def check(name: str, d: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "file": name, "shape": d["shape"], "mode": d["mode"], "rows": d["rows"], "max_tokens": d["max_tokens"],
         "prompt_tokens": work.prompt_tokens, "output_tokens": output, "params": shape.params,
-        "projection": proj.as_dict(), "projected_low_s": round(proj.low_s, 2),
+        "projection": proj.rounded().to_json(), "projected_low_s": round(proj.low_s, 2),
         "projected_high_s": round(proj.high_s, 2),
     }
     for arm, secs in measured.items():

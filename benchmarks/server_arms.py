@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from sparkbatch_dagster import VLLMResource
-from sparkbatch_dagster.engines.start import default_token_ids
+from sparkbatch_dagster.engines.server.prompt_groups import token_ids
 
 
 def start_alongside(args: argparse.Namespace, kw: dict[str, Any], res: dict[str, Any], pipeline: Any,
@@ -109,7 +109,7 @@ def run_server_variants(variants: dict[str, dict[str, Any]], kw: dict[str, Any],
         # Through server_url a client would take the default for someone else's server (chat
         # bodies); this server was started here, so its clients get the started server's default.
         served = {**kw, "model": engine.served_name,  # type: ignore[attr-defined]
-                  "server_token_ids": default_token_ids(owner.engine_settings(), started_here=True)}
+                  "server_token_ids": token_ids(owner.engine_settings(), started_here=True)}
         clients = {names[0]: owner} | {name: VLLMResource(engine="server", server_url=url, **{
             **served, **{k: v for k, v in variants[name].items() if k in CLIENT_ONLY}}) for name in names[1:]}
         try:

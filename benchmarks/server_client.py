@@ -12,10 +12,10 @@ started here), and ``server_token_ids`` with the bodies built inline on the call
 before 2026-12-04 (``token_ids_inline``), instead of a chunk at a time on the encoding thread,
 and ``server_token_ids`` with each request handed to the client's event loop alone
 (``one_handoff_each``, ``asyncio.run_coroutine_threadsafe`` per request, as before 2026-12-04)
-instead of a batch at a time (``engines/handoff.py``), and ``server_token_ids`` with Python's own
+instead of a batch at a time (``engines/server/handoff.py``), and ``server_token_ids`` with Python's own
 spacing of full garbage collections while the heap is frozen (``full_passes_unspaced``, as before
-2026-12-04; ``engines/heap.py``), and ``server_token_ids`` with ``PROMPTS_PER_REQUEST`` prompts per
-request (``grouped``; ``engines/prompt_groups.py``, the default for a server started here; the
+2026-12-04; ``engines/platform/heap.py``), and ``server_token_ids`` with ``PROMPTS_PER_REQUEST`` prompts per
+request (``grouped``; ``engines/server/prompt_groups.py``, the default for a server started here; the
 stub answers a choice per prompt), and ``grouped`` with the standard library's json on the wire
 (``stdlib_json``, as before 2026-12-05) instead of msgspec's; ``--arms`` picks some. Each arm generates inside
 ``frozen_heap()``, as a run does, and records its full collections (``gen2_passes``, ``gen2_s``).
@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import emit  # noqa: E402
 
-from sparkbatch_dagster.engines.prompt_groups import PROMPTS_PER_REQUEST  # noqa: E402
+from sparkbatch_dagster.engines.server.prompt_groups import PROMPTS_PER_REQUEST  # noqa: E402
 
 STUB = """
 import asyncio
@@ -117,12 +117,17 @@ STDLIB_WIRE = {"_dumps": lambda body: json.dumps(body).encode(), "_loads": json.
 
 
 def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
-    from sparkbatch_dagster.engines import heap, prompt_groups
-    from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
+    from switches import inline_encoding, unbatched_handoff
+
+    from sparkbatch_dagster.engines.config import EngineSettings
+    from sparkbatch_dagster.engines.platform import heap
+    from sparkbatch_dagster.engines.server import prompt_groups
+    from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
 
     token_ids, ahead, batched, spaced, per_request, fast_json = ARMS[arm]
-    engine = VLLMServerEngine(url, "m", max_in_flight=in_flight, token_ids=token_ids, prompts_per_request=per_request)
-    engine.encode_ahead, engine.batched_handoff = ahead, batched
+    cfg = EngineSettings(engine="server", model="m", endpoints=(url,), max_in_flight=in_flight,
+                         server_token_ids=token_ids, server_prompts_per_request=per_request)
+    engine = VLLMServerEngine(cfg, url, "m")
     passes: list[float] = []
     started: list[float] = []
 
@@ -140,7 +145,9 @@ def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in
     try:
         wall, cpu, caller = time.perf_counter(), time.process_time(), time.thread_time()
         with heap.frozen_heap(), contextlib.nullcontext() if fast_json else \
-                mock.patch.multiple(prompt_groups, **STDLIB_WIRE):
+                mock.patch.multiple(prompt_groups, **STDLIB_WIRE), \
+                contextlib.nullcontext() if ahead else inline_encoding(), \
+                contextlib.nullcontext() if batched else unbatched_handoff():
             answered = sum(1 for r in engine.generate(requests, sampling, output) if r.error is None)
         wall, cpu, caller = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - caller
     finally:
@@ -157,8 +164,8 @@ def main() -> None:
     from throughput import build_spec, conversations, synthetic_rows
 
     from sparkbatch_dagster.engines.base import EngineRequest
-    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, ensure_embedded
-    from sparkbatch_dagster.engines.server_process import free_port
+    from sparkbatch_dagster.engines.platform.model import DEFAULT_MODEL_NAME, ensure_embedded
+    from sparkbatch_dagster.engines.server.server_process import free_port
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--rows", type=int, default=8000, help="requests per arm (the H200 server run's 8,000)")

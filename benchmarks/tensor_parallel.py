@@ -59,7 +59,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
-    from sparkbatch_dagster.engines.server_process import free_port
+    from sparkbatch_dagster.engines.server.server_process import free_port
     from sparkbatch_dagster.testing import dummy_model
 
     home = Path(args.home or tempfile.mkdtemp(prefix="sparkbatch-tp-bench-"))
@@ -127,7 +127,7 @@ def run(cli: list[str], home: Path, env: dict[str, str], args: Any) -> dict[str,
                           memory_gb=args.gpu_memory_gb, hardware="h200")]
     resource = defs.resources[job.resource_key]
     started = time.perf_counter()
-    report = job.estimate(resource, EstimateSpec(sample_rows=min(256, args.rows), options=options))
+    report = job.estimate(resource, EstimateSpec(sample_rows=min(256, args.rows), options=options)).to_json()
     estimate_s = time.perf_counter() - started
     resource.shutdown()
     started = time.perf_counter()

@@ -41,7 +41,6 @@ from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,6 +49,7 @@ from arm_samples import gc_pauses, gpu_samples, py_spy, server_samples  # noqa: 
 from engine_trace import trace  # noqa: E402
 from results_io import emit  # noqa: E402
 from server_arms import json_object, run_server_variants, server_variants, start_alongside  # noqa: E402
+from switches import engine_switches, thawed  # noqa: E402
 
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
 from sparkbatch_dagster.definitions.resource import close_warm_engines  # noqa: E402
@@ -140,7 +140,7 @@ def conversations(spec: JobSpec, rows: list[dict[str, Any]]) -> list[list[dict[s
 
 def raw_generate(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
     """What a plain vLLM user writes: render every row, one LLM.chat call."""
-    from sparkbatch_dagster.engines.vllm_params import sampling_params
+    from sparkbatch_dagster.engines.answers.plan import sampling_params
 
     convs = conversations(spec, rows)
     params = sampling_params(spec.sampling, spec.output)
@@ -163,7 +163,7 @@ def token_prompts(tokenizer: Any, convs: list[list[dict[str, str]]]) -> list[Any
 def raw_generate_tokens(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
     """The fastest plain vLLM script: the chat template over every row and one batch encode, then
     one LLM.generate call over token ids (template and tokenizer timed, as in ``LLM.chat``)."""
-    from sparkbatch_dagster.engines.vllm_params import sampling_params
+    from sparkbatch_dagster.engines.answers.plan import sampling_params
 
     convs = conversations(spec, rows)
     params = sampling_params(spec.sampling, spec.output)
@@ -264,7 +264,8 @@ def arguments() -> argparse.Namespace:
                         "(e.g. '{\"engine_kwargs\": {\"api_server_count\": 1}}'), its rounds in the same A-B / B-A "
                         "order; all three engines then take 0.3 of the GPU's memory (give KV_GB 30 at most)")
     p.add_argument("--pipeline-b", type=json_object, default=None, metavar="JSON",
-                   help="a second offline pipeline arm each round, with these attributes of the engine set meanwhile, "
+                   help="a second offline pipeline arm each round, with these switches on meanwhile (switches.py "
+                        "engine_switches: engine settings, label_probe, label_bar, confidence, encode_ahead), "
                         "e.g. '{\"label_decoding\": \"grammar\"}' or '{\"label_bar\": 1.0}' (every label row in one "
                         "step); reported as pipeline_b_s and pipeline_over_pipeline_b")
     p.add_argument("--out", default=None, help="also write the result object to this file (benchmarks/results/...)")
@@ -279,7 +280,7 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--profile-seconds", type=float, default=10.0)
     p.add_argument("--thawed", default="", metavar="ARMS",
                    help="comma-separated arms (pipeline, server) that also run each round with the heap not frozen "
-                        "while generating (engines/heap.py off), beside the default: what freezing saves")
+                        "while generating (engines/platform/heap.py off), beside the default: what freezing saves")
     p.add_argument("--trace", action="store_true",
                    help="per arm and round: engine step timings, this process's CPU time, vLLM's step metrics "
                         "(engine_trace.py); turns vLLM's stats on in every arm alike")
@@ -373,7 +374,7 @@ def main() -> None:
         order = [*arms, ("pipeline", functools.partial(pipeline, n))]
         if args.pipeline_b:  # the engine's attributes set while it runs
             order.append(("pipeline_b", twin(functools.partial(pipeline, n, "-b"), "labeling", times,
-                                             "pipeline_b_labeling", mock.patch.multiple(engine, **args.pipeline_b))))
+                                             "pipeline_b_labeling", engine_switches(engine, args.pipeline_b))))
         if "pipeline" in thawed:
             order.append(("pipeline_thawed", thaw(functools.partial(pipeline, n, "-thawed"), "labeling", times)))
         if server is not None:
@@ -499,7 +500,7 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
     thawed = {arm: {"thawed_s": secs(times[f"{arm}_thawed"]), "frozen_s": secs(times[arm]),
                     "frozen_over_thawed": round(sum(times[f"{arm}_thawed"]) / sum(times[arm]), 4)}
               for arm in thawed_arms(getattr(args, "thawed", "")) if times.get(f"{arm}_thawed")}
-    if thawed:  # the default arms freeze the heap while generating (engines/heap.py); these did not
+    if thawed:  # the default arms freeze the heap while generating (engines/platform/heap.py); these did not
         out["thawed"] = thawed
         if "server" in thawed:
             out["server_over_offline_thawed"] = round(pipe_s / sum(times["server_thawed"]), 4)
@@ -522,11 +523,9 @@ def thawed_arms(spec: str) -> list[str]:
 
 
 def thaw(run: Any, inner: str, times: dict[str, list[float]]) -> Any:
-    """A --thawed twin of a pipeline or server round (its own job home): engines/heap.py off while it
+    """A --thawed twin of a pipeline or server round (its own job home): engines/platform/heap.py off while it
     runs, its runner's own seconds in ``{inner}_thawed``."""
-    from sparkbatch_dagster.engines import heap
-
-    return twin(run, inner, times, f"{inner}_thawed", mock.patch.object(heap, "ENABLED", False))
+    return twin(run, inner, times, f"{inner}_thawed", thawed())
 
 
 def twin(run: Any, inner: str, times: dict[str, list[float]], key: str, changed: Any) -> Any:

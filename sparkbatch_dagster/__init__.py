@@ -20,23 +20,11 @@ layer, in the order data flows (each room's ``__init__`` says what it owns and m
 -> ``cli``; ``errors`` is under them all and ``testing`` is the fake engine for users' tests.
 """
 
-from . import _moved
 from .definitions.component import BatchInferenceComponent
 from .definitions.factory import BatchJob, build_batch_assets
 from .definitions.resource import VLLMResource
 from .errors import ConfigError, EngineError, InputError, SparkbatchError
 from .spec import EstimateSpec, JobSpec, NodeOption, OutputSpec, SamplingSpec, SinkSpec
-
-_moved.install()
-
-
-def __getattr__(name: str) -> object:
-    """``sparkbatch_dagster.store`` and the other old module names, as attributes."""
-    if name in _moved.MOVED:
-        module = globals()[name] = _moved.load(name)  # warned once, then a plain attribute
-        return module
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "BatchInferenceComponent",

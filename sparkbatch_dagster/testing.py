@@ -8,7 +8,7 @@
 shutdown) and answers with :class:`~sparkbatch_dagster.engines.fake.FakeEngine`: no vLLM, no
 model files. It never stands in for the real-engine tests. With ``data_parallel_size`` > 1 its
 fake engines run in worker processes of a
-:class:`~sparkbatch_dagster.engines.data_parallel.DataParallelEngine` (:func:`fake_worker`), the
+:class:`~sparkbatch_dagster.engines.offline.data_parallel.DataParallelEngine` (:func:`fake_worker`), the
 multi-engine path in seconds. :func:`dummy_model` writes a model folder of a given shape with no
 weights, for vLLM's ``load_format="dummy"`` (real engine, random weights).
 """
@@ -25,7 +25,7 @@ from pydantic import Field
 
 from .definitions.resource import VLLMResource
 from .engines.base import Engine
-from .engines.model import answer_settings, model_identity
+from .engines.platform.model import answer_settings, model_identity
 from .engines.settings import CPU_DEFAULTS, split_devices, visible_gpus
 
 #: /proc/cpuinfo's flags of a 2-core AMD EPYC seen running this project: AVX and FMA, no AVX2, no
@@ -56,10 +56,10 @@ def fake_worker(settings: dict[str, Any]) -> Engine:
 
 def fake_compile() -> bool | None:
     """What a fake engine's start compiles: one file in ``TORCHINDUCTOR_CACHE_DIR`` when that is
-    a compile cache's key folder (``engines/compile_cache.py``; set only around a start that has
+    a compile cache's key folder (``engines/platform/compile_cache.py``; set only around a start that has
     one). True: it was there already (a warm start, or one restored from the home); False: this
     start wrote it (random bytes: a test tells which machine compiled); None: no cache folder."""
-    from .engines.compile_cache import cache_root
+    from .engines.platform.compile_cache import cache_root
 
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not folder or cache_root() not in Path(folder).parents:
@@ -155,7 +155,7 @@ class FakeVLLMResource(VLLMResource):
             engine = FakeEngine(**fake)
             engine.compiled_from_cache = found
             return engine
-        from .engines.data_parallel import DataParallelEngine
+        from .engines.offline.data_parallel import DataParallelEngine
 
         # GPUs when CUDA_VISIBLE_DEVICES names some (as VLLMResource splits them), else no devices at all.
         gpus = visible_gpus() if "CUDA_VISIBLE_DEVICES" in os.environ else None
@@ -201,7 +201,7 @@ def dummy_model(shape: str, out: str | Path, tokenizer: str | Path | None = None
     if shape not in DUMMY_SHAPES:
         raise ValueError(f"unknown shape {shape!r}: choose from {sorted(DUMMY_SHAPES)}")
     if tokenizer is None:
-        from .engines.model import DEFAULT_MODEL_NAME, ensure_embedded
+        from .engines.platform.model import DEFAULT_MODEL_NAME, ensure_embedded
 
         tokenizer = ensure_embedded(DEFAULT_MODEL_NAME)
     src, folder = Path(tokenizer).expanduser(), Path(out)

@@ -1,14 +1,24 @@
 """The command line: ``sparkbatch estimate / run / status / preview / sql / worker-node /
 run-batch / export-batch / serve-batch / prepare-model``, what a shell user sees.
 
-Owns the commands (:mod:`.commands`) and their shell front end (:mod:`.entry`: arguments to a
-command), the console contract (:mod:`.console`: one JSON line on stdout, one-line errors on
-stderr, ``--debug``), finding the jobs of a definitions file and the
-Dagster instance (:mod:`.locate`) and ``sparkbatch preview`` (:mod:`.preview`: a run's plan and
-rendered prompts, no engine), and ``sparkbatch run``'s brake flags (:mod:`.budget`:
-``--estimate``, ``--max-cost``, ``--deadline`` as ``labeled_outputs``' config), provider batch
-files (:mod:`.batch`) and the OpenAI Batch API on the box (:mod:`.serve_batch`, its batches in
-:mod:`.batch_service`).
+Modules:
+
+- :mod:`.commands`: the commands;
+- :mod:`.entry`: the shell front end: arguments to a command;
+- :mod:`.__main__`: ``python -m sparkbatch_dagster.cli``;
+- :mod:`.console`: one JSON line on stdout, one-line errors on stderr, ``--debug``;
+- :mod:`.locate`: finding the jobs of a definitions file and the Dagster instance;
+- :mod:`.preview`: ``sparkbatch preview``: a run's plan and rendered prompts, no engine;
+- :mod:`.budget`: ``run``'s brake flags (``--estimate``, ``--max-cost``, ``--deadline``);
+- :mod:`.batch`: ``sparkbatch run-batch`` and ``export-batch``;
+- :mod:`.serve_batch`: ``sparkbatch serve-batch``, the OpenAI Files and Batches endpoints (uvicorn);
+- :mod:`.serve_batch_app`: its FastAPI routes;
+- :mod:`.serve_batch_models`: its request and response models;
+- :mod:`.serve_batch_guard`: its Host, Origin, API key and body-size checks;
+- :mod:`.batch_service`: the worker that validates and runs the batches;
+- :mod:`.batch_store`: the files and batches on disk;
+- :mod:`.batch_validate`: a batch input file's check while it is ``validating``;
+- :mod:`.batch_results`: the error lines of requests that never ran (expired, cancelled).
 
 May import: every room; nothing imports it (``python -m sparkbatch_dagster.cli`` runs it).
 """

@@ -102,7 +102,7 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
                                sampling=SamplingSpec(max_tokens=args.max_tokens), shard_size=args.shard_size, **extra)
     out, errors = Path(args.output), Path(args.errors) if args.errors else None
     if args.command == "export-batch":
-        return export_batch(job, out, errors, resource)
+        return export_batch(job, out, errors, resource).to_json()
     return run_batch(job, defs, out, errors, run)
 
 
@@ -136,9 +136,9 @@ def run_batch(job: Any, defs: Any, out: Path, errors: Path | None,
     except BaseException:
         try:
             partial = export_batch(job, out, errors, resource)
-            print(f"sparkbatch: the run stopped; {partial['written'] + partial['errors']} finished rows written to "
-                  f"{out}, {partial['remaining']} remain: run the same command again to finish them", file=sys.stderr)
+            print(f"sparkbatch: the run stopped; {partial.written + partial.errors} finished rows written to "
+                  f"{out}, {partial.remaining} remain: run the same command again to finish them", file=sys.stderr)
         except Exception as exc:  # noqa: BLE001 - nothing was finished: the run's own error says why
             print(f"sparkbatch: no partial export ({exc})", file=sys.stderr)
         raise
-    return {**summary, "export": export_batch(job, out, errors, resource)}
+    return {**summary, "export": export_batch(job, out, errors, resource).to_json()}

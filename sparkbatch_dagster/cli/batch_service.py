@@ -26,6 +26,7 @@ from typing import Any
 
 from ..definitions.batch_files import batch_counts, batch_file_job, export_batch
 from ..definitions.resource import VLLMResource
+from ..run.batch_export import ExportSummary, Tally, Usage
 from ..spec import SamplingSpec
 from .batch_results import add_unfinished
 from .batch_store import ENDPOINT, OPEN, Store, new_batch, now
@@ -171,7 +172,7 @@ class Worker:
                 return batch
             return self.store.update(bid, request_counts=_counts(counts, batch))
 
-    def _export(self, bid: str) -> dict[str, Any]:
+    def _export(self, bid: str) -> ExportSummary:
         folder = self.store.folder(bid)
         return export_batch(self.job(bid), folder / "output.jsonl", folder / "errors.jsonl", self.resource)
 
@@ -198,7 +199,7 @@ class Worker:
                "-i", str(self.store.file_path(batch["input_file_id"])), "--home", str(folder / "home"),
                "-o", str(folder / "output.jsonl"), "--errors", str(folder / "errors.jsonl"),
                "--job-name", _job_name(bid), *self.engine, *self.options]
-        from ..engines.server_process import spawn_owned
+        from ..engines.server.server_process import spawn_owned
 
         with self.store.lock:
             if bid in self.stopping:
@@ -243,9 +244,9 @@ class Worker:
             unrun = add_unfinished(self.store.file_path(batch.get("input_file_id", "")), folder / "output.jsonl",
                                    folder / "errors.jsonl", status)
         if counts is not None:
-            fields["request_counts"] = _counts(counts, self.store.batch(bid) or {})
-            fields.update(_usage(counts))
-            if counts["written"] or status == "completed":
+            fields["request_counts"] = _counts(counts.tally, self.store.batch(bid) or {})
+            fields.update(_usage(counts.usage))
+            if counts.written or status == "completed":
                 fields["output_file_id"] = self.store.add_file(folder / "output.jsonl", "output.jsonl",
                                                                "batch_output")["id"]
         if unrun:
@@ -254,7 +255,7 @@ class Worker:
             fields["request_counts"] = {"total": max(int(counted.get("total") or 0),
                                                      int(counted.get("completed") or 0) + failed),
                                         "completed": int(counted.get("completed") or 0), "failed": failed}
-        if (counts is not None and counts["errors"]) or unrun:
+        if (counts is not None and counts.errors) or unrun:
             fields["error_file_id"] = self.store.add_file(folder / "errors.jsonl", "errors.jsonl", "batch_output")["id"]
         if error is not None:
             fields["errors"] = {"object": "list", "data": [{"code": "run_failed", "message": error, "param": None,
@@ -270,21 +271,21 @@ def _kill_late(child: subprocess.Popen[bytes], grace_s: float) -> None:
             os.killpg(child.pid, signal.SIGKILL)
 
 
-def _counts(summary: dict[str, Any], batch: dict[str, Any]) -> dict[str, int]:
-    """``request_counts`` from an export's summary; before the job is sharded (no rows yet), the
+def _counts(tally: Tally, batch: dict[str, Any]) -> dict[str, int]:
+    """``request_counts`` from an export's tally; before the job is sharded (no rows yet), the
     total stays the input's line count."""
-    total = int(summary["rows"]) or int((batch.get("request_counts") or {}).get("total") or 0)
-    return {"total": total, "completed": int(summary["written"]), "failed": int(summary["errors"])}
+    total = tally.rows or int((batch.get("request_counts") or {}).get("total") or 0)
+    return {"total": total, "completed": tally.written, "failed": tally.errors}
 
 
-def _usage(summary: dict[str, Any]) -> dict[str, Any]:
-    """The Batch's ``usage`` (OpenAI's shape: the tokens spent, a reused answer's none) and
+def _usage(usage: Usage) -> dict[str, Any]:
+    """The Batch's fields for ``usage`` (OpenAI's shape: the tokens spent, a reused answer's none),
     ``model``, and how many answers were reused rather than generated (a field of this server's)."""
-    spent = (int(summary["input_tokens"]), int(summary["output_tokens"]))
-    return {"model": summary["model"], "reused_requests": int(summary["reused"]),
-            "usage": {"input_tokens": spent[0], "output_tokens": spent[1], "total_tokens": sum(spent),
-                      "input_tokens_details": {"cached_tokens": int(summary["cached_tokens"])},
-                      "output_tokens_details": {"reasoning_tokens": int(summary["reasoning_tokens"])}}}
+    return {"model": usage.model, "reused_requests": usage.reused,
+            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                      "total_tokens": usage.input_tokens + usage.output_tokens,
+                      "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+                      "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}}
 
 
 def _job_name(bid: str) -> str:

@@ -8,6 +8,7 @@ what the CLI does shows in ``dagster dev`` and the other way round.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -17,8 +18,9 @@ from ..definitions.deploy import pool_limit
 from ..definitions.factory import BatchJob
 from ..definitions.resource import VLLMResource
 from ..engines.gpu_lock import wait_for_stops
-from ..engines.spans import Collected, collecting
+from ..engines.platform.spans import Collected, collecting
 from ..run.progress import Bar, listening
+from ..run.totals import CostCheck, RunSummary, Status
 from . import batch, console
 from .locate import instance
 
@@ -29,7 +31,7 @@ OPTION_KEYS = ("name", "nodes", "gpus_per_node", "engines", "hardware", "speed_b
                "cost_usd", "cost_low_usd", "how", "why")
 
 
-def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", inst: Any = None) -> dict[str, Any]:
+def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", inst: Any = None) -> Status:
     """Partitions done and missing, and the command to run next (``inst``: the Dagster instance,
     when the caller has it open)."""
     done = job.done_partitions(resource)  # with a bucket home it refreshes the cache first
@@ -51,8 +53,8 @@ def status(job: BatchJob, resource: VLLMResource, file: str = "definitions.py", 
         f"the Dagster instance in $DAGSTER_HOME sets no limit on the {job.pool!r} pool: two runs at once (two "
         "backfills, or one backfill's runs) would each start an engine on the same GPUs; run "
         f"`dagster instance concurrency set {job.pool} 1`"]
-    return {"sharded": manifest is not None, "partitions_total": len(keys), "partitions_done": len(done),
-            "missing": missing, "next": step, "pool_limit": limit, "warnings": warnings}
+    return Status(sharded=manifest is not None, partitions_total=len(keys), partitions_done=len(done),
+                  missing=missing, next=step, pool_limit=limit, warnings=warnings)
 
 
 def _adopt(job: BatchJob, inst: Any, keys: list[str]) -> None:
@@ -81,7 +83,7 @@ def shard(job: BatchJob, defs: Any) -> tuple[Any, list[Any]]:
 
 
 def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
-        label: dict[str, Any] | None = None) -> dict[str, Any]:
+        label: dict[str, Any] | None = None) -> RunSummary:
     """Shard (if needed), label the missing partitions in one run, refresh metrics and analytics.
 
     ``only=(first, last)`` restricts the run to that range of partition keys (one GPU each).
@@ -101,7 +103,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     clock.lap("shard")
     resources = defs.resources
     resource: VLLMResource = resources[job.resource_key]
-    missing = status(job, resource, inst=inst)["missing"]
+    missing = status(job, resource, inst=inst).missing
     if only:
         missing = [k for k in missing if only[0] <= k <= only[1]]
     run_ids: list[str] = []
@@ -135,8 +137,8 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     clock.lap("engine_stop_wait")
     if stopped_s:
         clock.laps["engine_stop_background"] = round(stopped_s, 2)
-    return {**summary(job, resource, after, sorted(set(missing) - set(after["missing"])), result, run_ids),
-            "timings_s": clock.laps}
+    done = summary(job, resource, after, sorted(set(missing) - set(after.missing)), result, run_ids)
+    return dataclasses.replace(done, timings_s=clock.laps)
 
 
 def run_batch(job: BatchJob, defs: Any, out: Any, errors: Any = None) -> dict[str, Any]:
@@ -146,13 +148,19 @@ def run_batch(job: BatchJob, defs: Any, out: Any, errors: Any = None) -> dict[st
         job, defs = batch_file_job("requests.jsonl", resource=VLLMResource())
         run_batch(job, defs, Path("results.jsonl"), Path("errors.jsonl"))["export"]["complete"]
     """
-    return batch.run_batch(job, defs, out, errors, run)
+    return batch.run_batch(job, defs, out, errors, run_json)
+
+
+def run_json(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
+             label: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`run`'s summary as the JSON line prints it (what the batch-file commands extend)."""
+    return run(job, defs, only, label).to_json()
 
 
 def label_parts(found: Collected, began: float, ended: float, label_s: float) -> dict[str, float]:
     """The ``label`` lap in parts that add up to no more than it: ``run_start`` (Dagster creates the
     run, sets up its resources, starts the step), the step's own parts as it named them
-    (``engines/spans.py``: ``prepare``, ``identity``, ``bookkeeping``, ``read_shards``, ``render``,
+    (``engines/platform/spans.py``: ``prepare``, ``identity``, ``bookkeeping``, ``read_shards``, ``render``,
     ``prompt_keys``, ``store_lookup``, ``resume``, ``engine_start``, ``gpu_wait``, ``generation``,
     ``answers``, ``parts``, ``commit``, ``store_add``, ``events``, ``progress``, ...), ``engine_stop``
     (at the run's teardown, when it stops the engine there rather than in the background) and
@@ -224,8 +232,8 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
             "unrunnable_models": report.get("unrunnable_models", []), "advice": report["advice"]}
 
 
-def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list[str], result: Any,
-            run_ids: list[str] | None = None) -> dict[str, Any]:
+def summary(job: BatchJob, resource: VLLMResource, st: Status, ran: list[str], result: Any,
+            run_ids: list[str] | None = None) -> RunSummary:
     """The run's last stdout line: totals of the whole version, plus what this run did
     (``partitions_run``; ``generated``: prompts sent to the engine; ``reused``: rows answered
     from the result store).
@@ -244,27 +252,25 @@ def summary(job: BatchJob, resource: VLLMResource, st: dict[str, Any], ran: list
     committed = metrics.committed_stats(job.home, version)
     stats = list(committed.values())
     this_run = [committed[k] for k in ran if k in committed]
-    check = metrics.prediction_check(job.home, version, stats)
+    check = metrics.prediction_check(job.home, version, stats) or CostCheck()
     records = metrics.sync_attempts(job.home, version)
     bill = attempts.bill(records)
-    starts = sum(r.get("engine_starts") or 0 for r in records if r.get("run_id") in set(run_ids or []))
-    tokens = sum(s["input_tokens"] + s["output_tokens"] for s in stats)
-    wall = sum(s["wall_s"] for s in stats)
+    starts = sum(r.engine_starts for r in records if r.run_id in set(run_ids or []))
+    tokens = sum(s.input_tokens + s.output_tokens for s in stats)
+    wall = sum(s.wall_s for s in stats)
     facts = metrics.analytics(job.spec, job.home, version)
-    return {
-        "job": job.spec.name, "partitions_total": st["partitions_total"], "partitions_done": st["partitions_done"],
-        "partitions_run": len(ran), "rows": facts["rows"], "labeled": facts["labeled"], "errors": facts["errors"],
-        "input_tokens": sum(s["input_tokens"] for s in stats), "output_tokens": sum(s["output_tokens"] for s in stats),
-        "wall_s": round(wall, 2), "tokens_per_hour": round(tokens / wall * 3600) if wall else 0,
-        "cost_usd": check.get("cost_usd", 0.0), "generation_cost_usd": check.get("generation_cost_usd", 0.0),
-        "engine_start_s": check.get("engine_start_s", 0.0),
-        "engine_start_cost_usd": check.get("engine_start_cost_usd", 0.0), "accuracy": facts["accuracy"],
-        "generated": sum(s.get("generated_requests", 0) for s in this_run),
-        "reused": sum(s.get("reused_rows", 0) for s in this_run),
-        **{k: v for k, v in check.items() if k in ("predicted_wall_s", "prediction_error_pct")},
-        **bill, "engine_starts": starts,
-        "version": version, "home": str(job.home.root), "success": bool(result.success),
-    }
+    return RunSummary(
+        job=job.spec.name, partitions_total=st.partitions_total, partitions_done=st.partitions_done,
+        partitions_run=len(ran), rows=facts.rows, labeled=facts.labeled, errors=facts.errors,
+        input_tokens=sum(s.input_tokens for s in stats), output_tokens=sum(s.output_tokens for s in stats),
+        wall_s=round(wall, 2), tokens_per_hour=round(tokens / wall * 3600) if wall else 0,
+        cost_usd=check.cost_usd, generation_cost_usd=check.generation_cost_usd, engine_start_s=check.engine_start_s,
+        engine_start_cost_usd=check.engine_start_cost_usd, accuracy=facts.accuracy,
+        generated=sum(s.generated_requests or 0 for s in this_run), reused=sum(s.reused_rows for s in this_run),
+        prediction=check.prediction, attempts=bill.attempts, attempts_cost_usd=bill.attempts_cost_usd,
+        wasted_usd=bill.wasted_usd, engine_starts=starts,
+        version=version, home=str(job.home.root), success=bool(result.success),
+    )
 
 
 def sql(job: BatchJob, resource: VLLMResource, query: str) -> dict[str, Any]:

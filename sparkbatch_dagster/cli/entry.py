@@ -30,7 +30,7 @@ from ..errors import SparkbatchError, storage_error
 from ..home import check_key
 from . import batch, console
 from .budget import continue_with, label_config
-from .commands import estimate, run, sql, status
+from .commands import estimate, run, run_json, sql, status
 from .locate import load
 
 
@@ -94,29 +94,26 @@ def _price_file(path: str | None) -> str | None:
 
 def _command(args: argparse.Namespace) -> dict[str, Any]:
     if args.command == "prepare-model":
-        from ..engines.model import DEFAULT_MODEL_NAME, EMBEDDED, ensure_embedded
+        from ..engines.platform.model import DEFAULT_MODEL_NAME, EMBEDDED, ensure_embedded
 
         unknown = sorted(set(args.names) - set(EMBEDDED))
         if unknown:
             raise SparkbatchError(f"unknown embedded model(s) {unknown}: choose from {sorted(EMBEDDED)}")
         return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
     if args.command in ("run-batch", "export-batch", "serve-batch"):
-        return batch.command(args, _noting_home(args, run))
+        return batch.command(args, _noting_home(args, run_json))
     job, defs = load(args.file, args.job)
     args.job_home = job.home.root
     resource = defs.resources[job.resource_key]
     if args.command == "status":
-        report = status(job, resource, args.file)
-        for line in report["warnings"]:
+        st = status(job, resource, args.file)
+        for line in st.warnings:
             print(f"sparkbatch: warning: {line}", file=sys.stderr)
-        return report
+        return st.to_json()
     if args.command == "worker-node":
-        from ..engines.multinode import worker_node
+        from ..engines.server.multinode import worker_node
 
-        engine = resource.engine_settings()
-        return worker_node(engine.model_name(), engine.llm_kwargs, args.node_rank,
-                           tensor_parallel_size=engine.tensor_parallel_size,
-                           data_parallel_size=engine.data_parallel_size, once=args.once, print_only=args.print_only,
+        return worker_node(resource.engine_settings(), args.node_rank, once=args.once, print_only=args.print_only,
                            log=lambda m: print(f"sparkbatch: {m}", file=sys.stderr))
     if args.command == "sql":
         return sql(job, resource, args.query)
@@ -126,7 +123,7 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         with planning_home(job) as home:  # read-only: a changed input is sharded in a scratch folder
             report = preview(job, resource, args.n, home)
         print("\n".join(describe(report)), file=sys.stderr)
-        return report
+        return report.to_json()  # the edge: the printed JSON line
     if args.command == "estimate":
         overrides = {"sample_rows": args.sample_rows, "accuracy_bar": args.accuracy_bar,
                      "hourly_rate_usd": args.hourly_rate, "hosted_prices": _price_file(args.hosted_prices),
@@ -138,7 +135,7 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         if not sep:
             raise SparkbatchError(f"--range {args.range!r} must look like shard-00000:shard-00003")
         only = (check_key(first), check_key(last))
-    return run(job, defs, only, label_config(args))
+    return run(job, defs, only, label_config(args)).to_json()  # the edge: the printed JSON line
 
 
 def _noting_home(args: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:

@@ -8,7 +8,7 @@ no engine) with their token counts.
 Example::
 
     report = preview(job, VLLMResource(), show=3)
-    report["shards"][0]["to_generate"], report["prompts"][0]["text"]
+    report.shards[0].to_generate, report.prompts[0].text, report.to_json()   # the JSON the CLI prints
 """
 
 from __future__ import annotations
@@ -19,11 +19,63 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..engines import reasoning
+import msgspec
+
+from ..engines.answers import reasoning
 from ..errors import ConfigError
 from ..run.result_store import open_store, prompt_key
 from ..run.rows import plan_rows, read_shard
 from ..spec.prompts import chat_text
+
+
+class ShardPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One shard planned as a run plans it: its rows, those that are errors before any engine,
+    its distinct prompts (and the duplicate rows they answer), those the result store holds."""
+
+    partition: str
+    rows: int
+    error_rows: int
+    distinct_prompts: int
+    duplicate_rows: int
+    stored_prompts: int
+    to_generate: int
+
+
+class PromptShown(msgspec.Struct, frozen=True, kw_only=True):
+    """A prompt to generate as the model sees it: its messages, the text its chat template makes
+    of them, and its tokens (None without a local tokenizer)."""
+
+    partition: str
+    row_ids: list[str]
+    rows: int
+    messages: list[dict[str, str]]
+    text: str
+    tokens: int | None
+
+
+class Preview(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run would send to the engine: every shard's plan and their totals, a few prompts."""
+
+    job: str
+    model: str
+    dtype: str
+    dtype_reason: str
+    chat_template: bool
+    tokenizer: bool
+    rows: int
+    error_rows: int
+    distinct_prompts: int
+    duplicate_rows: int
+    stored_prompts: int
+    to_generate: int
+    shards: list[ShardPlan]
+    prompts: list[PromptShown]
+    warnings: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON line ``sparkbatch preview`` prints."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
 
 
 def load_tokenizer(path: str) -> Any | None:
@@ -59,7 +111,7 @@ def planning_home(job: Any) -> Iterator[Any]:
         yield scratch
 
 
-def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[str, Any]:
+def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> Preview:
     """Plan every shard of ``job`` as a run would; render the first ``show`` prompts to generate.
     ``home``: where the shards are (:func:`planning_home`); the job's own by default."""
     spec, home = job.spec, home or job.home
@@ -68,7 +120,7 @@ def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[st
 
     model = model_identity(spec, resource)
     store = open_store(spec, home, model)
-    shards: list[dict[str, Any]] = []
+    shards: list[ShardPlan] = []
     samples: list[tuple[str, list[dict[str, str]], list[str]]] = []
     for key in manifest["keys"]:
         rows = read_shard(home, key, manifest["signature"])
@@ -76,9 +128,9 @@ def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[st
         keys = {g: prompt_key(p.system, p.user) for g, (p, _) in groups.items()}
         stored = store.lookup(list(keys.values()))
         todo = sorted(g for g in groups if keys[g] not in stored)
-        shards.append({"partition": key, "rows": len(rows), "error_rows": len(errors), "distinct_prompts": len(groups),
-                       "duplicate_rows": sum(len(ids) - 1 for _, ids in groups.values()),
-                       "stored_prompts": len(groups) - len(todo), "to_generate": len(todo)})
+        shards.append(ShardPlan(partition=key, rows=len(rows), error_rows=len(errors), distinct_prompts=len(groups),
+                                duplicate_rows=sum(len(ids) - 1 for _, ids in groups.values()),
+                                stored_prompts=len(groups) - len(todo), to_generate=len(todo)))
         samples += [(key, groups[g][0].messages(), groups[g][1]) for g in todo[: max(0, show - len(samples))]]
     path = resource.model_name()
     tokenizer = load_tokenizer(path)
@@ -88,15 +140,17 @@ def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> dict[st
         text, special = chat_text(tokenizer, messages, thinking) if tokenizer else (
             "\n\n".join(m["content"] for m in messages), True)
         tokens = len(tokenizer(text, add_special_tokens=special)["input_ids"]) if tokenizer else None
-        prompts.append({"partition": key, "row_ids": ids[:3], "rows": len(ids), "messages": messages,
-                        "text": text, "tokens": tokens})
-    totals = {k: sum(s[k] for s in shards) for k in ("rows", "error_rows", "distinct_prompts", "duplicate_rows",
-                                                     "stored_prompts", "to_generate")}
+        prompts.append(PromptShown(partition=key, row_ids=ids[:3], rows=len(ids), messages=messages, text=text,
+                                   tokens=tokens))
     dtype, why = resource.dtype_choice()
-    return {"job": spec.name, "model": model, "dtype": dtype, "dtype_reason": why,
-            "chat_template": bool(tokenizer and tokenizer.chat_template),
-            "tokenizer": tokenizer is not None, **totals, "shards": shards, "prompts": prompts,
-            "warnings": label_warnings(spec, tokenizer) + reasoning_warnings(spec, tokenizer)}
+    return Preview(job=spec.name, model=model, dtype=dtype, dtype_reason=why,
+                   chat_template=bool(tokenizer and tokenizer.chat_template), tokenizer=tokenizer is not None,
+                   rows=sum(s.rows for s in shards), error_rows=sum(s.error_rows for s in shards),
+                   distinct_prompts=sum(s.distinct_prompts for s in shards),
+                   duplicate_rows=sum(s.duplicate_rows for s in shards),
+                   stored_prompts=sum(s.stored_prompts for s in shards),
+                   to_generate=sum(s.to_generate for s in shards), shards=shards, prompts=prompts,
+                   warnings=label_warnings(spec, tokenizer) + reasoning_warnings(spec, tokenizer))
 
 
 def label_warnings(spec: Any, tokenizer: Any | None) -> list[str]:
@@ -124,7 +178,7 @@ def _thinking_kwargs(tokenizer: Any | None, spec: Any) -> dict[str, Any] | None:
 def reasoning_warnings(spec: Any, tokenizer: Any | None) -> list[str]:
     """A chat template that thinks by default: whether ``max_tokens`` holds the thinking budget
     plus the answer (with reasoning off, whether the grammar's first token lands in the thinking);
-    and a reasoning setting this model cannot run (``engines/reasoning.py``)."""
+    and a reasoning setting this model cannot run (``engines/answers/reasoning.py``)."""
     if tokenizer is None:
         return []
     sampling = spec.sampling
@@ -158,20 +212,19 @@ def _answer_tokens(spec: Any, tokenizer: Any) -> int:
     return max(len(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in spec.output.labels)
 
 
-def describe(report: dict[str, Any]) -> list[str]:
+def describe(report: Preview) -> list[str]:
     """Human lines for stderr: the prompts as the model sees them, then the counts."""
     lines = []
-    for n, p in enumerate(report["prompts"], 1):
-        tokens = f"{p['tokens']} tokens" if p["tokens"] is not None else "tokens unknown (no local tokenizer)"
-        lines += [f"--- prompt {n} ({p['partition']}, {p['rows']} row(s): {', '.join(p['row_ids'])}; {tokens}) ---",
-                  p["text"]]
-    template = "its chat template" if report["chat_template"] else "no chat template (plain text)"
-    lines.append(f"--- {report['job']} on {report['model']} ({template}) ---")
-    lines.append(f"dtype: {report['dtype']}, {report['dtype_reason']}")
-    for s in report["shards"]:
-        lines.append(f"{s['partition']}: {s['rows']} rows, {s['distinct_prompts']} distinct prompts "
-                     f"({s['duplicate_rows']} duplicate rows), {s['error_rows']} error rows, "
-                     f"{s['stored_prompts']} already answered, {s['to_generate']} to generate")
-    lines.append(f"total: {report['rows']} rows; {report['to_generate']} prompts to generate, "
-                 f"{report['stored_prompts']} already answered in the result store")
-    return lines + [f"warning: {w}" for w in report["warnings"]]
+    for n, p in enumerate(report.prompts, 1):
+        tokens = f"{p.tokens} tokens" if p.tokens is not None else "tokens unknown (no local tokenizer)"
+        lines += [f"--- prompt {n} ({p.partition}, {p.rows} row(s): {', '.join(p.row_ids)}; {tokens}) ---", p.text]
+    template = "its chat template" if report.chat_template else "no chat template (plain text)"
+    lines.append(f"--- {report.job} on {report.model} ({template}) ---")
+    lines.append(f"dtype: {report.dtype}, {report.dtype_reason}")
+    for s in report.shards:
+        lines.append(f"{s.partition}: {s.rows} rows, {s.distinct_prompts} distinct prompts "
+                     f"({s.duplicate_rows} duplicate rows), {s.error_rows} error rows, "
+                     f"{s.stored_prompts} already answered, {s.to_generate} to generate")
+    lines.append(f"total: {report.rows} rows; {report.to_generate} prompts to generate, "
+                 f"{report.stored_prompts} already answered in the result store")
+    return lines + [f"warning: {w}" for w in report.warnings]

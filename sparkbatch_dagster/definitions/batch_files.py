@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..inputs.batch_input import sniff_format
-from ..run.batch_export import export, tally
+from ..run.batch_export import ExportSummary, Tally, export, tally
 from ..spec import BATCH_INPUTS, JobSpec, SamplingSpec
 from .factory import BatchJob, build_batch_assets
 from .resource import VLLMResource
@@ -54,19 +54,20 @@ def batch_file_job(input: str | Path, input_format: str = "auto", *, home: str |
 
 
 def export_batch(job: BatchJob, out: Path, errors: Path | None = None, resource: VLLMResource | None = None,
-                 version: str | None = None) -> dict[str, Any]:
+                 version: str | None = None) -> ExportSummary:
     """Write ``job``'s finished rows as its input format's result files: answers to ``out``, error
     rows to ``errors`` (``None``: to ``out`` too). Which output version: ``version``, else the one
     ``resource`` labels when it has rows (a run's, before its first commit too), else the latest
-    committed one. Returns the counts (``written``, ``errors``, ``remaining``, ``complete``) and what
-    the rows cost (``input_tokens``, ``output_tokens``, ``reused``, ``model``: ``run.batch_export.usage_of``)."""
+    committed one. Returns the counts (``written``, ``errors``, ``remaining``, ``complete``: its
+    ``tally``) and what the rows cost (its ``usage``: ``input_tokens``, ``output_tokens``, ``reused``,
+    ``model``)."""
     if job.spec.input_format not in BATCH_INPUTS:
         raise ConfigError(f"job {job.spec.name!r} reads input_format={job.spec.input_format!r}: only a batch-file job "
                           f"({', '.join(BATCH_INPUTS)}) exports batch result files; use read_outputs() for others")
     return export(job.home, _version(job, resource, version), job.spec.input_format, out, errors)
 
 
-def batch_counts(job: BatchJob, resource: VLLMResource | None = None) -> dict[str, Any]:
+def batch_counts(job: BatchJob, resource: VLLMResource | None = None) -> Tally:
     """What :func:`export_batch` would return now (``written``, ``errors``, ``remaining``, ``rows``,
     ``complete``), writing no file: a progress poll's (``sparkbatch serve-batch``)."""
     return tally(job.home, _version(job, resource, None))

@@ -3,7 +3,7 @@
 When a run's engine starts cold (``VLLMResource.get_engine``, ``compile_cache=True``, a home given
 by the run with ``use_home``), :meth:`CompileCacheRun.starting` wraps the start:
 
-1. before it, a machine with nothing under the key (``engines/compile_cache.py``) restores the
+1. before it, a machine with nothing under the key (``engines/platform/compile_cache.py``) restores the
    home's archive of the key (``home/compile_store.py``), if the home has one;
 2. the start runs with ``VLLM_CACHE_ROOT`` / ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR``
    pointing at the key's folder, which its processes inherit (engine core, ``vllm serve``);
@@ -23,8 +23,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from ..engines import compile_cache as cc
 from ..engines import settings
+from ..engines.platform import compile_cache as cc
 from ..home import compile_store
 from ..home.layout import JobHome
 from ..run.progress import tell

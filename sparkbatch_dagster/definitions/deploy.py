@@ -4,7 +4,7 @@ The recipe is ``docs/deploy-k8s.md``. These helpers only build plain config valu
 dagster-k8s import), so they cost nothing where Kubernetes is not used::
 
     from dagster import define_asset_job
-    from sparkbatch_dagster.deploy import k8s_gpu_tags
+    from sparkbatch_dagster.definitions.deploy import k8s_gpu_tags
 
     # run_metrics and analytics follow by themselves (AutomationCondition) in runs without a GPU.
     gpu_job = define_asset_job("tickets_gpu", selection=[job.keys["labeled_outputs"]],

@@ -13,12 +13,20 @@ import json
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from msgspec.structs import replace
+
+from ..engines.settings import on_cpu
 from ..errors import ConfigError, SparkbatchError
+from ..estimate.records import BestBuy, Cascade, EstimateReport, LeftOut, ModelForecast, Prediction
 from ..home import JobHome, atomic_write_text
 from ..spec import THIS_MACHINE, EstimateSpec, HostedPrice, JobSpec, ModelCandidate, NodeOption
-from .resource import VLLMResource, on_cpu
+from .resource import VLLMResource
+
+if TYPE_CHECKING:
+    from ..estimate.machine import Machine
+    from ..estimate.sample import Sample, Stored, Timing
 
 Log = Callable[[str], None]
 
@@ -32,7 +40,7 @@ class BatchJob(Protocol):
     def version_for(self, model_id: str) -> str: ...
 
 
-def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log) -> dict[str, Any]:
+def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log) -> EstimateReport:
     """:meth:`BatchJob.estimate`: the configured model, then every runnable candidate."""
     from .. import estimate as E
     from ..estimate.machine import cannot_run
@@ -42,14 +50,14 @@ def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log)
     est, batch, machine, options = _setup(job, resource, est)
     sample = E.draw_sample(job.spec, job.home, est)
     candidates = [c for c in est.candidates() if c.model != resource.model or c.engine_kwargs]
-    unrunnable = [{"model": c.label, "error": why} for c in candidates
+    unrunnable = [LeftOut(model=c.label, error=why) for c in candidates
                   if (why := cannot_run(c.engine_kwargs, on_cpu=not on_gpu))]
     runnable = [c for c in candidates if not cannot_run(c.engine_kwargs, on_cpu=not on_gpu)]
     log(f"estimate: {len(sample.rows)} sample rows of {sample.total_rows:,} on {machine.description}; models: "
         f"{[resource.model or 'default', *[c.label for c in runnable]]}")
-    models: list[dict[str, Any]] = []
-    timings: list[Any] = []  # each model's sample, row by row: the cascades are judged on them
-    failed: list[dict[str, str]] = []
+    models: list[ModelForecast] = []
+    timings: list[Timing] = []  # each model's sample, row by row: the cascades are judged on them
+    failed: list[LeftOut] = []
     for candidate in [None, *runnable]:
         res = resource if candidate is None else _candidate_resource(resource, candidate)
         try:  # one engine at a time: a small box holds one model's KV cache, not several
@@ -59,20 +67,19 @@ def estimate(job: BatchJob, resource: VLLMResource, est: EstimateSpec, log: Log)
         except SparkbatchError as exc:
             if candidate is None:  # the job's own model must run; a candidate may fail alone
                 raise
-            failed.append({"model": candidate.label, "error": str(exc)})
+            failed.append(LeftOut(model=candidate.label, error=str(exc)))
             continue
         finally:  # a candidate's engine goes now, even with keep_warm: the next one needs the memory
             res.close() if candidate is None else res.shutdown()
         models.append(_forecast(job, res, sample, timing, options, machine, res.model_identity(), name, candidate,
                                 log, est.hosted_prices))
         timings.append(timing)
-    extra = ([f"Candidate {f['model']!r} could not run, left out: {f['error']}" for f in failed]
-             + [f"Candidate {u['model']!r} is listed, not timed: {u['error']}." for u in unrunnable])
-    return _report(job, sample, est, models, batch, {"failed_models": failed, "unrunnable_models": unrunnable},
-                   extra, timings)
+    extra = ([f"Candidate {f.model!r} could not run, left out: {f.error}" for f in failed]
+             + [f"Candidate {u.model!r} is listed, not timed: {u.error}." for u in unrunnable])
+    return _report(job, sample, est, models, batch, failed, unrunnable, extra, timings)
 
 
-def estimate_in_run(job: BatchJob, resource: VLLMResource, engine: Any, model_id: str, log: Log) -> dict[str, Any]:
+def estimate_in_run(job: BatchJob, resource: VLLMResource, engine: Any, model_id: str, log: Log) -> EstimateReport:
     """:meth:`BatchJob.estimate_in_run`: the configured model alone, on ``engine`` (the run's)."""
     from .. import estimate as E
 
@@ -83,10 +90,11 @@ def estimate_in_run(job: BatchJob, resource: VLLMResource, engine: Any, model_id
     timing = E.sample_model(job.spec, job.home, est, sample, engine)
     model = _forecast(job, resource, sample, timing, options, machine, model_id, resource.model_name(), None, log,
                       est.hosted_prices)
-    return _report(job, sample, est, [model], batch, {"failed_models": [], "unrunnable_models": []}, [])
+    return _report(job, sample, est, [model], batch, [], [], [])
 
 
-def _setup(job: BatchJob, resource: VLLMResource, est: EstimateSpec) -> tuple[EstimateSpec, int, Any, list[NodeOption]]:
+def _setup(job: BatchJob, resource: VLLMResource,
+           est: EstimateSpec) -> tuple[EstimateSpec, int, Machine, list[NodeOption]]:
     """Checks before any engine starts, then: ``est`` with a full batch on every engine
     (``fill_batch``), that batch, the machine the sample runs on, and the options to price."""
     from ..estimate.machine import cannot_run, sample_machine
@@ -104,9 +112,9 @@ def _setup(job: BatchJob, resource: VLLMResource, est: EstimateSpec) -> tuple[Es
     return est, batch, machine, options
 
 
-def _forecast(job: BatchJob, res: VLLMResource, sample: Any, timing: Any, options: list[NodeOption], machine: Any,
-              model_id: str, name: str, candidate: ModelCandidate | None, log: Log,
-              hosted: list[HostedPrice]) -> dict[str, Any]:
+def _forecast(job: BatchJob, res: VLLMResource, sample: Sample, timing: Timing, options: list[NodeOption],
+              machine: Machine, model_id: str, name: str, candidate: ModelCandidate | None, log: Log,
+              hosted: list[HostedPrice]) -> ModelForecast:
     """One model's prediction for the whole job (its tokens at the ``hosted`` batch prices too);
     also written as its version's prediction file."""
     from .. import estimate as E
@@ -115,26 +123,25 @@ def _forecast(job: BatchJob, res: VLLMResource, sample: Any, timing: Any, option
     store = open_store(job.spec, job.home, model_id)
     stored = E.count_stored(job.spec, job.home, sample, store)
     dtype, why = res.dtype_choice()
-    m = {**_priced(E.predict, sample, timing, options, stored, res.engine_count(), machine, res, name, candidate,
-                   hosted),
-         "identity": model_id, "dtype": dtype, "dtype_reason": why}
-    log(f"estimate: {m['model']} in {dtype} ({why})")
-    log(f"estimate: {m['model']}: {m['sample_rows']} rows sampled, accuracy {m['accuracy']}, predicted "
-        f"{m['predicted_wall_s']:.0f} s of generation, best cost ${m['best_cost_usd']} ({m['best_speed_basis']})")
+    m = replace(_priced(sample, timing, options, stored, res.engine_count(), machine, res, name, candidate, hosted),
+                identity=model_id, dtype=dtype, dtype_reason=why)
+    log(f"estimate: {m.model} in {dtype} ({why})")
+    log(f"estimate: {m.model}: {m.sample_rows} rows sampled, accuracy {m.accuracy}, predicted "
+        f"{m.predicted_wall_s:.0f} s of generation, best cost ${m.best_cost_usd} ({m.best_speed_basis})")
     prediction = job.home.prediction_path(job.version_for(model_id))
-    atomic_write_text(prediction, json.dumps({
-        "model": timing.model, "predicted_wall_s": m["predicted_wall_s"],
-        "predicted_prompts": m["prompts_to_generate"], "stored_rows": m["stored_rows"],
-        "engine_start_s": m["engine_start_s"], "best_cost_usd": m["best_cost_usd"],
-        "total_rows": sample.total_rows, "sample_rows": m["sample_rows"],
-        "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }))
+    atomic_write_text(prediction, json.dumps(Prediction(
+        model=timing.model, predicted_wall_s=m.predicted_wall_s, predicted_prompts=m.prompts_to_generate,
+        stored_rows=m.stored_rows, engine_start_s=m.engine_start_s, best_cost_usd=m.best_cost_usd,
+        total_rows=sample.total_rows, sample_rows=m.sample_rows,
+        made_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    ).to_json()))
     job.home.publish(prediction)
     return m
 
 
-def _report(job: BatchJob, sample: Any, est: EstimateSpec, models: list[dict[str, Any]], batch: int,
-            left_out: dict[str, Any], extra_advice: list[str], timings: list[Any] | None = None) -> dict[str, Any]:
+def _report(job: BatchJob, sample: Sample, est: EstimateSpec, models: list[ModelForecast], batch: int,
+            failed: list[LeftOut], unrunnable: list[LeftOut], extra_advice: list[str],
+            timings: list[Timing] | None = None) -> EstimateReport:
     """The estimate's report (the configured model first), written as JSON + charts."""
     from .. import estimate as E
     from ..estimate import cascades as K
@@ -144,46 +151,43 @@ def _report(job: BatchJob, sample: Any, est: EstimateSpec, models: list[dict[str
     chosen = C.choose(models, est.accuracy_bar, has_gold)
     pairs = K.evaluate(models, timings, est.accuracy_bar) if has_gold and timings and len(timings) > 1 else []
     primary = models[0]
-    report = {
-        "job": job.spec.name, "base_sample_rows": len(sample.rows), "sample_rows": len(sample.rows),
-        "total_rows": sample.total_rows, "distinct_prompts": sample.distinct_prompts, **primary,
-        "accuracy_bar": est.accuracy_bar, "max_sample_rows": est.max_sample_rows,
-        "chosen_model": chosen["model"] if chosen else None,
-        "chosen_configured_as": chosen["configured_as"] if chosen else None,
-        "chosen_cost_usd": chosen["best_cost_usd"] if chosen else None,
-        "models": models, **left_out,
-        # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
-        "advice": C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows),
-                           on_gpu=not on_cpu(), has_gold=has_gold, models=models, total_rows=sample.total_rows)
-        + C.hosted_line(primary) + _reliability_advice(models) + K.advice(pairs, chosen, est.accuracy_bar)
-        + extra_advice,
-        "cascades": pairs, "best_buy": _best_buy(chosen, K.cheapest(pairs)),
-    }
+    # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
+    advice = (C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows), on_gpu=not on_cpu(),
+                       has_gold=has_gold, models=models, total_rows=sample.total_rows)
+              + C.hosted_line(primary) + _reliability_advice(models) + K.advice(pairs, chosen, est.accuracy_bar)
+              + extra_advice)
     chart = K.write_chart(pairs, job.home.estimate_dir / "cascade.png")
-    written = E.write_report({**report, "cascade_chart": str(chart) if chart else None}, job.home.estimate_dir)
-    for path in ("json", "chart", "cascade_chart"):
-        if written.get(path) and Path(written[path]).exists():
-            job.home.publish(Path(written[path]))
+    report = EstimateReport(
+        job=job.spec.name, base_sample_rows=len(sample.rows), total_rows=sample.total_rows,
+        distinct_prompts=sample.distinct_prompts, primary=primary, accuracy_bar=est.accuracy_bar,
+        max_sample_rows=est.max_sample_rows, chosen=chosen, models=models, failed_models=failed,
+        unrunnable_models=unrunnable, advice=advice, cascades=pairs, best_buy=_best_buy(chosen, K.cheapest(pairs)),
+        cascade_chart=str(chart) if chart else None)
+    written = E.write_report(report, job.home.estimate_dir)
+    for path in (written.json_path, written.chart, written.cascade_chart):
+        if path and Path(path).exists():
+            job.home.publish(Path(path))
     return written
 
 
-def _best_buy(model: dict[str, Any] | None, cascade: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The cheapest that clears the bar: the model chosen alone, or a cascade."""
-    found = [(kind, x) for kind, x in (("model", model), ("cascade", cascade))
-             if x is not None and x.get("best_cost_usd") is not None]
-    if not found:
-        return None
-    kind, best = min(found, key=lambda f: f[1]["best_cost_usd"])
-    return {"kind": kind, "model": best["model"], "cost_usd": best["best_cost_usd"],
-            "configured_as": best.get("configured_as")}
+def _best_buy(model: ModelForecast | None, cascade: Cascade | None) -> BestBuy | None:
+    """The cheapest that clears the bar: the model chosen alone, or a cascade (the model on a tie)."""
+    found: list[BestBuy] = []
+    if model is not None and model.best_cost_usd is not None:
+        found.append(BestBuy(kind="model", model=model.model, cost_usd=model.best_cost_usd,
+                             configured_as=model.configured_as))
+    if cascade is not None and cascade.pick.best_cost_usd is not None:
+        found.append(BestBuy(kind="cascade", model=cascade.model, cost_usd=cascade.pick.best_cost_usd,
+                             configured_as=cascade.configured_as))
+    return min(found, key=lambda b: b.cost_usd, default=None)
 
 
-def _reliability_advice(models: list[dict[str, Any]]) -> list[str]:
+def _reliability_advice(models: list[ModelForecast]) -> list[str]:
     """How far each model's confidence can be trusted on the sample, in words (with a gold column)."""
     from ..run.reliability import describe
 
-    return [f"{m['model']}'s confidence against the gold column on the sample: {'; '.join(describe(m['reliability']))}."
-            for m in models if m.get("reliability")]
+    return [f"{m.model}'s confidence against the gold column on the sample: {'; '.join(describe(m.reliability))}."
+            for m in models if m.reliability]
 
 
 def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VLLMResource:
@@ -193,14 +197,15 @@ def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VL
     return resource.with_model(candidate.model, candidate.engine_kwargs)
 
 
-def _priced(predict: Callable[..., dict[str, Any]], sample: Any, timing: Any, options: list[NodeOption],
-            stored: Any, engines: int, machine: Any, res: VLLMResource, name: str,
-            candidate: ModelCandidate | None, hosted: list[HostedPrice]) -> dict[str, Any]:
+def _priced(sample: Sample, timing: Timing, options: list[NodeOption], stored: Stored, engines: int,
+            machine: Machine, res: VLLMResource, name: str, candidate: ModelCandidate | None,
+            hosted: list[HostedPrice]) -> ModelForecast:
     """One model's prediction, sized by its precision (fp8 weights are 1 byte a parameter), named in
     the report by its identity plus any engine settings of its own (fp8 and bf16 of one model
     differ in the hash alone)."""
-    from ..engines.model import weights_gb
+    from ..engines.platform.model import weights_gb
     from ..engines.settings import GPU_DEFAULTS
+    from ..estimate.forecast import predict
     from ..estimate.roofline import model_shape
 
     cfg = res.resolved()
@@ -212,4 +217,4 @@ def _priced(predict: Callable[..., dict[str, Any]], sample: Any, timing: Any, op
                 hosted=hosted)
     settings = candidate.engine_kwargs if candidate is not None else {}
     label = f"{timing.model} ({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})" if settings else None
-    return {**m, "model": label or timing.model, "configured_as": res.model, "engine_kwargs": settings}
+    return replace(m, model=label or timing.model, configured_as=res.model, engine_kwargs=settings)

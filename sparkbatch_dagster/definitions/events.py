@@ -9,7 +9,6 @@ partition bar fills shard by shard and a crash leaves the UI agreeing with the d
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -21,8 +20,12 @@ from dagster import (
     MetadataValue,
 )
 
+from ..errors import SparkbatchError
 from ..home import JobHome
+from ..run.records import ShardStats
 from ..run.reliability import bucket_name, describe
+from ..run.shard_stats import read_stats
+from ..run.totals import Confidence
 from ..spec import JobSpec
 
 EXACTLY_ONCE = "every_row_exactly_once"
@@ -32,44 +35,50 @@ NUMBERS = ("rows", "labeled", "errors", "input_tokens", "output_tokens", "wall_s
            "engine_start_s", "cost_usd", "generated_requests", "reused_rows", "truncated_rows", "reasoning_tokens")
 
 
-def materialization(key: AssetKey, stats: dict[str, Any], *, this_run: bool, tags: dict[str, str],
+def numbers(stats: ShardStats) -> dict[str, Any]:
+    """The partition's numbers a materialization carries (:data:`NUMBERS`; 0 where stats of an
+    older release did not count one)."""
+    values = stats.to_json()
+    return {k: 0 if values.get(k) is None else values[k] for k in NUMBERS}
+
+
+def materialization(key: AssetKey, stats: ShardStats, *, this_run: bool, tags: dict[str, str],
                     home: JobHome) -> AssetMaterialization:
     """The partition's own numbers. ``this_run=False``: it was already done under this version,
     so this run generated nothing and spent nothing on it (cost 0, every row reused)."""
-    numbers = {k: stats.get(k, 0) for k in NUMBERS}
+    shown = numbers(stats)
     if not this_run:
-        numbers.update(wall_s=0.0, tokens_per_hour=0, engine_start_s=0.0, cost_usd=0.0, generated_requests=0,
-                       reused_rows=stats["rows"])
+        shown.update(wall_s=0.0, tokens_per_hour=0, engine_start_s=0.0, cost_usd=0.0, generated_requests=0,
+                     reused_rows=stats.rows)
     return AssetMaterialization(
-        asset_key=key, partition=stats["partition"], tags=tags,
-        metadata={**numbers, "error_rate": round(stats["errors"] / max(stats["rows"], 1), 4),
-                  "computed_in_this_run": this_run, "model": stats["model"], "version": stats["version"],
+        asset_key=key, partition=stats.partition, tags=tags,
+        metadata={**shown, "error_rate": round(stats.error_rate, 4),
+                  "computed_in_this_run": this_run, "model": stats.model, "version": stats.version,
                   **histogram_metadata(stats),
-                  "path": MetadataValue.path(str(home.labeled_path(stats["version"], stats["partition"])))},
+                  "path": MetadataValue.path(str(home.labeled_path(stats.version, stats.partition)))},
     )
 
 
-def histogram_metadata(stats: dict[str, Any]) -> dict[str, Any]:
+def histogram_metadata(stats: ShardStats) -> dict[str, Any]:
     """The partition's answers per confidence bucket (``{"0.0-0.1": n, ..., "0.9-1.0": n}``) and
     their mean confidence; nothing for stats written before confidences were counted, and no
     mean where no answer had one (free text)."""
-    counts = stats.get("confidence_histogram")
+    counts = stats.confidence_histogram
     if counts is None:
         return {}
     out: dict[str, Any] = {"confidence_histogram": MetadataValue.json(
         {bucket_name(i): n for i, n in enumerate(counts)})}
-    if stats.get("confidence_mean") is not None:
-        out["confidence_mean"] = stats["confidence_mean"]
+    if stats.confidence_mean is not None:
+        out["confidence_mean"] = stats.confidence_mean
     return out
 
 
-def confidence_metadata(summary: dict[str, Any] | None, table: list[dict[str, Any]] | None) -> dict[str, Any]:
+def confidence_metadata(summary: Confidence | None, table: list[dict[str, Any]] | None) -> dict[str, Any]:
     """``analytics``' confidence entries: the mean, the rows to review (under ``review_below``),
     and with a gold column the accuracy per confidence bucket, as a table and in words."""
     out: dict[str, Any] = {}
     if summary is not None:
-        out.update(confidence_mean=summary["mean"], review_rows=summary["review_rows"],
-                   review_below=summary["review_below"])
+        out.update(confidence_mean=summary.mean, review_rows=summary.review_rows, review_below=summary.review_below)
     if table:
         cols = ["bucket", "rows", "correct", "accuracy", "mean_confidence"]
         head = "| confidence | rows | correct | accuracy | mean confidence |\n|---|---|---|---|---|\n"
@@ -80,7 +89,7 @@ def confidence_metadata(summary: dict[str, Any] | None, table: list[dict[str, An
 
 
 def exactly_once(home: JobHome, version: str, partition: str,
-                 stats: dict[str, Any] | None = None) -> tuple[bool, dict[str, Any]]:
+                 stats: ShardStats | None = None) -> tuple[bool, dict[str, Any]]:
     """Read back from disk: does the labeled file hold every input row of the shard once, and nothing else?
 
     Against the shard file, when it is still the one the partition was labeled from (``stats``
@@ -88,11 +97,11 @@ def exactly_once(home: JobHome, version: str, partition: str,
     file is then checked against the rows its commit counted (every id once; the commit itself
     checked them against the input it read)."""
     got = pq.read_table(home.labeled_path(version, partition), columns=["row_id"]).column("row_id").to_pylist()
-    planned = (stats or {}).get("input_signature")
-    if planned and planned != (home.read_manifest() or {}).get("signature"):
+    planned = stats.input_signature if stats is not None else None
+    if stats is not None and planned and planned != (home.read_manifest() or {}).get("signature"):
         duplicated = len(got) - len(set(got))
-        return not duplicated and len(got) == stats["rows"], {  # type: ignore[index]
-            "input_rows": stats["rows"], "output_rows": len(got), "duplicated": duplicated,  # type: ignore[index]
+        return not duplicated and len(got) == stats.rows, {
+            "input_rows": stats.rows, "output_rows": len(got), "duplicated": duplicated,
             "version": version, "note": "the input was sharded again since: checked against the rows committed"}
     want = pq.read_table(home.shard_path(partition), columns=["row_id"]).column("row_id").to_pylist()
     missing, extra = set(want) - set(got), set(got) - set(want)
@@ -103,19 +112,19 @@ def exactly_once(home: JobHome, version: str, partition: str,
                     **({"first_missing": sorted(missing)[:5]} if missing else {})}
 
 
-def checks(key: AssetKey, spec: JobSpec, home: JobHome, stats: dict[str, Any]) -> list[AssetCheckEvaluation]:
+def checks(key: AssetKey, spec: JobSpec, home: JobHome, stats: ShardStats) -> list[AssetCheckEvaluation]:
     """The partition's two checks: every row exactly once (blocking: ``analytics`` is not built
     on a partition that fails it) and the error rate (a warning above ``spec.max_error_rate``)."""
-    partition, version = stats["partition"], stats["version"]
+    partition, version = stats.partition, stats.version
     passed, counts = exactly_once(home, version, partition, stats)
-    rate = stats["errors"] / max(stats["rows"], 1)
+    rate = stats.error_rate
     return [
         AssetCheckEvaluation(asset_key=key, check_name=EXACTLY_ONCE, passed=passed, partition=partition,
                              metadata=counts, severity=AssetCheckSeverity.ERROR, blocking=True),
         AssetCheckEvaluation(asset_key=key, check_name=ERROR_RATE, passed=rate <= spec.max_error_rate,
                              partition=partition, severity=AssetCheckSeverity.WARN, blocking=False,
                              metadata={"error_rate": round(rate, 4), "max_error_rate": spec.max_error_rate,
-                                       "error_reasons": MetadataValue.json(stats.get("error_reasons", {}))}),
+                                       "error_reasons": MetadataValue.json(stats.error_reasons)}),
     ]
 
 
@@ -141,10 +150,10 @@ def blocked(instance: Any, key: AssetKey, home: JobHome, version: str, partition
             or (p not in latest and not exactly_once(home, version, p, _stats(home, version, p))[0])]
 
 
-def _stats(home: JobHome, version: str, partition: str) -> dict[str, Any] | None:
+def _stats(home: JobHome, version: str, partition: str) -> ShardStats | None:
     try:
-        return dict(json.loads(home.stats_path(version, partition).read_text()))
-    except (OSError, ValueError):
+        return read_stats(home.stats_path(version, partition))
+    except (OSError, SparkbatchError):
         return None
 
 
@@ -153,8 +162,6 @@ def adopt(instance: Any, key: AssetKey, home: JobHome, keys: list[str]) -> list[
     record each partition the bucket has committed under the current version as materialized
     (a runless event, cost 0 here), so the UI's partitions show what the bucket holds. Returns
     the partitions recorded; nothing for a folder home, whose instance saw its runs."""
-    import json
-
     current = home.read_current() if home.remote is not None else None
     if current is None:
         return []
@@ -162,7 +169,7 @@ def adopt(instance: Any, key: AssetKey, home: JobHome, keys: list[str]) -> list[
     have = set(instance.get_materialized_partitions(key))
     adopted = [k for k in keys if k not in have and home.is_done(version, k)]
     for k in adopted:
-        stats = json.loads(home.stats_path(version, k).read_text())
+        stats = read_stats(home.stats_path(version, k))
         instance.report_runless_asset_event(materialization(
             key, stats, this_run=False, home=home, tags={"sparkbatch/adopted": "from-bucket"}))
     return adopted

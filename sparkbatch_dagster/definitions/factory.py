@@ -32,7 +32,7 @@ from dagster import (
     multi_asset,
 )
 
-from ..engines.model import answer_settings
+from ..engines.platform.model import answer_settings
 from ..errors import SparkbatchError, storage_errors
 from ..home import open_home
 from ..inputs.shards import build_shards
@@ -213,15 +213,15 @@ def build_batch_assets(
         if missing:
             raise SparkbatchError(f"no finished output for {missing}: materialize labeled_outputs for them first")
         for k in keys:
-            s = committed[k]
-            context.add_asset_metadata({n: s.get(n, 0) for n in events.NUMBERS}, partition_key=k)
-        check = {**metrics.prediction_check(home, version, list(committed.values())),
-                 **attempts.bill(metrics.sync_attempts(home, version))}
+            context.add_asset_metadata(events.numbers(committed[k]), partition_key=k)
+        cost = metrics.prediction_check(home, version, list(committed.values()))
+        check = {**(cost.to_json() if cost is not None else {}),
+                 **attempts.bill(metrics.sync_attempts(home, version)).to_json()}
         if "predicted_wall_s" in check:
             context.log.info(f"predicted vs actual generation time, all committed partitions: {json.dumps(check)}")
         cols = ["partition", "rows", "errors", "input_tokens", "output_tokens", "wall_s", "tokens_per_hour", "cost_usd"]
         return MaterializeResult(metadata={
-            "all_committed_partitions": MetadataValue.md(md_table(list(committed.values()), cols)),
+            "all_committed_partitions": MetadataValue.md(md_table([s.to_json() for s in committed.values()], cols)),
             **{f"job_{k}": v for k, v in check.items() if v is not None},
             "database": MetadataValue.path(str(home.metrics_db)),
         })
@@ -241,10 +241,10 @@ def build_batch_assets(
             raise SparkbatchError(f"partition(s) {bad[:5]} failed the {events.EXACTLY_ONCE} check: analytics is "
                                   "not built on them; materialize labeled_outputs for them again")
         result = metrics.analytics(spec, home, version)
-        dist = [{"label": k, "rows": v} for k, v in result.pop("label_distribution").items()]
-        sure = events.confidence_metadata(result.pop("confidence", None), result.pop("reliability", None))
+        dist = [{"label": k, "rows": v} for k, v in (result.label_distribution or {}).items()]
+        sure = events.confidence_metadata(result.confidence, result.reliability)
         return MaterializeResult(metadata={
-            **{k: v for k, v in result.items() if v is not None}, **sure, **_sync_sink(context, spec, home, version),
+            **result.numbers(), **sure, **_sync_sink(context, spec, home, version),
             "label_distribution": MetadataValue.md(md_table(dist, ["label", "rows"])),
             "database": MetadataValue.path(str(home.metrics_db)),
         })
@@ -258,7 +258,7 @@ def build_batch_assets(
         overrides = {k: v for k, v in config.model_dump().items() if v is not None}
         est = EstimateSpec(**{**spec.estimate.model_dump(), **overrides})  # overrides validated like the spec
         report = job.estimate(getattr(context.resources, resource_key), est, log=context.log.info)
-        for line in report["advice"]:
+        for line in report.advice:
             context.log.info(line)
         return MaterializeResult(metadata=estimate_metadata(report))
 

@@ -3,7 +3,6 @@ output version, the estimate, which partitions are done, the current outputs).""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from dagster import AssetKey, AssetsDefinition, DynamicPartitionsDefinition
 
 from ..errors import SparkbatchError
+from ..estimate.records import EstimateReport, Prediction
 from ..home import JobHome
 from ..spec import EstimateSpec, JobSpec, fingerprint
 from .resource import VLLMResource
@@ -45,7 +45,7 @@ class BatchJob:
                             "input": manifest["signature"]})
 
     def estimate(self, resource: VLLMResource, est: EstimateSpec | None = None,
-                 log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+                 log: Callable[[str], None] = lambda _: None) -> EstimateReport:
         """Time a sample on the configured model and on each candidate in ``est.models`` (one
         engine at a time, open only while that model samples; a model whose accuracy interval
         straddles the bar samples more rows first); count the rows the result store already
@@ -55,7 +55,7 @@ class BatchJob:
         Example::
 
             report = job.estimate(VLLMResource(), EstimateSpec(models=["gemma-3-270m"], accuracy_bar=0.2))
-            report["predicted_wall_s"], report["chosen_model"], report["chart"]
+            report.primary.predicted_wall_s, report.chosen, report.chart   # report.to_json(): estimate.json
 
         ``log`` hears each step (sample drawn, each model's engine start and sample), so a
         Dagster run's log is not silent for the minutes an estimate takes.
@@ -65,7 +65,7 @@ class BatchJob:
         return estimate(self, resource, est or self.spec.estimate, log)
 
     def estimate_in_run(self, resource: VLLMResource, engine: Any, model_id: str,
-                        log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+                        log: Callable[[str], None] = lambda _: None) -> EstimateReport:
         """:meth:`estimate` for the configured model alone (no candidates), timed on ``engine``, the
         run's own (a ``LazyEngine``: it starts here and stays for the run, one start for both);
         writes the same report and prediction file, so ``run_metrics`` compares predicted and actual.
@@ -73,7 +73,7 @@ class BatchJob:
         Example::
 
             report = job.estimate_in_run(resource, engine, engine.model_id)   # then label on the same engine
-            report["predicted_wall_s"], report["engine_start_s"]
+            report.primary.predicted_wall_s, report.primary.engine_start_s
         """
         from .estimating import estimate_in_run
 
@@ -157,7 +157,8 @@ class BatchJob:
         stats = committed_stats(self.home, version)
         arrow = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64()}  # run_metrics' DuckDB types
         schema = pa.schema([(c, arrow[t]) for c, t in METRIC_COLUMNS])
-        return pa.Table.from_pylist([{c: stats[k].get(c) for c in schema.names} for k in keys], schema=schema)
+        rows = [stats[k].to_json() for k in keys]
+        return pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows], schema=schema)
 
     def _committed(self, partitions: list[str] | None, require: bool) -> tuple[str, list[str]]:
         """The current output version and those of ``partitions`` (None: every shard) it has
@@ -222,17 +223,15 @@ class BatchJob:
         self.home.refresh()
         return sync_table(self.spec, self.home, self.current_version())
 
-    def prediction(self, version: str) -> dict[str, Any] | None:
+    def prediction(self, version: str) -> Prediction | None:
         """The estimate's prediction file for this version (written by every estimate), or None."""
-        path = self.home.prediction_path(version)
-        return json.loads(path.read_text()) if path.exists() else None
+        return Prediction.read(self.home.prediction_path(version))
 
-    def expected_rows_per_s(self, version: str, pred: dict[str, Any] | None = None) -> float | None:
+    def expected_rows_per_s(self, version: str, pred: Prediction | None = None) -> float | None:
         """The estimate's generation rate for this version (``pred``: its prediction, when the
         caller has it read), to quote an ETA before the run has its own."""
         pred = pred or self.prediction(version)
-        if pred is None:
+        if pred is None or not pred.predicted_wall_s:
             return None
-        rows = pred["total_rows"] - pred.get("stored_rows", 0)
-        return rows / pred["predicted_wall_s"] if pred.get("predicted_wall_s") else None
+        return (pred.total_rows - pred.stored_rows) / pred.predicted_wall_s
 

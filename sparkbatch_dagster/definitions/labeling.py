@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any, Optional
 from dagster import AssetExecutionContext, AssetKey, Config
 
 from ..engines.base import LazyEngine
-from ..engines.spans import Spans
+from ..engines.platform.spans import Spans
 from ..errors import ConfigError
 from ..run import attempts
 from ..run.brake import DEADLINE_MARGIN_S, Brake, check_deadline, check_max_cost, parse_deadline, price
 from ..run.progress import Relay, tell
+from ..run.records import ShardStats
 from ..run.runner import ShardRun
+from ..run.shard_stats import read_stats
 from ..run.table_sink import check_sink
 from ..spec import JobSpec, fingerprint
 from . import events
@@ -32,6 +34,7 @@ from .cascade import CascadePlan
 from .deploy import pool_limit
 
 if TYPE_CHECKING:
+    from ..estimate.records import Prediction
     from .job import BatchJob
     from .resource import VLLMResource
 
@@ -103,8 +106,8 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
     if context.run.tags.get("dagster/backfill"):
         tags["dagster/backfill"] = context.run.tags["dagster/backfill"]
 
-    def emit(stats: dict[str, Any], this_run: bool) -> Iterator[Any]:
-        data_version = fingerprint([version, stats["partition"]])[:16]
+    def emit(stats: ShardStats, this_run: bool) -> Iterator[Any]:
+        data_version = fingerprint([version, stats.partition])[:16]
         yield events.materialization(key, stats, this_run=this_run, home=home,
                                      tags={**tags, "dagster/data_version": data_version})
         yield from events.checks(key, spec, home, stats)
@@ -114,7 +117,7 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
         context.log.info(f"{len(done)} partition(s) already done under version {version}: recorded as "
                          "reused (nothing generated, cost 0 in this run)")
     for k in done:
-        yield from emit(json.loads(home.stats_path(version, k).read_text()), this_run=False)
+        yield from emit(read_stats(home.stats_path(version, k)), this_run=False)
     home.remove_stale_parts(version)
     gaps = [k for k in backfill_partitions(context, key, pool) if k not in keys and not home.is_done(version, k)]
     if todo and gaps:
@@ -131,14 +134,14 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
         for stats in runner.stream(todo + gaps, optional=set(gaps), before=before):
             if not current:
                 current = home.advance_current(version, engine.model_id, planned)
-            context.log.info(f"{stats['partition']} committed: {stats['rows']} rows, {stats['errors']} errors, "
-                             f"{stats['generated_requests']} prompts generated, {stats['reused_rows']} reused, "
-                             f"${stats['cost_usd']:.4f}{_truncation_note(spec, stats)}")
+            context.log.info(f"{stats.partition} committed: {stats.rows} rows, {stats.errors} errors, "
+                             f"{stats.generated_requests} prompts generated, {stats.reused_rows} reused, "
+                             f"${stats.cost_usd:.4f}{_truncation_note(spec, stats)}")
             yield from emit(stats, this_run=True)
         for k in runner.committed_elsewhere:
             context.log.info(f"{k} was committed by another run while this one waited for its lease: recorded as "
                              "reused (nothing generated here)")
-            yield from emit(json.loads(home.stats_path(version, k).read_text()), this_run=False)
+            yield from emit(read_stats(home.stats_path(version, k)), this_run=False)
 
 
 def make_brake(job: BatchJob, version: str, config: LabelConfig) -> Brake:
@@ -157,19 +160,19 @@ def make_brake(job: BatchJob, version: str, config: LabelConfig) -> Brake:
     brake = Brake(spec.hourly_rate_usd, max_cost, deadline,
                   margin_s=DEADLINE_MARGIN_S if margin is None else margin)
     if brake.active:
-        brake.spent_before_usd = attempts.bill(attempts.load(job.home, version))["attempts_cost_usd"]
+        brake.spent_before_usd = attempts.bill(attempts.load(job.home, version)).attempts_cost_usd
         _use_prediction(brake, job.prediction(version))
     return brake
 
 
-def _use_prediction(brake: Brake, pred: dict[str, Any] | None) -> None:
+def _use_prediction(brake: Brake, pred: Prediction | None) -> None:
     """Give the brake the estimate's rate (input rows per second, stored ones averaged in) and
     engine start, when this version has a prediction."""
     if pred is None:
         return
-    if pred.get("predicted_wall_s"):
-        brake.predicted_rows_per_s = pred["total_rows"] / pred["predicted_wall_s"]
-    brake.restart_s = float(pred.get("engine_start_s") or 0.0)
+    if pred.predicted_wall_s:
+        brake.predicted_rows_per_s = pred.total_rows / pred.predicted_wall_s
+    brake.restart_s = float(pred.engine_start_s or 0.0)
 
 
 def _estimate_first(job: BatchJob, resource: VLLMResource, engine: LazyEngine, runner: ShardRun,
@@ -178,14 +181,14 @@ def _estimate_first(job: BatchJob, resource: VLLMResource, engine: LazyEngine, r
     run's engine (it starts here, once), the report and prediction file, the prediction told."""
 
     def first() -> None:
-        report = job.estimate_in_run(resource, engine, engine.model_id, log=log)
+        report = job.estimate_in_run(resource, engine, engine.model_id, log=log).primary
         pred = job.prediction(runner.version)  # just written: read once for the ETA and the brake
         runner.pace.expected_rows_per_s = job.expected_rows_per_s(runner.version, pred)
         if runner.brake is not None:
             _use_prediction(runner.brake, pred)
-        cost = price(report["predicted_wall_s"] + report["engine_start_s"], job.spec.hourly_rate_usd)
-        line = (f"estimate: {report['prompts_to_generate']:,} prompts to generate, predicted "
-                f"{report['predicted_wall_s']:.0f} s of generation + {report['engine_start_s']:.0f} s engine start "
+        cost = price(report.predicted_wall_s + report.engine_start_s, job.spec.hourly_rate_usd)
+        line = (f"estimate: {report.prompts_to_generate:,} prompts to generate, predicted "
+                f"{report.predicted_wall_s:.0f} s of generation + {report.engine_start_s:.0f} s engine start "
                 f"(paid once, for the sample and the run): ${cost:.4f} at ${job.spec.hourly_rate_usd:g}/h")
         log(line)
         tell(line)
@@ -220,9 +223,9 @@ def _span(keys: list[str]) -> str:
     return ", ".join(keys) if len(keys) <= 4 else f"{keys[0]}, {keys[1]} .. {keys[-1]}"
 
 
-def _truncation_note(spec: JobSpec, stats: dict[str, Any]) -> str:
+def _truncation_note(spec: JobSpec, stats: ShardStats) -> str:
     """What a run's log line says of answers cut at max_tokens, with the fix."""
-    cut = stats.get("truncated_rows", 0)
+    cut = stats.truncated_rows
     if not cut:
         return ""
     return (f"; {cut} answers hit max_tokens={spec.sampling.max_tokens} (cut; labels and JSON became error rows): "

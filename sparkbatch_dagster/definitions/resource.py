@@ -5,10 +5,12 @@ all done, or whose answers are all in the result store, never pays the minute of
 start), is reused by every partition of the run, and is shut down in
 ``teardown_after_execution`` (or kept warm for the next run in this process: ``keep_warm``).
 While it lives it holds its GPUs' locks (``engines/gpu_lock.py``): one engine per GPU on the box.
-The resource stays plain settings: :meth:`VLLMResource.engine_settings` resolves them into the
-one frozen value the engines room starts from (``engines/start.py``); what they become for vLLM
-lives there too (``engines/settings.py``, ``engines/server_process.py``), model conversion and
-identity in ``engines/model.py``. Unit tests inject a fake engine with
+The resource stays plain settings: its engine fields are declared once, in
+``engines/config.py`` (``EngineConfig``, which it inherits), and :meth:`VLLMResource.engine_settings`
+resolves them into the one frozen ``EngineSettings`` the engines room starts from
+(``engines/start.py``) and hands whole to each backend; what they become for vLLM lives there too
+(``engines/settings.py``, ``engines/server/server_process.py``), model conversion and identity in
+``engines/platform/model.py``. Unit tests inject a fake engine with
 ``sparkbatch_dagster.testing.FakeVLLMResource``, a class of its own.
 """
 
@@ -20,7 +22,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
@@ -28,16 +30,18 @@ from typing_extensions import Self
 
 from ..engines import settings
 from ..engines.base import Engine
-from ..engines.endpoints import configured_urls
+from ..engines.config import EngineConfig, EngineSettings
 from ..engines.gpu_lock import HeldEngine
-from ..engines.model import THROUGHPUT_ONLY, answer_settings
+from ..engines.platform.cpu import cpu_flags
+from ..engines.platform.model import answer_settings
+from ..engines.server.endpoints import configured_urls
 from ..engines.settings import on_cpu
-from ..engines.start import EngineSettings, start
+from ..engines.start import model_identity, start
 from ..errors import ConfigError
 from ..run.progress import tell
 from .compile_cache import for_resource
 
-__all__ = ["THROUGHPUT_ONLY", "VLLMResource", "close_warm_engines", "on_cpu"]
+__all__ = ["VLLMResource", "close_warm_engines"]
 
 #: Engines kept warm between runs of this process (``keep_warm``), by settings; each is reused
 #: only while it answers as the model the settings give now (its ``model_id``).
@@ -53,9 +57,11 @@ def close_warm_engines() -> None:
         _WARM.popitem()[1].close()
 
 
-class VLLMResource(ConfigurableResource):  # type: ignore[misc]
+class VLLMResource(ConfigurableResource, EngineConfig):  # type: ignore[misc]
     """vLLM tuned for a dedicated box; one definition serves a GPU and the CPU backend alike
-    (settings left at None are resolved for the platform when the engine starts).
+    (settings left at None are resolved for the platform when the engine starts). The engine's
+    fields are declared once, in :class:`~..engines.config.EngineConfig`; the two below are the
+    resource's own lifecycle.
 
     Example::
 
@@ -64,105 +70,6 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
     ``model`` left unset uses the embedded SmolLM2-135M-Instruct.
     """
 
-    model: str | None = Field(
-        default=None, description="Local HF folder, hub name, or embedded model name (SmolLM2-135M-Instruct, "
-        "gemma-3-270m); None = the embedded SmolLM2. From the environment: EnvVar(\"MY_MODEL\") or {{ env.MY_MODEL }}.",
-    )
-    engine: Literal["offline", "server"] = Field(
-        default="offline", description="offline: vllm.LLM in this process; server: an OpenAI-compatible endpoint "
-        "(server_url or server_urls, or `vllm serve` started here).",
-    )
-    gpu_memory_utilization: float | None = Field(
-        default=None, gt=0.0, le=0.98, description="Fraction of GPU memory (of RAM on the CPU backend) vLLM may use. "
-        "None = resolved when the engine starts: 0.9 on a GPU, 0.3 on the CPU backend; on a unified-memory GPU "
-        "(DGX Spark) the KV cache is sized in bytes from the free memory instead, and a set value more than that "
-        "memory can give is refused before loading.",
-    )
-    kv_cache_memory_gb: float | None = Field(
-        default=None, gt=0.0, description="Exact KV cache size in GiB (per GPU); wins over gpu_memory_utilization. "
-        "Refused before loading when the free memory cannot give it (CPU backend, unified memory).",
-    )
-    memory_reserve_gb: float | None = Field(
-        default=None, ge=1.0, le=64.0, description="Unified-memory GPU (DGX Spark): GiB of MemAvailable kept for the "
-        "OS, Dagster and this process when the KV cache is sized. None = 8: measured here, a run process peaks near "
-        "0.3 GiB and `dagster dev` holds about 0.7 GiB; DGX OS's own share could not be measured, so the default keeps "
-        "a wide margin. Ignored elsewhere.",
-    )
-    max_num_seqs: int | None = Field(
-        default=None, ge=1, le=16384, description="Sequences vLLM batches at once. None = resolved when the engine "
-        "starts: 1024 on a GPU (and for a server_url someone else runs), 256 on the CPU backend.",
-    )
-    max_model_len: int | None = Field(
-        default=None, ge=16, description="Context length; None = the model's. Part of the model identity."
-    )
-    enable_prefix_caching: bool = Field(default=True, description="Reuse the KV cache of the shared template.")
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one model is split over.")
-    data_parallel_size: int | None = Field(
-        default=None, ge=1, le=64, description="Engines this run drives, one per group of tensor_parallel_size GPUs. "
-        "Offline: each in its own process with its own CUDA_VISIBLE_DEVICES; the run's partitions stream across all "
-        "of them. A `vllm serve` started here: its --data-parallel-size (vLLM's own engines behind one endpoint). "
-        "None = one per visible GPU group (CUDA_VISIBLE_DEVICES, else every GPU), 1 on the CPU backend. Speed only: "
-        "the answers and the model identity stay the same.",
-    )
-    label_decoding: Literal["auto", "grammar"] = Field(
-        default="auto", description="auto: a label job decoded greedily whose labels each begin with a token of "
-        "their own (none spelling the start of another label) gets one decode step with only those tokens allowed, "
-        "instead of vLLM's choice grammar (docs/engine.md: speed, and the answers against the grammar's); other "
-        "label sets keep the grammar. Server mode needs the tokenizer here (server_token_ids). grammar: always the "
-        "grammar.",
-    )
-    dtype: str = Field(default="auto", description="Weights' dtype for vLLM (auto, bfloat16, float16, float32). "
-                       "auto = the model's own, except float32 on a CPU without native bf16 (no avx512_bf16 / "
-                       "amx_bf16), where bf16 runs on slow fallback kernels; preview, the estimate and the run's log "
-                       "say which was chosen and why.")
-    window: int | None = Field(
-        default=None, ge=1, description="Offline: requests queued in the engine; None = 16 x max_num_seqs."
-    )
-    engine_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="More vllm.LLM arguments (`vllm serve` flags in server mode), passed as "
-        "they are; keys outside THROUGHPUT_ONLY are part of the model identity (trust_remote_code with the "
-        "folder's Python files; chat_template, tokenizer and generation_config by the bytes of the file or "
-        "folder they name).",
-    )
-    server_url: str | None = Field(
-        default=None, description="engine='server': a running server's base URL; None (and no server_urls) starts "
-        "`vllm serve` here."
-    )
-    server_urls: list[str] = Field(
-        default_factory=list, description="engine='server': several running servers' base URLs (one per GPU or "
-        "machine), all serving model=; instead of server_url. Each gets up to max_in_flight requests, the next one "
-        "goes to the server with the fewest in flight, and a server that dies mid-run has its rows re-sent to the "
-        "others.",
-    )
-    api_key: str | None = Field(
-        default=None, description="engine='server': the server's API key. Pass EnvVar(\"MY_KEY\") (Python) or "
-        "{{ env.MY_KEY }} (YAML); never a literal key in code.",
-    )
-    max_in_flight: int | None = Field(
-        default=None, ge=1, description="Server requests in flight, per server; None = 4 x max_num_seqs x its engines."
-    )
-    request_timeout_s: float = Field(default=600.0, gt=0, description="Server mode: seconds to wait for one answer.")
-    server_token_ids: bool | None = Field(
-        default=None, description="Server mode: apply the model's chat template and tokenizer in this process and "
-        "send token ids to /v1/completions (the server then neither renders nor tokenizes); needs the tokenizer "
-        "folder the server loaded (its /v1/models root) readable here. Off: messages to /v1/chat/completions. "
-        "None: on for a `vllm serve` started here (unless engine_kwargs sets its chat_template), off for "
-        "server_url(s).",
-    )
-    server_prompts_per_request: int | None = Field(
-        default=None, ge=1, le=256, description="Server mode with server_token_ids: rows that start together go "
-        "as one /v1/completions request of up to this many prompts, each row still answered, retried and failed "
-        "on its own. None: 16 for a `vllm serve` started here, 1 for server_url(s) (set it for a vLLM server: it "
-        "must answer each choice's token_ids, which vLLM's return_token_ids gives).",
-    )
-    max_retries: int = Field(default=5, ge=0, le=20, description="Server mode: retries on 429/5xx/connection errors.")
-    server_start_timeout_s: float = Field(
-        default=900.0, gt=0, description="Seconds a `vllm serve` started here may take to become healthy."
-    )
-    engine_start_timeout_s: float = Field(
-        default=1800.0, gt=0, description="Offline: seconds the engine may take to start (loading, compiling and, "
-        "with nnodes, the other machines' workers joining); then it is stopped and the run fails, naming the fix.",
-    )
     keep_warm: bool = Field(
         default=False, description="Keep the engine running after a run, for the next run in this process "
         "with the same settings and model files (notebooks, test sessions): one engine start instead of one per "
@@ -261,20 +168,14 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
 
     def engine_settings(self) -> EngineSettings:
         """These settings resolved for an engine start (EnvVars read, platform defaults applied):
-        the one value ``engines.start`` reads. Cheap: the model is resolved on use."""
+        the one value ``engines.start`` reads, every engine field as it is. Cheap: the model is
+        resolved on use."""
         cfg = self.resolved()
+        fields = {name: getattr(cfg, name) for name in EngineConfig.model_fields}
         return EngineSettings(
-            mode=cfg.engine, model=cfg.model, endpoints=tuple(cfg._endpoints()), llm_kwargs=cfg.llm_kwargs(),
-            answer_settings=answer_settings(cfg.dtype_choice()[0], cfg.max_model_len, cfg.engine_kwargs),
-            engine_kwargs=dict(cfg.engine_kwargs), max_num_seqs=cfg.resolved_max_num_seqs(),
-            tensor_parallel_size=cfg.tensor_parallel_size, data_parallel_size=cfg.data_parallel_size,
-            window=cfg.window, api_key=None if cfg.api_key is None else str(cfg.api_key),
-            max_in_flight=cfg.max_in_flight, request_timeout_s=cfg.request_timeout_s, max_retries=cfg.max_retries,
-            server_token_ids=cfg.server_token_ids, server_prompts_per_request=cfg.server_prompts_per_request,
-            server_start_timeout_s=cfg.server_start_timeout_s,
-            engine_start_timeout_s=cfg.engine_start_timeout_s, gpu_memory_utilization=cfg.gpu_memory_utilization,
-            memory_reserve_gb=cfg.memory_reserve_gb, label_decoding=cfg.label_decoding,
-        )
+            **{**fields, "max_num_seqs": cfg.resolved_max_num_seqs()}, endpoints=tuple(cfg._endpoints()),
+            llm_kwargs=cfg.llm_kwargs(),
+            answer_settings=answer_settings(cfg.dtype_choice()[0], cfg.max_model_len, cfg.engine_kwargs))
 
     def model_name(self) -> str:
         """What the engine will load, resolved (the embedded default is converted if needed)."""
@@ -285,7 +186,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         output-affecting settings; for a server someone else runs, what its ``/v1/models``
         says it serves. Computed without starting an engine, and again on every call: weights
         copied over the same folder change it at once (file digests are cached, so it is cheap)."""
-        return self.engine_settings().model_identity()
+        return model_identity(self.engine_settings())
 
     def with_model(self, model: str, engine_kwargs: dict[str, Any] | None = None) -> Self:
         """The same settings with another model: a candidate in a model comparison;
@@ -312,7 +213,7 @@ class VLLMResource(ConfigurableResource):  # type: ignore[misc]
         cfg = self.resolved()
         if cfg._endpoints():  # someone else's server: its own dtype
             return cfg.dtype, "the server's own"
-        return settings.choose_dtype(cfg.dtype, on_cpu(), settings.cpu_flags())
+        return settings.choose_dtype(cfg.dtype, on_cpu(), cpu_flags())
 
     def engine_envs(self) -> list[dict[str, str]]:
         """The environment of each engine a run starts here: one per data-parallel GPU group

@@ -1,16 +1,24 @@
 """Engines: one small interface (:class:`Engine`), several backends, and how one starts.
 
-Owns the interface and the lazy wrapper (:mod:`.base`; the start in a thread of its own), where a
-labeling step's time goes, by named part (:mod:`.spans`), the resolved settings an engine starts
-from and the start itself (:mod:`.start`: a client of running servers, a `vllm serve` started
-here, offline vLLM, one engine per data-parallel GPU group), the backends (:mod:`.vllm_offline`,
-:mod:`.data_parallel` + :mod:`.worker_process`, :mod:`.vllm_server` with :mod:`.endpoints`,
-:mod:`.replicas`, :mod:`.token_prompts`, :mod:`.server_process`, :mod:`.vllm_cli`; :mod:`.fake`
-for tests), the platform's defaults and memory check (:mod:`.settings`), memory on a unified-memory
-GPU such as the DGX Spark's GB10, sized from what is free when the engine starts (:mod:`.memory`),
-the model (:mod:`.model`: embedded models, identity, weight sizes), one engine over several
-machines (:mod:`.multinode`), one engine per GPU on the box (:mod:`.gpu_lock`) and the compile
-cache's folder, key and archive on this machine (:mod:`.compile_cache`).
+Top-level modules, the base every sub-room builds on:
+
+- :mod:`.base`: the interface, the request and result types, and :class:`LazyEngine` (its start in a thread);
+- :mod:`.config`: the engine's settings, declared once (the resource's fields) and resolved once, handed whole;
+- :mod:`.settings`: what a resource's settings become on this machine: platform defaults, the memory check;
+- :mod:`.gpu_lock`: one engine per GPU on the box;
+- :mod:`.fake`: a deterministic engine for tests;
+- :mod:`.start`: which backend starts, from the resolved settings.
+
+Sub-rooms, bottom to top (each ``__init__`` lists its modules):
+
+- :mod:`.platform`: the machine: memory, CPU, processes, model files, compile cache; no engine;
+- :mod:`.answers`: what an answer is made of, for any backend: labels, confidence, reasoning, sampling;
+- :mod:`.offline`: the offline backend, ``vllm.LLM`` in this process or one per data-parallel GPU group;
+- :mod:`.server`: the server backend, a client of ``vllm serve`` (running, or started here).
+
+``platform`` imports nothing else of ``engines``; the base builds on it, ``answers`` on both, the
+backends (``fake``, ``offline``, ``server``) on all three and never on each other, ``start`` on
+them all (``tests/unit/test_layout.py``).
 
 May import: ``errors``, ``spec``, ``home``. Backends import vllm lazily, so importing this
 package never loads vllm or torch.

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
-from . import memory
-from .spans import Spans
+from .platform import memory
+from .platform.spans import Spans
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
-from . import reasoning
+from .answers import reasoning
 from .base import Engine, EngineRequest, EngineResult
 
 #: How long a fake engine holds at a gate nobody opens (a test that failed before opening it).

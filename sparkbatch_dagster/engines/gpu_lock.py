@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from . import spans
 from .base import Engine
+from .platform import spans
 
 DEFAULT_DIR = "~/.cache/sparkbatch/gpu-locks"
 #: Lock files this process holds: path -> [file descriptor, engines of this process holding it].

@@ -13,11 +13,10 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from . import memory
+from .platform import memory
 
 #: Defaults for settings left at None, by platform: a dedicated GPU box (DGX Spark, H200) gets most
 #: of its memory and many sequences; the CPU backend a RAM fraction that leaves room for Dagster.
@@ -87,32 +86,6 @@ def platform_default(name: str) -> Any:
 NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def cpuinfo() -> dict[str, str]:
-    """The first value of each field of /proc/cpuinfo (``model name``, ``flags``, ...); empty where
-    it cannot be read (not Linux). Read once per call: engine starts and cache keys ask rarely."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(name.strip(), value.strip())
-    return fields
-
-
-def cpu_flags() -> frozenset[str] | None:
-    """This CPU's feature flags (x86 ``flags``, aarch64 ``Features``); None where they cannot be
-    read. ``SPARKBATCH_CPU_FLAGS`` (space-separated) replaces them: a simulated CPU, for tests."""
-    given = os.environ.get("SPARKBATCH_CPU_FLAGS")
-    if given is not None:
-        return frozenset(given.split())
-    info = cpuinfo()
-    value = info.get("flags", info.get("Features"))
-    return None if value is None else frozenset(value.split())
-
-
 def choose_dtype(configured: str, cpu: bool, flags: frozenset[str] | None) -> tuple[str, str]:
     """The dtype vLLM gets for ``configured``, and why, in words a log reader understands.
 
@@ -158,9 +131,20 @@ def llm_kwargs(
         raise ConfigError(f"engine_kwargs sets {clash}, which VLLMResource has as fields (kv_cache_memory_bytes: "
                           "kv_cache_memory_gb): set the fields instead")
     # Log-probabilities after the grammar's mask and the allowed tokens: each step's already
-    # renormalized over what it may take, which an answer's confidence needs (engines/confidence.py).
+    # renormalized over what it may take, which an answer's confidence needs (engines/answers/confidence.py).
     # Not a field: engine_kwargs may set another.
     return {"logprobs_mode": "processed_logprobs", **kwargs, **engine_kwargs}
+
+
+def nodes(kwargs: Mapping[str, Any]) -> int:
+    """How many machines one engine spans (``nnodes`` in the engine arguments; 1 by default)."""
+    return int(kwargs.get("nnodes") or 1)
+
+
+def local_share(kwargs: Mapping[str, Any]) -> int:
+    """Devices one engine uses on this machine: its tensor x pipeline parallel size over its machines."""
+    gpus = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    return gpus // nodes(kwargs)
 
 
 def check_memory(kwargs: Mapping[str, Any], copies: int = 1) -> None:

@@ -1,9 +1,19 @@
 """The estimate: know the bill before paying it.
 
-Owns the timed sample (:mod:`.sample`: drawn from the job's own shards, timed on the real engine,
-grown while a model's accuracy is undecided), the extrapolation to the whole job and its report
-(:mod:`.forecast`), the accuracy intervals and the best buy (:mod:`.choice`), how a node option
-runs a model (:mod:`.placement`) and the chart (:mod:`.chart`). Knows nothing of Dagster.
+Modules:
+
+- :mod:`.sample`: the timed sample, drawn from the job's own shards and timed on the real engine;
+- :mod:`.forecast`: the whole job's time and cost, and the report;
+- :mod:`.records`: the estimate's typed records: its prediction and each option, as they leave the room;
+- :mod:`.pricing`: each node option's price and where its speed comes from;
+- :mod:`.machine`: which kind of machine the sample ran on, and which candidates it can run;
+- :mod:`.roofline`: projected generation time on declared hardware;
+- :mod:`.choice`: accuracy intervals and the best buy;
+- :mod:`.cascades`: cascades judged on the sample: which pair and threshold clears the bar cheapest;
+- :mod:`.placement`: how a node option runs a model;
+- :mod:`.chart`: the chart.
+
+Knows nothing of Dagster.
 
 May import: ``errors``, ``spec``, ``home``, ``inputs``, ``engines``, ``run``.
 """

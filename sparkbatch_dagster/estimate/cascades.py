@@ -22,10 +22,11 @@ Example::
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
-from typing import Any
 
 from .choice import wilson
+from .records import Cascade, CascadeOption, CascadePoint, ModelForecast, Stage
 from .sample import Timing
 
 #: Thresholds tried for each pair.
@@ -34,8 +35,8 @@ THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)
 MIN_ROWS = 10
 
 
-def evaluate(models: list[dict[str, Any]], timings: list[Timing], bar: float) -> list[dict[str, Any]]:
-    """One entry per ordered pair of models that answered at least ``MIN_ROWS`` rows in common
+def evaluate(models: list[ModelForecast], timings: list[Timing], bar: float) -> list[Cascade]:
+    """One cascade per ordered pair of models that answered at least ``MIN_ROWS`` rows in common
     with a gold column and confidences: its curve over :data:`THRESHOLDS` and its pick."""
     out = []
     for (a, ta), (b, tb) in itertools.permutations(zip(models, timings, strict=True), 2):
@@ -43,72 +44,76 @@ def evaluate(models: list[dict[str, Any]], timings: list[Timing], bar: float) ->
         if len(common) < MIN_ROWS or all(ta.by_row[r][0] is None for r in common):
             continue
         curve = [_point(a, b, ta, tb, common, t) for t in THRESHOLDS]
-        priced = [p for p in curve if p["best_cost_usd"] is not None]
-        clearing = [p for p in priced if p["accuracy_low"] >= bar]
-        pick = min(clearing, key=lambda p: p["best_cost_usd"]) if clearing else \
-            max(priced or curve, key=lambda p: p["accuracy_low"])
-        out.append({
-            "model": f"cascade({a['model']}<{pick['threshold']:g}, {b['model']})", "stages": [a["model"], b["model"]],
-            "configured_as": [{"model": a.get("configured_as"), "below": pick["threshold"]},
-                              {"model": b.get("configured_as")}],
-            "sample_rows": len(common), "clears": bool(clearing), **pick, "curve": curve,
-        })
+        priced = [p for p in curve if p.best_cost_usd is not None]
+        clearing = [p for p in priced if p.accuracy_low >= bar]
+        pick = min(clearing, key=_usd) if clearing else max(priced or curve, key=lambda p: p.accuracy_low)
+        out.append(Cascade(
+            model=f"cascade({a.model}<{pick.threshold:g}, {b.model})", stages=[a.model, b.model],
+            configured_as=[Stage(model=a.configured_as, below=pick.threshold), Stage(model=b.configured_as)],
+            sample_rows=len(common), clears=bool(clearing), pick=pick, curve=curve,
+        ))
     return out
 
 
-def cheapest(cascades: list[dict[str, Any]]) -> dict[str, Any] | None:
+def cheapest(cascades: list[Cascade]) -> Cascade | None:
     """The cheapest cascade that clears the bar, or None."""
-    ok = [c for c in cascades if c["clears"] and c["best_cost_usd"] is not None]
-    return min(ok, key=lambda c: c["best_cost_usd"]) if ok else None
+    ok = [c for c in cascades if c.clears and c.pick.best_cost_usd is not None]
+    return min(ok, key=lambda c: _usd(c.pick)) if ok else None
 
 
-def _point(a: dict[str, Any], b: dict[str, Any], ta: Timing, tb: Timing, common: list[str],
-           threshold: float) -> dict[str, Any]:
+def _usd(p: CascadePoint) -> float:
+    return p.best_cost_usd if p.best_cost_usd is not None else math.inf
+
+
+def _point(a: ModelForecast, b: ModelForecast, ta: Timing, tb: Timing, common: list[str],
+           threshold: float) -> CascadePoint:
     """The pair at one threshold: accuracy on the sample, escalated share, cost per option."""
     escalated = {r for r in common if (sure := ta.by_row[r][0]) is None or sure < threshold}
     correct = sum(tb.by_row[r][1] if r in escalated else ta.by_row[r][1] for r in common)
     n, share = len(common), len(escalated) / len(common)
     low, high = wilson(correct, n)
     options = []
-    for oa in a["options"]:
-        ob = next((o for o in b["options"] if o["name"] == oa["name"]), None)
+    for oa in a.options:
+        ob = b.option(oa.name)
         seconds = cost = None
-        if oa["cost_usd"] is not None and (not escalated or (ob is not None and ob["cost_usd"] is not None)):
+        if oa.cost_usd is not None and oa.wall_s is not None and (not escalated or (
+                ob is not None and ob.cost_usd is not None)):
             # A as the estimate priced it alone, plus B's share of generation and B's start.
-            extra = share * ob["wall_s"] + b["engine_start_s"] if escalated and ob is not None else 0.0
-            seconds = oa["wall_s"] + a["engine_start_s"] + extra
-            cost = round(oa["cost_usd"] + oa["hourly_usd"] * extra / 3600, 6)
-        options.append({"name": oa["name"], "wall_s": round(seconds, 1) if seconds is not None else None,
-                        "cost_usd": cost})
-    best = min((o for o in options if o["cost_usd"] is not None), key=lambda o: o["cost_usd"], default=None)
-    return {"threshold": threshold, "accuracy": round(correct / n, 4), "accuracy_low": round(low, 4),
-            "accuracy_high": round(high, 4), "escalated_share": round(share, 4), "options": options,
-            "best_option": best["name"] if best else None, "best_cost_usd": best["cost_usd"] if best else None}
+            extra = share * (ob.wall_s or 0.0) + b.engine_start_s if escalated and ob is not None else 0.0
+            seconds = oa.wall_s + a.engine_start_s + extra
+            cost = round(oa.cost_usd + oa.hourly_usd * extra / 3600, 6)
+        options.append(CascadeOption(name=oa.name, wall_s=round(seconds, 1) if seconds is not None else None,
+                                     cost_usd=cost))
+    best = min((o for o in options if o.cost_usd is not None), key=lambda o: o.cost_usd or 0.0, default=None)
+    return CascadePoint(threshold=threshold, accuracy=round(correct / n, 4), accuracy_low=round(low, 4),
+                        accuracy_high=round(high, 4), escalated_share=round(share, 4), options=options,
+                        best_option=best.name if best else None, best_cost_usd=best.cost_usd if best else None)
 
 
-def advice(cascades: list[dict[str, Any]], chosen: dict[str, Any] | None, bar: float) -> list[str]:
+def advice(cascades: list[Cascade], chosen: ModelForecast | None, bar: float) -> list[str]:
     """The cascades in words: the cheapest that clears the bar against the model chosen alone."""
     if not cascades:
         return []
     best = cheapest(cascades)
     if best is None:
-        top = max(cascades, key=lambda c: c["accuracy_low"])
-        return [f"No cascade clears the accuracy bar {bar:g} on the sample: the best, {top['model']}, reaches "
-                f"{top['accuracy']:.1%} (95% interval {top['accuracy_low']:.1%}-{top['accuracy_high']:.1%})."]
-    line = (f"Cascade {best['model']}: {best['accuracy']:.1%} accurate on the sample (95% interval "
-            f"{best['accuracy_low']:.1%}-{best['accuracy_high']:.1%}), {best['escalated_share']:.0%} of rows go to "
-            f"{best['stages'][1]}, ${best['best_cost_usd']} for the whole job on {best['best_option']}")
-    if chosen is not None and chosen.get("best_cost_usd") is not None:
-        cheaper = best["best_cost_usd"] < chosen["best_cost_usd"]
-        line += (f"; {'cheaper than' if cheaper else 'dearer than'} {chosen['model']} alone "
-                 f"(${chosen['best_cost_usd']}){': the best buy' if cheaper else ''}")
+        top = max(cascades, key=lambda c: c.pick.accuracy_low)
+        return [f"No cascade clears the accuracy bar {bar:g} on the sample: the best, {top.model}, reaches "
+                f"{top.pick.accuracy:.1%} (95% interval {top.pick.accuracy_low:.1%}-{top.pick.accuracy_high:.1%})."]
+    pick = best.pick
+    line = (f"Cascade {best.model}: {pick.accuracy:.1%} accurate on the sample (95% interval "
+            f"{pick.accuracy_low:.1%}-{pick.accuracy_high:.1%}), {pick.escalated_share:.0%} of rows go to "
+            f"{best.stages[1]}, ${pick.best_cost_usd} for the whole job on {pick.best_option}")
+    if chosen is not None and chosen.best_cost_usd is not None:
+        cheaper = _usd(pick) < chosen.best_cost_usd
+        line += (f"; {'cheaper than' if cheaper else 'dearer than'} {chosen.model} alone "
+                 f"(${chosen.best_cost_usd}){': the best buy' if cheaper else ''}")
     else:
         line += f"; no model alone clears {bar:g}: the best buy"
-    return [line + f". Its threshold was picked on the same {best['sample_rows']} sample rows it is judged on, "
+    return [line + f". Its threshold was picked on the same {best.sample_rows} sample rows it is judged on, "
             "so its accuracy there flatters it. (Escalated rows priced as average rows; the box holds both models.)"]
 
 
-def write_chart(cascades: list[dict[str, Any]], path: Path) -> Path | None:
+def write_chart(cascades: list[Cascade], path: Path) -> Path | None:
     """Threshold against accuracy (with its 95% lower bound) and cost, one line per pair; None
     when there is no cascade to draw."""
     if not cascades:
@@ -120,11 +125,11 @@ def write_chart(cascades: list[dict[str, Any]], path: Path) -> Path | None:
 
     fig, (acc, cost) = plt.subplots(1, 2, figsize=(11, 4.2))
     for c in cascades:
-        name = f"{c['stages'][0]} -> {c['stages'][1]}"
-        xs = [p["threshold"] for p in c["curve"]]
-        line = acc.plot(xs, [p["accuracy"] for p in c["curve"]], marker="o", label=name)[0]
-        acc.plot(xs, [p["accuracy_low"] for p in c["curve"]], linestyle=":", color=line.get_color())
-        cost.plot(xs, [p["best_cost_usd"] for p in c["curve"]], marker="o", label=name, color=line.get_color())
+        name = f"{c.stages[0]} -> {c.stages[1]}"
+        xs = [p.threshold for p in c.curve]
+        line = acc.plot(xs, [p.accuracy for p in c.curve], marker="o", label=name)[0]
+        acc.plot(xs, [p.accuracy_low for p in c.curve], linestyle=":", color=line.get_color())
+        cost.plot(xs, [p.best_cost_usd for p in c.curve], marker="o", label=name, color=line.get_color())
     acc.set(xlabel="threshold (below it, a row goes to the second model)", ylabel="accuracy on the sample",
             title="accuracy (dotted: 95% lower bound)")
     cost.set(xlabel="threshold", ylabel="whole job, USD (cheapest option)", title="cost")

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from .records import EstimateReport, ModelForecast
 
 
-def _short(m: dict[str, Any]) -> str:
+def _short(m: ModelForecast) -> str:
     """A model's name without its hash, with its own engine settings (fp8 and bf16 apart)."""
-    settings = ", ".join(f"{k}={v}" for k, v in sorted((m.get("engine_kwargs") or {}).items()))
-    return m["model"].split("@")[0] + (f" ({settings})" if settings else "")
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(m.engine_kwargs.items()))
+    return m.model.split("@")[0] + (f" ({settings})" if settings else "")
 
 
-def write_chart(report: dict[str, Any], path: Path) -> Path:
+def write_chart(report: EstimateReport, path: Path) -> Path:
     """Two bar panels (cost of the whole job in USD, engine start included; duration in minutes),
     one bar group per model (labeled with its accuracy and 95% interval), one bar per node option;
     a projected option's bar is hatched, at its range's slow end with a whisker to the fast end;
@@ -22,20 +23,21 @@ def write_chart(report: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")  # no display on a rented box or in CI
     import matplotlib.pyplot as plt
 
-    models = report["models"]
-    names = [o["name"] for o in report["options"]]
+    models = report.models
+    names = [o.name for o in report.primary.options]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         xs, costs, mins, lows = [], [], [], []
         for j, m in enumerate(models):
-            opt = next(o for o in m["options"] if o["name"] == name)
-            if opt["cost_usd"] is not None:  # unknown speeds and options that cannot hold the model: no bar
+            opt = m.option(name)
+            # Unknown speeds and options that cannot hold the model: no bar.
+            if opt is not None and opt.cost_usd is not None and opt.wall_s is not None:
                 xs.append(j + (i - (len(names) - 1) / 2) * width)
-                costs.append(opt["cost_usd"])
-                mins.append((opt["wall_s"] + m["engine_start_s"]) / 60)
-                lows.append((opt["cost_low_usd"], (opt["wall_low_s"] + m["engine_start_s"]) / 60))
-        basis = next((o["speed_basis"] for m in models for o in m["options"] if o["name"] == name), "unknown")
+                costs.append(opt.cost_usd)
+                mins.append((opt.wall_s + m.engine_start_s) / 60)
+                lows.append((opt.cost_low_usd or 0.0, ((opt.wall_low_s or 0.0) + m.engine_start_s) / 60))
+        basis = next((o.speed_basis for m in models for o in m.options if o.name == name), "unknown")
         label = f"{name} ({'projected range' if basis == 'projected' else basis})"
         for k, (ax, values, fmt) in enumerate(((axes[0], costs, "${:.4g}"), (axes[1], mins, "{:.1f} min"))):
             bars = ax.bar(xs, values, width, label=label, hatch="//" if basis == "projected" else None,
@@ -44,10 +46,10 @@ def write_chart(report: dict[str, Any], path: Path) -> Path:
                 low = [v - lo[k] for v, lo in zip(values, lows, strict=True)]
                 ax.errorbar(xs, values, yerr=[low, [0] * len(values)], fmt="none", ecolor="black", capsize=3)
             ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7)
-    chosen = report.get("chosen_model")
-    labels = [(f"{_short(m)}{' (chosen)' if m['model'] == chosen else ''}\n"
-               + (f"accuracy {m['accuracy']:.2f} ({m['accuracy_low']:.2f}-{m['accuracy_high']:.2f}), "
-                  f"{m['sample_rows']} rows" if m["accuracy"] is not None else "accuracy not measured"))
+    chosen = report.chosen.model if report.chosen else None
+    labels = [(f"{_short(m)}{' (chosen)' if m.model == chosen else ''}\n"
+               + (f"accuracy {m.accuracy:.2f} ({m.accuracy_low:.2f}-{m.accuracy_high:.2f}), "
+                  f"{m.sample_rows} rows" if m.accuracy is not None else "accuracy not measured"))
               for m in models]
     titles = ("predicted cost of the job incl. engine start (USD)", "predicted duration incl. engine start (min)")
     for ax, title in zip(axes, titles, strict=True):
@@ -56,9 +58,9 @@ def write_chart(report: dict[str, Any], path: Path) -> Path:
         ax.margins(y=0.12)
     handles, names_shown = axes[0].get_legend_handles_labels()
     fig.legend(handles, names_shown, loc="lower center", ncol=max(len(names), 1), fontsize=8)
-    picked = next((_short(m) for m in models if m["model"] == chosen), None)
-    fig.suptitle(f"{report['job']}: {report['total_rows']:,} rows, sample of {report['sample_rows']} measured on "
-                 f"{report.get('measured_on', 'this machine')}" + (f"; chosen: {picked}" if picked else ""),
+    picked = next((_short(m) for m in models if m.model == chosen), None)
+    fig.suptitle(f"{report.job}: {report.total_rows:,} rows, sample of {report.sample_rows} measured on "
+                 f"{report.primary.measured_on}" + (f"; chosen: {picked}" if picked else ""),
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend under the panels
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,16 +18,17 @@ Beside them, :func:`price_hosted` puts the same tokens at the user's hosted batc
 
 from __future__ import annotations
 
-from typing import Any
+from msgspec.structs import replace
 
 from ..spec import THIS_MACHINE, HostedPrice, NodeOption
 from ..spec.hardware import PRESET_NAMES
 from .machine import Machine
 from .placement import gpus_needed, place
+from .records import HostedQuote, OptionPrice, SpeedBasis
 from .roofline import ModelShape, Workload, project
 
 
-def speed_basis(option: NodeOption, machine: Machine) -> str:
+def speed_basis(option: NodeOption, machine: Machine) -> SpeedBasis:
     """``measured``, ``projected`` or ``unknown`` for ``option`` when the sample ran on ``machine``."""
     if option.hardware == THIS_MACHINE:
         return "measured"
@@ -50,56 +51,57 @@ def _cost(hourly: float, wall: float | None, start: float) -> float | None:
 
 
 def price_options(options: list[NodeOption], *, wall: float, engines: int, start: float, weights_gb: float | None,
-                  machine: Machine, work: Workload | None, shape: ModelShape | None) -> list[dict[str, Any]]:
-    """One row per option: how it runs the model, its speed basis, duration and cost (engine start
+                  machine: Machine, work: Workload | None, shape: ModelShape | None) -> list[OptionPrice]:
+    """One price per option: how it runs the model, its speed basis, duration and cost (engine start
     included). ``wall``: measured generation seconds with ``engines`` engines on ``machine``;
     ``work``: the counts to project from (all prompts still to generate)."""
-    rows = []
-    for opt in options:
-        basis = speed_basis(opt, machine)
-        row: dict[str, Any] = {"name": opt.name, "nodes": opt.nodes, "gpus_per_node": opt.gpus_per_node,
-                               "hourly_usd": opt.hourly_usd, "hardware": hardware_name(opt, machine),
-                               "speed_basis": basis, "projection": None, "why": None}
-        if opt.hardware == THIS_MACHINE:  # the sample ran here, so the model fits as configured
-            row.update(tensor_parallel_size=None, fits=True, engines=engines, settings={},
-                       how="as the sample ran: this machine, with the resource's settings")
-            row.update(wall_s=round(wall, 1), wall_low_s=round(wall, 1), cost_usd=_cost(opt.hourly_usd, wall, start),
+    return [_price(opt, wall=wall, engines=engines, start=start, weights_gb=weights_gb, machine=machine, work=work,
+                   shape=shape) for opt in options]
+
+
+def _price(opt: NodeOption, *, wall: float, engines: int, start: float, weights_gb: float | None,
+           machine: Machine, work: Workload | None, shape: ModelShape | None) -> OptionPrice:
+    basis = speed_basis(opt, machine)
+    base = OptionPrice(name=opt.name, nodes=opt.nodes, gpus_per_node=opt.gpus_per_node, hourly_usd=opt.hourly_usd,
+                       hardware=hardware_name(opt, machine), speed_basis=basis)
+    if opt.hardware == THIS_MACHINE:  # the sample ran here, so the model fits as configured
+        return replace(base, tensor_parallel_size=None, fits=True, engines=engines, settings={},
+                       how="as the sample ran: this machine, with the resource's settings",
+                       wall_s=round(wall, 1), wall_low_s=round(wall, 1), cost_usd=_cost(opt.hourly_usd, wall, start),
                        cost_low_usd=_cost(opt.hourly_usd, wall, start))
-            rows.append(row)
-            continue
-        tp = gpus_needed(weights_gb, opt.gpu_memory_gb)
-        layout = place(tp, opt)
-        short = f"cannot hold the model: it needs {tp} GPUs of {opt.gpu_memory_gb:g} GB"
-        row.update(tensor_parallel_size=tp, fits=layout is not None, engines=layout.engines if layout else 0,
-                   settings=layout.settings if layout else None, how=layout.how if layout else short)
-        low = high = None
-        if layout is None:
-            row["why"] = "the model does not fit"
-        elif basis == "measured":  # every engine the option holds labels its share, as fast as one of ours
-            low = high = wall * engines / layout.engines
-        elif basis == "projected" and work is not None and shape is not None and opt.figures is not None:
-            n = layout.engines
-            share = Workload(work.requests / n, work.prompt_tokens / n, work.output_tokens / n, work.concurrency,
-                             work.cached_share)
-            proj = project(share, shape, opt.figures, gpus=layout.tensor_parallel_size)
-            low, high = proj.low_s, proj.high_s
-            row["projection"] = proj.as_dict()
-        else:
-            row["speed_basis"] = "unknown"
-            row["why"] = ("no hardware declared: set NodeOption(hardware=...) to a preset or HardwareSpec figures "
-                          "to project it, or measure the sample on that machine" if opt.figures is None
-                          else "the model's size is unknown (no readable config.json): nothing to project from")
-        row.update(wall_s=round(high, 1) if high is not None else None,
+    tp = gpus_needed(weights_gb, opt.gpu_memory_gb)
+    layout = place(tp, opt)
+    short = f"cannot hold the model: it needs {tp} GPUs of {opt.gpu_memory_gb:g} GB"
+    why = projection = None
+    low = high = None
+    if layout is None:
+        why = "the model does not fit"
+    elif basis == "measured":  # every engine the option holds labels its share, as fast as one of ours
+        low = high = wall * engines / layout.engines
+    elif basis == "projected" and work is not None and shape is not None and opt.figures is not None:
+        n = layout.engines
+        share = Workload(work.requests / n, work.prompt_tokens / n, work.output_tokens / n, work.concurrency,
+                         work.cached_share)
+        proj = project(share, shape, opt.figures, gpus=layout.tensor_parallel_size)
+        low, high = proj.low_s, proj.high_s
+        projection = proj.rounded()
+    else:
+        basis = "unknown"
+        why = ("no hardware declared: set NodeOption(hardware=...) to a preset or HardwareSpec figures "
+               "to project it, or measure the sample on that machine" if opt.figures is None
+               else "the model's size is unknown (no readable config.json): nothing to project from")
+    return replace(base, speed_basis=basis, projection=projection, why=why, tensor_parallel_size=tp,
+                   fits=layout is not None, engines=layout.engines if layout else 0,
+                   settings=layout.settings if layout else None, how=layout.how if layout else short,
+                   wall_s=round(high, 1) if high is not None else None,
                    wall_low_s=round(low, 1) if low is not None else None,
                    cost_usd=_cost(opt.hourly_usd, high, start), cost_low_usd=_cost(opt.hourly_usd, low, start))
-        rows.append(row)
-    return rows
 
 
-def price_hosted(prices: list[HostedPrice], input_tokens: float, output_tokens: float) -> list[dict[str, Any]]:
-    """One row per offer of the user's hosted batch price table: the job's tokens (the prompts
+def price_hosted(prices: list[HostedPrice], input_tokens: float, output_tokens: float) -> list[HostedQuote]:
+    """One quote per offer of the user's hosted batch price table: the job's tokens (the prompts
     still to generate, counted as the box's estimate counts them) at its prices. The tokens are
     this model's, by its tokenizer: a hosted model's count and answer length differ."""
-    return [{"name": p.name, "input_tokens": round(input_tokens), "output_tokens": round(output_tokens),
-             "input_per_million_usd": p.input_per_million_usd, "output_per_million_usd": p.output_per_million_usd,
-             "cost_usd": round(p.cost_usd(input_tokens, output_tokens), 6), "note": p.note} for p in prices]
+    return [HostedQuote(name=p.name, input_tokens=round(input_tokens), output_tokens=round(output_tokens),
+                        input_per_million_usd=p.input_per_million_usd, output_per_million_usd=p.output_per_million_usd,
+                        cost_usd=round(p.cost_usd(input_tokens, output_tokens), 6), note=p.note) for p in prices]

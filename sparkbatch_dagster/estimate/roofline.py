@@ -28,8 +28,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..engines.model import model_config, param_count, weight_file_bytes
+from ..engines.platform.model import model_config, param_count, weight_file_bytes
 from ..spec import HardwareSpec
+from .records import Projected
 
 #: Share of the peak (compute for prefill, bandwidth for decode) vLLM reaches: (slow end, fast end).
 EFFICIENCY = (0.3, 0.8)
@@ -76,10 +77,11 @@ class Projection:
     decode_s: float
     concurrency: int
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"low_s": round(self.low_s, 2), "high_s": round(self.high_s, 2),
-                "prefill_peak_s": round(self.prefill_s, 3), "decode_peak_s": round(self.decode_s, 3),
-                "concurrency": self.concurrency}
+    def rounded(self) -> Projected:
+        """The figures a priced option carries (the report's ``projection``)."""
+        return Projected(low_s=round(self.low_s, 2), high_s=round(self.high_s, 2),
+                         prefill_peak_s=round(self.prefill_s, 3), decode_peak_s=round(self.decode_s, 3),
+                         concurrency=self.concurrency)
 
 
 def model_shape(resolved: str, engine_kwargs: dict[str, Any] | None = None, dtype: str = "auto") -> ModelShape | None:

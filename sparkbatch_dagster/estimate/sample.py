@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..engines.base import Engine, request_of
-from ..engines.heap import frozen_heap
+from ..engines.platform.heap import frozen_heap
 from ..errors import SparkbatchError
 from ..home import JobHome
 from ..run.result_store import ResultStore, prompt_key

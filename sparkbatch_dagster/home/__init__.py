@@ -1,13 +1,23 @@
 """The job's home on disk: where every file of a job lives, how it is written, who may write it.
 
-Owns the folder layout (:class:`JobHome`, shard keys), commit points (:mod:`.atomic`: write to a
-temporary name, fsync, rename; what a committed file must be, :mod:`.commit_record`), the locks
-between processes (:mod:`.locks`) and content digests of files and objects (:mod:`.digests`),
-which the model identity and the input signature use;
-and a home in an object store (:mod:`.bucket`, :mod:`.mirror`, :mod:`.uploader`, :mod:`.lease`,
-:mod:`.keeper`, :mod:`.partition_lock`): the bucket the truth, the folder its cache, commits and
-leases written with the store's conditions (the protocol on one page: docs/protocol.md); and
-where a home keeps the engine's compile cache for the next machine (:mod:`.compile_store`).
+Modules:
+
+- :mod:`.layout`: the folder layout (:class:`JobHome`) and the paths built from shard keys;
+- :mod:`.pointer`: ``current.json``, the output version readers see, moved only forward;
+- :mod:`.atomic`: commit points (temporary name, fsync, rename) and failpoints;
+- :mod:`.commit_record`: what a committed labeled file must be (rows, sha256, length);
+- :mod:`.locks`: locks between processes;
+- :mod:`.digests`: content digests of files and objects (the model identity and the input signature use them);
+- :mod:`.bucket`: a home in an object store: retried calls and conditional writes;
+- :mod:`.mirror`: the local cache kept in step with the bucket, written by :mod:`.uploader`'s thread;
+- :mod:`.uploader`: the upload thread of a bucket home;
+- :mod:`.lease`: box leases and shard claims between boxes, renewed by :mod:`.keeper`;
+- :mod:`.keeper`: the thread that renews a box's lease;
+- :mod:`.partition_lock`: a run's lock on one shard;
+- :mod:`.opening`: opening a home from a spec: a folder, or a bucket with its cache;
+- :mod:`.compile_store`: the engine's compile cache kept in the home for the next machine.
+
+The whole bucket protocol on one page: docs/protocol.md.
 
 May import: ``errors``. Every room above uses it; it knows nothing of specs, engines or Dagster.
 """

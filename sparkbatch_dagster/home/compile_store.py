@@ -1,4 +1,4 @@
-"""Where a home keeps engine compile caches, so a new machine starts warm (``engines/compile_cache.py``).
+"""Where a home keeps engine compile caches, so a new machine starts warm (``engines/platform/compile_cache.py``).
 
     <home>/compile-cache/<key>.tar.gz      a folder home: a file, replaced whole (temporary name, rename)
     <url>/compile-cache/<key>.tar.gz       a bucket home: one object (a PUT is all or nothing)

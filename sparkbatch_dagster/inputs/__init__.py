@@ -1,12 +1,16 @@
 """Reading and sharding inputs: from the user's files to one Parquet file per shard.
 
-Owns :func:`.shards.build_shards` (DuckDB reads the input, gives every row a stable id, splits
-the rows into shards by a hash of the id, writes the manifest; the ids and the shard query are
-:mod:`.ids`: a generated id never equals a real one; a damaged shard file, :mod:`.shard_files`, is
-made again) and the slow path for hostile
-files that DuckDB could not read in one go: a CSV, JSONL or Parquet input re-read line by line,
-every line becoming exactly one row, good or carrying its reason (:mod:`.csv_input`,
-:mod:`.json_input`, :mod:`.parquet_input`, staged by :mod:`.staging`; :mod:`.files` sniffs).
+Modules:
+
+- :mod:`.shards`: :func:`build_shards`: DuckDB reads the input, hash shards, the manifest;
+- :mod:`.ids`: stable row ids and the shard query; a generated id never equals a real one;
+- :mod:`.shard_files`: whether a home's shard files are whole; a damaged one is made again;
+- :mod:`.files`: sniffing a file's format and CSV options;
+- :mod:`.csv_input`, :mod:`.json_input`, :mod:`.parquet_input`: the slow path for hostile files, line by line;
+- :mod:`.staging`: those lines staged as files and exposed as the view ``src``;
+- :mod:`.batch_input`: OpenAI / Anthropic batch files, every line a row or an error row.
+
+The slow path, for files DuckDB could not read in one go:
 
 - every physical data line (or quoted multi-line record) of a CSV/JSONL file becomes exactly one
   row: good rows keep their values, bad rows get ``_sb_error`` (``invalid_text: line N: ...`` or

@@ -36,11 +36,11 @@ def read_line(text: str, n: int, spec: Any) -> tuple[str | None, str | None, str
     except (ValueError, RecursionError) as exc:
         return None, None, f"unparsable_row: line {n}: not valid JSON ({json_problem(exc, text)})"
     try:
-        cid, request = parse_line(obj, spec.input_format, spec.sampling)
+        line = parse_line(obj, spec.input_format, spec.sampling)
     except LineError as exc:
         kind, _, why = str(exc.args[0]).partition(": ")
         return exc.args[1], None, f"{kind}: line {n}: {why}"
-    return cid, request, None
+    return line.custom_id, line.request.to_text(), None
 
 
 def stage_batch(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:

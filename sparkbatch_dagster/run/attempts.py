@@ -30,11 +30,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..home import FileLock, JobHome, atomic_write_text
+from .records import AttemptRecord, Bill, ShardStats
 
 log = logging.getLogger("sparkbatch")
 
@@ -55,6 +59,18 @@ def folder(home: JobHome, version: str) -> Path:
     return home.version_dir(version) / "attempts"
 
 
+@dataclass(frozen=True)
+class AttemptProgress:
+    """The run's own counters, read at each write of its attempt's record: prompts the engine
+    answered, cold engine starts it paid (a warm engine reused is 0), their seconds, and where
+    the step's time went (None: not named)."""
+
+    prompts_generated: int = 0
+    engine_starts: int = 0
+    engine_start_s: float = 0.0
+    timings_s: dict[str, float] | None = None
+
+
 class Attempt:
     """One run attempt's record, kept current while it runs (``with Attempt(...) as a:``)."""
 
@@ -67,21 +83,15 @@ class Attempt:
         self._clock = time.monotonic()
         self._last_beat = 0.0
         self._mutex = threading.Lock()
-        self.record: dict[str, Any] = {
-            "attempt": self.id, "version": version, "run_id": run_id, "pid": os.getpid(), "started": _now(),
-            "ended": None, "outcome": "running", "error": None, "wall_s": 0.0, "engine_start_s": 0.0,
-            "generation_s": 0.0, "prompts_generated": 0, "rows_committed": 0, "partitions_committed": 0,
-            "cost_usd": 0.0, "committed_cost_usd": 0.0, "wasted_usd": 0.0, "engine_starts": 0,
-        }
+        self.record = AttemptRecord(attempt=self.id, version=version, run_id=run_id, pid=os.getpid(), started=_now(),
+                                    box=box(home))
         self._home, self._version = home, version
-        self.record["box"] = box(home)
         remote = home.remote
         self._push_every_s = min(20.0, remote.lease_seconds / 3) if remote is not None else 0.0
         self._last_push = -1e9
         #: The run's own counters, read at each write (not pushed per row: the run's hot loop
-        #: stays free of locks): ``prompts_generated``, ``engine_start_s`` and ``engine_starts``
-        #: (cold starts this attempt paid; a warm engine reused is 0).
-        self.progress: Callable[[], dict[str, Any]] = dict
+        #: stays free of locks); None: the attempt has none (a test's, or before the run set it).
+        self.progress: Callable[[], AttemptProgress] | None = None
 
     def __enter__(self) -> Attempt:
         record_killed(self._home, self._version)  # what an earlier attempt could not write itself
@@ -90,12 +100,12 @@ class Attempt:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        self.record["outcome"] = "succeeded" if kind is None else "failed"
+        error = self.record.error
         if kind is GeneratorExit:
-            self.record["error"] = "stopped before its end by its caller"
+            error = "stopped before its end by its caller"
         elif exc is not None:
-            self.record["error"] = f"{type(exc).__name__}: {exc}"[:500]
-        self.record["ended"] = _now()
+            error = f"{type(exc).__name__}: {exc}"[:500]
+        self._change(outcome="succeeded" if kind is None else "failed", error=error, ended=_now())
         try:
             self._write(push=True)
         except OSError as failed:
@@ -108,13 +118,13 @@ class Attempt:
         finally:
             self._lock.release()
 
-    def committed(self, stats: dict[str, Any]) -> None:
+    def committed(self, stats: ShardStats) -> None:
         """A shard of this attempt committed (its stats): counted, and written at once."""
         with self._mutex:
             r = self.record
-            r["rows_committed"] += stats["rows"]
-            r["partitions_committed"] += 1
-            r["committed_cost_usd"] = round(r["committed_cost_usd"] + stats["cost_usd"], 6)
+            self.record = msgspec.structs.replace(
+                r, rows_committed=r.rows_committed + stats.rows, partitions_committed=r.partitions_committed + 1,
+                committed_cost_usd=round(r.committed_cost_usd + stats.cost_usd, 6))
         self._write()  # in the bucket at the next push (a third of a lease at most), not a request a shard
 
     def cost_usd(self) -> float:
@@ -126,46 +136,56 @@ class Attempt:
         if force or time.monotonic() - self._last_beat >= self.beat_every_s:
             self._write()
 
+    def _change(self, **fields: Any) -> None:
+        with self._mutex:
+            self.record = msgspec.structs.replace(self.record, **fields)
+
     def _write(self, push: bool = False) -> None:
         with self._mutex:
             r = self.record
-            r.update(self.progress())
+            if self.progress is not None:
+                p = self.progress()
+                r = msgspec.structs.replace(r, prompts_generated=p.prompts_generated, engine_starts=p.engine_starts,
+                                            engine_start_s=p.engine_start_s,
+                                            timings_s=p.timings_s if p.timings_s is not None else r.timings_s)
             wall = time.monotonic() - self._clock
-            r.update(wall_s=round(wall, 3), generation_s=round(max(wall - r["engine_start_s"], 0.0), 3),
-                     last_beat=_now(), cost_usd=round(wall / 3600 * self.rate, 6))
-            r["wasted_usd"] = round(max(r["cost_usd"] - r["committed_cost_usd"], 0.0), 6)
+            cost = round(wall / 3600 * self.rate, 6)
+            r = self.record = msgspec.structs.replace(
+                r, wall_s=round(wall, 3), generation_s=round(max(wall - r.engine_start_s, 0.0), 3),
+                last_beat=_now(), cost_usd=cost, wasted_usd=round(max(cost - r.committed_cost_usd, 0.0), 6))
             self._last_beat = time.monotonic()
             # Under the lock: the timer's heartbeat and a commit share one temporary file name.
-            atomic_write_text(self.path, json.dumps(r, indent=2), point="write:attempt")
+            atomic_write_text(self.path, json.dumps(r.to_json(), indent=2), point="write:attempt")
             remote = self._home.remote
             if remote is not None and (push or self._last_push + self._push_every_s <= self._last_beat):
                 self._last_push = self._last_beat
                 remote.push_attempt(self.path)
 
 
-def load(home: JobHome, version: str) -> list[dict[str, Any]]:
+def load(home: JobHome, version: str) -> list[AttemptRecord]:
     """Every attempt of ``version``, oldest first; one whose process died mid-run (its lock
     free, its outcome still ``running``) as ``killed``, ended at its last heartbeat."""
     out = []
     for path in sorted(folder(home, version).glob("*.json")) if folder(home, version).exists() else []:
         try:
-            record = json.loads(path.read_text())
+            record = AttemptRecord.from_json(json.loads(path.read_text()))
         except ValueError:  # half a file cannot happen (atomic writes); a foreign one is not ours
             continue
-        if record.get("outcome") == "running" and _dead(path, record, home):
-            record.update(outcome="killed", ended=record.get("last_beat"),
-                          error="the process was killed (no end was written): billed up to its last heartbeat")
+        if record.outcome == "running" and _dead(path, record, home):
+            record = msgspec.structs.replace(
+                record, outcome="killed", ended=record.last_beat,
+                error="the process was killed (no end was written): billed up to its last heartbeat")
         out.append(record)
-    return sorted(out, key=lambda r: r["started"])
+    return sorted(out, key=lambda r: r.started)
 
 
-def record_killed(home: JobHome, version: str) -> list[dict[str, Any]]:
+def record_killed(home: JobHome, version: str) -> list[AttemptRecord]:
     """Write ``killed`` into the files of attempts that died without writing their end."""
-    killed = [r for r in load(home, version) if r["outcome"] == "killed"]
+    killed = [r for r in load(home, version) if r.outcome == "killed"]
     for r in killed:
-        path = folder(home, version) / f"{r['attempt']}.json"
+        path = folder(home, version) / f"{r.attempt}.json"
         if json.loads(path.read_text()).get("outcome") == "running":
-            atomic_write_text(path, json.dumps(r, indent=2))
+            atomic_write_text(path, json.dumps(r.to_json(), indent=2))
             home.publish(path)
     return killed
 
@@ -175,11 +195,11 @@ def box(home: JobHome) -> str:
     return f"{socket.gethostname()}:{home.root}"
 
 
-def _dead(path: Path, record: dict[str, Any], home: JobHome) -> bool:
-    if home.remote is not None and record.get("box", box(home)) != box(home):
+def _dead(path: Path, record: AttemptRecord, home: JobHome) -> bool:
+    if home.remote is not None and (record.box or box(home)) != box(home):
         try:
-            beat = datetime.fromisoformat(str(record.get("last_beat") or record["started"]))
-        except (KeyError, ValueError):
+            beat = datetime.fromisoformat(record.last_beat or record.started)
+        except ValueError:
             return True
         age = (datetime.now(timezone.utc) - beat).total_seconds()
         return age > 2 * home.remote.lease_seconds
@@ -190,7 +210,6 @@ def _dead(path: Path, record: dict[str, Any], home: JobHome) -> bool:
     return True
 
 
-def bill(records: list[dict[str, Any]]) -> dict[str, Any]:
+def bill(records: list[AttemptRecord]) -> Bill:
     """The totals a summary shows: attempts, what they cost, and what was paid for nothing."""
-    return {"attempts": len(records), "attempts_cost_usd": round(sum(r["cost_usd"] for r in records), 6),
-            "wasted_usd": round(sum(r["wasted_usd"] for r in records), 6)}
+    return Bill.of(records)

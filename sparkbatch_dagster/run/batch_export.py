@@ -9,10 +9,12 @@ the job gave it (``unparsable-line-7``, ``a#dup2``), so a line is never lost. Wh
 (or after a cancel) the rows finished so far are written, committed partitions and the
 checkpointed rows of the others alike, and the summary says how many remain. Each line's
 ``usage`` is the tokens generated for that row (a duplicate's or a reused answer's: zero), so the
-file's sums are the run's generated tokens; the summary adds them up (:func:`usage_of`). Example::
+file's sums are the run's generated tokens; the summary adds them up (:func:`usage_of`). The
+counts are typed records (:class:`Tally`, :class:`Usage`, :class:`ExportSummary`); ``to_json()``
+gives the dict the CLI prints. Example::
 
     summary = export(home, version, "openai_batch", Path("out.jsonl"), Path("errors.jsonl"))
-    summary["written"], summary["errors"], summary["remaining"], summary["input_tokens"]
+    summary.written, summary.errors, summary.remaining, summary.input_tokens
 """
 
 from __future__ import annotations
@@ -25,7 +27,29 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..home import JobHome
+from .batch_lines import (
+    AnthropicResultLine,
+    ApiError,
+    AssistantMessage,
+    ChatCompletion,
+    Choice,
+    CompletionUsage,
+    ErrorBody,
+    ErrorDetail,
+    Errored,
+    ErrorResponse,
+    LineFailure,
+    Message,
+    MessageUsage,
+    OpenAIResultLine,
+    Response,
+    ResultLine,
+    Succeeded,
+    TextBlock,
+)
 from .checkpoint import OUTPUT_SCHEMA
 
 #: Row errors that are the request's fault: HTTP 400, as the provider answers them.
@@ -57,6 +81,68 @@ def finished_rows(home: JobHome, version: str, keys: list[str]) -> Iterator[tupl
                     yield row, when
 
 
+class Tally(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a batch-file job's rows stand: ``written`` answers, ``errors`` (error rows),
+    ``remaining`` rows not finished yet, of ``rows``; ``complete`` when none remains."""
+
+    written: int
+    errors: int
+    remaining: int
+    rows: int
+    complete: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The counts as the CLI and ``serve-batch`` give them."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What finished rows cost and who answered them (:func:`usage_of`)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
+    reused: int
+    model: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
+
+
+class ExportSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`export` wrote: the :class:`Tally` of the rows, their :class:`Usage`, and the
+    files (``error_file`` is ``output_file`` when errors went in with the answers)."""
+
+    tally: Tally
+    usage: Usage
+    output_file: str
+    error_file: str
+
+    @property
+    def written(self) -> int:
+        return self.tally.written
+
+    @property
+    def errors(self) -> int:
+        return self.tally.errors
+
+    @property
+    def remaining(self) -> int:
+        return self.tally.remaining
+
+    @property
+    def complete(self) -> bool:
+        return self.tally.complete
+
+    def to_json(self) -> dict[str, Any]:
+        """One flat object, as ``sparkbatch export-batch`` prints it."""
+        return {**self.tally.to_json(), **self.usage.to_json(), "output_file": self.output_file,
+                "error_file": self.error_file}
+
+
 def _uid(*parts: str) -> str:
     return hashlib.sha256("\x1e".join(parts).encode()).hexdigest()[:24]
 
@@ -65,70 +151,69 @@ def _kind(error: str) -> str:
     return error.split(":", 1)[0].strip() or "error"
 
 
-def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[int, int]) -> dict[str, Any]:
+def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[int, int]) -> OpenAIResultLine:
     """One line of an OpenAI Batch output file (an answer) or error file (an error row)."""
     rid = row["row_id"]
     req = f"req_{_uid(version, rid, 'request')}"
-    line: dict[str, Any] = {"id": f"batch_req_{_uid(version, rid)}", "custom_id": rid}
+    line_id = f"batch_req_{_uid(version, rid)}"
     if row["error"] is not None:
         kind, status = _kind(row["error"]), 400 if _kind(row["error"]).startswith(_CLIENT_ERRORS) else 500
         where = _LINE.search(row["error"])
-        kind_of = "invalid_request_error" if status == 400 else "server_error"
-        error: dict[str, Any] = {"error": {"message": row["error"], "type": kind_of, "param": None, "code": kind}}
-        return {**line, "response": {"status_code": status, "request_id": req, "body": error},
-                "error": {"code": kind, "message": row["error"], "line": int(where.group(1)) if where else None,
-                          "param": None}}
-    finish = row["finish_reason"] if row["finish_reason"] in ("stop", "length") else "stop"
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-{_uid(version, rid, 'completion')}", "object": "chat.completion", "created": created,
-        "model": row["model"], "system_fingerprint": version,
-        "choices": [{"index": 0, "finish_reason": "length" if row["truncated"] else finish, "logprobs": None,
-                     "message": {"role": "assistant", "content": row["output"], "refusal": None}}],
-        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
-    }
-    return {**line, "response": {"status_code": 200, "request_id": req, "body": body}, "error": None}
+        error = ApiError(message=row["error"], type="invalid_request_error" if status == 400 else "server_error",
+                         code=kind)
+        return OpenAIResultLine(id=line_id, custom_id=rid,
+                                response=Response(status_code=status, request_id=req, body=ErrorBody(error=error)),
+                                error=LineFailure(code=kind, message=row["error"],
+                                                  line=int(where.group(1)) if where else None))
+    cut = row["truncated"] or row["finish_reason"] == "length"
+    body = ChatCompletion(
+        id=f"chatcmpl-{_uid(version, rid, 'completion')}", created=created, model=row["model"],
+        system_fingerprint=version,
+        choices=[Choice(finish_reason="length" if cut else "stop",
+                        message=AssistantMessage(content=row["output"]))],
+        usage=CompletionUsage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)))
+    return OpenAIResultLine(id=line_id, custom_id=rid, response=Response(status_code=200, request_id=req, body=body),
+                            error=None)
 
 
-def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int]) -> dict[str, Any]:
+def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int]) -> AnthropicResultLine:
     """One line of an Anthropic Message Batches results file (``succeeded`` or ``errored``)."""
     rid = row["row_id"]
     if row["error"] is not None:
         client = _kind(row["error"]).startswith(_CLIENT_ERRORS)
-        error = {"type": "invalid_request_error" if client else "api_error", "message": row["error"]}
-        return {"custom_id": rid, "result": {"type": "errored", "error": {"type": "error", "error": error,
-                                                                          "request_id": None}}}
+        detail = ErrorDetail(type="invalid_request_error" if client else "api_error", message=row["error"])
+        return AnthropicResultLine(custom_id=rid, result=Errored(error=ErrorResponse(error=detail)))
     cut = row["truncated"] or row["finish_reason"] == "length"
-    message = {"id": f"msg_{_uid(version, rid)}", "type": "message", "role": "assistant", "model": row["model"],
-               "content": [{"type": "text", "text": row["output"]}],
-               "stop_reason": "max_tokens" if cut else "end_turn", "stop_sequence": None,
-               "usage": {"input_tokens": usage[0], "output_tokens": usage[1]}}
-    return {"custom_id": rid, "result": {"type": "succeeded", "message": message}}
+    message = Message(id=f"msg_{_uid(version, rid)}", model=row["model"], content=[TextBlock(text=row["output"])],
+                      stop_reason="max_tokens" if cut else "end_turn",
+                      usage=MessageUsage(input_tokens=usage[0], output_tokens=usage[1]))
+    return AnthropicResultLine(custom_id=rid, result=Succeeded(message=message))
 
 
-def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None = None) -> dict[str, Any]:
+def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None = None) -> ExportSummary:
     """Write the finished rows of ``version`` as ``fmt``'s result files (each replaced whole);
     return counts: ``written`` answers, ``errors``, ``remaining`` rows not finished yet, and
     :func:`usage_of` the rows (tokens, ``reused``, ``model``)."""
     manifest = home.read_manifest() or {"keys": [], "rows": 0}
     rows = list(finished_rows(home, version, manifest["keys"]))
-    ok: list[dict[str, Any]] = []
-    bad: list[dict[str, Any]] = []
+    ok: list[ResultLine] = []
+    bad: list[ResultLine] = []
     for row, when in rows:
         # Each row reports the tokens generated for it: a duplicate answered by another row's
         # generation, or an answer reused from the result store, reports zeros (it cost nothing
         # now), so the file's sums are the run's generated tokens.
         used = (int(row["prompt_tokens"] or 0), int(row["output_tokens"] or 0))
-        line = openai_line(row, version, int(when), used) if fmt == "openai_batch" else \
+        line: ResultLine = openai_line(row, version, int(when), used) if fmt == "openai_batch" else \
             anthropic_line(row, version, used)
         (bad if row["error"] is not None else ok).append(line)
     _write(out, ok if errors is not None else ok + bad)
     if errors is not None:
         _write(errors, bad)
-    return {**_summary(manifest, len(ok), len(bad)), **usage_of(row for row, _ in rows), "output_file": str(out),
-            "error_file": str(errors or out)}
+    return ExportSummary(tally=_summary(manifest, len(ok), len(bad)), usage=usage_of(row for row, _ in rows),
+                         output_file=str(out), error_file=str(errors or out))
 
 
-def usage_of(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def usage_of(rows: Iterable[dict[str, Any]]) -> Usage:
     """What the finished rows cost and who answered them: ``input_tokens``, ``output_tokens``,
     ``cached_tokens``, ``reasoning_tokens`` (every token the engine spent on them, an answer that
     then failed its check included; a reused answer's are zero), ``reused`` (answers not generated
@@ -139,13 +224,13 @@ def usage_of(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     def total(column: str) -> int:
         return sum(int(r.get(column) or 0) for r in rows)
 
-    return {"input_tokens": total("prompt_tokens"), "output_tokens": total("output_tokens"),
-            "cached_tokens": total("cached_tokens"), "reasoning_tokens": total("reasoning_tokens"),
-            "reused": sum(1 for r in rows if r["error"] is None and (r["reused"] or r["deduplicated"])),
-            "model": next((r["model"] for r in rows if r["error"] is None and r["model"]), None)}
+    return Usage(input_tokens=total("prompt_tokens"), output_tokens=total("output_tokens"),
+                 cached_tokens=total("cached_tokens"), reasoning_tokens=total("reasoning_tokens"),
+                 reused=sum(1 for r in rows if r["error"] is None and (r["reused"] or r["deduplicated"])),
+                 model=next((r["model"] for r in rows if r["error"] is None and r["model"]), None))
 
 
-def tally(home: JobHome, version: str) -> dict[str, Any]:
+def tally(home: JobHome, version: str) -> Tally:
     """The counts :func:`export` would return (``written``, ``errors``, ``remaining``, ``rows``,
     ``complete``), without writing any file: a progress poll's."""
     manifest = home.read_manifest() or {"keys": [], "rows": 0}
@@ -153,17 +238,17 @@ def tally(home: JobHome, version: str) -> dict[str, Any]:
     return _summary(manifest, len(errors) - sum(errors), sum(errors))
 
 
-def _summary(manifest: dict[str, Any], written: int, errors: int) -> dict[str, Any]:
+def _summary(manifest: dict[str, Any], written: int, errors: int) -> Tally:
     total = int(manifest.get("rows") or 0)
-    return {"written": written, "errors": errors, "remaining": total - written - errors, "rows": total,
-            "complete": written + errors == total}
+    return Tally(written=written, errors=errors, remaining=total - written - errors, rows=total,
+                 complete=written + errors == total)
 
 
-def _write(path: Path, lines: list[dict[str, Any]]) -> None:
+def _write(path: Path, lines: list[ResultLine]) -> None:
     """The lines as JSONL, replacing ``path`` whole (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with tmp.open("w", encoding="utf-8") as f:
         for line in lines:
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+            f.write(json.dumps(line.to_json(), ensure_ascii=False) + "\n")
     os.replace(tmp, path)

@@ -18,10 +18,12 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
+
+import msgspec
 
 from ..engines.base import Engine
-from ..engines.spans import Spans
+from ..engines.platform.spans import Spans
 from ..home import JobHome, atomic_write_text, failpoint
 from ..home.atomic import atomic_write_bytes
 from ..home.commit_record import parquet_bytes, record_of
@@ -29,8 +31,9 @@ from ..spec import JobSpec
 from .attempts import Attempt
 from .checkpoint import FlushTimer, assemble
 from .open_shard import OpenShard, new_answers
+from .records import ShardStats
 from .result_store import ResultStore
-from .shard_stats import shard_stats
+from .shard_stats import ShardTime, ShardWork, shard_stats
 
 
 class ShardClock:
@@ -67,7 +70,7 @@ class Run(Protocol):
     clock: ShardClock
 
 
-def write_shard(run: Run, shard: OpenShard, timer: FlushTimer) -> dict[str, Any]:
+def write_shard(run: Run, shard: OpenShard, timer: FlushTimer) -> ShardStats:
     """Assemble ``shard``, whose every row is in, write its statistics, store its new answers and
     write its labeled file; return the statistics. A folder home's shard is committed then; a
     bucket home's parts stay until the bucket's commit (its mirror drops them)."""
@@ -76,21 +79,24 @@ def write_shard(run: Run, shard: OpenShard, timer: FlushTimer) -> dict[str, Any]
     table = assemble(shard.writer.parts_dir, [r["row_id"] for r in shard.rows], shard.key, shard.writer)
     wall, start_s = run.clock.charge()
     engine_s = time.perf_counter() - shard.first_sent if shard.first_sent else 0.0
-    model = run.engine.model_id
-    stats = shard_stats(run.spec, shard.key, run.version, model, table, wall, engine_s, resumed=shard.resumed,
-                        generated=len(shard.order), fresh_tokens=shard.fresh_tokens, engine_start_s=start_s)
-    if run.signature:  # which input it was read from: checks made after a re-shard compare with it
-        stats["input_signature"] = run.signature
-    if run.attempt is not None:  # which attempt committed it (the bucket's commit names it too)
-        stats["attempt"] = run.attempt.id
+    work = ShardWork(shard.key, run.version, run.engine.model_id, resumed=shard.resumed, generated=len(shard.order),
+                     fresh_tokens=shard.fresh_tokens)
     # The commit record holds what the labeled file must be (its rows are the stats' ``rows``): a
     # file replaced after its commit is found by every reader, not counted done.
     data = parquet_bytes(table)
-    stats.update(record_of(data))
+    record = record_of(data)
+    stats = msgspec.structs.replace(
+        shard_stats(run.spec, work, ShardTime(wall, engine_s, start_s), table),
+        # Which input it was read from: checks made after a re-shard compare with it.
+        input_signature=run.signature or None,
+        # Which attempt committed it (the bucket's commit names it too).
+        attempt=run.attempt.id if run.attempt is not None else None,
+        labeled_sha256=record["labeled_sha256"], labeled_bytes=record["labeled_bytes"])
     # Stats and new answers first, then the labeled file (the commit point): a done shard
     # always has stats, and its answers are in the store for any later layout or version.
     home = run.home
-    atomic_write_text(home.stats_path(run.version, shard.key), json.dumps(stats, indent=2), point="write:stats")
+    atomic_write_text(home.stats_path(run.version, shard.key), json.dumps(stats.to_json(), indent=2),
+                      point="write:stats")
     failpoint("finalize:stats")
     with run.spans.span("store_add"):
         run.store.add(new_answers(table))

@@ -22,7 +22,10 @@ from typing import Any, TypeVar
 from ..errors import SparkbatchError
 from ..home import FileLock, JobHome
 from ..spec import JobSpec
+from .records import AttemptRecord, ShardStats
 from .reliability import BUCKETS, bucket_row
+from .shard_stats import read_stats
+from .totals import Confidence, CostCheck, Headline, Prediction
 from .views import define_views, fill
 
 log = logging.getLogger("sparkbatch")
@@ -65,9 +68,9 @@ def connect(path: Path, timeout_s: float = 120.0) -> Iterator[Any]:
         con.close()
 
 
-def record(home: JobHome, stats: list[dict[str, Any]]) -> None:
+def record(home: JobHome, stats: list[ShardStats]) -> None:
     """Upsert per-partition statistics into ``run_metrics``."""
-    _upsert(home, "run_metrics", METRIC_COLUMNS, ("partition", "version"), stats)
+    _upsert(home, "run_metrics", METRIC_COLUMNS, ("partition", "version"), [s.to_json() for s in stats])
 
 
 def _upsert(home: JobHome, table: str, columns: list[tuple[str, str]], key: tuple[str, ...],
@@ -136,31 +139,28 @@ def _rebuild(home: JobHome, con: Any) -> None:
     for folder in sorted(out.iterdir()) if out.exists() else []:
         if folder.is_dir() and len(folder.name) == 16:
             fill(con, "run_metrics", METRIC_COLUMNS, ("partition", "version"),
-                 list(committed_stats(home, folder.name).values()))
-            fill(con, "attempts", COLUMNS, ("attempt",), load(home, folder.name))
+                 [s.to_json() for s in committed_stats(home, folder.name).values()])
+            fill(con, "attempts", COLUMNS, ("attempt",), [r.to_json() for r in load(home, folder.name)])
 
 
-def sync_attempts(home: JobHome, version: str) -> list[dict[str, Any]]:
+def sync_attempts(home: JobHome, version: str) -> list[AttemptRecord]:
     """Mirror every attempt of ``version`` (``attempts.py``) into the ``attempts`` table; return them."""
     from .attempts import COLUMNS, load, record_killed
 
     record_killed(home, version)  # a killed attempt's own file (and object) says so from now on
     records = load(home, version)
     if records:
-        _upsert(home, "attempts", COLUMNS, ("attempt",), records)
+        _upsert(home, "attempts", COLUMNS, ("attempt",), [r.to_json() for r in records])
     return records
 
 
-def committed_stats(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
+def committed_stats(home: JobHome, version: str) -> dict[str, ShardStats]:
     """Statistics of every committed shard of ``version``, by partition key."""
-    import json
-
     stats_dir = home.version_dir(version) / "stats"
-    return {p.stem: json.loads(p.read_text()) for p in sorted(stats_dir.glob("shard-*.json"))
-            if home.is_done(version, p.stem)}
+    return {p.stem: read_stats(p) for p in sorted(stats_dir.glob("shard-*.json")) if home.is_done(version, p.stem)}
 
 
-def sync(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
+def sync(home: JobHome, version: str) -> dict[str, ShardStats]:
     """Mirror every committed shard's stats file into ``run_metrics``; return those stats.
 
     The stats files are the source of truth; this makes the table whole again after a crash
@@ -172,9 +172,9 @@ def sync(home: JobHome, version: str) -> dict[str, dict[str, Any]]:
     return stats
 
 
-def prediction_check(home: JobHome, version: str, stats: list[dict[str, Any]]) -> dict[str, Any]:
+def prediction_check(home: JobHome, version: str, stats: list[ShardStats]) -> CostCheck | None:
     """The bill of the committed shards and, when an estimate was made, predicted vs actual
-    generation time.
+    generation time (None: no shard committed).
 
     The bill: ``cost_usd`` is everything the box was rented for, generation plus every engine
     start a run paid (each run charges its start to one shard's stats), the number the
@@ -192,48 +192,47 @@ def prediction_check(home: JobHome, version: str, stats: list[dict[str, Any]]) -
     import json
 
     if not stats:
-        return {}
-    total = sum(s["cost_usd"] for s in stats)
-    generation = sum(s.get("generation_cost_usd", s["cost_usd"]) for s in stats)
-    out: dict[str, Any] = {
-        "cost_usd": round(total, 6), "generation_cost_usd": round(generation, 6),
-        "engine_start_s": round(sum(s.get("engine_start_s", 0.0) for s in stats), 2),
-        "engine_start_cost_usd": round(total - generation, 6),
-    }
+        return None
+    total = sum(s.cost_usd for s in stats)
+    generation = sum(s.generation_usd for s in stats)
+    check = CostCheck(cost_usd=round(total, 6), generation_cost_usd=round(generation, 6),
+                      engine_start_s=round(sum(s.engine_start_s for s in stats), 2),
+                      engine_start_cost_usd=round(total - generation, 6))
     path = home.prediction_path(version)
     if not path.exists():
-        return out
+        return check
+    # The estimate's prediction file (estimate/): read by its keys until it has a record of its own.
     pred = json.loads(path.read_text())
-    actual = sum(s["wall_s"] for s in stats)
-    if pred.get("predicted_prompts") is not None and all("generated_requests" in s for s in stats):
-        generated = sum(s["generated_requests"] for s in stats)
-        share = generated / pred["predicted_prompts"] if pred["predicted_prompts"] else 0.0
+    actual = sum(s.wall_s for s in stats)
+    generated = [s.generated_requests for s in stats]
+    if pred.get("predicted_prompts") is not None and None not in generated:
+        share = sum(g or 0 for g in generated) / pred["predicted_prompts"] if pred["predicted_prompts"] else 0.0
     else:
-        share = sum(s["rows"] for s in stats) / max(pred["total_rows"], 1)
+        share = sum(s.rows for s in stats) / max(pred["total_rows"], 1)
     predicted = pred["predicted_wall_s"] * share
-    return {**out, "predicted_wall_s": round(predicted, 1), "actual_wall_s": round(actual, 1),
-            "prediction_error_pct": round((predicted - actual) / actual * 100, 1) if actual else None}
+    return CostCheck(check.cost_usd, check.generation_cost_usd, check.engine_start_s, check.engine_start_cost_usd,
+                     Prediction(round(predicted, 1), round(actual, 1),
+                                round((predicted - actual) / actual * 100, 1) if actual else None))
 
 
-def analytics(spec: JobSpec, home: JobHome, version: str) -> dict[str, Any]:
+def analytics(spec: JobSpec, home: JobHome, version: str) -> Headline:
     """Refresh the DuckDB views over the labeled output and return the headline numbers.
 
     Views (:func:`.views.define_views`): ``labeled`` (output rows joined with their input),
     ``label_distribution``, ``review`` (rows whose confidence is under ``spec.review_below``,
     least sure first) and ``reliability`` (rows per confidence bucket, :mod:`.reliability`; with
-    a gold column how many were right). Returns ``confidence`` (mean, rows below
+    a gold column how many were right). The headline has ``confidence`` (mean, rows below
     ``review_below``) when rows have one, and ``reliability`` (a row per non-empty bucket) with a
     gold column.
     """
     committed = sync(home, version)
     sync_attempts(home, version)  # the bill as of now, whichever box ran (and a dead one's end recorded)
     if not committed:
-        return {"rows": 0, "labeled": 0, "errors": 0, "accuracy": None, "label_distribution": {}, "confidence": None,
-                "reliability": None}
+        return Headline(label_distribution={})
     return writing(home, lambda con: _headline(con, spec, home, version, sorted(committed)))
 
 
-def _headline(con: Any, spec: JobSpec, home: JobHome, version: str, keys: list[str]) -> dict[str, Any]:
+def _headline(con: Any, spec: JobSpec, home: JobHome, version: str, keys: list[str]) -> Headline:
     define_views(con, spec, home, version, keys)
     rows, errors, correct = con.execute(
         "SELECT count(*), count(error), count(*) FILTER (WHERE error IS NULL AND output = gold) FROM labeled"
@@ -245,16 +244,16 @@ def _headline(con: Any, spec: JobSpec, home: JobHome, version: str, keys: list[s
     cost = con.execute(
         "SELECT sum(cost_usd), sum(rows) FROM run_metrics WHERE version = ?", [version]
     ).fetchone() if _has_table(con, "run_metrics") else (None, None)
-    return {
-        "rows": rows, "labeled": rows - errors, "errors": errors,
-        "accuracy": round(correct / rows, 4) if spec.gold_column and rows else None,
-        "label_distribution": dist,
-        "cost_per_1k_rows_usd": round(cost[0] / cost[1] * 1000, 6) if cost[0] and cost[1] else None,
-        "confidence": {"rows": sure, "mean": round(mean, 4), "review_below": spec.review_below,
-                       "review_rows": review} if sure else None,
-        "reliability": [bucket_row(round(b * BUCKETS), n, c, m) for b, n, c, m in buckets]
+    return Headline(
+        rows=rows, labeled=rows - errors, errors=errors,
+        accuracy=round(correct / rows, 4) if spec.gold_column and rows else None,
+        label_distribution=dist,
+        cost_per_1k_rows_usd=round(cost[0] / cost[1] * 1000, 6) if cost[0] and cost[1] else None,
+        confidence=Confidence(rows=sure, mean=round(mean, 4), review_below=spec.review_below, review_rows=review)
+        if sure else None,
+        reliability=[bucket_row(round(b * BUCKETS), n, c, m) for b, n, c, m in buckets]
         if spec.gold_column and sure else None,
-    }
+    )
 
 
 def _has_table(con: Any, name: str) -> bool:

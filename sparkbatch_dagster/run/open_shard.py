@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engines.spans import Spans
+from ..engines.base import EngineResult
+from ..engines.platform.spans import Spans
 from ..home import JobHome
 from ..spec import JobSpec
 from .attempts import Attempt
 from .checkpoint import CheckpointWriter
 from .result_store import ResultStore, prompt_key
-from .rows import STORED_ERRORS, outcome, plan_rows, read_shard, row
+from .rows import STORED_ERRORS, Answer, plan_rows, read_shard, row
 
 
 class OpenShard:
@@ -38,7 +39,7 @@ class OpenShard:
         with spans.span("render"):
             errors, self.groups = plan_rows(spec, self.rows, done)
             for rid, reason in errors.items():
-                self.writer.add(row(rid, version, model, error=reason))
+                self.writer.add(row(rid, version, Answer.failed(reason, model)))
         with spans.span("prompt_keys"):
             self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
         with spans.span("store_lookup"):
@@ -53,7 +54,7 @@ class OpenShard:
         self.fresh_tokens = 0
         self.first_sent: float | None = None
 
-    def record(self, res: Any, spec: JobSpec) -> int:
+    def record(self, res: EngineResult, spec: JobSpec) -> int:
         """Write the rows of one engine answer (``res.id``: ``"<shard>:<n>"``, the n-th prompt of
         ``order``): every row with that prompt, the first as answered and the rest as duplicates.
         A retryable failure is not the rows' fault: nothing is written and they count as pending,
@@ -64,11 +65,9 @@ class OpenShard:
         if res.retryable:
             self.pending += len(ids)
             return 0
-        output, error, cut = outcome(res, spec, prompt)
-        kept = res.reasoning if spec.output.keep_reasoning else None
+        answer = Answer.of_engine(res, spec, prompt, self.keys[group], self.model)
         for i, rid in enumerate(ids):
-            self.writer.add(row(rid, self.version, res.model or self.model, output, error, res, dedup=i > 0,
-                                key=self.keys[group], truncated=cut, reasoning=kept))
+            self.writer.add(row(rid, self.version, answer, duplicate=i > 0))
         self.done += len(ids)
         self.fresh_tokens += res.prompt_tokens + res.output_tokens
         return len(ids)
@@ -80,11 +79,10 @@ class OpenShard:
         found = store.lookup([self.keys[g] for g in candidates])
         written = 0
         for group in [g for g in candidates if self.keys[g] in found]:
-            stored_output, stored_error, confidence, model, reasoning = found[self.keys[group]]
+            # The model that gave it: a cascade's stage (the store of one model holds that model's).
+            answer = Answer.stored(found[self.keys[group]], self.keys[group], self.model)
             for i, rid in enumerate(self.groups.pop(group)[1]):
-                # The model that gave it: a cascade's stage (the store of one model holds that model's).
-                self.writer.add(row(rid, self.version, model or self.model, stored_output, stored_error, dedup=i > 0,
-                                     key=self.keys[group], reused=True, confidence=confidence, reasoning=reasoning))
+                self.writer.add(row(rid, self.version, answer, duplicate=i > 0))
                 written += 1
         return written
 

@@ -10,14 +10,14 @@ a rate over that minute would quote an ETA of hours for a job of minutes::
     pace.count_free(200)          # resumed rows
     pace.answered()               # the engine's first answer: the rate's clock starts
     pace.rows_done += 1
-    pace.report("shard-00000", tokens=420)["eta_s"]
+    pace.report("shard-00000", tokens=420).eta_s
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from .records import ProgressReport
 from .shard_stats import progress_report
 
 
@@ -58,7 +58,7 @@ class Pace:
             return (self.rows_done - self.all_at_first) / seconds
         return None
 
-    def report(self, key: str, tokens: int) -> dict[str, Any]:
+    def report(self, key: str, tokens: int) -> ProgressReport:
         """The progress report of a run whose last answer belonged to shard ``key``."""
         first = self.first_answer
         seconds = time.perf_counter() - first if first is not None else 0.0

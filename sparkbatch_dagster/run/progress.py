@@ -12,9 +12,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import TextIO
 
-Report = dict[str, Any]
+from .records import ProgressReport
+
+Report = ProgressReport
 _listeners: list[Callable[[Report], None]] = []
 
 
@@ -48,7 +50,7 @@ class Relay:
         for fn in list(_listeners):
             fn(report)
         now = time.monotonic()
-        if now - self._last_log >= self.log_every_s or report["rows_done"] >= report["rows_total"]:
+        if now - self._last_log >= self.log_every_s or report.finished:
             self._last_log = now
             self.log(log_line(report))
 
@@ -62,21 +64,21 @@ def _clock(seconds: float | None) -> str:
 
 def log_line(report: Report) -> str:
     """``labeled 1,200 of 2,000 rows (60%); shard-00004 120 of 250; 3,410 tokens/s; ETA 0:45``"""
-    done, total = report["rows_done"], report["rows_total"]
-    part = report["partition"]
-    if "partition_rows_total" in report:
-        part += f" {report['partition_rows_done']:,} of {report['partition_rows_total']:,}"
-    eta = "ETA unknown until 10 s of answers" if report["eta_s"] is None else f"ETA {_clock(report['eta_s'])}"
+    done, total = report.rows_done, report.rows_total
+    part = report.partition
+    if report.partition_rows_total is not None:
+        part += f" {report.partition_rows_done or 0:,} of {report.partition_rows_total:,}"
+    eta = "ETA unknown until 10 s of answers" if report.eta_s is None else f"ETA {_clock(report.eta_s)}"
     return (f"labeled {done:,} of {total:,} rows ({done / max(total, 1):.0%}); {part}; "
-            f"{report['tokens_per_s']:,.0f} tokens/s; {eta}")
+            f"{report.tokens_per_s:,.0f} tokens/s; {eta}")
 
 
 def bar_line(report: Report, width: int = 30) -> str:
     """``[#########.....] 1200/2000 rows  3,410 tok/s  ETA 0:45  shard-00004``"""
-    done, total = report["rows_done"], max(report["rows_total"], 1)
+    done, total = report.rows_done, max(report.rows_total, 1)
     filled = min(width, int(width * done / total))
-    return (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{report['rows_total']} rows  "
-            f"{report['tokens_per_s']:,.0f} tok/s  ETA {_clock(report['eta_s'])}  {report['partition']}")
+    return (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{report.rows_total} rows  "
+            f"{report.tokens_per_s:,.0f} tok/s  ETA {_clock(report.eta_s)}  {report.partition}")
 
 
 class Bar:
@@ -90,7 +92,7 @@ class Bar:
         self._open = False
 
     def __call__(self, report: Report) -> None:
-        finished = report["rows_done"] >= report["rows_total"]
+        finished = report.finished
         if self.tty:
             self.stream.write("\r" + bar_line(report) + ("\n" if finished else ""))
             self._open = not finished

@@ -49,8 +49,8 @@ def read_only(spec: JobSpec, home: JobHome, version: str) -> Iterator[Any]:
     attempts.record_killed(home, version)  # the one write a reader makes: a dead attempt's end (protocol.md)
     con = duckdb.connect(":memory:")
     try:
-        fill(con, "run_metrics", METRIC_COLUMNS, ("partition", "version"), list(stats.values()))
-        fill(con, "attempts", attempts.COLUMNS, ("attempt",), attempts.load(home, version))
+        fill(con, "run_metrics", METRIC_COLUMNS, ("partition", "version"), [s.to_json() for s in stats.values()])
+        fill(con, "attempts", attempts.COLUMNS, ("attempt",), [r.to_json() for r in attempts.load(home, version)])
         paths = define_views(con, spec, home, version, sorted(stats)) if stats else []
         con.execute(f"SET allowed_paths = [{', '.join(sql_path(p) for p in paths)}]")
         for setting in ("enable_external_access", "autoinstall_known_extensions", "autoload_known_extensions"):

@@ -1,11 +1,16 @@
 """One row's way through a run: checked and rendered into a prompt (or an error row), its
-answer parsed against the declared output, and the output row that records it.
+answer parsed against the declared output (:class:`Answer`: what the prompt got, shared by every
+row with that prompt), and the output row that records it (:func:`row`)::
+
+    answer = Answer.of_engine(res, spec, prompt, key, model)
+    writer.add(row(row_id, version, answer, duplicate=False))
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -16,6 +21,7 @@ from ..home import JobHome
 from ..spec import BATCH_INPUTS, JobSpec, OutputSpec
 from ..spec.batch_requests import RequestPrompt, request_prompt
 from ..spec.prompts import RenderedPrompt, check_text, render
+from .records import OutputRow
 
 #: Row errors that the same prompt under the same settings would get again: stored for reuse.
 #: Anything else (a sporadic HTTP 400) is retried by a later version instead of remembered.
@@ -67,25 +73,76 @@ def outcome(res: EngineResult, spec: JobSpec, prompt: Any = None) -> tuple[str |
     return None, f"truncated: hit max_tokens={limit}; raise sampling.max_tokens", True
 
 
-def row(row_id: str, fp: str, model: str, output: str | None = None, error: str | None = None,
-         res: EngineResult | None = None, dedup: bool = False, key: str | None = None,
-         reused: bool = False, truncated: bool = False, confidence: float | None = None,
-         reasoning: str | None = None) -> dict[str, Any]:
-    """One output row (``OUTPUT_SCHEMA``). ``reasoning``: the answer's thinking text, given only
-    when the job keeps it (``output.keep_reasoning``)."""
+@dataclass(frozen=True)
+class Tokens:
+    """What one generation cost: prompt, output (thinking included), prompt tokens served from
+    the prefix cache, and the thinking's own."""
+
+    prompt: int = 0
+    output: int = 0
+    cached: int = 0
+    reasoning: int = 0
+
+
+NO_TOKENS = Tokens()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one prompt got, shared by every row with that prompt: the engine's answer
+    (:meth:`of_engine`), the result store's (:meth:`stored`), or none (:meth:`failed`: an input
+    error). ``confidence`` is the answer's, kept on a row only when it has an output;
+    ``reasoning`` only when the job keeps it (``output.keep_reasoning``)."""
+
+    model: str
+    output: str | None = None
+    error: str | None = None
+    prompt_key: str | None = None
+    finish_reason: str | None = None
+    truncated: bool = False
+    reused: bool = False
+    confidence: float | None = None
+    reasoning: str | None = None
+    tokens: Tokens = NO_TOKENS
+
+    @classmethod
+    def of_engine(cls, res: EngineResult, spec: JobSpec, prompt: Any, key: str | None, model: str) -> Answer:
+        """An engine result checked against the declared output (``prompt``: the row's own, see
+        :func:`outcome`); ``model``: the engine's, unless the result names the one that answered."""
+        output, error, cut = outcome(res, spec, prompt)
+        return cls(model=res.model or model, output=output, error=error, prompt_key=key,
+                   finish_reason=res.finish_reason, truncated=cut, confidence=res.confidence,
+                   reasoning=res.reasoning if spec.output.keep_reasoning else None,
+                   tokens=Tokens(res.prompt_tokens, res.output_tokens, res.cached_tokens, res.reasoning_tokens))
+
+    @classmethod
+    def stored(cls, found: tuple[Any, ...], key: str, model: str) -> Answer:
+        """The result store's answer (``ResultStore.lookup``'s tuple: output, error, confidence,
+        model, reasoning); its model is the one that gave it (a cascade's stage), else ``model``."""
+        output, error, confidence, by, reasoning = found
+        return cls(model=by or model, output=output, error=error, prompt_key=key, reused=True,
+                   confidence=confidence, reasoning=reasoning)
+
+    @classmethod
+    def failed(cls, reason: str, model: str) -> Answer:
+        """No prompt at all: the row's input was refused (``reason``)."""
+        return cls(model=model, error=reason)
+
+
+def row(row_id: str, version: str, answer: Answer, duplicate: bool = False) -> OutputRow:
+    """One output row of ``version`` (its fingerprint) recording ``answer``. ``duplicate``: a row
+    after the first with the same prompt (fanned out, ``deduplicated``)."""
     # Tokens are counted once per generation: fanned-out duplicates and reused answers carry zeros.
-    fresh = None if dedup else res
-    return {
-        "row_id": row_id, "output": output, "error": error,
-        "prompt_tokens": fresh.prompt_tokens if fresh else 0,
-        "output_tokens": fresh.output_tokens if fresh else 0,
-        "cached_tokens": fresh.cached_tokens if fresh else 0,
-        "deduplicated": dedup, "reused": reused, "prompt_key": key, "fingerprint": fp, "model": model,
-        "finish_reason": res.finish_reason if res else None, "truncated": truncated,
+    tokens = NO_TOKENS if duplicate else answer.tokens
+    return OutputRow(
+        row_id=row_id, output=answer.output, error=answer.error, prompt_tokens=tokens.prompt,
+        output_tokens=tokens.output, cached_tokens=tokens.cached, deduplicated=duplicate, reused=answer.reused,
+        prompt_key=answer.prompt_key, fingerprint=version, model=answer.model, finish_reason=answer.finish_reason,
+        truncated=answer.truncated,
         # The answer's, on every row that carries it (fanned-out and reused rows too); none on an error row.
-        "confidence": (res.confidence if res else confidence) if output is not None else None,
-        "reasoning": reasoning, "reasoning_tokens": fresh.reasoning_tokens if fresh else 0,
-    }
+        confidence=answer.confidence if answer.output is not None else None,
+        reasoning=answer.reasoning, reasoning_tokens=tokens.reasoning,
+    )
 
 
 def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]

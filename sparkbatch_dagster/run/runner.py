@@ -10,16 +10,17 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
+import msgspec
 import pyarrow.parquet as pq
 
 from ..engines.base import Engine
-from ..engines.heap import frozen_heap
-from ..engines.spans import Spans
+from ..engines.platform.heap import frozen_heap
+from ..engines.platform.spans import Spans
 from ..errors import PendingRowsError
 from ..home import JobHome
 from ..home.lease import LeaseLost
 from ..spec import JobSpec
-from .attempts import Attempt
+from .attempts import Attempt, AttemptProgress
 from .brake import Brake, Position
 from .checkpoint import FlushTimer
 from .claims import Claims
@@ -27,13 +28,10 @@ from .feed import Feed
 from .finish import ShardClock, write_shard
 from .open_shard import OpenShard
 from .pace import Pace
+from .records import ProgressReport, ShardStats
 from .result_store import open_store
-from .rows import parse_output, plan_rows, read_shard
 
-# parse_output, plan_rows and read_shard live in rows.py; named here too, where they were before.
-__all__ = ["ProgressFn", "ShardRun", "label_shard", "parse_output", "plan_rows", "read_shard"]
-
-ProgressFn = Callable[[dict[str, Any]], None]
+ProgressFn = Callable[[ProgressReport], None]
 log = logging.getLogger("sparkbatch")
 
 
@@ -63,11 +61,11 @@ class ShardRun:
         self.store = open_store(spec, home, engine.model_id)
         self._pending_reason = ""
         self.shards: list[OpenShard] = []
-        self.stats: list[dict[str, Any]] = []
+        self.stats: list[ShardStats] = []
         self.clock = ShardClock(lambda: engine.start_seconds)  # each shard's share of the run's time
         self._start_at_attempt = engine.start_seconds
         self._answered = 0  # prompts the engine answered in this attempt
-        self._ready: list[dict[str, Any]] = []  # shards finalized since the caller last heard
+        self._ready: list[ShardStats] = []  # shards finalized since the caller last heard
         self.pace = Pace()  # rows done and the rate: the progress line's ETA, the brake's forecast
         self._sizes: dict[str, int] = {}
         self._claims: Claims | None = None
@@ -86,7 +84,7 @@ class ShardRun:
         one waited for their lease: done, and not by this run."""
         return self._claims.committed_elsewhere if self._claims is not None else []
 
-    def run(self, keys: list[str], on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    def run(self, keys: list[str], on_done: Callable[[ShardStats], None] | None = None) -> list[ShardStats]:
         """Label ``keys``; raise :class:`SparkbatchError` at once if another process holds one."""
         for stats in self.stream(keys):
             if on_done:
@@ -94,7 +92,7 @@ class ShardRun:
         return self.stats
 
     def stream(self, keys: list[str], optional: Collection[str] = (),
-               before: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
+               before: Callable[[], None] | None = None) -> Iterator[ShardStats]:
         """Label ``keys``, yielding each shard's statistics as soon as it is committed (the engine
         keeps generating the next shards' rows meanwhile). A key of ``optional`` that another
         run is writing is left to it; any other such key stops the run before anything starts.
@@ -115,7 +113,7 @@ class ShardRun:
             self.spans.base = "finish" if base == "prepare" else base
 
     def _stream(self, keys: list[str], optional: Collection[str], before: Callable[[], None] | None
-                ) -> Iterator[dict[str, Any]]:
+                ) -> Iterator[ShardStats]:
         claims = self._claims = Claims(self.home, self.version, keys, optional)
         # The attempt is billed from here, whatever its end; its heartbeat rides the flush timer.
         attempt = self.attempt = Attempt(self.home, self.version, self.spec.hourly_rate_usd, self.run_id,
@@ -187,10 +185,11 @@ class ShardRun:
                 self._claims.release(key)
         return keys
 
-    def _attempt_progress(self) -> dict[str, Any]:
-        return {"prompts_generated": self._answered, "engine_starts": self._engine_starts(),
-                "engine_start_s": round(max(self.engine.start_seconds - self._start_at_attempt, 0.0), 3),
-                "timings_s": self.spans.rounded()}
+    def _attempt_progress(self) -> AttemptProgress:
+        return AttemptProgress(
+            prompts_generated=self._answered, engine_starts=self._engine_starts(),
+            engine_start_s=round(max(self.engine.start_seconds - self._start_at_attempt, 0.0), 3),
+            timings_s=self.spans.rounded())
 
     def _before(self, before: Callable[[], None]) -> None:
         began, start_s = time.perf_counter(), self.engine.start_seconds
@@ -210,12 +209,12 @@ class ShardRun:
             return
         self.brake.check(pos, self.attempt.cost_usd())
 
-    def _drain(self) -> Iterator[dict[str, Any]]:
+    def _drain(self) -> Iterator[ShardStats]:
         while self._ready:
             with self.spans.span("events"):  # the caller's turn: its Dagster events and log line
                 yield self._ready.pop(0)
 
-    def _generate(self, keys: list[str]) -> Iterator[dict[str, Any]]:
+    def _generate(self, keys: list[str]) -> Iterator[ShardStats]:
         last_report = time.perf_counter()
         results = self.engine.generate(Feed(self, keys, self.ahead_rows), self.spec.sampling, self.spec.output)
         try:
@@ -243,7 +242,7 @@ class ShardRun:
                 f"({self._pending_reason[:200]}); nothing was committed for them: run again to retry exactly those rows"
             )
 
-    def _consume(self, results: Iterator[Any], last_report: float) -> Iterator[dict[str, Any]]:
+    def _consume(self, results: Iterator[Any], last_report: float) -> Iterator[ShardStats]:
         # Time waiting on the engine's next answer is generation; handling it, the run's own work.
         spans = self.spans
         spans.push("generation")
@@ -291,8 +290,8 @@ class ShardRun:
     def _report(self, shard: OpenShard) -> None:
         assert self.progress is not None
         report = self.pace.report(shard.key, sum(s.fresh_tokens for s in self.shards))
-        report.update(partition_rows_done=shard.done, partition_rows_total=self._sizes.get(shard.key, 0))
-        self.progress(report)
+        self.progress(msgspec.structs.replace(report, partition_rows_done=shard.done,
+                                              partition_rows_total=self._sizes.get(shard.key, 0)))
 
     def open(self, key: str) -> int:
         """Open shard ``key`` (read, rendered, looked up in the store); return its index."""
@@ -342,6 +341,6 @@ class ShardRun:
 
 
 def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
-                progress: ProgressFn | None = None) -> dict[str, Any]:
+                progress: ProgressFn | None = None) -> ShardStats:
     """Label every row of one shard and finalize it; return the shard's statistics."""
     return ShardRun(spec, home, version, engine, progress).run([key])[0]

@@ -1,12 +1,17 @@
 """The job spec: what a job is, validated before anything runs.
 
-Owns :class:`JobSpec` (:mod:`.job_spec`) and its parts: :class:`OutputSpec` and
-:class:`SamplingSpec` (:mod:`.answer`), :class:`EstimateSpec` and :class:`NodeOption`
-(:mod:`.estimate_spec`), the user's hosted batch prices :class:`HostedPrice` (:mod:`.hosted`),
-the table sink (:mod:`.sink`), a cascade's stages (:mod:`.cascade`); the fingerprints that name
-outputs (:func:`fingerprint`, :mod:`.checked`); the prompt templates: sandboxed Jinja over each
-row and the per-row text checks that turn bad input into error rows (:mod:`.prompts`); and
-provider batch-file request lines, each row its own prompt (:mod:`.batch_requests`).
+Modules:
+
+- :mod:`.job_spec`: :class:`JobSpec`, the job as one validated value;
+- :mod:`.answer`: :class:`OutputSpec` (label, json or text answers) and :class:`SamplingSpec`;
+- :mod:`.estimate_spec`: :class:`EstimateSpec` and :class:`NodeOption`, the estimate's settings and rented boxes;
+- :mod:`.hardware`: declared hardware (presets, :class:`HardwareSpec`) and the candidate models compared;
+- :mod:`.hosted`: the user's hosted batch price table, :class:`HostedPrice`;
+- :mod:`.sink`: the table sink's settings, :class:`SinkSpec`;
+- :mod:`.cascade`: a cascade's stages, :class:`CascadeStage`;
+- :mod:`.checked`: settings errors and the fingerprints that name outputs (:func:`fingerprint`);
+- :mod:`.prompts`: sandboxed Jinja over each row, and the per-row text checks that make bad input error rows;
+- :mod:`.batch_requests`: a provider batch file's request line, checked and normalized, as its row's prompt.
 
 May import: ``errors``. The bottom room: everything else builds on it.
 """

@@ -1,28 +1,34 @@
 """Provider batch files: one request line of an OpenAI Batch input file (``/v1/chat/completions``)
 or an Anthropic Message Batches file, checked and reduced to what this product runs.
 
-A line becomes ``(custom_id, request, error)``: ``request`` is the normalized request as
-canonical JSON (``{"messages": [...], "sampling": {...}, "output": {...}}``, the row's one text
-column), or ``error`` says why the line cannot run (``bad_request: ...``, ``unsupported: ...``).
-What does not map to this product (tools, several choices, stop sequences, images...) is an
-error naming the field, never dropped silently. :class:`RequestPrompt` is a normalized request
-as the run's prompt: its own messages, and its own sampling and output when they differ from
-the job's. Example::
+A line becomes a :class:`BatchLine` (its ``custom_id``, provider, url, the body or params as
+sent, and the :class:`BatchRequest` it normalizes to: messages, the sampling fields it sets that
+differ from the job's, its output), or :class:`LineError` says why it cannot run (``bad_request:
+...``, ``unsupported: ...``). What does not map to this product (tools, several choices, stop
+sequences, images...) is an error naming the field, never dropped silently. A request's canonical
+JSON (:meth:`BatchRequest.to_text`) is the row's one text column and names its prompt in the
+result store; :class:`RequestPrompt` is a normalized request as the run's prompt: its own
+messages, and its own sampling and output when they differ from the job's. Example::
 
-    cid, request, error = parse_line(line, "openai_batch", SamplingSpec())
-    prompt = request_prompt(request, job_sampling)   # when error is None
+    line = parse_line(obj, "openai_batch", SamplingSpec())   # raises LineError
+    text = line.request.to_text()                            # the staged row's ``request``
+    prompt = request_prompt(text, job_sampling)               # in the run
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from .answer import OutputSpec, SamplingSpec
 from .job_spec import BATCH_INPUTS
 
-__all__ = ["BATCH_INPUTS", "LineError", "RequestPrompt", "normalize", "parse_line", "request_prompt"]
+__all__ = ["BATCH_INPUTS", "BatchLine", "BatchRequest", "JsonOutput", "LineError", "Message", "RequestPrompt",
+           "normalize", "parse_line", "request_prompt"]
+Provider = Literal["openai_batch", "anthropic_batch"]
 #: The one endpoint an OpenAI line may name (vLLM's ``run-batch`` also takes ``/v1/embeddings``...).
 CHAT_URLS = ("/v1/chat/completions",)
 #: Request fields accepted and not acted on: they change nothing this product generates.
@@ -39,9 +45,55 @@ class LineError(ValueError):
     """Why one request line cannot run: its message is the error row's reason."""
 
 
-def parse_line(obj: Any, fmt: str, job: SamplingSpec) -> tuple[str | None, str]:
-    """(custom_id or None, normalized request JSON) of one decoded line; raises :class:`LineError`
-    (after ``custom_id`` is known, as ``LineError.args[1]``) when it cannot run."""
+class Message(msgspec.Struct, frozen=True):
+    """One chat turn of a normalized request (``developer`` is ``system``; content is text)."""
+
+    role: str
+    content: str
+
+
+class JsonOutput(msgspec.Struct, frozen=True):
+    """A request's ``response_format`` as this product runs it: JSON under ``json_schema``."""
+
+    kind: Literal["json"]
+    json_schema: dict[str, Any]
+
+
+class BatchRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A request line reduced to what this product runs: its messages, the sampling fields it sets
+    that differ from the job's (``SamplingSpec`` field names, validated), and its output (None:
+    plain text)."""
+
+    messages: list[Message]
+    sampling: dict[str, Any]
+    output: JsonOutput | None
+
+    def to_text(self) -> str:
+        """The canonical JSON: the staged row's ``request``, the same bytes for the same request
+        (it names the prompt in the result store, so reuse across releases depends on it)."""
+        return json.dumps(msgspec.to_builtins(self), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_text(cls, text: str) -> BatchRequest:
+        """A staged row's ``request`` read back (numbers as the standard JSON reader gives them)."""
+        return msgspec.convert(json.loads(text), cls)
+
+
+class BatchLine(msgspec.Struct, frozen=True, kw_only=True):
+    """One request line of a provider batch file that can run: its ``custom_id``, provider,
+    ``url`` (OpenAI's endpoint; None for Anthropic), the body or params as sent, and the
+    request they normalize to."""
+
+    custom_id: str
+    provider: Provider
+    url: str | None
+    params: dict[str, Any]
+    request: BatchRequest
+
+
+def parse_line(obj: Any, fmt: str, job: SamplingSpec) -> BatchLine:
+    """One decoded line, checked and normalized; raises :class:`LineError` (after ``custom_id`` is
+    known, as ``LineError.args[1]``) when it cannot run."""
     if not isinstance(obj, dict):
         raise LineError(f"bad_request: a JSON {type(obj).__name__}, expected an object", None)
     cid = obj.get("custom_id")
@@ -49,8 +101,13 @@ def parse_line(obj: Any, fmt: str, job: SamplingSpec) -> tuple[str | None, str]:
     try:
         if cid is None:
             raise LineError("bad_request: custom_id is missing or not a non-empty string")
-        body = _openai_body(obj) if fmt == "openai_batch" else _anthropic_params(obj)
-        return cid, normalize(body, fmt, job)
+        if fmt == "openai_batch":
+            body = _openai_body(obj)
+            return BatchLine(custom_id=cid, provider="openai_batch", url=obj["url"], params=body,
+                             request=normalize(body, fmt, job))
+        params = _anthropic_params(obj)
+        return BatchLine(custom_id=cid, provider="anthropic_batch", url=None, params=params,
+                         request=normalize(params, fmt, job))
     except LineError as exc:
         raise LineError(exc.args[0], cid) from None
 
@@ -82,8 +139,8 @@ def _anthropic_params(obj: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def normalize(body: dict[str, Any], fmt: str, job: SamplingSpec) -> str:
-    """A request body as canonical JSON: messages, the sampling fields it sets, its output."""
+def normalize(body: dict[str, Any], fmt: str, job: SamplingSpec) -> BatchRequest:
+    """A request body reduced to its messages, the sampling fields it sets, its output."""
     where = "body" if fmt == "openai_batch" else "params"
     for key, value in body.items():
         if key in _IGNORED or key in _SAMPLING_KEYS or key in ("messages", "system", "response_format"):
@@ -94,16 +151,14 @@ def normalize(body: dict[str, Any], fmt: str, job: SamplingSpec) -> str:
                         "requests (messages, max_tokens, temperature, top_p, seed, response_format)")
     messages = _messages(body.get("messages"), fmt, where)
     if fmt == "anthropic_batch" and body.get("system") is not None:
-        messages.insert(0, {"role": "system", "content": _text(body["system"], f"{where}.system")})
+        messages.insert(0, Message("system", _text(body["system"], f"{where}.system")))
     elif "system" in body:
         raise LineError(f"unsupported: {where}.system: give the system prompt as a message with role 'system'")
-    sampling = _sampling(body, job, where)
-    output = _output(body.get("response_format"), where)
-    return json.dumps({"messages": messages, "sampling": sampling, "output": output}, sort_keys=True,
-                      ensure_ascii=False, separators=(",", ":"))
+    return BatchRequest(messages=messages, sampling=_sampling(body, job, where),
+                        output=_output(body.get("response_format"), where))
 
 
-def _messages(value: Any, fmt: str, where: str) -> list[dict[str, str]]:
+def _messages(value: Any, fmt: str, where: str) -> list[Message]:
     if not isinstance(value, list) or not value:
         raise LineError(f"bad_request: {where}.messages is missing or empty")
     out = []
@@ -115,8 +170,8 @@ def _messages(value: Any, fmt: str, where: str) -> list[dict[str, str]]:
         other = sorted(set(m) - {"role", "content", "name"})
         if other:
             raise LineError(f"unsupported: {where}.messages[{i}].{other[0]} (tool calls and audio are not supported)")
-        out.append({"role": role, "content": _text(m.get("content"), f"{where}.messages[{i}].content")})
-    if out[-1]["role"] == "assistant":
+        out.append(Message(role, _text(m.get("content"), f"{where}.messages[{i}].content")))
+    if out[-1].role == "assistant":
         raise LineError(f"unsupported: {where}.messages ends with an assistant turn (a prefill): end with a user turn")
     return out
 
@@ -153,18 +208,18 @@ def _sampling(body: dict[str, Any], job: SamplingSpec, where: str) -> dict[str, 
     return {k: v for k, v in merged.model_dump().items() if v != getattr(job, k)}
 
 
-def _output(fmt: Any, where: str) -> dict[str, Any] | None:
+def _output(fmt: Any, where: str) -> JsonOutput | None:
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return None
     if not isinstance(fmt, dict):
         raise LineError(f"bad_request: {where}.response_format is not an object")
     if fmt.get("type") == "json_object":
-        return {"kind": "json", "json_schema": {"type": "object"}}
+        return JsonOutput("json", {"type": "object"})
     schema = (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" else None
     if not isinstance(schema, dict) or not schema:
         raise LineError(f"unsupported: {where}.response_format {json.dumps(fmt)[:80]}: use json_schema with a "
                         "schema, json_object or text")
-    return {"kind": "json", "json_schema": schema}
+    return JsonOutput("json", schema)
 
 
 @dataclass(frozen=True)
@@ -198,11 +253,12 @@ class RequestPrompt:
 
 
 def request_prompt(request: str, job: SamplingSpec) -> RequestPrompt:
-    """The prompt of one normalized request (:func:`normalize`'s JSON)."""
-    data = json.loads(request)
-    chat = tuple((m["role"], m["content"]) for m in data["messages"])
-    sampling = SamplingSpec(**{**job.model_dump(), **data["sampling"]}) if data["sampling"] else None
-    output = OutputSpec(**data["output"]) if data["output"] else None
-    extra = json.dumps({"sampling": data["sampling"], "output": data["output"]}, sort_keys=True) \
+    """The prompt of one normalized request (:meth:`BatchRequest.to_text`'s JSON)."""
+    req = BatchRequest.from_text(request)
+    chat = tuple((m.role, m.content) for m in req.messages)
+    sampling = SamplingSpec(**{**job.model_dump(), **req.sampling}) if req.sampling else None
+    output = OutputSpec(**msgspec.to_builtins(req.output)) if req.output else None
+    # Part of the prompt's name in the result store: these exact bytes, as releases before wrote them.
+    extra = json.dumps({"sampling": req.sampling, "output": msgspec.to_builtins(req.output)}, sort_keys=True) \
         if sampling is not None or output is not None else ""
     return RequestPrompt(chat, sampling, output, extra)

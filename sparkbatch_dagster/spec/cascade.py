@@ -2,7 +2,7 @@
 
 ``JobSpec.cascade`` lists the stages in order. Each stage is a model (with engine settings, as an
 estimate candidate has: ``"gemma-3-270m"``, ``"/models/qwen-8b@quantization=fp8"``) and, on every
-stage but the last, ``below``: a row whose confidence (``engines/confidence.py``) is under it, or
+stage but the last, ``below``: a row whose confidence (``engines/answers/confidence.py``) is under it, or
 that the stage could not answer, goes on to the next stage. A stage without a model is the job's
 configured one (``VLLMResource.model``). Example (YAML)::
 

@@ -21,7 +21,7 @@ from .hosted import HostedPrice, check_table, load_hosted_prices
 class NodeOption(BaseModel):
     """One way to rent the box. ``hourly_usd`` is the price of all ``nodes`` together; the
     estimate prices a model only on options whose GPUs hold it, and says how to run each
-    (``sparkbatch_dagster.placement``). ``hardware`` says what the speed is: an option on the kind
+    (``sparkbatch_dagster.estimate.placement``). ``hardware`` says what the speed is: an option on the kind
     of machine the sample ran on is priced as measured; on other declared hardware (a preset or
     :class:`HardwareSpec` figures) as a roofline projection, a range; with neither, not at all.
     Example, a 2-GPU H200 host::

@@ -448,7 +448,7 @@ def test_the_lineage_shows_the_five_assets_of_the_job(page: Any, server: Server)
     _shot(server, page, "a1-lineage.png")
 
     if server.defs_yaml is None:
-        print("declared in Python: sparkbatch_dagster.component is not there yet")
+        print("declared in Python: sparkbatch_dagster.definitions.component is not there yet")
         return
     for node in things:
         md = {e["label"]: e for e in node["metadataEntries"]}

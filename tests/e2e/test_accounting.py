@@ -130,17 +130,17 @@ def test_a_failed_attempt_is_billed_and_the_rerun_shows_what_it_wasted(tmp_path)
     assert not failed.success
     version = job.output_version(dying)
     [first] = attempts.load(job.home, version)
-    assert first["outcome"] == "failed" and "fake engine died after 5 requests" in first["error"]
-    assert first["run_id"] == failed.run_id and first["prompts_generated"] == 5 and first["rows_committed"] == 0
-    assert first["cost_usd"] > 0 and first["wasted_usd"] == first["cost_usd"]  # paid, and nothing to show
+    assert first.outcome == "failed" and "fake engine died after 5 requests" in first.error
+    assert first.run_id == failed.run_id and first.prompts_generated == 5 and first.rows_committed == 0
+    assert first.cost_usd > 0 and first.wasted_usd == first.cost_usd  # paid, and nothing to show
     labeled, measured = label_then_metrics(job.assets, job.keys, {"vllm": FakeVLLMResource()}, inst, keys[0], keys[-1])
     assert labeled.success and measured.success
     records = attempts.load(job.home, version)
-    assert [r["outcome"] for r in records] == ["failed", "succeeded"]
-    assert records[1]["rows_committed"] == 40 and records[1]["partitions_committed"] == 2
-    assert records[1]["committed_cost_usd"] <= records[1]["cost_usd"]
+    assert [r.outcome for r in records] == ["failed", "succeeded"]
+    assert records[1].rows_committed == 40 and records[1].partitions_committed == 2
+    assert records[1].committed_cost_usd <= records[1].cost_usd
     md = measured.asset_materializations_for_node("things__run_metrics")[-1].metadata
-    assert md["job_attempts"].value == 2 and md["job_wasted_usd"].value >= first["wasted_usd"]
+    assert md["job_attempts"].value == 2 and md["job_wasted_usd"].value >= first.wasted_usd
     with metrics.connect(job.home.metrics_db) as con:
         rows = con.execute("SELECT outcome, rows_committed FROM attempts ORDER BY started").fetchall()
     assert rows == [("failed", 0), ("succeeded", 40)]

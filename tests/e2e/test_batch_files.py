@@ -152,7 +152,7 @@ def test_failed_run_exports_what_finished_then_resumes(tmp_path: Path) -> None:
         run_batch(job, defs, out, err)
     partial = export_batch(job, out, err, broken)
     ok, bad = _check_openai(out, err)
-    assert 0 < len(ok) <= 25 and not bad and partial["remaining"] == 40 - len(ok) and not partial["complete"]
+    assert 0 < len(ok) <= 25 and not bad and partial.remaining == 40 - len(ok) and not partial.complete
     assert len(ok) > 20  # the failed shard's checkpointed rows too, not only the committed shards
     job, defs = batch_file_job(tmp_path / "in.jsonl", resource=FakeVLLMResource(keep_warm=True), shard_size=10,
                                checkpoint_rows=1)
@@ -201,7 +201,7 @@ def test_a_bucket_homes_batch_exports_on_a_new_box_while_unfinished_then_complet
     committed = {r["row_id"] for key in job.home.read_manifest()["keys"] if job.home.is_done(version, key)
                  for r in pq.read_table(job.home.labeled_path(version, key)).to_pylist()}
     assert len(committed) >= 10 and committed <= {line["custom_id"] for line in ok}  # every committed row
-    assert not bad and partial["remaining"] == 40 - len(ok) and not partial["complete"]
+    assert not bad and partial.remaining == 40 - len(ok) and not partial.complete
     summary = run_batch(box_b, defs_b, out, err)  # box B finishes the job: every custom_id once
     ok, bad = _check_openai(out, err)
     assert sorted(line["custom_id"] for line in ok) == sorted(f"r{i}" for i in range(40)) and not bad

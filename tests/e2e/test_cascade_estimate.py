@@ -13,15 +13,25 @@ from dagster import DagsterInstance, materialize
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.estimate import cascades
 from sparkbatch_dagster.estimate.choice import wilson
+from sparkbatch_dagster.estimate.records import ModelForecast, OptionPrice
 from sparkbatch_dagster.estimate.sample import Timing
 from sparkbatch_dagster.spec import EstimateSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import make_spec
 
 
-def _model(name: str, wall_s: float, start_s: float) -> dict:
-    box = {"name": "box", "hourly_usd": 3.6, "wall_s": wall_s, "cost_usd": 3.6 * (wall_s + start_s) / 3600}
-    return {"model": name, "configured_as": name, "engine_start_s": start_s, "options": [box]}
+def _model(name: str, wall_s: float, start_s: float) -> ModelForecast:
+    """A model priced on one box at $3.6/h (a dollar a thousand seconds); the rest of its forecast is blank."""
+    box = OptionPrice(name="box", nodes=1, gpus_per_node=1, hourly_usd=3.6, hardware="test box", speed_basis="measured",
+                      fits=True, wall_s=wall_s, cost_usd=3.6 * (wall_s + start_s) / 3600)
+    blank = dict(weights_gb=None, sample_rows=0, extra_rows=0, sample_steps=[], sample_correct=None, sample_s=0.0,
+                 sample_tokens=0, sample_errors=0, accuracy=None, accuracy_low=None, accuracy_high=None, stored_rows=0,
+                 stored_prompts=0, stored_exact=True, prompts_to_generate=0, predicted_tokens=0,
+                 predicted_wall_s=wall_s,
+                 predicted_tokens_per_hour=0, sample_engines=1, predicted_input_tokens=0, predicted_output_tokens=0,
+                 hosted=[], measured_on="test box", measured_kind="test", measured_tokens_per_s=0.0,
+                 best_speed_basis="measured", best_option="box", best_cost_usd=box.cost_usd)
+    return ModelForecast(model=name, configured_as=name, engine_start_s=start_s, options=[box], **blank)
 
 
 def _timing(name: str, rows: dict[str, tuple[float | None, bool]]) -> Timing:
@@ -36,23 +46,25 @@ def test_a_cheap_unsure_model_and_a_dear_sure_one_make_the_cheapest_way_over_the
     big = _timing("big", {r: (0.9, True) for r in ids})
     models = [_model("small", wall_s=100, start_s=10), _model("big", wall_s=1000, start_s=50)]
     pairs = cascades.evaluate(models, [small, big], bar=0.85)
-    first = next(p for p in pairs if p["stages"] == ["small", "big"])
-    at = {p["threshold"]: p for p in first["curve"]}
+    first = next(p for p in pairs if p.stages == ["small", "big"])
+    at = {p.threshold: p for p in first.curve}
     # Under 0.95: the 10 unsure rows go to big, which gets them right: 40 of 40.
-    assert at[0.5]["escalated_share"] == 0.25 and at[0.5]["accuracy"] == 1.0
-    assert at[0.5]["accuracy_low"] == round(wilson(40, 40)[0], 4)
-    assert at[0.5]["best_cost_usd"] == pytest.approx(3.6 * (100 + 10 + 0.25 * 1000 + 50) / 3600, abs=1e-6)
-    assert at[0.3]["escalated_share"] == 0.0 and at[0.3]["accuracy"] == 0.75  # nothing escalates
-    assert at[0.3]["best_cost_usd"] == pytest.approx(3.6 * 110 / 3600, abs=1e-6)  # nor does big start
-    assert at[1.0]["escalated_share"] == 1.0  # everything escalates
+    assert at[0.5].escalated_share == 0.25 and at[0.5].accuracy == 1.0
+    assert at[0.5].accuracy_low == round(wilson(40, 40)[0], 4)
+    assert at[0.5].best_cost_usd == pytest.approx(3.6 * (100 + 10 + 0.25 * 1000 + 50) / 3600, abs=1e-6)
+    assert at[0.3].escalated_share == 0.0 and at[0.3].accuracy == 0.75  # nothing escalates
+    assert at[0.3].best_cost_usd == pytest.approx(3.6 * 110 / 3600, abs=1e-6)  # nor does big start
+    assert at[1.0].escalated_share == 1.0  # everything escalates
     # The pick: the cheapest threshold that clears 0.85 (0.5 ... 0.95 all do, at the same cost; at 0.4
     # the unsure rows, 0.4 sure, stay with small).
-    assert at[0.4]["escalated_share"] == 0.0
-    assert first["clears"] and first["threshold"] == 0.5 and first["escalated_share"] == 0.25
-    assert first["configured_as"] == [{"model": "small", "below": 0.5}, {"model": "big"}]
+    assert at[0.4].escalated_share == 0.0
+    assert first.clears and first.pick.threshold == 0.5 and first.pick.escalated_share == 0.25
+    flat = first.to_json()  # as estimate.json has it: the pick's fields are the cascade's
+    assert flat["configured_as"] == [{"model": "small", "below": 0.5}, {"model": "big"}]
+    assert (flat["threshold"], flat["escalated_share"], list(flat)[-1]) == (0.5, 0.25, "curve")
     best = cascades.cheapest(pairs)
-    assert best is first and best["best_cost_usd"] < models[1]["options"][0]["cost_usd"]  # cheaper than big alone
-    line = cascades.advice(pairs, {"model": "big", "best_cost_usd": models[1]["options"][0]["cost_usd"]}, 0.85)[0]
+    assert best is first and best.pick.best_cost_usd < models[1].options[0].cost_usd  # cheaper than big alone
+    line = cascades.advice(pairs, models[1], 0.85)[0]
     assert "cheaper than big alone" in line and "25% of rows go to big" in line
     alone = cascades.advice(pairs, None, 0.85)[0]
     assert "no model alone clears 0.85: the best buy" in alone
@@ -64,7 +76,7 @@ def test_pairs_without_enough_rows_or_confidences_are_not_judged():
     assert cascades.evaluate(models, [_timing("a", few), _timing("b", few)], 0.5) == []
     blind = {f"r{i}": (None, True) for i in range(20)}
     judged = cascades.evaluate(models, [_timing("a", blind), _timing("b", {**blind, "r0": (0.9, True)})], 0.5)
-    assert [p["stages"] for p in judged] == [["b", "a"]]  # a has no confidence to cut on
+    assert [p.stages for p in judged] == [["b", "a"]]  # a has no confidence to cut on
 
 
 def test_the_estimate_reports_cascades_a_chart_and_the_best_buy(tmp_path):

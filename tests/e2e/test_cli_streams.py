@@ -76,6 +76,12 @@ def test_preview_shows_prompts_and_counts_without_an_engine(tmp_path):
     proc = _cli(tmp_path, "preview", "-f", defs, "-n", "2")
     report = json.loads(proc.stdout)
     assert report["rows"] == 90 and len(report["shards"]) == 3 and len(report["prompts"]) == 2
+    assert list(report) == ["job", "model", "dtype", "dtype_reason", "chat_template", "tokenizer", "rows", "error_rows",
+                            "distinct_prompts", "duplicate_rows", "stored_prompts", "to_generate", "shards", "prompts",
+                            "warnings"]  # the printed line's keys, in the order they have always had
+    assert list(report["shards"][0]) == ["partition", "rows", "error_rows", "distinct_prompts", "duplicate_rows",
+                                         "stored_prompts", "to_generate"]
+    assert list(report["prompts"][0]) == ["partition", "row_ids", "rows", "messages", "text", "tokens"]
     assert not (tmp_path / "home").exists()  # a preview changes nothing: it sharded in a scratch folder
     # After a run every prompt is answered: preview says nothing is left to pay for.
     _cli(tmp_path, "run", "-f", defs)
@@ -90,7 +96,7 @@ def test_preview_shows_prompts_and_counts_without_an_engine(tmp_path):
 
 
 def test_preview_applies_the_models_chat_template_and_counts_tokens(tmp_path):
-    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, model_cache_dir
+    from sparkbatch_dagster.engines.platform.model import DEFAULT_MODEL_NAME, model_cache_dir
 
     if not (model_cache_dir() / DEFAULT_MODEL_NAME / "tokenizer_config.json").exists():
         pytest.skip("embedded SmolLM2 not converted (make model)")

@@ -10,7 +10,7 @@ from dagster import DagsterInstance, materialize
 
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.definitions.compile_cache import for_resource
-from sparkbatch_dagster.engines import compile_cache as cc
+from sparkbatch_dagster.engines.platform import compile_cache as cc
 from sparkbatch_dagster.home import JobHome, compile_store
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import make_spec

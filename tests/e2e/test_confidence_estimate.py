@@ -80,7 +80,7 @@ def test_merged_draws_keep_every_rows_confidence_and_no_gold_means_no_table():
     both = merge(a, b, first_rows=2)
     assert both.sure == [(0.95, True), (0.15, False), (0.97, True)]
     sample = Sample(rows=[], warmup=[], total_rows=100, distinct_prompts=100)
-    table = predict(sample, both, [], None)["reliability"]
+    table = predict(sample, both, [], None).reliability
     assert [(t["bucket"], t["rows"], t["correct"]) for t in table] == [("0.1-0.2", 1, 0), ("0.9-1.0", 2, 2)]
     no_gold = Timing("m", 1.0, 2.0, 2, 10, 2, 0, correct=None, by_row={"r1": (0.95, True)})
-    assert predict(sample, no_gold, [], None)["reliability"] is None
+    assert predict(sample, no_gold, [], None).reliability is None

@@ -174,12 +174,12 @@ def test_files_written_before_confidences_were_kept_still_read(tmp_path):
     assert _query(job, "SELECT confidence, row_id FROM review") == sorted(
         (r["confidence"], r["row_id"]) for r in newer if r["confidence"] < 0.5)
     assert _query(job, "SELECT bucket, rows, correct FROM reliability") == [w[:3] for w in _expected_reliability(newer)]
-    assert facts["rows"] == 150 and facts["confidence"]["rows"] == len(newer)
+    assert facts.rows == 150 and facts.confidence is not None and facts.confidence.rows == len(newer)
 
     for k in keys[1:]:  # none of the files has the column
         drop_confidence(k)
     facts = metrics.analytics(job.spec, job.home, version)
-    assert facts["rows"] == 150 and facts["confidence"] is None and facts["reliability"] is None
+    assert facts.rows == 150 and facts.confidence is None and facts.reliability is None
     assert _query(job, "SELECT count(*) FROM review") == [(0,)]
     assert _query(job, "SELECT count(*) FROM reliability") == [(0,)]
     assert _analytics(job, inst, res)["rows"].value == 150  # the asset too

@@ -17,7 +17,7 @@ from dagster import DagsterInstance, materialize
 
 from sparkbatch_dagster import EngineError, build_batch_assets
 from sparkbatch_dagster.engines.base import EngineRequest
-from sparkbatch_dagster.engines.data_parallel import DataParallelEngine
+from sparkbatch_dagster.engines.offline.data_parallel import DataParallelEngine
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource, fake_worker
 from testkit import make_spec

@@ -11,7 +11,7 @@ from dagster import DagsterInstance, materialize
 
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
-from sparkbatch_dagster.engines import model
+from sparkbatch_dagster.engines.platform import model
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import make_spec
 from unit.test_engine_identity import model_folder, new_weights

@@ -16,6 +16,7 @@ from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START, summary
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.run.totals import Status
 from sparkbatch_dagster.spec import NodeOption
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
@@ -111,12 +112,12 @@ def test_on_a_gpu_the_sample_fills_one_batch(tmp_path, monkeypatch):
     build_shards(job.spec, home)
     resource = FakeVLLMResource(max_num_seqs=200)
     report = job.estimate(resource, untimed(sample_rows=40))
-    assert report["sample_rows"] == 200 and not any("smaller than one batch" in a for a in report["advice"])
+    assert report.sample_rows == 200 and not any("smaller than one batch" in a for a in report.advice)
     small = job.estimate(resource, untimed(sample_rows=40, fill_batch=False))
-    assert small["sample_rows"] == 40 and any("smaller than one batch (200 rows)" in a for a in small["advice"])
+    assert small.sample_rows == 40 and any("smaller than one batch (200 rows)" in a for a in small.advice)
     tiny_job = job.estimate(FakeVLLMResource(max_num_seqs=1024),
                             untimed(sample_rows=40, fill_batch=False))
-    assert any("smaller than one batch (300 rows)" in a for a in tiny_job["advice"])  # the input is the limit
+    assert any("smaller than one batch (300 rows)" in a for a in tiny_job.advice)  # the input is the limit
 
 
 def test_with_two_engines_the_sample_fills_both_and_each_option_gets_its_own_speed(tmp_path):
@@ -126,10 +127,10 @@ def test_with_two_engines_the_sample_fills_both_and_each_option_gets_its_own_spe
                NodeOption(name="2 GPUs", hourly_usd=2.0, gpus_per_node=2, hardware="h200")]
     resource = FakeVLLMResource(max_num_seqs=100, data_parallel_size=2)  # two fake engines in worker processes
     report = job.estimate(resource, untimed(sample_rows=40, options=options, sample_hardware="h200"))
-    assert report["sample_rows"] == 200 and report["sample_engines"] == 2  # a full batch on each engine
-    one, two = report["options"]
-    assert two["engines"] == 2 and two["wall_s"] == report["predicted_wall_s"]  # as sampled: two engines
-    assert one["engines"] == 1 and one["wall_s"] == pytest.approx(2 * report["predicted_wall_s"], abs=0.2)
+    assert report.sample_rows == 200 and report.primary.sample_engines == 2  # a full batch on each engine
+    one, two = report.primary.options
+    assert two.engines == 2 and two.wall_s == report.primary.predicted_wall_s  # as sampled: two engines
+    assert one.engines == 1 and one.wall_s == pytest.approx(2 * report.primary.predicted_wall_s, abs=0.2)
 
 
 def test_the_estimate_predicts_only_prompts_the_store_does_not_hold(tmp_path):
@@ -148,16 +149,18 @@ def test_the_estimate_predicts_only_prompts_the_store_does_not_hold(tmp_path):
                 tags={RANGE_START: keys[0], RANGE_END: keys[0]})
     version = job.output_version(res["vllm"])
     first = json.loads(job.home.stats_path(version, keys[0]).read_text())
-    report = job.estimate(res["vllm"])
-    assert report["stored_rows"] == first["rows"] and report["prompts_to_generate"] == 300 - first["rows"]
+    full = job.estimate(res["vllm"])
+    report = full.primary
+    assert report.stored_rows == first["rows"] and report.prompts_to_generate == 300 - first["rows"]
     _, rest = label_then_metrics(job.assets, job.keys, res, inst, keys[1], keys[-1])
     generated = sum(json.loads(job.home.stats_path(version, k).read_text())["generated_requests"] for k in keys[1:])
-    assert report["prompts_to_generate"] == generated  # predicted and actual count the same prompts
-    assert any("rows already have fake-model's answer in the result store" in a for a in report["advice"])
+    assert report.prompts_to_generate == generated  # predicted and actual count the same prompts
+    assert any("rows already have fake-model's answer in the result store" in a for a in full.advice)
     mm = rest.asset_materializations_for_node("things__run_metrics")[0].metadata
     assert mm["job_predicted_wall_s"].value > 0 and mm["job_prediction_error_pct"].value is not None
     done = job.estimate(res["vllm"])  # everything answered: nothing to predict, nothing to pay
-    assert done["prompts_to_generate"] == 0 and done["predicted_wall_s"] == 0 and done["best_cost_usd"] == 0
+    assert done.primary.prompts_to_generate == 0 and done.primary.predicted_wall_s == 0
+    assert done.primary.best_cost_usd == 0
 
 
 def test_the_runs_bill_includes_its_engine_start(tmp_path, monkeypatch):
@@ -189,8 +192,8 @@ def test_the_runs_bill_includes_its_engine_start(tmp_path, monkeypatch):
     # engine_start_s is shown to 0.01 s and both costs to 1e-6 $: up to 2.1e-6 $ of rounding
     assert mm["job_cost_usd"].value == pytest.approx(mm["job_generation_cost_usd"].value + 0.79 * start / 3600,
                                                      abs=3e-6)
-    st = {"partitions_total": 3, "partitions_done": 3}
-    out = summary(job, resource, st, keys, SimpleNamespace(success=True))
+    st = Status(sharded=True, partitions_total=3, partitions_done=3, missing=[], next="", pool_limit=None, warnings=[])
+    out = summary(job, resource, st, keys, SimpleNamespace(success=True)).to_json()
     assert out["engine_start_s"] == start and out["cost_usd"] == mm["job_cost_usd"].value
     assert out["generation_cost_usd"] == pytest.approx(0.79 * out["wall_s"] / 3600, abs=2e-6)
     assert out["wall_s"] + start <= elapsed + 0.1 and out["prediction_error_pct"] is not None

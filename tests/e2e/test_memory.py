@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from sparkbatch_dagster import VLLMResource
-from sparkbatch_dagster.engines import memory, model
-from sparkbatch_dagster.engines.memory import GIB, Host
+from sparkbatch_dagster.engines.platform import memory, model
+from sparkbatch_dagster.engines.platform.memory import GIB, Host
 from sparkbatch_dagster.errors import ConfigError
 from unit.test_memory import GB10, H200, SPARK, WEIGHTS, Loaded, simulate, weights_folder
 

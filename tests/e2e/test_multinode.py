@@ -13,8 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from sparkbatch_dagster.engines.multinode import serve_worker
-from sparkbatch_dagster.engines.server_process import free_port
+from sparkbatch_dagster.engines.server.multinode import serve_worker
+from sparkbatch_dagster.engines.server.server_process import free_port
 
 
 def test_the_worker_node_starts_a_fresh_vllm_for_each_engine_of_the_first_node(tmp_path):
@@ -53,7 +53,7 @@ def test_a_sigterm_while_the_worker_node_stops_its_vllm_waits_for_the_stop(tmp_p
              "    open(sys.argv[1], 'a').write(f'{os.getpid()}\\n')\n"
              "while True: time.sleep(1)\n")
     node = ("import sys\n"
-            "from sparkbatch_dagster.engines.multinode import exit_on_signals, serve_worker\n"
+            "from sparkbatch_dagster.engines.server.multinode import exit_on_signals, serve_worker\n"
             "exit_on_signals()\n"
             "serve_worker([sys.executable, '-c', *sys.argv[1:4]], ('127.0.0.1', int(sys.argv[4])), poll_s=0.05)\n")
     log = tmp_path / "worker-node.log"

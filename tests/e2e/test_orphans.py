@@ -1,5 +1,5 @@
 """A process that starts an engine and is then SIGKILLed leaves nothing running: its watchdog
-(engines/orphans.py) kills what it had started. Once with a stand-in child that ignores its
+(engines/platform/orphans.py) kills what it had started. Once with a stand-in child that ignores its
 parent's death, once with a real vLLM engine core. Each wait is for a state (the watchdog has
 seen the child; the child is gone), under a deadline that only bounds a hang."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sparkbatch_dagster.engines.orphans import REPORT_ENV
+from sparkbatch_dagster.engines.platform.orphans import REPORT_ENV
 from testkit import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def _killed_leaves_nothing(proc: subprocess.Popen[str], report: Path, pids: list
 def test_a_sigkilled_process_takes_what_it_started_with_it(tmp_path):
     code = """
 import subprocess, sys, time
-from sparkbatch_dagster.engines.orphans import watch_descendants
+from sparkbatch_dagster.engines.platform.orphans import watch_descendants
 watch_descendants()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
 print(child.pid, flush=True)
@@ -62,7 +62,7 @@ def test_a_failed_start_kills_what_it_started(monkeypatch):
     vLLM starts a worker that ignores SIGTERM, then fails as vLLM does."""
     import vllm
 
-    from sparkbatch_dagster.engines.llm_start import start_llm
+    from sparkbatch_dagster.engines.offline.llm_start import start_llm
     from sparkbatch_dagster.errors import EngineError
 
     workers: list[subprocess.Popen[str]] = []

@@ -1,4 +1,4 @@
-"""engines/prompt_groups.py: rows that start together go as one completions request, and each
+"""engines/server/prompt_groups.py: rows that start together go as one completions request, and each
 row still gets its own answer, its own error, and its own token counts."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sparkbatch_dagster.engines.prompt_groups import PromptGroups
+from sparkbatch_dagster.engines.server.prompt_groups import PromptGroups
 
 TOO_LONG = 99  # a prompt holding this token id is "too long" for the server below
 
@@ -199,10 +199,11 @@ def test_size_one_sends_every_row_alone(size: int):
 
 def test_prompts_per_request_defaults_to_16_for_a_started_server_and_a_wrong_setting_stops_before_any_process(
         monkeypatch):
-    from sparkbatch_dagster.engines import server_process
-    from sparkbatch_dagster.engines.start import prompts_per_request, start
+    from sparkbatch_dagster.definitions.resource import VLLMResource
+    from sparkbatch_dagster.engines.server import server_process
+    from sparkbatch_dagster.engines.server.prompt_groups import prompts_per_request
+    from sparkbatch_dagster.engines.start import start
     from sparkbatch_dagster.errors import ConfigError
-    from sparkbatch_dagster.resources import VLLMResource
 
     started = VLLMResource(engine="server").engine_settings()
     elsewhere = VLLMResource(engine="server", server_url="http://127.0.0.1:1", model="m").engine_settings()

@@ -88,9 +88,9 @@ def test_a_box_fenced_mid_shard_stops_at_once_and_never_counts_it(s3_bucket, tmp
 
     engine = Hooked(after=3, hook=box_b_takes_over)
     run_a = ShardRun(a.spec, a.home, VERSION, engine)
-    got = [s["partition"] for s in run_a.stream(["shard-00000", "shard-00001"])]
+    got = [s.partition for s in run_a.stream(["shard-00000", "shard-00001"])]
 
-    assert [s["partition"] for s in ran_b] == ["shard-00000"]
+    assert [s.partition for s in ran_b] == ["shard-00000"]
     assert engine.after_hook == 0  # the answer in hand when the pause ended is the last one used
     # shard-00000 is b's (committed once, by b), recorded by a as done elsewhere; a took
     # shard-00001 back under a new box identity and committed it.
@@ -101,9 +101,9 @@ def test_a_box_fenced_mid_shard_stops_at_once_and_never_counts_it(s3_bucket, tmp
     ids = rows_of(bucket, commits["shard-00000"]) + rows_of(bucket, commits["shard-00001"])
     assert sorted(ids) == sorted(f"id-{i:05d}" for i in range(48))
     # a's attempt counts only what it committed: the lost shard's work is waste.
-    record = next(r for r in load(a.home, VERSION) if r["attempt"] == run_a.attempt.id)
-    assert record["partitions_committed"] == 1
-    assert record["committed_cost_usd"] == pytest.approx(commits["shard-00001"]["stats"]["cost_usd"])
+    record = next(r for r in load(a.home, VERSION) if r.attempt == run_a.attempt.id)
+    assert record.partitions_committed == 1
+    assert record.committed_cost_usd == pytest.approx(commits["shard-00001"]["stats"]["cost_usd"])
     # Nothing left behind: no claim, no box lease, no part.
     assert not bucket.list("leases") and not bucket.list(f"out/{VERSION}/parts")
 
@@ -174,7 +174,7 @@ def test_preview_of_a_changed_input_changes_nothing(tmp_path):
     before = _digest(job.home.root)
     with planning_home(job) as home:
         report = preview(job, FakeVLLMResource(), 2, home)
-    assert report["rows"] == 25  # the preview is of the input as it is now
+    assert report.rows == 25  # the preview is of the input as it is now
     assert _digest(job.home.root) == before
 
 
@@ -186,7 +186,7 @@ def test_an_engine_error_after_a_commit_raises_after_yielding_it(s3_bucket, tmp_
     got = []
     with pytest.raises(EngineError):
         for stats in run.stream(["shard-00000", "shard-00001"]):
-            got.append(stats["partition"])
+            got.append(stats.partition)
     assert got == ["shard-00000"]
     assert list(committed(job.home.remote.bucket)) == ["shard-00000"]
 

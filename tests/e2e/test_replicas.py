@@ -8,6 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,7 +17,9 @@ from aiohttp import web
 from local_server import LocalServer
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.engines.base import EngineRequest
-from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine, free_port
+from sparkbatch_dagster.engines.config import EngineSettings
+from sparkbatch_dagster.engines.server.server_process import free_port
+from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
 from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
@@ -96,10 +99,20 @@ def two():
             rep.stop()
 
 
+class _Quick(VLLMServerEngine):
+    backoff_s = 0.01  # a local stub's retries need no pause
+
+
+def _client(urls: str | list[str], **fields: Any) -> VLLMServerEngine:
+    """A client of ``urls`` serving "m", with these ``VLLMResource`` fields."""
+    cfg = EngineSettings(engine="server", model="m", endpoints=tuple([urls] if isinstance(urls, str) else urls),
+                         **fields)
+    return _Quick(cfg, urls, "m")
+
+
 def _engine(reps, **kw) -> VLLMServerEngine:
-    urls = [r.url for r in reps]
-    # timeout_s only bounds a hang: an answer from a local stub is never waited for that long.
-    return VLLMServerEngine(urls, "m", **{"max_retries": 2, "backoff_s": 0.01, "timeout_s": 30.0, **kw})
+    # request_timeout_s only bounds a hang: an answer from a local stub is never waited for that long.
+    return _client([r.url for r in reps], **{"max_retries": 2, "request_timeout_s": 30.0, **kw})
 
 
 def _generate(engine: VLLMServerEngine, prompts: list[str]) -> dict[str, object]:
@@ -137,7 +150,7 @@ def test_a_slow_replica_gets_fewer_rows(two):
     # The slow one answers only once the fast one has answered every other prompt: whatever the
     # machine's speed, it holds its first requests (max_in_flight of them) all along.
     slow.hold = lambda: sum(fast.answered.values()) >= len(PROMPTS) - 4
-    _generate(_engine(two, max_in_flight=4, timeout_s=300.0), PROMPTS)
+    _generate(_engine(two, max_in_flight=4, request_timeout_s=300.0), PROMPTS)
     assert _answered(two) == Counter(PROMPTS)
     n_slow, n_fast = sum(slow.answered.values()), sum(fast.answered.values())
     assert n_slow >= 1 and n_fast > 4 * n_slow, (n_slow, n_fast)
@@ -182,12 +195,12 @@ def test_a_poisoned_row_is_pending_and_the_rest_complete(two):
 def test_an_unreachable_replica_at_start_is_left_out(two, caplog):
     gone = f"http://127.0.0.1:{free_port()}"
     with caplog.at_level(logging.WARNING, logger="sparkbatch"):
-        engine = VLLMServerEngine([gone, *(r.url for r in two)], "m", max_retries=1, backoff_s=0.01)
+        engine = _client([gone, *(r.url for r in two)], max_retries=1)
     assert f"server at {gone} unreachable" in caplog.text and "left out of this run" in caplog.text
     assert [r.url for r in engine.pool.replicas] == [r.url for r in two]
     assert _answered(two) == Counter() and all(r.error is None for r in _generate(engine, PROMPTS).values())
     with pytest.raises(EngineError, match="none of the 2 servers in server_urls answers"):
-        VLLMServerEngine([gone, f"http://127.0.0.1:{free_port()}"], "m")
+        _client([gone, f"http://127.0.0.1:{free_port()}"])
 
 
 # --- every replica dead: pending, through the runner ------------------------------------------
@@ -203,7 +216,7 @@ def test_the_runner_commits_every_row_when_one_replica_dies(tmp_path, two, how):
         stats = label_shard(spec, home, V, KEY, engine)
     out = pq.read_table(home.labeled_path(V, KEY)).to_pylist()
     assert sorted(r["row_id"] for r in out) == [f"id-{i:05d}" for i in range(40)]
-    assert all(r["output"] in LABELS for r in out) and stats["errors"] == 0
+    assert all(r["output"] in LABELS for r in out) and stats.errors == 0
     assert all(n == 1 for n in _answered(two).values())  # no prompt generated twice
 
 
@@ -220,7 +233,7 @@ def test_every_replica_dead_leaves_rows_pending_and_a_rerun_completes(tmp_path, 
     two[0].fail_after, before = None, _answered(two)  # one replica back; the other still failing
     with _engine(two, max_in_flight=2) as engine:
         stats = label_shard(spec, home, V, KEY, engine)
-    assert stats["rows"] == 40 and stats["resumed_rows"] == len(kept) and stats["errors"] == 0
+    assert stats.rows == 40 and stats.resumed_rows == len(kept) and stats.errors == 0
     assert not (_answered(two) - before) & before  # the rerun generated only the pending rows
 
 
@@ -300,7 +313,7 @@ def test_server_token_ids_send_token_ids_to_completions(tmp_path, two, monkeypat
                for b in bodies)
     two[0].root = str(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="server_token_ids needs the model's tokenizer in this process"):
-        VLLMServerEngine(two[0].url, "m", token_ids=True)
+        _client(two[0].url, server_token_ids=True)
 
 
 # --- through Dagster -------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 
 from sparkbatch_dagster import ConfigError
 from sparkbatch_dagster.cli.serve_batch import check_bind
-from sparkbatch_dagster.engines.server_process import free_port
+from sparkbatch_dagster.engines.server.server_process import free_port
 from testkit import wait_until
 
 openai = pytest.importorskip("openai")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -14,7 +15,10 @@ from aiohttp import web
 
 from local_server import LocalServer
 from sparkbatch_dagster.engines.base import EngineRequest
-from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine, check_served, free_port, served_models
+from sparkbatch_dagster.engines.config import EngineSettings
+from sparkbatch_dagster.engines.server.endpoints import check_served, served_models
+from sparkbatch_dagster.engines.server.server_process import free_port
+from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
 from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
@@ -76,9 +80,20 @@ def stub():
     server.stop()
 
 
+class _Quick(VLLMServerEngine):
+    backoff_s = 0.01  # a local stub's retries need no pause
+
+
+def _client(urls: str | list[str], **fields: Any) -> VLLMServerEngine:
+    """A client of ``urls`` serving "m", with these ``VLLMResource`` fields."""
+    cfg = EngineSettings(engine="server", model="m", endpoints=tuple([urls] if isinstance(urls, str) else urls),
+                         **fields)
+    return _Quick(cfg, urls, "m")
+
+
 def _engine(stub: Stub, **kw) -> VLLMServerEngine:
-    # timeout_s only bounds a hang: an answer from the local stub is never waited for that long.
-    return VLLMServerEngine(stub.url, "m", **{"max_retries": 2, "backoff_s": 0.01, "timeout_s": 30.0, **kw})
+    # request_timeout_s only bounds a hang: an answer from the local stub is never waited for that long.
+    return _client(stub.url, **{"max_retries": 2, "request_timeout_s": 30.0, **kw})
 
 
 def _generate(engine: VLLMServerEngine, prompts: list[str]) -> dict[str, object]:
@@ -181,7 +196,7 @@ def test_503_forever_and_slow_answers_are_retryable(stub):
     # far sooner, however loaded the machine.
     stub.rules, stub.delay = [], 60.0
     started = time.monotonic()
-    res = _generate(_engine(stub, timeout_s=0.2, max_retries=1), PROMPTS[:5])
+    res = _generate(_engine(stub, request_timeout_s=0.2, max_retries=1), PROMPTS[:5])
     assert all(r.retryable and "no answer in 0.2s" in r.error for r in res.values())
     assert time.monotonic() - started < 30
 
@@ -222,7 +237,7 @@ def test_flaky_server_commits_every_row_labeled(tmp_path, stub):
     with _engine(stub) as engine:
         stats = label_shard(spec, home, V, KEY, engine)
     out = pq.read_table(home.labeled_path(V, KEY)).to_pylist()
-    assert len(out) == 30 and all(r["output"] in LABELS for r in out) and stats["errors"] == 0
+    assert len(out) == 30 and all(r["output"] in LABELS for r in out) and stats.errors == 0
 
 
 def test_too_long_row_is_an_error_row_and_the_rest_complete(tmp_path, stub):
@@ -253,7 +268,7 @@ def test_transient_failures_stay_pending_and_a_rerun_completes_them(tmp_path, st
     with _engine(stub) as engine:
         stats = label_shard(spec, home, V, KEY, engine)
     assert sorted(stub.attempts) == sorted({f"What kind of thing is this? {r['text']}" for r in pending})
-    assert stats["rows"] == 30 and stats["resumed_rows"] == len(kept) and stats["errors"] == 0
+    assert stats.rows == 30 and stats.resumed_rows == len(kept) and stats.errors == 0
 
 
 # --- the API key through Dagster: EnvVar, read when the run starts ------------------------------

@@ -10,8 +10,8 @@ import pytest
 from real.test_label_tokens import REVIEWS, SECTIONS, SENTIMENT, _answers
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
-from sparkbatch_dagster.engines.confidence import value_spans
-from sparkbatch_dagster.engines.label_tokens import first_step
+from sparkbatch_dagster.engines.answers.confidence import value_spans
+from sparkbatch_dagster.engines.answers.label_tokens import first_step
 from testkit import confidence_tolerance
 
 

@@ -1,8 +1,11 @@
 """The tests of tests/unit/test_encode_ahead.py on the real vLLM engine; that file says what they cover."""
 
+import functools
 import threading
 
 from sparkbatch_dagster.engines import EngineRequest
+from sparkbatch_dagster.engines.answers.encode_ahead import EncodeAhead
+from sparkbatch_dagster.engines.offline import vllm_offline
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 
 
@@ -23,7 +26,7 @@ def test_the_real_engine_answers_alike_with_and_without_the_thread(real_engine, 
     sampling = SamplingSpec(max_tokens=6, temperature=0.0)
     answers = {}
     for threaded in (True, False):
-        monkeypatch.setattr(real_engine, "encode_ahead", threaded)
+        monkeypatch.setattr(vllm_offline, "EncodeAhead", functools.partial(EncodeAhead, threaded=threaded))
         threads.clear()
         results = list(real_engine.generate(prompts, sampling, OutputSpec(kind="text")))
         assert sorted(r.id for r in results) == sorted(p.id for p in prompts)

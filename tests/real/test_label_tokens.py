@@ -1,11 +1,13 @@
 """The tests of tests/unit/test_label_tokens.py on the real vLLM engine; that file says what they cover."""
 
 import re
+from unittest import mock
 
 import pytest
 
 from sparkbatch_dagster import OutputSpec, SamplingSpec
 from sparkbatch_dagster.engines import EngineRequest
+from sparkbatch_dagster.engines.answers import label_tokens
 from testkit import exact_numerics
 from unit.test_label_tokens import SECTIONS, SENTIMENT
 
@@ -21,7 +23,8 @@ PACKAGES = ["libssl3: SSL shared libraries", "libssl-dev: SSL development files"
 
 
 def _answers(engine, mode, labels=SENTIMENT, texts=None):
-    engine.label_decoding = mode
+    settings = engine.settings
+    engine.settings = settings.model_copy(update={"label_decoding": mode})  # the engine's own, for this call
     texts = texts or (REVIEWS if labels == SENTIMENT else PACKAGES)
     system = f"Answer with one of: {', '.join(labels)}."
     reqs = [EngineRequest(str(i), [{"role": "system", "content": system}, {"role": "user", "content": text}])
@@ -29,7 +32,7 @@ def _answers(engine, mode, labels=SENTIMENT, texts=None):
     try:
         out = list(engine.generate(reqs, SamplingSpec(max_tokens=8), OutputSpec(kind="label", labels=labels)))
     finally:
-        engine.label_decoding = "auto"
+        engine.settings = settings
     return {r.id: r for r in out}
 
 
@@ -51,14 +54,8 @@ VERY = ["very-positive", "very-negative", "neutral"]
 def probed(engine, probe, **settings):
     """The engine's answers to REVIEWS over VERY with a probe of ``probe`` rows (and ``settings``
     set on the engine meanwhile), and the grammar's."""
-    old = {name: getattr(engine, name) for name in ["label_probe", *settings]}
-    for name, value in {"label_probe": probe, **settings}.items():
-        setattr(engine, name, value)
-    try:
+    with mock.patch.object(label_tokens, "PROBE", probe), mock.patch.multiple(engine, **settings):
         fast = _answers(engine, "auto", VERY, REVIEWS)
-    finally:
-        for name, value in old.items():
-            setattr(engine, name, value)
     return fast, _answers(engine, "grammar", VERY, REVIEWS)
 
 

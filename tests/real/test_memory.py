@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from sparkbatch_dagster import VLLMResource
-from sparkbatch_dagster.engines import LazyEngine, memory, model
+from sparkbatch_dagster.engines import LazyEngine
 from sparkbatch_dagster.engines.base import EngineRequest
-from sparkbatch_dagster.engines.memory import GIB
+from sparkbatch_dagster.engines.platform import memory, model
+from sparkbatch_dagster.engines.platform.memory import GIB
 from sparkbatch_dagster.errors import ConfigError
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 from testkit import REAL_SETTINGS

@@ -15,7 +15,7 @@ import pytest
 
 from e2e.test_multinode import _wait
 from sparkbatch_dagster import VLLMResource
-from sparkbatch_dagster.engines.server_process import free_port
+from sparkbatch_dagster.engines.server.server_process import free_port
 from testkit import LABELS, make_rows, owned_processes, write_parquet
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from sparkbatch_dagster import OutputSpec, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.gpu_lock import wait_for_stops
-from sparkbatch_dagster.engines.vllm_offline import VLLMOfflineEngine
+from sparkbatch_dagster.engines.offline.vllm_offline import VLLMOfflineEngine
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run.runner import label_shard
@@ -65,7 +65,7 @@ def test_the_engine_says_when_an_answer_hit_max_tokens(tmp_path, real_engine):
     build_shards(spec, home)
     stats = label_shard(spec, home, "00000000000000ae", "shard-00000", real_engine)
     rows = pq.read_table(home.labeled_path("00000000000000ae", "shard-00000")).to_pylist()
-    assert stats["truncated_rows"] == 12 and all(r["truncated"] and r["output"] for r in rows)
+    assert stats.truncated_rows == 12 and all(r["truncated"] and r["output"] for r in rows)
     # A declared label is whole even when the engine stopped at max_tokens before its end token.
     spec = make_spec(tmp_path / "labels", n=12, shards=1, sampling=SamplingSpec(max_tokens=4))
     home = JobHome(spec.home_path)
@@ -74,7 +74,7 @@ def test_the_engine_says_when_an_answer_hit_max_tokens(tmp_path, real_engine):
     rows = pq.read_table(home.labeled_path("00000000000000af", "shard-00000")).to_pylist()
     print({(r["finish_reason"], r["output"], r["error"]) for r in rows})
     assert all(r["output"] in spec.output.labels and not r["truncated"] for r in rows)
-    assert stats["errors"] == 0 and stats["truncated_rows"] == 0
+    assert stats.errors == 0 and stats.truncated_rows == 0
 
 
 def test_prompt_longer_than_context_is_an_error_row(tmp_path, real_engine):
@@ -89,9 +89,9 @@ def test_prompt_longer_than_context_is_an_error_row(tmp_path, real_engine):
     stats = label_shard(spec, home, "00000000000000aa", "shard-00000", real_engine)
     out = {r["row_id"]: r for r in pq.read_table(home.labeled_path("00000000000000aa", "shard-00000")).to_pylist()}
     assert out["id-00005"]["error"].startswith("prompt_too_long")
-    assert stats["errors"] == 1 and stats["labeled"] == 11
+    assert stats.errors == 1 and stats.labeled == 11
     assert all(r["output"] in spec.output.labels for k, r in out.items() if k != "id-00005")
-    assert stats["prefix_cache_hit_rate"] > 0.3  # the shared system prompt is cached
+    assert stats.prefix_cache_hit_rate > 0.3  # the shared system prompt is cached
 
 
 def test_dagster_materializes_partitions_on_the_real_engine(tmp_path, real_engine):

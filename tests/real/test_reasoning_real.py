@@ -85,18 +85,18 @@ def test_a_run_keeps_the_reasoning_and_counts_its_tokens(tmp_path: Path, thinker
     version = spec.prompt_fingerprint()
     stats = label_shard(spec, home, version, "shard-00000", thinker)
     rows = pq.read_table(home.labeled_path(version, "shard-00000")).to_pylist()
-    assert stats["errors"] == 0 and all(r["output"] in LABELS for r in rows)
+    assert stats.errors == 0 and all(r["output"] in LABELS for r in rows)
     fresh = [r for r in rows if not r["deduplicated"]]
     assert all(r["reasoning"] and 2 <= r["reasoning_tokens"] <= BUDGET + 1 for r in fresh)
     assert all(r["reasoning"] for r in rows)  # a fanned-out duplicate carries its answer's thinking too
-    assert stats["reasoning_tokens"] == sum(r["reasoning_tokens"] for r in rows) > 0
-    assert stats["output_tokens"] > stats["reasoning_tokens"]
+    assert stats.reasoning_tokens == sum(r["reasoning_tokens"] for r in rows) > 0
+    assert stats.output_tokens > stats.reasoning_tokens
 
 
 def test_a_started_server_and_a_chat_client_bound_the_thinking_too(tmp_path: Path) -> None:
     """`vllm serve --reasoning-parser` started here (token ids to /v1/completions, the thinking split
     here), and the same server as someone else's (chat bodies, the thinking apart in its answer)."""
-    from sparkbatch_dagster.engines.start import client
+    from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
     from sparkbatch_dagster.testing import reasoning_model
 
     folder = reasoning_model(tmp_path / "qwen3-style")
@@ -108,7 +108,8 @@ def test_a_started_server_and_a_chat_client_bound_the_thinking_too(tmp_path: Pat
     try:
         started = list(ours.generate(_requests(4), sampling, OUT))
         server = _offline(ours)
-        chat = client(resource.engine_settings(), server.base_url, server.served_name, None)  # type: ignore[attr-defined]
+        outside = resource.with_fields(server_url=server.base_url, model=server.served_name)  # type: ignore[attr-defined]
+        chat = VLLMServerEngine(outside.engine_settings(), server.base_url, server.served_name)  # type: ignore[attr-defined]
         try:
             answered = list(chat.generate(_requests(4), sampling, OUT))
         finally:

@@ -1,5 +1,6 @@
 """Server mode against a real `vllm serve` on loopback (CPU, embedded SmolLM2)."""
 
+import functools
 import threading
 import time
 
@@ -166,12 +167,12 @@ def test_the_server_says_when_an_answer_hit_max_tokens(server_engine):
 
 
 def test_a_server_started_here_gets_token_ids_and_someone_elses_gets_chat_bodies(server_engine):
-    from sparkbatch_dagster.engines.start import client
+    from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
 
     # The module's server was started here: its rows above went as token ids to /v1/completions.
     assert server_engine._path == "/v1/completions" and server_engine._tokenizer is not None
     outside = VLLMResource(engine="server", server_url=server_engine.base_url, model=server_engine.served_name)
-    engine = client(outside.engine_settings(), server_engine.base_url, server_engine.served_name, None)
+    engine = VLLMServerEngine(outside.engine_settings(), server_engine.base_url, server_engine.served_name)
     try:
         assert engine._path == "/v1/chat/completions" and engine._tokenizer is None
     finally:
@@ -203,7 +204,7 @@ def _with_generation_config(folder, config):
     import json
     import shutil
 
-    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, ensure_embedded
+    from sparkbatch_dagster.engines.platform.model import DEFAULT_MODEL_NAME, ensure_embedded
 
     src = ensure_embedded(DEFAULT_MODEL_NAME)
     folder.mkdir(parents=True)
@@ -222,7 +223,7 @@ def test_offline_and_a_started_server_answer_alike_when_the_model_sets_sampling_
     SamplingParams would not: both modes apply them, so one identity means one answer."""
     from sparkbatch_dagster import OutputSpec, SamplingSpec
     from sparkbatch_dagster.engines import EngineRequest
-    from sparkbatch_dagster.engines.model import generation_defaults
+    from sparkbatch_dagster.engines.platform.model import generation_defaults
 
     defaults = {"repetition_penalty": 1.3, "top_k": 20, "min_p": 0.1}
     model = _with_generation_config(tmp_path / "SmolLM2-135M-Instruct", defaults)
@@ -274,7 +275,9 @@ def test_a_started_server_answers_alike_with_bodies_built_on_their_own_thread_or
     """Bodies are built and tokenized a chunk at a time on the encoding thread (encode_ahead.py);
     in chunks of 4 here, so chunks and answers interleave: the same answers as built inline."""
     from sparkbatch_dagster import OutputSpec, SamplingSpec
-    from sparkbatch_dagster.engines import EngineRequest, token_prompts, vllm_server
+    from sparkbatch_dagster.engines import EngineRequest
+    from sparkbatch_dagster.engines.answers.encode_ahead import Prepared
+    from sparkbatch_dagster.engines.server import token_prompts, vllm_server
 
     threads: list[str] = []
     original = token_prompts.token_bodies
@@ -289,7 +292,7 @@ def test_a_started_server_answers_alike_with_bodies_built_on_their_own_thread_or
             for i, w in enumerate(["cat", "dog", "tree", "blue", "sun", "car"] * 3)]
     answers = {}
     for threaded in (True, False):
-        monkeypatch.setattr(server_engine, "encode_ahead", threaded)
+        monkeypatch.setattr(vllm_server, "Prepared", functools.partial(Prepared, threaded=threaded))
         threads.clear()
         got = list(server_engine.generate(reqs, SamplingSpec(max_tokens=6, temperature=0.0), OutputSpec(kind="text")))
         answers[threaded] = {r.id: (r.text, r.prompt_tokens) for r in got}
@@ -325,9 +328,11 @@ def test_a_chat_server_gives_the_confidence_by_token_text(server_engine, real_en
     """Someone else's server is asked in chat messages, without the tokenizer here: the grammar
     answers, and its log-probabilities come back keyed by token text, not id."""
     from real.test_label_tokens import SECTIONS, SENTIMENT, _answers
-    from sparkbatch_dagster.engines.vllm_server import VLLMServerEngine
+    from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
 
-    chat = VLLMServerEngine(server_engine.base_url, server_engine.served_name, token_ids=False)
+    outside = VLLMResource(engine="server", server_url=server_engine.base_url, model=server_engine.served_name,
+                           server_token_ids=False)
+    chat = VLLMServerEngine(outside.engine_settings(), server_engine.base_url, server_engine.served_name)
     tolerance = confidence_tolerance()
     try:
         for labels in (SENTIMENT, SECTIONS):
@@ -376,4 +381,4 @@ def test_killed_server_fails_promptly_is_stopped_whole_and_a_rerun_resumes(tmp_p
     assert kept >= 5
     # The rerun (here on the offline engine, same model) sends only the rows not yet written.
     stats = label_shard(spec, home, version, "shard-00000", real_engine)
-    assert stats["rows"] == 300 and stats["resumed_rows"] == kept
+    assert stats.rows == 300 and stats.resumed_rows == kept

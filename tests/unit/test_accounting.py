@@ -39,7 +39,7 @@ def test_a_label_cut_at_max_tokens_is_an_error_row_and_never_stored(tmp_path):
                        "sampling.max_tokens" and r["finish_reason"] == "length" for r in cut)
     assert all(r["output"] == "b" and r["finish_reason"] == "stop" for r in rows if not r["truncated"]
                and r["error"] is None)
-    assert stats["error_reasons"]["truncated"] == len(cut) and stats["truncated_rows"] == len(cut)
+    assert stats.error_reasons["truncated"] == len(cut) and stats.truncated_rows == len(cut)
     store = ResultStore(spec.result_store_path, spec.answer_context("fake-model"))
     keys = {r["prompt_key"] for r in cut}
     assert not set(store.lookup(sorted(keys)))  # a later run asks the engine again
@@ -51,14 +51,14 @@ def test_a_text_cut_at_max_tokens_keeps_its_text_marked_and_counted(tmp_path):
     stats = label_shard(spec, home, V, "shard-00000", FakeEngine(answer="one two three four five"))
     rows = pq.read_table(home.labeled_path(V, "shard-00000")).to_pylist()
     assert {r["output"] for r in rows} == {"one two three"} and all(r["truncated"] for r in rows)
-    assert stats["truncated_rows"] == 20 and stats["errors"] == 0
+    assert stats.truncated_rows == 20 and stats.errors == 0
     whole = label_shard(spec, home, "00000000000000ac", "shard-00000", FakeEngine("other-model", answer="one two"))
-    assert whole["truncated_rows"] == 0
+    assert whole.truncated_rows == 0
 
 
 def test_a_text_that_does_not_match_the_regex_is_a_bad_output_row(tmp_path):
     spec, home = one_shard(tmp_path, make_rows(10), output=OutputSpec(kind="text", regex=r"answer-[0-9]+"))
-    assert label_shard(spec, home, V, "shard-00000", FakeEngine())["errors"] == 0  # "answer-N" matches
+    assert label_shard(spec, home, V, "shard-00000", FakeEngine()).errors == 0  # "answer-N" matches
     label_shard(spec, home, "00000000000000ac", "shard-00000", FakeEngine("other-model", answer="nope"))
     rows = pq.read_table(home.labeled_path("00000000000000ac", "shard-00000")).to_pylist()
     assert all(r["error"] == "bad_output: 'nope' does not match the output regex" for r in rows)
@@ -135,9 +135,9 @@ def test_an_attempt_still_running_is_not_taken_for_killed(tmp_path):
     home = JobHome(tmp_path / "home")
     with attempts.Attempt(home, V, 0.79) as live:
         [seen] = attempts.load(home, V)
-        assert seen["outcome"] == "running" and seen["attempt"] == live.id
+        assert seen.outcome == "running" and seen.attempt == live.id
     [ended] = attempts.load(home, V)
-    assert ended["outcome"] == "succeeded" and ended["ended"]
+    assert ended.outcome == "succeeded" and ended.ended
 
 
 # --- one engine-starting run at a time ------------------------------------------------------
@@ -147,10 +147,10 @@ def test_status_warns_when_the_instance_does_not_limit_the_gpu_pool(tmp_path):
     job = build_batch_assets(spec=make_spec(tmp_path, n=20, shards=2))
     res, _ = fake_resource()
     report = status(job, res)
-    assert report["pool_limit"] is None and "`dagster instance concurrency set gpu 1`" in report["warnings"][0]
+    assert report.pool_limit is None and "`dagster instance concurrency set gpu 1`" in report.warnings[0]
     DagsterInstance.get().event_log_storage.set_concurrency_slots("gpu", 1)
     report = status(job, res)
-    assert report["pool_limit"] == 1 and report["warnings"] == []
+    assert report.pool_limit == 1 and report.warnings == []
 
 
 def test_the_clis_own_instance_lets_one_engine_starting_run_in_at_a_time(tmp_path, monkeypatch):

@@ -53,3 +53,51 @@ def test_a_defs_yaml_reads_a_batch_file() -> None:
                          '  input: /data/requests.jsonl\n  input_format: openai_batch\n'
                          '  text_columns: [request]\n  user_template: "{{ request }}"\n')
     assert (spec.input_format, spec.id_column, spec.max_input_chars) == ("openai_batch", "custom_id", 1_000_000)
+
+
+def test_a_line_parses_to_a_typed_record_whose_canonical_text_is_unchanged() -> None:
+    """The staged ``request`` text names the prompt in the result store: its bytes, and the name's
+    extra part, are what releases before the typed records wrote (answers stay reusable)."""
+    from sparkbatch_dagster.spec import SamplingSpec
+    from sparkbatch_dagster.spec.batch_requests import BatchRequest, JsonOutput, Message, parse_line
+
+    body = {"messages": [{"role": "developer", "content": "Sé"}, {"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "max_completion_tokens": 7, "seed": 3,
+        "response_format": {"type": "json_object"}, "model": "ignored", "n": 1}
+    url = "/v1/chat/completions"
+    line = parse_line({"custom_id": "q1", "method": "POST", "url": url, "body": body}, "openai_batch",
+                      SamplingSpec(max_tokens=256))
+    assert (line.custom_id, line.provider, line.url, line.params) == ("q1", "openai_batch", url, body)
+    assert line.request == BatchRequest(messages=[Message("system", "Sé"), Message("user", "a\nb")],
+                                        sampling={"max_tokens": 7, "seed": 3},
+                                        output=JsonOutput("json", {"type": "object"}))
+    text = line.request.to_text()
+    assert text == ('{"messages":[{"content":"Sé","role":"system"},{"content":"a\\nb","role":"user"}],'
+                    '"output":{"json_schema":{"type":"object"},"kind":"json"},"sampling":{"max_tokens":7,"seed":3}}')
+    assert BatchRequest.from_text(text) == line.request
+    prompt = request_prompt(text, SamplingSpec(max_tokens=256))
+    assert prompt.extra == ('{"output": {"json_schema": {"type": "object"}, "kind": "json"}, '
+                            '"sampling": {"max_tokens": 7, "seed": 3}}')
+    assert prompt.sampling is not None and prompt.sampling.max_tokens == 7 and prompt.output is not None
+    claude = parse_line({"custom_id": "c1", "params": {"max_tokens": 5, "system": "S", "messages": [
+        {"role": "user", "content": "U"}]}}, "anthropic_batch", SamplingSpec(max_tokens=5))
+    assert (claude.provider, claude.url, claude.request.sampling) == ("anthropic_batch", None, {})  # the job's
+    assert request_prompt(claude.request.to_text(), SamplingSpec(max_tokens=5)).key == RenderedPrompt("S", "U").key
+
+
+def test_the_export_summary_prints_as_one_flat_object_in_its_order() -> None:
+    from sparkbatch_dagster.run.batch_export import ExportSummary, Tally, usage_of
+
+    tally = Tally(written=1, errors=1, remaining=0, rows=2, complete=True)
+    rows = [{"prompt_tokens": 4, "output_tokens": 2, "cached_tokens": None, "reasoning_tokens": 1, "error": None,
+             "reused": False, "deduplicated": False, "model": "m"},
+            {"prompt_tokens": None, "output_tokens": None, "error": "bad_request: x", "reused": False,
+             "deduplicated": False, "model": ""}]
+    summary = ExportSummary(tally=tally, usage=usage_of(rows), output_file="o.jsonl", error_file="e.jsonl")
+    assert (summary.written, summary.errors, summary.remaining, summary.complete) == (1, 1, 0, True)
+    assert summary.to_json() == {"written": 1, "errors": 1, "remaining": 0, "rows": 2, "complete": True,
+                                 "input_tokens": 4, "output_tokens": 2, "cached_tokens": 0, "reasoning_tokens": 1,
+                                 "reused": 0, "model": "m", "output_file": "o.jsonl", "error_file": "e.jsonl"}
+    assert list(summary.to_json()) == ["written", "errors", "remaining", "rows", "complete", "input_tokens",
+                                       "output_tokens", "cached_tokens", "reasoning_tokens", "reused", "model",
+                                       "output_file", "error_file"]

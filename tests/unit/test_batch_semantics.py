@@ -95,14 +95,14 @@ def test_a_batchs_usage_is_what_its_rows_cost():
 
     rows = [_row(10, 3), _row(0, 0, reused=True), _row(0, 0, dedup=True), _row(7, 5, error="bad_output: x")]
     summary = usage_of(rows)
-    assert summary == {"input_tokens": 17, "output_tokens": 8, "cached_tokens": 0, "reasoning_tokens": 0,
-                       "reused": 2, "model": "m"}
+    assert summary.to_json() == {"input_tokens": 17, "output_tokens": 8, "cached_tokens": 0, "reasoning_tokens": 0,
+                                 "reused": 2, "model": "m"}
     batch = Batch.model_validate({"id": "batch_1", "object": "batch", "endpoint": "/v1/chat/completions",
                                   "input_file_id": "file-1", "completion_window": "24h", "status": "completed",
                                   "created_at": 1, **_usage(summary)})
     assert batch.usage is not None and (batch.usage.input_tokens, batch.usage.total_tokens) == (17, 25)
     assert batch.model == "m" and batch.model_extra == {"reused_requests": 2}
-    assert usage_of([])["model"] is None
+    assert usage_of([]).model is None
 
 
 def _request(cid: Any, url: str = "/v1/chat/completions") -> str:

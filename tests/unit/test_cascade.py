@@ -33,7 +33,7 @@ def test_a_crash_in_a_later_stage_resumes_without_asking_the_first_again(tmp_pat
     healed, small = engine(FakeEngine("big"))
     stats = label_shard(spec, home, version, "shard-00000", healed)
     assert small.requests_seen == 0  # its answers were stored as it gave them
-    assert stats["rows"] == 40 and stats["resumed_rows"] > 0
+    assert stats.rows == 40 and stats.resumed_rows > 0
     out = pq.read_table(home.labeled_path(version, "shard-00000")).to_pylist()
     assert sorted(r["row_id"] for r in out) == sorted(r["id"] for r in make_rows(40))  # each row once
     assert all(r["model"] == "big" or r["confidence"] >= 0.5 for r in out)

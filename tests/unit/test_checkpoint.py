@@ -2,11 +2,12 @@ import pytest
 
 from sparkbatch_dagster.errors import IncompleteShardError
 from sparkbatch_dagster.run.checkpoint import CheckpointWriter, finalize
+from sparkbatch_dagster.run.records import OutputRow
+from sparkbatch_dagster.run.rows import Answer, Tokens, row
 
 
-def _row(i: int) -> dict:
-    return {"row_id": f"r{i}", "output": "a", "error": None, "prompt_tokens": 1, "output_tokens": 1,
-            "cached_tokens": 0, "deduplicated": False, "fingerprint": "f", "model": "m"}
+def _row(i: int) -> OutputRow:
+    return row(f"r{i}", "f", Answer(model="m", output="a", tokens=Tokens(prompt=1, output=1)))
 
 
 def test_flushes_every_n_rows_and_resumes(tmp_path):

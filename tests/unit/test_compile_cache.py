@@ -1,4 +1,4 @@
-"""The engine's compile cache travels with the job's home (engines/compile_cache.py,
+"""The engine's compile cache travels with the job's home (engines/platform/compile_cache.py,
 home/compile_store.py, definitions/compile_cache.py): a run on box A saves it, a fresh box B
 restores it before its engine starts, only under the same key; a broken or hostile archive is
 ignored with a warning and the engine compiles as if cold.
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sparkbatch_dagster.engines import compile_cache as cc
+from sparkbatch_dagster.engines.platform import compile_cache as cc
 from sparkbatch_dagster.errors import ConfigError
 from sparkbatch_dagster.home import JobHome, compile_store
 from sparkbatch_dagster.testing import FakeVLLMResource

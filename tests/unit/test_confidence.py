@@ -1,4 +1,4 @@
-"""An answer's confidence from log-probabilities (``engines/confidence.py``): the arithmetic,
+"""An answer's confidence from log-probabilities (``engines/answers/confidence.py``): the arithmetic,
 on steps written out by hand. The real engines' confidences are checked in
 test_confidence_real.py."""
 
@@ -7,8 +7,8 @@ import math
 import pytest
 
 from sparkbatch_dagster import OutputSpec
-from sparkbatch_dagster.engines import confidence
-from sparkbatch_dagster.engines.confidence import (
+from sparkbatch_dagster.engines.answers import confidence
+from sparkbatch_dagster.engines.answers.confidence import (
     answer_confidence,
     json_confidence,
     label_confidence,

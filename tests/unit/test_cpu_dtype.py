@@ -14,6 +14,7 @@ from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.preview import describe, preview
 from sparkbatch_dagster.definitions.labeling import _settings_line
 from sparkbatch_dagster.engines import settings
+from sparkbatch_dagster.engines.platform import cpu
 from sparkbatch_dagster.engines.settings import choose_dtype
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.spec import EstimateSpec
@@ -47,10 +48,10 @@ def test_only_auto_on_the_cpu_is_decided():
 def test_flags_come_from_the_machine_or_the_override(monkeypatch):
     monkeypatch.delenv("SPARKBATCH_CPU_FLAGS", raising=False)
     if Path("/proc/cpuinfo").exists():
-        mine = settings.cpu_flags()
+        mine = cpu.cpu_flags()
         assert mine is not None and "fpu" in mine  # every x86 CPU lists it
     monkeypatch.setenv("SPARKBATCH_CPU_FLAGS", NO_AVX2)
-    assert settings.cpu_flags() == frozenset(NO_AVX2.split())
+    assert cpu.cpu_flags() == frozenset(NO_AVX2.split())
 
 
 def _folder_model(tmp_path: Path) -> str:
@@ -80,7 +81,8 @@ def test_preview_says_which_dtype_and_why(tmp_path, monkeypatch):
     job = build_batch_assets(spec=make_spec(tmp_path, n=12, shards=2))
     build_shards(job.spec, job.home)
     report = preview(job, VLLMResource(model=_folder_model(tmp_path)), 1)
-    assert report["dtype"] == "float32" and "no native bf16" in report["dtype_reason"]
+    assert report.dtype == "float32" and "no native bf16" in report.dtype_reason
+    assert report.to_json()["dtype"] == "float32"  # the JSON the CLI prints
     assert any(line.startswith("dtype: float32, this CPU has no native bf16") for line in describe(report))
 
 
@@ -95,8 +97,8 @@ def test_the_estimate_says_which_dtype_and_why(tmp_path):
     job = build_batch_assets(spec=make_spec(tmp_path, n=40, shards=2))
     build_shards(job.spec, job.home)
     report = job.estimate(_NoBf16Fake(max_num_seqs=8), EstimateSpec(min_sample_seconds=0, sample_rows=10))
-    assert report["dtype"] == "float32" and "no native bf16" in report["dtype_reason"]
-    assert report["models"][0]["dtype"] == "float32"
+    assert report.primary.dtype == "float32" and "no native bf16" in report.primary.dtype_reason
+    assert report.to_json()["dtype"] == report.to_json()["models"][0]["dtype"] == "float32"  # as estimate.json has it
 
 
 def test_an_unknown_build_asks_vllm(monkeypatch):

@@ -1,4 +1,4 @@
-"""Prompts encoded on a thread of their own (engines/encode_ahead.py): order, waits, errors, and on
+"""Prompts encoded on a thread of their own (engines/answers/encode_ahead.py): order, waits, errors, and on
 the real engine the same answers as encoding inline."""
 
 import threading
@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from sparkbatch_dagster.engines import EngineRequest
-from sparkbatch_dagster.engines.encode_ahead import EncodeAhead, Prepared
+from sparkbatch_dagster.engines.answers.encode_ahead import EncodeAhead, Prepared
 
 
 def reqs(first: int, n: int) -> list[EngineRequest]:
@@ -127,8 +127,8 @@ def test_prepared_rest_gives_back_every_request_not_handed_out_without_encoding_
 def test_token_bodies_tokenizes_a_chunk_as_token_body_does_each():
     from transformers import AutoTokenizer
 
-    from sparkbatch_dagster.engines.model import resolve_model
-    from sparkbatch_dagster.engines.token_prompts import token_bodies, token_body
+    from sparkbatch_dagster.engines.platform.model import resolve_model
+    from sparkbatch_dagster.engines.server.token_prompts import token_bodies, token_body
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))
     bodies = [{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": f"Say {w}."}]}

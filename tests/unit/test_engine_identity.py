@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkbatch_dagster.engines import FakeEngine, LazyEngine, model
+from sparkbatch_dagster.engines import FakeEngine, LazyEngine
 from sparkbatch_dagster.engines.base import EngineRequest
+from sparkbatch_dagster.engines.platform import model
 from sparkbatch_dagster.errors import EngineError
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource

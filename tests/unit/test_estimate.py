@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from dagster import materialize
+from msgspec import structs
 
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
-from sparkbatch_dagster.engines.model import weights_gb
+from sparkbatch_dagster.engines.platform.model import weights_gb
 from sparkbatch_dagster.estimate import sample as E
 from sparkbatch_dagster.estimate.choice import advise, choose, rows_to_decide, tradeoff, verdict, wilson
 from sparkbatch_dagster.estimate.forecast import predict
@@ -23,8 +24,6 @@ from sparkbatch_dagster.estimate.placement import gpus_needed
 from sparkbatch_dagster.estimate.sample import Sample, Stored, Timing, draw_sample
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
-from sparkbatch_dagster.run.metrics import prediction_check
-from sparkbatch_dagster.run.shard_stats import shard_stats as _stats
 from sparkbatch_dagster.spec import EstimateSpec, NodeOption
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import fake_resource, make_rows, make_spec, write_parquet
@@ -86,29 +85,29 @@ def _timing(**kw):
 def test_prediction_scales_the_measured_rate_to_the_job_and_prices_each_option():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=10_000, distinct_prompts=9_000)
     p = predict(sample, _timing(), OPTIONS, weights_gb=0.3, machine=SPARK)
-    assert p["predicted_tokens"] == 200 * 9_000  # 10,000 tokens / 50 rows x distinct prompts
-    assert p["predicted_tokens_per_hour"] == 1000 * 3600
-    assert p["predicted_wall_s"] == pytest.approx(1800.0)
-    one, two = p["options"]
-    assert one["wall_s"] == 1800.0 and two["wall_s"] == 900.0
-    assert one["cost_usd"] == pytest.approx(0.79 * (1800 + 60) / 3600, abs=1e-6)  # engine start included
-    assert two["cost_usd"] == pytest.approx(1.79 * (900 + 60) / 3600, abs=1e-6)
-    assert p["best_option"] == "1 node" and p["best_cost_usd"] == one["cost_usd"]
-    assert p["accuracy"] == 0.5 and p["accuracy_low"] == pytest.approx(0.3664, abs=1e-3)
-    assert p["accuracy_high"] == pytest.approx(0.6336, abs=1e-3)
+    assert p.predicted_tokens == 200 * 9_000  # 10,000 tokens / 50 rows x distinct prompts
+    assert p.predicted_tokens_per_hour == 1000 * 3600
+    assert p.predicted_wall_s == pytest.approx(1800.0)
+    one, two = p.options
+    assert one.wall_s == 1800.0 and two.wall_s == 900.0
+    assert one.cost_usd == pytest.approx(0.79 * (1800 + 60) / 3600, abs=1e-6)  # engine start included
+    assert two.cost_usd == pytest.approx(1.79 * (900 + 60) / 3600, abs=1e-6)
+    assert p.best_option == "1 node" and p.best_cost_usd == one.cost_usd
+    assert p.accuracy == 0.5 and p.accuracy_low == pytest.approx(0.3664, abs=1e-3)
+    assert p.accuracy_high == pytest.approx(0.6336, abs=1e-3)
     # Per distinct prompt generated: 40 prompts for 50 sample rows (duplicates generated once).
     per_prompt = predict(sample, _timing(requests=40), OPTIONS, weights_gb=0.3, machine=SPARK)
-    assert per_prompt["predicted_tokens"] == 250 * 9_000
+    assert per_prompt.predicted_tokens == 250 * 9_000
 
 
 def test_prompts_already_in_the_store_are_not_predicted_and_cost_nothing():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=10_000, distinct_prompts=9_000)
     p = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=4_400, prompts=4_000, to_generate=5_000), machine=SPARK)
-    assert p["predicted_tokens"] == 200 * 5_000 and p["predicted_wall_s"] == pytest.approx(1000.0)
-    assert p["stored_rows"] == 4_400 and p["prompts_to_generate"] == 5_000
-    assert p["best_cost_usd"] == pytest.approx(0.79 * (1000 + 60) / 3600, abs=1e-6)
+    assert p.predicted_tokens == 200 * 5_000 and p.predicted_wall_s == pytest.approx(1000.0)
+    assert p.stored_rows == 4_400 and p.prompts_to_generate == 5_000
+    assert p.best_cost_usd == pytest.approx(0.79 * (1000 + 60) / 3600, abs=1e-6)
     free = predict(sample, _timing(), OPTIONS, 0.3, Stored(rows=10_000, prompts=9_000, to_generate=0), machine=SPARK)
-    assert free["predicted_wall_s"] == 0 and free["best_cost_usd"] == 0  # nothing to generate: no engine start
+    assert free.predicted_wall_s == 0 and free.best_cost_usd == 0  # nothing to generate: no engine start
     text = " ".join(advise(free, free, untimed(), 50, batch=64, on_gpu=False, has_gold=True, total_rows=10_000))
     assert "10,000 of 10,000 rows already have m@1's answer in the result store" in text
     assert "a run costs nothing, not even an engine start" in text
@@ -149,12 +148,12 @@ def test_a_model_too_big_for_one_node_needs_tensor_parallelism(tmp_path):
     assert gpus_needed(size, 128.0) == 2 and gpus_needed(0.3, 128.0) == 1
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=1000, distinct_prompts=1000)
     p = predict(sample, _timing(), OPTIONS, weights_gb=size, machine=SPARK)
-    one, two = p["options"]
-    assert not one["fits"] and one["cost_usd"] is None
-    assert two["fits"] and two["tensor_parallel_size"] == 2 and two["wall_s"] == p["predicted_wall_s"]
-    assert two["settings"] == {"tensor_parallel_size": 2,
+    one, two = p.options
+    assert not one.fits and one.cost_usd is None
+    assert two.fits and two.tensor_parallel_size == 2 and two.wall_s == p.predicted_wall_s
+    assert two.settings == {"tensor_parallel_size": 2,
                                "engine_kwargs": {"nnodes": 2, "master_addr": "<first node's address>"}}
-    assert "cannot hold the model: it needs 2 GPUs of 128 GB" in one["how"]
+    assert "cannot hold the model: it needs 2 GPUs of 128 GB" in one.how
     text = " ".join(advise(p, None, untimed(accuracy_bar=0.9), 50, batch=64, on_gpu=False, has_gold=True))
     assert "does not fit one GPU's memory: it needs 2 GPUs (tensor_parallel_size=2)" in text
     assert "the cheapest option that holds it is '2-node cluster'" in text and "sparkbatch worker-node" in text
@@ -168,14 +167,14 @@ def _model(name, correct, rows, seconds, start=60.0, weights=0.3, total=2000):
     timing = _timing(model=name, correct=correct, rows=rows, seconds=seconds, engine_start_s=start,
                      steps=[(rows, correct)])
     priced = predict(sample, timing, OPTIONS[:1], weights_gb=weights, machine=SPARK)
-    return {**priced, "configured_as": name.split("@")[0]}
+    return structs.replace(priced, configured_as=name.split("@")[0])
 
 
 def test_choose_the_cheapest_model_whose_interval_clears_not_the_smallest():
     # The issue's demo: SmolLM2 0.25 and $0.0709, Gemma 0.275 and $0.0649 (faster), bar 0.2.
     smol = _model("SmolLM2-135M-Instruct@6f1", 20, 80, seconds=9.5, weights=0.269)
     gemma = _model("gemma-3-270m@d52", 22, 80, seconds=8.5, weights=0.536)
-    assert gemma["best_cost_usd"] < smol["best_cost_usd"]
+    assert gemma.best_cost_usd < smol.best_cost_usd
     assert choose([smol, gemma], 0.2) is None  # 80 rows: neither lower bound reaches 0.2
     smol = _model("SmolLM2-135M-Instruct@6f1", 100, 400, seconds=47.5, weights=0.269)
     gemma = _model("gemma-3-270m@d52", 110, 400, seconds=42.5, weights=0.536)
@@ -183,27 +182,27 @@ def test_choose_the_cheapest_model_whose_interval_clears_not_the_smallest():
     assert choose([smol, gemma], 0.22) is gemma and choose([smol, gemma], 0.3) is None  # 0.234 and 0.210 low
     # Equal cost: the more accurate one.
     a, b = _model("a@1", 30, 100, seconds=10), _model("b@1", 40, 100, seconds=10)
-    assert a["best_cost_usd"] == b["best_cost_usd"] and choose([a, b], 0.1) is b
+    assert a.best_cost_usd == b.best_cost_usd and choose([a, b], 0.1) is b
     # Without a gold column: the cheapest, accuracy unknown.
     c, d = _model("c@1", None, 100, seconds=20), _model("d@1", None, 100, seconds=10)
     assert choose([c, d], 0.5, has_gold=False) is d
     # A model no listed option can hold is never the best buy.
-    big = {**_model("big@1", 90, 100, seconds=1), "best_cost_usd": None}
+    big = structs.replace(_model("big@1", 90, 100, seconds=1), best_cost_usd=None)
     assert choose([big, a], 0.1) is a
 
 
 def test_advice_names_the_tradeoffs_in_numbers():
     smol = _model("SmolLM2-135M-Instruct@6f1", 100, 400, seconds=47.5, weights=0.269)
     gemma = _model("gemma-3-270m@d52", 110, 400, seconds=42.5, weights=0.536)
-    pct = (1 - gemma["best_cost_usd"] / smol["best_cost_usd"]) * 100
+    pct = (1 - gemma.best_cost_usd / smol.best_cost_usd) * 100
     line = tradeoff(gemma, smol, has_gold=True)
     assert line.startswith(f"gemma-3-270m@d52 is {pct:.0f}% cheaper and 2.5 points more accurate than "
                            "SmolLM2-135M-Instruct@6f1")
-    assert f"${gemma['best_cost_usd']:.4f} vs ${smol['best_cost_usd']:.4f}" in line
+    assert f"${gemma.best_cost_usd:.4f} vs ${smol.best_cost_usd:.4f}" in line
     assert "within the samples' noise" in line  # 0.275 vs 0.25 on 400 rows: the intervals overlap
     dear = _model("big@1", 62, 200, seconds=24, weights=2.0)  # 0.31 vs 0.25, the job 15% dearer
     smol2 = _model("SmolLM2-135M-Instruct@6f1", 50, 200, seconds=20, weights=0.269)
-    pct = (dear["best_cost_usd"] / smol2["best_cost_usd"] - 1) * 100
+    pct = (dear.best_cost_usd / smol2.best_cost_usd - 1) * 100
     assert tradeoff(dear, smol2, True).startswith(
         f"big@1 is {pct:.0f}% dearer but 6.0 points more accurate than SmolLM2-135M-Instruct@6f1")
     worse = _model("cheap@1", 20, 200, seconds=10)
@@ -260,18 +259,18 @@ def test_a_candidate_that_cannot_load_is_reported_and_the_rest_compared(tmp_path
     build_shards(job.spec, JobHome(job.spec.home_path))
     est = untimed(sample_rows=20, models=[str(tmp_path / "no-such-model")], sample_hardware="dgx-spark")
     report = job.estimate(FakeVLLMResource(), est)
-    assert [m["model"] for m in report["models"]] == ["fake-model"] and report["chosen_model"] == "fake-model"
-    [failed] = report["failed_models"]
-    assert failed["model"].endswith("no-such-model") and "does not exist" in failed["error"]
-    assert any("could not run, left out" in a for a in report["advice"])
+    assert [m.model for m in report.models] == ["fake-model"] and report.chosen.model == "fake-model"
+    [failed] = report.failed_models
+    assert failed.model.endswith("no-such-model") and "does not exist" in failed.error
+    assert any("could not run, left out" in a for a in report.advice)
+    assert report.to_json()["failed_models"] == [{"model": failed.model, "error": failed.error}]
 
 
 def test_advice_tells_how_to_switch_to_the_chosen_model():
     sample = Sample(rows=[{}] * 50, warmup=[], total_rows=1000, distinct_prompts=1000)
     primary = predict(sample, _timing(model="big@1", correct=10), OPTIONS, weights_gb=16.0, machine=SPARK)
-    small = {**predict(sample, _timing(model="small@2", correct=45, seconds=8.0), OPTIONS, weights_gb=0.5,
-                         machine=SPARK),
-             "configured_as": "small"}
+    small = structs.replace(predict(sample, _timing(model="small@2", correct=45, seconds=8.0), OPTIONS, weights_gb=0.5,
+                            machine=SPARK), configured_as="small")
     assert choose([primary, small], 0.5) is small
     text = " ".join(advise(primary, small, untimed(accuracy_bar=0.5), 50, batch=64, on_gpu=False, has_gold=True,
                            models=[primary, small]))
@@ -349,19 +348,20 @@ def test_the_estimate_picks_a_cheaper_more_accurate_candidate_and_prices_its_eng
                        options=[NodeOption(name="1 node", hourly_usd=3600.0, hardware="dgx-spark")],  # $1 a second
                        sample_hardware="dgx-spark")
     report = job.estimate(resource, est)
-    primary, sharp = report["models"]
+    primary, sharp = report.models
     sharp_id = FakeVLLMResource(model="sharp", answer="fruit").model_identity()  # who answered, as a real engine says
-    assert report["chosen_model"] == sharp_id and report["chosen_cost_usd"] == sharp["best_cost_usd"]
-    assert sharp["accuracy_low"] >= 0.5 > primary["accuracy_high"]
+    assert report.chosen is sharp and sharp.model == sharp_id
+    assert report.to_json()["chosen_cost_usd"] == sharp.best_cost_usd
+    assert sharp.accuracy_low >= 0.5 > primary.accuracy_high
     for m, start in ((primary, 20.0), (sharp, 10.0)):
-        assert m["engine_start_s"] == start
-        assert m["best_cost_usd"] == pytest.approx(m["predicted_wall_s"] + start, abs=0.06)  # start + generation
-    pct = (1 - sharp["best_cost_usd"] / primary["best_cost_usd"]) * 100
-    points = (sharp["accuracy"] - primary["accuracy"]) * 100
+        assert m.engine_start_s == start
+        assert m.best_cost_usd == pytest.approx(m.predicted_wall_s + start, abs=0.06)  # start + generation
+    pct = (1 - sharp.best_cost_usd / primary.best_cost_usd) * 100
+    points = (sharp.accuracy - primary.accuracy) * 100
     assert f"{sharp_id} is {pct:.0f}% cheaper and {points:.1f} points more accurate than fake-model" in " ".join(
-        report["advice"])
-    assert "set VLLMResource(model='sharp') to switch" in " ".join(report["advice"])
-    assert Path(report["chart"]).stat().st_size > 5000
+        report.advice)
+    assert "set VLLMResource(model='sharp') to switch" in " ".join(report.advice)
+    assert Path(report.chart).stat().st_size > 5000
 
 
 def test_without_a_gold_column_the_cheapest_model_is_named_and_quality_is_not_claimed(tmp_path, monkeypatch):
@@ -372,50 +372,11 @@ def test_without_a_gold_column_the_cheapest_model_is_named_and_quality_is_not_cl
     report = job.estimate(FakeVLLMResource(delay_s=0.004),
                           untimed(sample_rows=40, models=["quick"], accuracy_bar=0.9, fill_batch=False,
                                        hourly_rate_usd=1.0))
-    assert report["chosen_model"] == "quick" and all(m["accuracy"] is None for m in report["models"])
-    assert all(m["sample_rows"] == 40 for m in report["models"])  # nothing to straddle
-    text = " ".join(report["advice"])
+    assert report.chosen.model == "quick" and all(m.accuracy is None for m in report.models)
+    assert all(m.sample_rows == 40 for m in report.models)  # nothing to straddle
+    text = " ".join(report.advice)
     assert "No gold_column: quality was not measured, so the model is chosen by cost alone: quick" in text
     assert "cheaper than fake-model" in text and "quality not measured (no gold_column)" in text
-
-
-def _table(n: int):
-    import pyarrow as pa
-
-    return pa.table({"error": [None] * n, "prompt_tokens": [10] * n, "output_tokens": [2] * n,
-                     "cached_tokens": [0] * n, "deduplicated": [False] * n, "reused": [False] * n})
-
-
-def test_shard_stats_keep_the_engine_start_apart(tmp_path):
-    spec = make_spec(tmp_path, hourly_rate_usd=3.6)  # $0.001 a second
-    s = _stats(spec, "shard-00000", "0" * 16, "m", _table(100), wall_s=10.0, engine_s=9.0, resumed=0,
-               generated=100, fresh_tokens=1200, engine_start_s=4.0)
-    assert s["wall_s"] == 6.0 and s["engine_start_s"] == 4.0
-    assert s["generation_cost_usd"] == pytest.approx(0.006) and s["cost_usd"] == pytest.approx(0.010)
-    assert s["tokens_per_hour"] == 1200 / 6 * 3600  # generation alone
-    plain = _stats(spec, "shard-00001", "0" * 16, "m", _table(10), 2.0, 2.0, 0, 10, 120)
-    assert plain["engine_start_s"] == 0 and plain["cost_usd"] == plain["generation_cost_usd"]
-
-
-def test_the_bill_and_the_check_compare_like_with_like(tmp_path):
-    home = JobHome(tmp_path / "home")
-    version = "0123456789abcdef"
-    stats = [{"rows": 300, "wall_s": 40.0, "cost_usd": 0.05, "generation_cost_usd": 0.04, "engine_start_s": 36.0,
-              "generated_requests": 300},
-             {"rows": 300, "wall_s": 20.0, "cost_usd": 0.02, "generation_cost_usd": 0.02, "engine_start_s": 0.0,
-              "generated_requests": 200}]
-    bill = prediction_check(home, version, stats)
-    assert bill == {"cost_usd": 0.07, "generation_cost_usd": 0.06, "engine_start_s": 36.0,
-                    "engine_start_cost_usd": 0.01}  # no estimate made: the bill alone
-    home.prediction_path(version).parent.mkdir(parents=True)
-    home.prediction_path(version).write_text(json.dumps(
-        {"predicted_wall_s": 100.0, "predicted_prompts": 1000, "total_rows": 1200}))
-    check = prediction_check(home, version, stats)
-    # 500 of the 1,000 predicted prompts generated: 50 s predicted for them, 60 s measured.
-    assert check["predicted_wall_s"] == 50.0 and check["actual_wall_s"] == 60.0
-    assert check["prediction_error_pct"] == pytest.approx(-16.7)
-    old = prediction_check(home, version, [{k: v for k, v in s.items() if k != "generated_requests"} for s in stats])
-    assert old["predicted_wall_s"] == 50.0  # older stats: scaled by rows, 600 of 1,200
 
 
 APT = """Package: 0ad
@@ -463,7 +424,7 @@ def test_the_benchmark_builds_a_second_real_job_that_runs(tmp_path, monkeypatch)
     assert job.spec.output.labels == bench.ROLES and job.spec.estimate.accuracy_bar == 0.3
     build_shards(job.spec, job.home)
     report = job.estimate(FakeVLLMResource(), untimed(sample_rows=20, fill_batch=False))
-    assert report["total_rows"] == 200 and report["sample_rows"] == 20 and report["accuracy"] is not None
+    assert report.total_rows == 200 and report.sample_rows == 20 and report.primary.accuracy is not None
 
 
 def test_a_sample_shorter_than_min_sample_seconds_gets_one_longer_draw_up_to_a_quarter_of_the_job():
@@ -488,10 +449,10 @@ def test_two_draws_are_fitted_so_the_engines_fill_up_is_paid_once():
     assert fitted.s_per_token == pytest.approx(0.001) and fitted.fill_s == pytest.approx(0.5)
     sample = E.Sample(rows=[], warmup=[], total_rows=1000, distinct_prompts=1000)
     report = predict(sample, fitted, [NodeOption(name="box", hourly_usd=1.0)], None)
-    assert report["predicted_wall_s"] == pytest.approx(0.5 + 100_000 * 0.001, abs=0.1)
+    assert report.predicted_wall_s == pytest.approx(0.5 + 100_000 * 0.001, abs=0.1)
     # The merged rate alone (10,000 tokens in 11 s) charges the fill-up twice and overshoots.
     plain = predict(sample, E.merge(a, b, 10), [NodeOption(name="box", hourly_usd=1.0)], None)
-    assert plain["predicted_wall_s"] == pytest.approx(110.0, abs=0.1)
+    assert plain.predicted_wall_s == pytest.approx(110.0, abs=0.1)
     # Noise (the longer draw no slower than the short one): no fit, the merged rate stands.
     assert E.fit(E.merge(a, b, 10), a, replace(b, seconds=1.0)).s_per_token == 0.0
 
@@ -507,4 +468,5 @@ def test_a_quick_first_draw_gets_a_longer_one_on_the_same_engine(tmp_path):
     sample = draw_sample(spec, home, est)
     timing = E.sample_model(spec, home, est, sample, engine)
     assert 20 < timing.rows <= 100  # one longer draw of new rows, capped at a quarter of the 400
-    assert timing.s_per_token > 0  # fitted to the two draws
+    # Whether the line through the two draws is fitted depends on their wall clocks (a busy box can
+    # make the short draw the slower): the fit itself is checked on fixed timings above.

@@ -50,15 +50,15 @@ def test_the_kv_cache_caps_the_concurrency_a_projection_assumes():
 
 def test_on_the_cpu_spark_prices_are_projected_never_cpu_time_at_a_sparks_rate():
     p = predict(SAMPLE, TIMING, EstimateSpec().options, 2.0, machine=CPU, shape=SHAPE_1B, concurrency=1024)
-    one, two = p["options"]
-    assert one["speed_basis"] == two["speed_basis"] == "projected" and one["hardware"] == "DGX Spark (GB10)"
-    cpu_price = 0.79 * (p["predicted_wall_s"] + 60) / 3600
-    assert one["cost_usd"] != pytest.approx(cpu_price, rel=0.05)
+    one, two = p.options
+    assert one.speed_basis == two.speed_basis == "projected" and one.hardware == "DGX Spark (GB10)"
+    cpu_price = 0.79 * (p.predicted_wall_s + 60) / 3600
+    assert one.cost_usd != pytest.approx(cpu_price, rel=0.05)
     proj = project(Workload(10_000, 2_000_000, 80_000, 1024), SHAPE_1B, PRESETS["dgx-spark"])
-    assert one["wall_s"] == round(proj.high_s, 1) and one["wall_low_s"] == round(proj.low_s, 1)
-    assert one["cost_usd"] == pytest.approx(0.79 * (proj.high_s + 60) / 3600, abs=1e-6)  # the slow end is priced
-    assert one["cost_low_usd"] < one["cost_usd"] and p["best_speed_basis"] == "projected"
-    assert p["measured_on"] == "2-core x86_64 CPU" and p["measured_tokens_per_s"] == 1040.0
+    assert one.wall_s == round(proj.high_s, 1) and one.wall_low_s == round(proj.low_s, 1)
+    assert one.cost_usd == pytest.approx(0.79 * (proj.high_s + 60) / 3600, abs=1e-6)  # the slow end is priced
+    assert one.cost_low_usd < one.cost_usd and p.best_speed_basis == "projected"
+    assert p.measured_on == "2-core x86_64 CPU" and p.measured_tokens_per_s == 1040.0
     text = " ".join(advise(p, p, EstimateSpec(), 50, batch=50, on_gpu=False, has_gold=True))
     assert "Measured on 2-core x86_64 CPU: 1,040 tokens/s of m@1" in text
     assert "not this machine's speed at its rate" in text
@@ -69,19 +69,19 @@ def test_on_the_cpu_spark_prices_are_projected_never_cpu_time_at_a_sparks_rate()
 def test_an_option_on_the_machine_the_sample_ran_on_is_measured():
     spark = Machine("dgx-spark", "NVIDIA GB10")
     p = predict(SAMPLE, TIMING, EstimateSpec().options, 2.0, machine=spark, shape=SHAPE_1B)
-    assert [o["speed_basis"] for o in p["options"]] == ["measured", "measured"]
-    assert p["options"][0]["cost_usd"] == pytest.approx(0.79 * (p["predicted_wall_s"] + 60) / 3600, abs=1e-6)
+    assert [o.speed_basis for o in p.options] == ["measured", "measured"]
+    assert p.options[0].cost_usd == pytest.approx(0.79 * (p.predicted_wall_s + 60) / 3600, abs=1e-6)
     h200 = NodeOption(name="H200", hourly_usd=3.5, hardware="h200")
-    assert predict(SAMPLE, TIMING, [h200], 2.0, machine=spark, shape=SHAPE_1B)["options"][0]["speed_basis"] \
+    assert predict(SAMPLE, TIMING, [h200], 2.0, machine=spark, shape=SHAPE_1B).options[0].speed_basis \
         == "projected"
 
 
 def test_without_hardware_or_a_model_size_an_option_is_not_priced():
     bare = NodeOption(name="some box", hourly_usd=1.0)
     p = predict(SAMPLE, TIMING, [bare, *EstimateSpec().options], 2.0, machine=CPU, shape=None)
-    assert all(o["speed_basis"] == "unknown" and o["cost_usd"] is None for o in p["options"])
-    assert "no hardware declared" in p["options"][0]["why"] and "size is unknown" in p["options"][1]["why"]
-    assert p["best_option"] is None and choose([{**p, "configured_as": None}], 0.0) is None
+    assert all(o.speed_basis == "unknown" and o.cost_usd is None for o in p.options)
+    assert "no hardware declared" in p.options[0].why and "size is unknown" in p.options[1].why
+    assert p.best_option is None and choose([p], 0.0) is None
     text = " ".join(advise(p, None, EstimateSpec(), 50, batch=50, on_gpu=False, has_gold=True))
     assert "'some box' is not priced: no hardware declared" in text
 
@@ -89,13 +89,13 @@ def test_without_hardware_or_a_model_size_an_option_is_not_priced():
 def test_hourly_rate_adds_this_machine_at_the_measured_speed(tmp_path):
     mine = NodeOption(name="this machine", hourly_usd=0.5, hardware=THIS_MACHINE)
     p = predict(SAMPLE, TIMING, [*EstimateSpec().options, mine], 2.0, machine=CPU, shape=None)
-    this = p["options"][-1]
-    assert this["speed_basis"] == "measured" and this["hardware"] == "2-core x86_64 CPU"
-    assert this["cost_usd"] == pytest.approx(0.5 * (p["predicted_wall_s"] + 60) / 3600, abs=1e-6)
-    assert p["best_option"] == "this machine"
+    this = p.options[-1]
+    assert this.speed_basis == "measured" and this.hardware == "2-core x86_64 CPU"
+    assert this.cost_usd == pytest.approx(0.5 * (p.predicted_wall_s + 60) / 3600, abs=1e-6)
+    assert p.best_option == "this machine"
     job = _job(tmp_path)
     report = job.estimate(FakeVLLMResource(), EstimateSpec(sample_rows=20, fill_batch=False, hourly_rate_usd=0.5))
-    assert report["options"][-1]["name"] == "this machine" and report["best_option"] == "this machine"
+    assert report.primary.options[-1].name == "this machine" and report.primary.best_option == "this machine"
     assert EstimateSpec(sample_rows=20).hourly_rate_usd is None  # off unless asked for
 
 
@@ -156,14 +156,14 @@ def test_a_precision_the_cpu_cannot_run_is_listed_before_any_engine_starts(tmp_p
     est = EstimateSpec(sample_rows=20, fill_batch=False, sample_hardware="dgx-spark",
                        models=["fake-model@quantization=fp8", "fake-model@quantization=awq"])
     report = job.estimate(FakeVLLMResource(), est)
-    assert report["unrunnable_models"] == [{"model": "fake-model@quantization=fp8", "error": cannot_run(
+    assert report.to_json()["unrunnable_models"] == [{"model": "fake-model@quantization=fp8", "error": cannot_run(
         {"quantization": "fp8"}, on_cpu=True)}]
     assert started == ["fake-model", "fake-model"]  # the job's model and the awq candidate, never fp8
-    primary, awq = report["models"]
-    assert awq["model"].endswith("(quantization=awq)") and awq["identity"] != primary["identity"]
-    assert awq["engine_kwargs"] == {"quantization": "awq"}
+    primary, awq = report.models
+    assert awq.model.endswith("(quantization=awq)") and awq.identity != primary.identity
+    assert awq.engine_kwargs == {"quantization": "awq"}
     assert any("'fake-model@quantization=fp8' is listed, not timed: cannot run on this platform" in a
-               for a in report["advice"])
+               for a in report.advice)
     with pytest.raises(ConfigError, match="quantization='fp8' needs a GPU"):
         job.estimate(FakeVLLMResource(engine_kwargs={"quantization": "fp8"}), est)
     assert len(started) == 2  # stopped before the job's own engine started

@@ -1,4 +1,4 @@
-"""engines/handoff.py: coroutines started on a loop in another thread, a batch at a time, and
+"""engines/server/handoff.py: coroutines started on a loop in another thread, a batch at a time, and
 back as each finishes; batched or one at a time, the same results; a cancel stops the rest."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sparkbatch_dagster.engines.handoff import BATCH, Handoff
+from sparkbatch_dagster.engines.server.handoff import BATCH, Handoff
 
 
 @pytest.fixture

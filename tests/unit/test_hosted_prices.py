@@ -25,14 +25,14 @@ def test_prediction_prices_the_jobs_tokens_at_each_offer():
                     errors=0, correct=None, requests=40)
     p = predict(sample, timing, [NodeOption(name="box", hourly_usd=1.0, hardware="this-machine")], 0.3,
                 Stored(1_100, 1_000, 8_000), hosted=[HostedPrice(**t) for t in TABLE])
-    assert p["predicted_input_tokens"] == 8_000 * 225 == 1_800_000
-    assert p["predicted_output_tokens"] == 8_000 * 25 == 200_000
-    assert p["predicted_input_tokens"] + p["predicted_output_tokens"] == p["predicted_tokens"]  # as the box counts
-    a, b = p["hosted"]
-    assert a["cost_usd"] == pytest.approx(1.8 * 0.5 + 0.2 * 2.0)  # 1.3
-    assert b["cost_usd"] == pytest.approx(1.8 * 0.04 + 0.2 * 0.12)  # 0.096
-    assert b["note"] == "test figures" and p["options"][0]["cost_usd"] is not None  # beside the box's option
-    assert predict(sample, timing, [], 0.3)["hosted"] == []  # no table: nothing hosted, nothing assumed
+    assert p.predicted_input_tokens == 8_000 * 225 == 1_800_000
+    assert p.predicted_output_tokens == 8_000 * 25 == 200_000
+    assert p.predicted_input_tokens + p.predicted_output_tokens == p.predicted_tokens  # as the box counts
+    a, b = p.hosted
+    assert a.cost_usd == pytest.approx(1.8 * 0.5 + 0.2 * 2.0)  # 1.3
+    assert b.cost_usd == pytest.approx(1.8 * 0.04 + 0.2 * 0.12)  # 0.096
+    assert b.note == "test figures" and p.options[0].cost_usd is not None  # beside the box's option
+    assert predict(sample, timing, [], 0.3).hosted == []  # no table: nothing hosted, nothing assumed
 
 
 @pytest.mark.parametrize(("row", "words"), [

@@ -34,7 +34,7 @@ def _run(tmp_path: Path, src: Path, extra: dict | None = None, **kw):
     stats = label_shard(spec, home, V, "shard-00000", FakeEngine())
     out = {r["row_id"]: r for r in pq.read_table(home.labeled_path(V, "shard-00000")).to_pylist()}
     shard = {r["row_id"]: r for r in pq.read_table(home.shard_path("shard-00000")).to_pylist()}
-    assert len(out) == len(shard) == manifest["rows"] == stats["rows"]
+    assert len(out) == len(shard) == manifest["rows"] == stats.rows
     return manifest, out, shard
 
 

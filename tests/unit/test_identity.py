@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from sparkbatch_dagster.engines import model
-from sparkbatch_dagster.engines.model import model_identity
+from sparkbatch_dagster.engines.platform import model
+from sparkbatch_dagster.engines.platform.model import model_identity
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.home import digests as digest
 from sparkbatch_dagster.home.digests import file_digest, info_checksum, object_digest, parquet_footer_digest
@@ -310,7 +310,7 @@ def test_an_edited_chat_template_is_a_new_identity_through_the_resource(tmp_path
 
 def test_trust_remote_code_and_the_code_it_runs_are_part_of_the_identity(tmp_path: Path) -> None:
     from sparkbatch_dagster import VLLMResource
-    from sparkbatch_dagster.engines.model import THROUGHPUT_ONLY
+    from sparkbatch_dagster.engines.platform.model import THROUGHPUT_ONLY
 
     assert "trust_remote_code" not in THROUGHPUT_ONLY
     folder = fake_model(tmp_path)

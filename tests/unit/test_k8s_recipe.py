@@ -1,6 +1,6 @@
 """docs/deploy-k8s.md: the Kubernetes Job dagster-k8s's K8sRunLauncher would submit for a run of
 labeled_outputs (Kubernetes API mocked), from the recipe's own dagster.yaml and the helpers in
-sparkbatch_dagster.deploy: GPU request, node selector, pool, environment."""
+sparkbatch_dagster.definitions.deploy: GPU request, node selector, pool, environment."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pytest
 
 from sparkbatch_dagster import EngineError, SparkbatchError
 from sparkbatch_dagster.engines import FakeEngine, LazyEngine
-from sparkbatch_dagster.engines.spans import Spans
+from sparkbatch_dagster.engines.platform.spans import Spans
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run.checkpoint import FlushTimer
@@ -92,8 +92,8 @@ def test_the_next_shards_are_opened_while_the_engine_starts(tmp_path):
     run = Opened(spec, home, V, engine, count=2)
     stats = run.run(keys)
     assert seen == {"opened": True, "committed": []}
-    assert sorted(s["partition"] for s in stats) == keys and _committed(home, keys) == keys
-    assert sum(s["generated_requests"] for s in stats) == 80
+    assert sorted(s.partition for s in stats) == keys and _committed(home, keys) == keys
+    assert sum(s.generated_requests for s in stats) == 80
     assert {"read_shards", "render", "store_lookup"} <= engine.spans.overlapped.keys()
 
 
@@ -169,7 +169,7 @@ def test_a_run_whose_answers_are_all_stored_starts_no_engine(tmp_path):
     engine = LazyEngine("fake-model", start)
     stats = ShardRun(spec, home, V, engine).run(keys)
     assert engine.started is None and "engine_start" not in engine.spans.seconds
-    assert sum(s["reused_rows"] for s in stats) == 80 and sum(s["generated_requests"] for s in stats) == 0
+    assert sum(s.reused_rows for s in stats) == 80 and sum(s.generated_requests for s in stats) == 0
     assert _committed(home, keys) == keys
 
 

@@ -1,4 +1,4 @@
-"""Labels without the grammar where the first token settles them (``engines/label_tokens.py``):
+"""Labels without the grammar where the first token settles them (``engines/answers/label_tokens.py``):
 one decode step over every token the grammar's first step allows; a row whose token begins
 several labels is asked again with the grammar. Checked with the embedded SmolLM2's own
 tokenizer, then on the real engine (offline here, `vllm serve` in test_server_engine.py):
@@ -8,8 +8,10 @@ the same answers as the grammar's."""
 import pytest
 
 from sparkbatch_dagster import OutputSpec, SamplingSpec
-from sparkbatch_dagster.engines.label_tokens import Tally, first_step, max_asked_again, plan
-from sparkbatch_dagster.engines.vllm_server import grammar_body, request_body
+from sparkbatch_dagster.engines.answers.label_tokens import Tally, first_step, max_asked_again, plan
+from sparkbatch_dagster.engines.answers.plan import plan as answer_plan
+from sparkbatch_dagster.engines.base import EngineRequest
+from sparkbatch_dagster.engines.server.server_bodies import grammar_body
 
 SENTIMENT = ["positive", "negative", "neutral"]
 #: Debian sections whose first tokens begin other sections too ("lib", "de", "java").
@@ -20,7 +22,7 @@ SECTIONS = ["libs", "libdevel", "devel", "doc", "java", "javascript", "python", 
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from sparkbatch_dagster.engines.model import resolve_model
+    from sparkbatch_dagster.engines.platform.model import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(None))
 
@@ -111,11 +113,14 @@ def test_a_gpu_keeps_the_step_at_a_share_asked_again_the_cpu_sends_to_the_gramma
     assert cpu.route(in_flight=0) == "grammar" and gpu.route(in_flight=0) == "step"
 
 
-def test_a_server_request_asks_for_one_step_and_again_with_the_grammar():
+def test_a_server_request_asks_for_one_step_and_again_with_the_grammar(tokenizer):
     label = OutputSpec(kind="label", labels=SENTIMENT)
     sampling = SamplingSpec(max_tokens=8)
-    body = request_body("m", [{"role": "user", "content": "x"}], sampling, label, first=(3, 7))
-    assert body["max_tokens"] == 1 and body["allowed_token_ids"] == [3, 7] and "structured_outputs" not in body
-    grammar = request_body("m", [{"role": "user", "content": "x"}], sampling, label)
+    answers, req = answer_plan(tokenizer, sampling, label), EngineRequest("r", [{"role": "user", "content": "x"}])
+    assert answers.step is not None and answers.planned(req) == "step"
+    body = answers.fields(req, "step", completions=True)
+    assert body["max_tokens"] == 1 and body["allowed_token_ids"] == sorted(answers.step.allowed)
+    assert "structured_outputs" not in body
+    grammar = answers.fields(req, "grammar", completions=True)
     assert grammar["structured_outputs"] == {"choice": SENTIMENT} and "allowed_token_ids" not in grammar
     assert grammar_body(body, sampling, label) == grammar

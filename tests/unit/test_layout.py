@@ -1,4 +1,4 @@
-"""The package's rooms and the one direction of its imports; old module paths still import.
+"""The package's rooms, the modules each room's docstring names, and the one direction of its imports.
 
 Every import of the package is parsed, the lazy ones inside functions too: a module may import
 its own room and the rooms below it (``ROOMS``, in the order data flows), never one above, and
@@ -8,18 +8,15 @@ no chain of imports may come back to where it started.
 from __future__ import annotations
 
 import ast
-import importlib
-import warnings
+import re
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sparkbatch_dagster"
 
 #: Bottom to top. A room may import the rooms before it; rooms on one line may not import each other.
 ROOMS: list[set[str]] = [
-    {"errors", "_moved"},  # _moved names the old paths as strings: it imports nothing of the package
+    {"errors"},
     {"spec"},
     {"home"},
     {"inputs"},
@@ -31,6 +28,19 @@ ROOMS: list[set[str]] = [
     {""},  # the package itself: its public names
 ]
 RANK = {room: rank for rank, rooms in enumerate(ROOMS) for room in rooms}
+
+#: Inside ``engines/``, bottom to top, the same way: its sub-packages by name, its top-level modules
+#: by module name ("" is ``engines/__init__``), the base's modules as one. A backend (fake, offline,
+#: server) never imports another.
+ENGINE_ROOMS: list[set[str]] = [
+    {"platform"},  # the machine: memory, CPU, processes, model files, compile cache; no engine
+    {"base"},  # base.py, config.py, settings.py, gpu_lock.py: interface, requests, results, settings, locks
+    {"answers"},  # what an answer is made of, for any backend: labels, confidence, reasoning, sampling
+    {"fake", "offline", "server"},  # the backends
+    {"start", ""},  # which backend starts, and the package's names
+]
+BASE_MODULES = {"base", "config", "settings", "gpu_lock"}
+ENGINE_RANK = {room: rank for rank, rooms in enumerate(ENGINE_ROOMS) for room in rooms}
 
 
 def module_name(path: Path, package: Path) -> str:
@@ -64,10 +74,22 @@ def room(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+def engine_room(module: str) -> str:
+    """The sub-room of an ``engines`` module: its sub-package, or its own name at the top level."""
+    parts = module.split(".")
+    name = parts[2] if len(parts) > 2 else ""
+    return "base" if name in BASE_MODULES else name
+
+
 def upward(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{src} imports {dst} ({room(dst) or 'the package'} is above {room(src) or 'the package'})"
+    between_rooms = [f"{src} imports {dst} ({room(dst) or 'the package'} is above {room(src) or 'the package'})"
+                     for src, dsts in graph.items() for dst in dsts
+                     if room(src) != room(dst) and RANK[room(dst)] >= RANK[room(src)]]
+    in_engines = [f"{src} imports {dst} (engines/{engine_room(dst)} is not below engines/{engine_room(src)})"
                   for src, dsts in graph.items() for dst in dsts
-                  if room(src) != room(dst) and RANK[room(dst)] >= RANK[room(src)])
+                  if room(src) == room(dst) == "engines" and engine_room(src) != engine_room(dst)
+                  and ENGINE_RANK[engine_room(dst)] >= ENGINE_RANK[engine_room(src)]]
+    return sorted(between_rooms + in_engines)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -92,13 +114,59 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_module_is_in_a_room_with_a_docstring_saying_what_it_owns():
     graph = imports(PACKAGE)
     assert {room(m) for m in graph} <= set(RANK), "a room that ROOMS does not place: add it to ROOMS"
-    for name in {room(m) for m in graph} - {"", "errors", "testing", "_moved"}:
+    for name in {room(m) for m in graph} - {"", "errors", "testing"}:
         doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text())) or ""
         assert "May import" in doc, f"{name}/__init__.py: say what the room owns and what it may import"
 
 
+def named_modules(package_dir: Path) -> set[str]:
+    """The modules an ``__init__`` docstring names, as ``:mod:`.name``` (``..name`` is another folder's)."""
+    doc = ast.get_docstring(ast.parse((package_dir / "__init__.py").read_text())) or ""
+    return set(re.findall(r":mod:`\.(\w+)", doc))
+
+
+def modules_on_disk(package_dir: Path) -> set[str]:
+    """A folder's modules (``__init__`` aside) and its sub-packages, by name."""
+    return ({p.stem for p in package_dir.glob("*.py") if p.name != "__init__.py"}
+            | {p.parent.name for p in package_dir.glob("*/__init__.py")})
+
+
+def docstring_gaps(package: Path) -> list[str]:
+    """Every room and sub-package whose ``__init__`` docstring leaves out one of its modules, or
+    names one that is not there."""
+    gaps = []
+    for init in sorted(package.rglob("__init__.py")):
+        here, where = init.parent, init.parent.relative_to(package.parent).as_posix()
+        if here == package:
+            continue  # the package's own docstring names the rooms, in order
+        named, found = named_modules(here), modules_on_disk(here)
+        gaps += [f"{where}/__init__.py does not name :mod:`.{m}`" for m in sorted(found - named)]
+        gaps += [f"{where}/__init__.py names :mod:`.{m}`, which is not in {where}/" for m in sorted(named - found)]
+    return gaps
+
+
+def test_every_room_docstring_names_each_of_its_modules_and_no_other():
+    assert docstring_gaps(PACKAGE) == []
+
+
+def test_a_module_left_out_of_its_room_docstring_or_gone_from_disk_fails_the_check(tmp_path):
+    import shutil
+
+    copy = tmp_path / "sparkbatch_dagster"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "run" / "planted.py").write_text('"""Planted."""\n')
+    (copy / "engines" / "server" / "handoff.py").unlink()
+    already = set(docstring_gaps(PACKAGE))  # the check above reports those
+    assert [gap for gap in docstring_gaps(copy) if gap not in already] == [
+        "sparkbatch_dagster/engines/server/__init__.py names :mod:`.handoff`, which is not in "
+        "sparkbatch_dagster/engines/server/",
+        "sparkbatch_dagster/run/__init__.py does not name :mod:`.planted`"]
+
+
 def test_imports_go_one_way_and_never_in_a_circle():
     graph = imports(PACKAGE)
+    assert {engine_room(m) for m in graph if room(m) == "engines"} <= set(ENGINE_RANK), \
+        "an engines sub-room that ENGINE_ROOMS does not place: add it there"
     assert sum(len(v) for v in graph.values()) > 150  # the parse sees the package's imports, lazy ones too
     assert upward(graph) == []
     assert cycles(graph) == []
@@ -121,6 +189,15 @@ def test_a_planted_upward_import_fails_the_check(tmp_path):
                              "(definitions is above run)"]
 
 
+def test_a_planted_import_between_engine_sub_rooms_fails_the_check(tmp_path):
+    graph = _plant(tmp_path, "engines/offline/vllm_offline.py", "from ..server.endpoints import configured_urls")
+    assert upward(graph) == ["sparkbatch_dagster.engines.offline.vllm_offline imports sparkbatch_dagster."
+                             "engines.server.endpoints (engines/server is not below engines/offline)"]
+    graph = _plant(tmp_path / "2", "engines/platform/memory.py", "from ..base import Engine")
+    assert upward(graph) == ["sparkbatch_dagster.engines.platform.memory imports "
+                             "sparkbatch_dagster.engines.base (engines/base is not below engines/platform)"]
+
+
 def test_a_planted_cycle_inside_a_room_fails_the_check(tmp_path):
     # checkpoint imports home; runner imports checkpoint: checkpoint importing runner closes a circle.
     graph = _plant(tmp_path, "run/checkpoint.py", "from . import runner")
@@ -134,24 +211,3 @@ def test_importing_the_package_from_inside_it_is_upward(tmp_path):
     assert upward(graph) == ["sparkbatch_dagster.engines.start imports sparkbatch_dagster "
                              "(the package is above engines)"]
 
-
-OLD = {
-    "sparkbatch_dagster.store": ("sparkbatch_dagster.home", "JobHome"),
-    "sparkbatch_dagster.results": ("sparkbatch_dagster.run.result_store", "ResultStore"),
-    "sparkbatch_dagster.resources": ("sparkbatch_dagster.definitions.resource", "VLLMResource"),
-    "sparkbatch_dagster.assets": ("sparkbatch_dagster.definitions.factory", "build_batch_assets"),
-    "sparkbatch_dagster.deploy": ("sparkbatch_dagster.definitions.deploy", "k8s_gpu_tags"),
-    "sparkbatch_dagster.engine_start": ("sparkbatch_dagster.engines.start", "start"),
-    "sparkbatch_dagster.shards": ("sparkbatch_dagster.inputs.shards", "build_shards"),
-    "sparkbatch_dagster.runner": ("sparkbatch_dagster.run.runner", "parse_output"),
-}
-
-
-@pytest.mark.parametrize("old", sorted(OLD))
-def test_an_old_module_path_is_the_new_module_with_a_warning_naming_it(old):
-    new, name = OLD[old]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new) and hasattr(module, name)
-    assert any(f"moved to {new}" in str(w.message) for w in caught)

@@ -14,10 +14,14 @@ from typing import Any
 import pytest
 
 from sparkbatch_dagster import VLLMResource
-from sparkbatch_dagster.engines import FakeEngine, LazyEngine, memory, model, server_process, settings, vllm_offline
+from sparkbatch_dagster.engines import FakeEngine, LazyEngine, settings
 from sparkbatch_dagster.engines.base import EngineRequest
-from sparkbatch_dagster.engines.memory import GIB, Device, Host
-from sparkbatch_dagster.engines.start import sized_memory
+from sparkbatch_dagster.engines.config import EngineSettings
+from sparkbatch_dagster.engines.offline import vllm_offline
+from sparkbatch_dagster.engines.platform import memory, model
+from sparkbatch_dagster.engines.platform.memory import GIB, Device, Host
+from sparkbatch_dagster.engines.server import server_process
+from sparkbatch_dagster.engines.start import model_identity, sized_memory
 from sparkbatch_dagster.errors import ConfigError
 from sparkbatch_dagster.home import digests
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
@@ -66,11 +70,11 @@ def simulate(monkeypatch: pytest.MonkeyPatch, dev: Device = GB10, mem: Host = SP
     monkeypatch.setattr(memory, "device", lambda: dev)
     monkeypatch.setattr(memory, "host", lambda: mem)
 
-    def engine(model: str, kwargs: dict[str, Any], **_: Any) -> None:
-        raise Loaded(kwargs)
+    def engine(cfg: EngineSettings) -> None:
+        raise Loaded(cfg.llm_kwargs)
 
-    def serve(model: str, name: str, args: list[str], timeout: float, **_: Any) -> None:
-        raise Loaded(args)
+    def serve(cfg: EngineSettings, name: str, engines: int = 1) -> None:
+        raise Loaded(server_process.started_args(cfg, engines))
 
     monkeypatch.setattr(vllm_offline, "VLLMOfflineEngine", engine)
     monkeypatch.setattr(server_process, "ServerProcess", serve)
@@ -79,11 +83,11 @@ def simulate(monkeypatch: pytest.MonkeyPatch, dev: Device = GB10, mem: Host = SP
 def test_sizing_stays_out_of_the_model_identity(tmp_path, monkeypatch):
     folder = str(weights_folder(tmp_path))
     cfg = VLLMResource(model=folder).engine_settings()
-    before = cfg.model_identity()
+    before = model_identity(cfg)
     simulate(monkeypatch)
     sized, note = sized_memory(cfg, dict(cfg.llm_kwargs), folder, 1)
     assert "kv_cache_memory_bytes" in sized and "kv_cache_memory_bytes" not in cfg.answer_settings
-    assert VLLMResource(model=folder).engine_settings().model_identity() == before
+    assert model_identity(VLLMResource(model=folder).engine_settings()) == before
     assert "MemAvailable 110.0 GiB, reserve 8 GiB, weights 14.9 GiB" in note
 
 

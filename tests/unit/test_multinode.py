@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sparkbatch_dagster import ConfigError, VLLMResource
-from sparkbatch_dagster.engines.multinode import check, worker_command
+from sparkbatch_dagster.engines.server.multinode import check, worker_command
 
 
 def test_bad_multi_node_settings_stop_before_any_model_loads():
@@ -30,7 +30,7 @@ def test_bad_multi_node_settings_stop_before_any_model_loads():
 def test_the_worker_nodes_command_is_vllms_headless_serve_with_the_same_settings():
     kw = {"tensor_parallel_size": 2, "nnodes": 2, "master_addr": "10.0.0.1", "max_num_seqs": 8}
     cmd = worker_command("/models/m", kw, 1)
-    assert cmd[1:5] == ["-m", "sparkbatch_dagster.engines.vllm_cli", "serve", "/models/m"]
+    assert cmd[1:5] == ["-m", "sparkbatch_dagster.engines.platform.vllm_cli", "serve", "/models/m"]
     flags = " ".join(cmd[5:])
     assert "--tensor-parallel-size 2 --nnodes 2 --master-addr 10.0.0.1 --max-num-seqs 8" in flags
     assert flags.endswith("--node-rank 1 --headless")

@@ -1,4 +1,4 @@
-"""How a node option runs a model (sparkbatch_dagster.placement): engines per option, the
+"""How a node option runs a model (sparkbatch_dagster.estimate.placement): engines per option, the
 settings the estimate prints, options that cannot hold a model left unpriced."""
 
 from sparkbatch_dagster.estimate.choice import advise
@@ -50,16 +50,16 @@ def test_the_estimate_prices_each_option_by_its_engines_and_leaves_out_what_cann
     timing = Timing(model="m@1", rows=50, requests=50, seconds=10.0, prompt_tokens=5000, output_tokens=500,
                     engine_start_s=30.0, correct=None, errors=0)
     small = predict(sample, timing, [H200, H200X2], weights_gb=16.0, machine=ON_H200)
-    one, host = small["options"]
-    assert host["engines"] == 2 and host["wall_s"] == round(one["wall_s"] / 2, 1)
+    one, host = small.options
+    assert host.engines == 2 and host.wall_s == round(one.wall_s / 2, 1)
     text = " ".join(advise(small, small, EstimateSpec(), 50, batch=50, on_gpu=True, has_gold=False))
     assert "'2x H200' would finish in" in text and "so more GPUs raise the cost" in text
     seventy = 140.0  # a 70B model in bf16
     assert gpus_needed(seventy, 141) == 2
     big = predict(sample, timing, [SPARK, H200X2, SPARK2], weights_gb=seventy, machine=ON_SPARK)
-    spark, host, cluster = big["options"]
-    assert not spark["fits"] and spark["cost_usd"] is None and spark["engines"] == 0
-    assert host["fits"] and host["settings"] == {"tensor_parallel_size": 2}
-    assert cluster["fits"] and cluster["settings"]["engine_kwargs"]["nnodes"] == 2
-    assert host["speed_basis"] == "unknown" and host["cost_usd"] is None  # no model size to project an H200 from
-    assert big["best_option"] == "2-node cluster"
+    spark, host, cluster = big.options
+    assert not spark.fits and spark.cost_usd is None and spark.engines == 0
+    assert host.fits and host.settings == {"tensor_parallel_size": 2}
+    assert cluster.fits and cluster.settings["engine_kwargs"]["nnodes"] == 2
+    assert host.speed_basis == "unknown" and host.cost_usd is None  # no model size to project an H200 from
+    assert big.best_option == "2-node cluster"

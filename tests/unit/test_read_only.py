@@ -163,10 +163,10 @@ def test_a_damaged_metrics_file_is_set_aside_and_rebuilt_by_the_next_writer(tmp_
     with open(job.home.metrics_db, "r+b") as fh:  # 0.5: half, which DuckDB opens and fails on at a query
         fh.truncate(int(size * job.home.metrics_db.stat().st_size) if size < 1 else size)
     damaged = job.home.metrics_db.read_bytes()
-    assert _distribution(job, res) == first["label_distribution"]  # sql never opens it...
+    assert _distribution(job, res) == first.label_distribution  # sql never opens it...
     assert job.home.metrics_db.read_bytes() == damaged  # ...nor mends it: a read
     again = metrics.analytics(job.spec, job.home, version)
-    assert again["rows"] == N and again["label_distribution"] == first["label_distribution"]
+    assert again.rows == N and again.label_distribution == first.label_distribution
     assert [p.name.split(".broken-")[0] for p in tmp_path.joinpath("home").glob("metrics.duckdb.broken-*")] == \
         ["metrics.duckdb"]
     with duckdb.connect(str(job.home.metrics_db), read_only=True) as con:

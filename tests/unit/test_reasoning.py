@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkbatch_dagster import ConfigError, OutputSpec
-from sparkbatch_dagster.engines import FakeEngine, reasoning
+from sparkbatch_dagster.engines import FakeEngine
+from sparkbatch_dagster.engines.answers import reasoning
 from sparkbatch_dagster.run.result_store import ResultStore, prompt_key
 from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import SamplingSpec
@@ -54,24 +55,24 @@ def test_settings_checks_and_identity() -> None:
 
 def test_answers_are_parsed_after_the_thinking(tmp_path: Path) -> None:
     stats, rows = _run(tmp_path, FakeEngine(thinking="it has wheels so"))
-    assert stats["errors"] == 0 and all(r["output"] in LABELS for r in rows)
+    assert stats.errors == 0 and all(r["output"] in LABELS for r in rows)
     fresh = [r for r in rows if not r["deduplicated"]]
     # Four words and the two markers; the answer one word more: output_tokens counts both.
     assert all(r["reasoning"] == "it has wheels so" and r["reasoning_tokens"] == 6 and r["output_tokens"] == 7
                for r in fresh)
-    assert stats["reasoning_tokens"] == 6 * len(fresh) and stats["output_tokens"] == 7 * len(fresh)
+    assert stats.reasoning_tokens == 6 * len(fresh) and stats.output_tokens == 7 * len(fresh)
 
 
 def test_reasoning_not_kept_is_still_counted(tmp_path: Path) -> None:
     stats, rows = _run(tmp_path, FakeEngine(thinking="it has wheels so"), keep=False)
     assert all(r["reasoning"] is None for r in rows)
-    assert stats["reasoning_tokens"] == sum(r["reasoning_tokens"] for r in rows) > 0
+    assert stats.reasoning_tokens == sum(r["reasoning_tokens"] for r in rows) > 0
 
 
 def test_budget_cuts_the_thinking(tmp_path: Path) -> None:
     stats, rows = _run(tmp_path, FakeEngine(thinking="one two three four five"),
                        sampling=SamplingSpec(reasoning=2, max_tokens=10))
-    assert stats["errors"] == 0 and all(r["output"] in LABELS for r in rows)
+    assert stats.errors == 0 and all(r["output"] in LABELS for r in rows)
     assert {r["reasoning"] for r in rows} == {"one two"} and max(r["reasoning_tokens"] for r in rows) == 4
 
 
@@ -106,7 +107,7 @@ def test_a_reused_answer_keeps_its_thinking(tmp_path: Path) -> None:
     stats, rows = _run(tmp_path, again, version="00000000000000a2")  # another version, the same stored answers
     assert again.requests_seen == 0 and all(r["reused"] for r in rows)
     assert {r["reasoning"] for r in rows} == {"it has wheels so"}
-    assert stats["reasoning_tokens"] == 0  # nothing generated, nothing spent
+    assert stats.reasoning_tokens == 0  # nothing generated, nothing spent
 
 
 def test_store_segments_written_before_reasoning_read_null(tmp_path: Path) -> None:
@@ -124,7 +125,7 @@ def test_store_segments_written_before_reasoning_read_null(tmp_path: Path) -> No
 def test_plan_from_real_templates(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, ensure_embedded
+    from sparkbatch_dagster.engines.platform.model import DEFAULT_MODEL_NAME, ensure_embedded
     from sparkbatch_dagster.testing import reasoning_model
 
     thinker = AutoTokenizer.from_pretrained(reasoning_model(tmp_path / "r"))
@@ -168,13 +169,14 @@ def test_preview_warns_when_max_tokens_cannot_hold_the_thinking(tmp_path: Path) 
 
 
 def test_server_answers_with_the_thinking_apart_or_inline() -> None:
-    from sparkbatch_dagster.engines.reasoning_server import reasoned_result, reasoning_fields, server_reasoning
+    from sparkbatch_dagster.engines.answers import reasoning
+    from sparkbatch_dagster.engines.server.reasoning_server import reasoned_result
 
-    plan = server_reasoning(None, THINKING)
-    assert plan is not None and reasoning_fields(plan) == {"thinking_token_budget": 16,
-                                                           "chat_template_kwargs": {"enable_thinking": True}}
+    plan = reasoning.plan(None, THINKING)  # a chat server's: its template stays there
+    assert plan is not None and reasoning.request_fields(plan) == {"thinking_token_budget": 16,
+                                                                   "chat_template_kwargs": {"enable_thinking": True}}
     with pytest.raises(ConfigError, match="server_token_ids=True"):
-        server_reasoning(None, SamplingSpec(reasoning="auto", max_tokens=2000))
+        reasoning.plan(None, SamplingSpec(reasoning="auto", max_tokens=2000))
     usage = {"prompt_tokens": 9, "completion_tokens": 12, "completion_tokens_details": {"reasoning_tokens": 10}}
     # A server run with --reasoning-parser: the thinking comes apart from the answer.
     apart = {"message": {"content": "\n\nfruit", "reasoning": "round, sweet"}, "finish_reason": "stop"}
@@ -203,8 +205,8 @@ def test_a_defs_yaml_sets_the_reasoning(tmp_path: Path, value: object) -> None:
 def test_a_parser_engine_refuses_a_grammar_that_would_wait_for_the_thinking(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from sparkbatch_dagster.engines.model import DEFAULT_MODEL_NAME, ensure_embedded
-    from sparkbatch_dagster.engines.reasoning_offline import check_unbounded
+    from sparkbatch_dagster.engines.offline.reasoning_offline import check_unbounded
+    from sparkbatch_dagster.engines.platform.model import DEFAULT_MODEL_NAME, ensure_embedded
     from sparkbatch_dagster.testing import reasoning_model
 
     thinker = AutoTokenizer.from_pretrained(reasoning_model(tmp_path / "r"))

@@ -4,7 +4,7 @@ when every replica is dead, one model on every replica (checked before any row).
 
 from __future__ import annotations
 
-from sparkbatch_dagster.engines.server_process import MAX_FRONTENDS, batch_server_defaults, serve_args
+from sparkbatch_dagster.engines.server.server_process import MAX_FRONTENDS, batch_server_defaults, serve_args
 
 
 def test_api_server_count_reaches_vllm_serve():

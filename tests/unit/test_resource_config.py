@@ -13,7 +13,7 @@ from dagster import Definitions, EnvVar
 
 from sparkbatch_dagster import ConfigError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.engines import FakeEngine, settings
-from sparkbatch_dagster.engines.server_process import serve_args
+from sparkbatch_dagster.engines.server.server_process import serve_args
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import make_spec
 

@@ -78,6 +78,8 @@ REQUIRED = {
                    "failed", "skipped"},
     "batch_file": {"date", "machine", "model", "shape", "mode", "rows", "rounds", "column", "batch", "ratio",
                    "labeling_ratio", "sharding_ratio", "cpu_ratio", "export_s_per_1k_rows", "same_tokens"},
+    "code_shape": {"date", "machine", "code", "command", "engines_modules", "engines_import_arrows", "options",
+                   "dict_str_any_functions", "longest_generate", "cost_usd_indexes", "modules", "largest_module"},
 }
 
 #: Kinds that measure a `vllm serve` frontend's CPU in two arms: (arm a, arm b, the a over b key).
@@ -223,7 +225,7 @@ def test_throughput_script_writes_every_required_key(generate, server):
 
 
 def test_thawed_arms_are_summed_against_their_frozen_twins():
-    """--thawed server: the server arm again with engines/heap.py off; its figures from its own rounds."""
+    """--thawed server: the server arm again with engines/platform/heap.py off; its figures from its own rounds."""
     import throughput
 
     args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0, thawed="server",

@@ -38,7 +38,7 @@ def test_transient_failures_leave_rows_pending_and_the_rerun_sends_exactly_those
     assert len(parts) == 43 and not any(r["error"] for r in parts)  # no error row for a transient failure
     again = FakeEngine()
     stats = label_shard(spec, home, v, "shard-00000", again)
-    assert again.requests_seen == 7 and stats["rows"] == 50 and stats["errors"] == 0
+    assert again.requests_seen == 7 and stats.rows == 50 and stats.errors == 0
 
 
 def test_reading_a_shard_that_was_resharded_since_planning_stops(tmp_path):

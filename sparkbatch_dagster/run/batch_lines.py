@@ -1,0 +1,145 @@
+"""The lines of the providers' batch result files, as typed records: an OpenAI Batch output or
+error line (:class:`OpenAIResultLine`) and an Anthropic Message Batches result
+(:class:`AnthropicResultLine`). Their fields, in order, are the providers' (the tests parse the
+files with the ``openai`` and ``anthropic`` packages' own models); ``to_json()`` gives the line
+as written. :mod:`.batch_export` builds them from output rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class _Line(msgspec.Struct, frozen=True, kw_only=True):
+    def to_json(self) -> dict[str, Any]:
+        """The line as the result file has it (one JSON object)."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
+
+
+# --- OpenAI Batch: https://platform.openai.com/docs/api-reference/batch/request-output -------
+
+
+class AssistantMessage(_Line, frozen=True, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    refusal: None = None
+
+
+class Choice(_Line, frozen=True, kw_only=True):
+    index: int = 0
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+    message: AssistantMessage
+
+
+class CompletionUsage(_Line, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(_Line, frozen=True, kw_only=True):
+    """The body of an answered line: a ``chat.completion`` as the endpoint returns it."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[Choice]
+    usage: CompletionUsage
+
+
+class ApiError(_Line, frozen=True, kw_only=True):
+    message: str
+    type: Literal["invalid_request_error", "server_error"]
+    param: None = None
+    code: str
+
+
+class ErrorBody(_Line, frozen=True, kw_only=True):
+    """The body of an error line's response, as the endpoint would have answered."""
+
+    error: ApiError
+
+
+class Response(_Line, frozen=True, kw_only=True):
+    status_code: int
+    request_id: str
+    body: ChatCompletion | ErrorBody
+
+
+class LineFailure(_Line, frozen=True, kw_only=True):
+    """An error line's ``error``: the kind (``code``), the reason, the input line when known."""
+
+    code: str
+    message: str
+    line: int | None
+    param: None = None
+
+
+class OpenAIResultLine(_Line, frozen=True, kw_only=True):
+    """One line of an OpenAI Batch output file (``error`` None) or error file."""
+
+    id: str
+    custom_id: str
+    response: Response
+    error: LineFailure | None
+
+
+# --- Anthropic Message Batches: https://docs.anthropic.com/en/api/retrieving-message-batch-results
+
+
+class TextBlock(_Line, frozen=True, kw_only=True):
+    type: Literal["text"] = "text"
+    text: str | None
+
+
+class MessageUsage(_Line, frozen=True, kw_only=True):
+    input_tokens: int
+    output_tokens: int
+
+
+class Message(_Line, frozen=True, kw_only=True):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[TextBlock]
+    stop_reason: Literal["end_turn", "max_tokens"]
+    stop_sequence: None = None
+    usage: MessageUsage
+
+
+class Succeeded(_Line, frozen=True, kw_only=True):
+    type: Literal["succeeded"] = "succeeded"
+    message: Message
+
+
+class ErrorDetail(_Line, frozen=True, kw_only=True):
+    type: Literal["invalid_request_error", "api_error"]
+    message: str
+
+
+class ErrorResponse(_Line, frozen=True, kw_only=True):
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+    request_id: None = None
+
+
+class Errored(_Line, frozen=True, kw_only=True):
+    type: Literal["errored"] = "errored"
+    error: ErrorResponse
+
+
+class AnthropicResultLine(_Line, frozen=True, kw_only=True):
+    """One result of an Anthropic Message Batches results file."""
+
+    custom_id: str
+    result: Succeeded | Errored
+
+
+ResultLine = OpenAIResultLine | AnthropicResultLine
