@@ -60,6 +60,11 @@ TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 # Past dagster dev's own shutdown (60 s for its webserver, then 60 s for its daemon, before it kills
 # them) and its code server's: only a wait past that is a hang.
 DEV_SHUTDOWN_S = 240
+#: The longest a page element may take to show (a wait for it, polled): renders that take 0.2 s here
+#: took over 5 s with a second suite on the box; past two minutes the UI is broken, not slow.
+UI_WAIT_MS = 120_000
+#: A backfill's run, engine start included: 1-2 minutes here alone; only past this is it stuck.
+BACKFILL_WAIT_S = 1200
 
 
 def job_fields(src: Path, home: Path) -> dict[str, Any]:
@@ -206,7 +211,7 @@ class Server:
     def gql(self, query: str, **variables: Any) -> dict[str, Any]:
         req = urllib.request.Request(f"{self.url}/graphql", data=json.dumps({"query": query, "variables": variables})
                                      .encode(), headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=UI_WAIT_MS / 1000) as r:
             body = json.load(r)
         assert not body.get("errors"), body["errors"]
         return body["data"]
@@ -293,7 +298,7 @@ def page() -> Iterator[Any]:
         if REQUIRED:
             pytest.fail(f"{why}: under make this test must run")
         pytest.skip(why)
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, headless=True)
@@ -301,7 +306,10 @@ def page() -> Iterator[Any]:
         # The "Join the Dagster community" dialog that `dagster dev` shows on a first visit.
         context.add_init_script("window.localStorage.setItem('communityNux', '\"1\"')")
         pg = context.new_page()
-        pg.set_default_timeout(30_000)
+        # Waits for a condition, not sleeps: how long a render may take on a busy 2-core box (a second
+        # suite beside this one at load average 70 took over 5 s, expect's default).
+        pg.set_default_timeout(UI_WAIT_MS)
+        expect.set_options(timeout=UI_WAIT_MS)
         try:
             yield pg
         finally:
@@ -492,7 +500,7 @@ def test_a_backfill_from_the_materialize_dialog(page: Any, server: Server) -> No
     t1 = time.monotonic()
     first = _launch_backfill(server, page, "Missing", "b2-backfill-dialog.png")
     # (c) its one run starts one engine; each partition comes in as its shard commits.
-    one = _wait_for_backfill(server, page, first, "c", 360)
+    one = _wait_for_backfill(server, page, first, "c", BACKFILL_WAIT_S)
     _shot(server, page, "c3-partitions-green.png")
     server.timings["first_backfill_s"] = round(time.monotonic() - t1, 1)
     assert one.engines, "the first backfill ran without a vLLM engine process: is this the real engine?"
@@ -519,7 +527,7 @@ def test_a_backfill_from_the_materialize_dialog(page: Any, server: Server) -> No
     t2 = time.monotonic()
     second = _launch_backfill(server, page, "All", "d1-second-backfill-dialog.png")
     assert second != first
-    two = _wait_for_backfill(server, page, second, "d", 240)
+    two = _wait_for_backfill(server, page, second, "d", BACKFILL_WAIT_S)
     server.timings["second_backfill_s"] = round(time.monotonic() - t2, 1)
     again = [m for m in _materializations(server, "labeled_outputs") if m["run"] == two.run["runId"]]
     assert sorted(m["partition"] for m in again) == sorted(keys)

@@ -11,6 +11,7 @@ from sparkbatch_dagster import VLLMResource
 from testkit import REAL_SETTINGS, live_children
 from unit.test_data_parallel import _workers
 
+pytestmark = pytest.mark.heavy  # two engine processes
 
 def test_two_real_cpu_engines_label_a_job(tmp_path):
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":

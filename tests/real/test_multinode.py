@@ -19,6 +19,7 @@ from sparkbatch_dagster.engines.server.server_process import free_port
 from testkit import LABELS, make_rows, owned_processes, write_parquet
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.heavy  # two vLLM nodes, each its own processes
 
 
 DEFS = """

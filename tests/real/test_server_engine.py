@@ -37,6 +37,7 @@ def _label_all(job, res, inst):
     return labeled
 
 
+@pytest.mark.heavy  # two engine cores and three API frontends
 def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_frontends_it_asks_for(tmp_path):
     before = {p.pid for p in _vllm_children() + live_children("VLLM::")}  # the session's warm engine, if any
     spec = make_spec(tmp_path, n=40, shards=2)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from faults import FaultProxy
+from heavy import heavy_slot, lock_path
 from s3_server import S3Server
 from sparkbatch_dagster import JobSpec, VLLMResource
 from sparkbatch_dagster.engines.base import Engine
@@ -32,6 +33,22 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["SPARKBATCH_GPU_LOCK_DIR"] = tempfile.mkdtemp(prefix="sparkbatch-test-locks-")
         config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("SPARKBATCH_GPU_LOCK_DIR"), ignore_errors=True))
     config.stash[SESSION_LOCKS] = Path(os.environ["SPARKBATCH_GPU_LOCK_DIR"])
+    config.addinivalue_line("markers", "heavy: starts more than one engine process; takes the machine's "
+                            "heavy-test slot first (tests/support/heavy.py)")
+
+
+@pytest.fixture(autouse=True)
+def _heavy_slot(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A ``heavy`` test waits for every other session's heavy test on this machine to end."""
+    if request.node.get_closest_marker("heavy") is None:
+        yield
+        return
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    say = (lambda line: reporter.write_line(line)) if reporter is not None else print
+    with heavy_slot(lock_path(), say) as waited:
+        if waited > 1:
+            say(f"{request.node.nodeid}: waited {waited:.0f} s for the heavy-test slot")
+        yield
 
 
 @pytest.fixture
