@@ -471,6 +471,7 @@ def test_the_lineage_shows_the_five_assets_of_the_job(page: Any, server: Server)
     _shot(server, page, "e1-from-defs-yaml.png")
 
 
+@pytest.mark.heavy  # a real engine beside dagster dev and chromium: with a second suite's, the box ran out of memory
 def test_a_backfill_from_the_materialize_dialog(page: Any, server: Server) -> None:
     """(b) materialize input_shards, then backfill the missing partitions of labeled_outputs by
     clicks; (c) one run, each partition green as its shard commits; (d) the same backfill again

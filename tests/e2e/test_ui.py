@@ -47,16 +47,31 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     pytest.fail(f"{url} not up after {timeout}s")
 
 
-def _wait_run(client, run_id: str, timeout: float = 240) -> str:
+def _wait_run(client, run_id: str, timeout: float = 900) -> str:
+    """The run's end status; a run that did not succeed is reported with why (its error events)."""
     from dagster import DagsterRunStatus
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = client.get_run_status(run_id)
-        if status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+        if status == DagsterRunStatus.SUCCESS:
             return status.value
+        if status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+            return f"{status.value}: {_why(run_id)}"
         time.sleep(1)
-    pytest.fail(f"run {run_id} did not finish")
+    pytest.fail(f"run {run_id} did not finish in {timeout:.0f}s: {_why(run_id)}")
+
+
+def _why(run_id: str) -> str:
+    """The run's error and failure events, read from this test's Dagster home (the one `dagster
+    dev` uses: the environment's DAGSTER_HOME)."""
+    from dagster import DagsterInstance
+
+    with DagsterInstance.get() as instance:
+        events = instance.all_logs(run_id)
+    bad = [e for e in events
+           if str(e.level) in ("40", "50", "ERROR", "CRITICAL") or (e.dagster_event and e.dagster_event.is_failure)]
+    return " | ".join(f"{e.dagster_event_type or ''} {e.message}"[:2000] for e in bad[-5:]) or "no error event"
 
 
 def test_materialize_through_the_webserver(tmp_path):
@@ -67,11 +82,12 @@ def test_materialize_through_the_webserver(tmp_path):
     defs = tmp_path / "defs.py"
     defs.write_text(DEFS.format(input=str(src), home=str(home)))
     port = _port()
+    log = (tmp_path / "dagster-dev.log").open("wb")  # left in the test's folder, for a failure
     proc = subprocess.Popen(
         # `dagster dev`, as `make ui` runs it: webserver plus the daemon that dequeues launched runs.
         [str(Path(sys.executable).parent / "dagster"), "dev", "-f", str(defs), "-h", "127.0.0.1", "-p", str(port)],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, cwd=tmp_path,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
         _wait_http(f"http://127.0.0.1:{port}/server_info", proc)
@@ -90,6 +106,7 @@ def test_materialize_through_the_webserver(tmp_path):
         assert sorted(p.name for p in labeled) == [f"shard-0000{i}.parquet" for i in range(3)]
     finally:
         _stop(proc)
+        log.close()
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -1,5 +1,6 @@
 """The tests of tests/unit/test_label_tokens.py on the real vLLM engine; that file says what they cover."""
 
+import contextlib
 import re
 from unittest import mock
 
@@ -54,7 +55,8 @@ VERY = ["very-positive", "very-negative", "neutral"]
 def probed(engine, probe, **settings):
     """The engine's answers to REVIEWS over VERY with a probe of ``probe`` rows (and ``settings``
     set on the engine meanwhile), and the grammar's."""
-    with mock.patch.object(label_tokens, "PROBE", probe), mock.patch.multiple(engine, **settings):
+    on_engine = mock.patch.multiple(engine, **settings) if settings else contextlib.nullcontext()
+    with mock.patch.object(label_tokens, "PROBE", probe), on_engine:
         fast = _answers(engine, "auto", VERY, REVIEWS)
     return fast, _answers(engine, "grammar", VERY, REVIEWS)
 

@@ -1,5 +1,6 @@
 """Server mode against a real `vllm serve` on loopback (CPU, embedded SmolLM2)."""
 
+import contextlib
 import functools
 import threading
 import time
@@ -37,6 +38,16 @@ def _label_all(job, res, inst):
     return labeled
 
 
+def _titles(word: str, before: set[int]) -> set[str]:
+    """The names (process titles) of this test's own live processes whose title holds ``word``."""
+    found = set()
+    for p in live_children(word):
+        if p.pid not in before:
+            with contextlib.suppress(psutil.Error):  # it exited while we looked
+                found.add(" ".join(p.cmdline()).strip())
+    return found
+
+
 @pytest.mark.heavy  # two engine cores and three API frontends
 def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_frontends_it_asks_for(tmp_path):
     before = {p.pid for p in _vllm_children() + live_children("VLLM::")}  # the session's warm engine, if any
@@ -47,15 +58,17 @@ def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_fronte
     res = {"vllm": VLLMResource(engine="server", **settings)}
     assert res["vllm"].engine_count() == 2
     # vLLM names its processes: VLLM::EngineCore_DP<n> per data-parallel engine, VLLM::APIServer_<n> per frontend.
-    engines: set[int] = set()
-    frontends: set[int] = set()
+    # Counted by name, not pid: a process an engine core forks carries its name until it execs (seen: a third
+    # "EngineCore_DP" pid in this test's tree, 3 == 2), and it is no engine of its own.
+    engines: set[str] = set()
+    frontends: set[str] = set()
     running = threading.Event()
     running.set()
 
     def watch():
         while running.is_set():  # this run's own: not the session's warm engine, nor any other process's
-            engines.update(p.pid for p in live_children("VLLM::EngineCore_DP") if p.pid not in before)
-            frontends.update(p.pid for p in live_children("VLLM::APIServer_") if p.pid not in before)
+            engines.update(_titles("VLLM::EngineCore_DP", before))
+            frontends.update(_titles("VLLM::APIServer_", before))
             time.sleep(0.5)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -67,8 +80,8 @@ def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_fronte
         watcher.join()
     assert result.success
     assert len(job.done_partitions(res["vllm"])) == 2
-    assert len(engines) == 2  # data_parallel_size=2: vLLM's own two engines behind the one endpoint
-    assert len(frontends) == 3  # engine_kwargs' --api-server-count 3 reached vLLM
+    assert engines == {"VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"}, engines  # data_parallel_size=2: vLLM's own two
+    assert frontends == {f"VLLM::APIServer_{i}" for i in range(3)}, frontends  # --api-server-count 3 reached vLLM
     deadline = time.monotonic() + 60  # its processes exit on their own time: waited for, a hang bounded
     while {p.pid for p in _vllm_children() + live_children("VLLM::")} != before and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -1,9 +1,11 @@
 """One heavy engine start at a time on this machine, across test sessions.
 
 A test marked ``heavy`` starts more than one engine process (data-parallel engines, a model split
-over two nodes, a server with several engine cores and frontends). Two such starts at once, from
-two ``make test`` runs on one 2-core box, put ten torch processes on two cores and ran past the
-start's own limit (a 900 s server start at load average 70). So a heavy test first takes an
+over two nodes, a server with several engine cores and frontends) or an engine beside ``dagster
+dev`` and a browser. Two such at once, from two ``make test`` runs on one 2-core box with 24 GB,
+put ten torch processes on two cores and ran past the start's own limit (a 900 s server start at
+load average 70), or ran the box out of memory (the OOM killer took a session engine's worker,
+and every later test on it failed). So a heavy test first takes an
 exclusive ``flock`` on one file per machine (``$SPARKBATCH_TEST_HEAVY_LOCK``, default
 ``<tmp>/sparkbatch-tests-heavy.lock``), held for the test and released by the OS if the session
 dies. The test's own clocks start after the slot is taken; the wait is reported, never timed out:
