@@ -19,7 +19,6 @@ import ast
 import importlib.util
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from results_io import emit  # noqa: E402
+from results_io import commit_of, emit  # noqa: E402
 
 #: The engine options whose trail through the package the note follows.
 OPTIONS = ("max_num_seqs", "label_decoding", "server_token_ids")
@@ -143,18 +142,6 @@ def shape(package: Path) -> dict[str, Any]:
     return {**engines_shape(package, _layout_imports()), "options": option_files(package), **code_facts(package)}
 
 
-def _commit(copy: Path) -> str:
-    """The copy's commit (``+dirty`` when its tracked files have changes)."""
-    try:
-        head = subprocess.run(["git", "-C", str(copy), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(copy), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("copy", nargs="?", default=str(ROOT), help="a checkout holding sparkbatch_dagster/")
@@ -165,7 +152,7 @@ def main() -> None:
     if not package.is_dir():
         raise SystemExit(f"code_shape: {package} is not a folder: name a checkout that holds sparkbatch_dagster/")
     result = {"benchmark": "code_shape", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
-              "code": _commit(copy), "command": " ".join(["benchmarks/code_shape.py", *sys.argv[1:]]),
+              "code": commit_of(copy), "command": " ".join(["benchmarks/code_shape.py", *sys.argv[1:]]),
               **shape(package)}
     emit(result, str(ROOT / "benchmarks" / "results" / f"{args.name}.json") if args.name else None)
 

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
-from results_io import emit  # noqa: E402
+from results_io import commit_of, emit  # noqa: E402
 
 #: Episodes between two restarts of moto's server: its memory and request log grow with every one.
 SERVER_EPISODES = 50
@@ -43,14 +43,7 @@ def _code() -> str:
     """
     if os.environ.get("SPARKBATCH_CODE"):
         return os.environ["SPARKBATCH_CODE"]
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
+    return commit_of(ROOT)
 
 
 class Server:

@@ -31,3 +31,15 @@ def fresh_process(child: str, args: list[str], env: dict[str, str], cwd: Path, t
     if proc.returncode != 0:
         raise RuntimeError(f"{what}: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit (``+dirty`` when its tracked files have changes; ``unknown`` without git)."""
+    try:
+        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
