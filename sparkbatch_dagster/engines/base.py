@@ -58,7 +58,8 @@ class EngineResult:
     ``model``: the model that answered, when it is not the engine's own (a cascade's stage).
     ``reasoning``: a reasoning model's thinking (:mod:`.reasoning`), None when it did not think;
     ``text`` is then the answer after it, and ``reasoning_tokens`` the thinking's tokens (its
-    markers included), which ``output_tokens`` counts too.
+    markers included), which ``output_tokens`` counts too. ``extra``: what the request asked for
+    beyond the text (:class:`.answers.extras.Extras`' JSON: stop string, choices, log-probabilities).
     """
 
     id: str
@@ -73,6 +74,7 @@ class EngineResult:
     model: str | None = None
     reasoning: str | None = None
     reasoning_tokens: int = 0
+    extra: str | None = None
 
 
 def structured_outputs(output: OutputSpec) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
-from .answers import reasoning
+from .answers import extras, reasoning
 from .base import Engine, EngineRequest, EngineResult
 
 #: How long a fake engine holds at a gate nobody opens (a test that failed before opening it).
@@ -98,19 +98,20 @@ class FakeEngine(Engine):
             if budget is not None:
                 yield self._reasoned(req.id, prompt, text, budget, sampling, output)
                 continue
-            words = text.split(" ")
-            cut = len(words) > limit  # a word a token: an answer longer than max_tokens is cut
-            if cut:
-                text = " ".join(words[:limit])
+            asked = req.sampling or sampling
+            text, cut, stop = _finish(text, limit, asked)
+            choices = [_finish(_answer(f"{prompt}\x1e{i}", own) if asked.temperature else text, limit, asked)
+                       for i in range(1, asked.n)]
             if self._trace:
                 self._trace.write(req.id + "\n")
             yield EngineResult(
                 id=req.id,
                 text=text,
                 prompt_tokens=len(prompt.split()) + 4,
-                output_tokens=max(1, len(text.split())),
+                output_tokens=sum(max(1, len(t.split())) for t, _, _ in [(text, cut, stop), *choices]),
                 finish_reason="length" if cut else "stop",
                 confidence=_confidence(self.model_id, prompt, own) if self.answer is None else None,
+                extra=_extras(text, stop, choices, asked) if asked.extras_asked() else None,
             )
 
     def _reasoned(self, rid: str, prompt: str, text: str, budget: int, sampling: SamplingSpec,
@@ -142,6 +143,33 @@ class FakeEngine(Engine):
             if time.monotonic() > deadline:
                 raise EngineError(f"fake engine: gate {self.gate_path} not opened in {GATE_LIMIT_S:.0f} s")
             time.sleep(0.02)
+
+
+def _finish(text: str, limit: int, sampling: SamplingSpec) -> tuple[str, bool, str | None]:
+    """(text, cut, stop string): ended at the first stop string it holds, else at ``limit`` words
+    (a word a token)."""
+    hits = [(text.find(s), s) for s in sampling.stop or () if s in text]
+    if hits:
+        at, stop = min(hits)
+        return text[:at], False, stop
+    words = text.split(" ")
+    return " ".join(words[:limit]), len(words) > limit, None
+
+
+def _extras(text: str, stop: str | None, choices: list[tuple[str, bool, str | None]], sampling: SamplingSpec) -> str:
+    """What the request asked beyond the text: a word a token, with log-probabilities from its hash."""
+
+    def logprobs(answer: str) -> list[extras.TokenLogprob] | None:
+        if sampling.logprobs is None:
+            return None
+        tokens = [w for w in answer.split(" ") if w]
+        lps = [-(int(hashlib.sha256(w.encode()).hexdigest(), 16) % 100) / 100 for w in tokens]
+        return [extras.TokenLogprob(w, lp, [extras.TopLogprob(w if k == 0 else f"{w}~{k}", lp - k)
+                                            for k in range(sampling.logprobs)])
+                for w, lp in zip(tokens, lps, strict=True)]
+
+    rest = [extras.Choice(t, "length" if cut else "stop", s, logprobs(t)) for t, cut, s in choices]
+    return extras.Extras(stop, logprobs(text), rest).encode()
 
 
 def _confidence(model: str, prompt: str, output: OutputSpec) -> float | None:

@@ -33,9 +33,7 @@ from ..home import JobHome
 from .batch_lines import (
     AnthropicResultLine,
     ApiError,
-    AssistantMessage,
     ChatCompletion,
-    Choice,
     CompletionUsage,
     ErrorBody,
     ErrorDetail,
@@ -49,6 +47,8 @@ from .batch_lines import (
     ResultLine,
     Succeeded,
     TextBlock,
+    anthropic_stop,
+    openai_choices,
 )
 from .checkpoint import OUTPUT_SCHEMA
 
@@ -169,8 +169,7 @@ def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[in
     body = ChatCompletion(
         id=f"chatcmpl-{_uid(version, rid, 'completion')}", created=created, model=row["model"],
         system_fingerprint=version,
-        choices=[Choice(finish_reason="length" if cut else "stop",
-                        message=AssistantMessage(content=row["output"]))],
+        choices=openai_choices(row["output"], cut, row["extra"]),
         usage=CompletionUsage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)))
     return OpenAIResultLine(id=line_id, custom_id=rid, response=Response(status_code=200, request_id=req, body=body),
                             error=None)
@@ -184,8 +183,9 @@ def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int]) ->
         detail = ErrorDetail(type="invalid_request_error" if client else "api_error", message=row["error"])
         return AnthropicResultLine(custom_id=rid, result=Errored(error=ErrorResponse(error=detail)))
     cut = row["truncated"] or row["finish_reason"] == "length"
+    stop_reason, stop = anthropic_stop(cut, row["extra"])
     message = Message(id=f"msg_{_uid(version, rid)}", model=row["model"], content=[TextBlock(text=row["output"])],
-                      stop_reason="max_tokens" if cut else "end_turn",
+                      stop_reason=stop_reason, stop_sequence=stop,
                       usage=MessageUsage(input_tokens=usage[0], output_tokens=usage[1]))
     return AnthropicResultLine(custom_id=rid, result=Succeeded(message=message))
 

@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..engines.answers import extras
+from ..engines.answers.extras import Extras
+
 
 class _Line(msgspec.Struct, frozen=True, kw_only=True):
     def to_json(self) -> dict[str, Any]:
@@ -28,10 +31,30 @@ class AssistantMessage(_Line, frozen=True, kw_only=True):
     refusal: None = None
 
 
+class TopLogprob(_Line, frozen=True, kw_only=True):
+    token: str
+    bytes: list[int] | None
+    logprob: float
+
+
+class TokenLogprob(_Line, frozen=True, kw_only=True):
+    token: str
+    bytes: list[int] | None
+    logprob: float
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Line, frozen=True, kw_only=True):
+    """A choice's ``logprobs``, when its request set ``logprobs: true``."""
+
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class Choice(_Line, frozen=True, kw_only=True):
     index: int = 0
     finish_reason: Literal["stop", "length"]
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     message: AssistantMessage
 
 
@@ -109,8 +132,8 @@ class Message(_Line, frozen=True, kw_only=True):
     role: Literal["assistant"] = "assistant"
     model: str
     content: list[TextBlock]
-    stop_reason: Literal["end_turn", "max_tokens"]
-    stop_sequence: None = None
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence"]
+    stop_sequence: str | None = None
     usage: MessageUsage
 
 
@@ -143,3 +166,32 @@ class AnthropicResultLine(_Line, frozen=True, kw_only=True):
 
 
 ResultLine = OpenAIResultLine | AnthropicResultLine
+
+
+def openai_choices(text: str, cut: bool, extra: str | None) -> list[Choice]:
+    """An answer's ``choices``: the row's answer first, then the further ones its request asked
+    for (``n``), each with its ``logprobs`` when asked (``extra``: the row's, :mod:`.extras`)."""
+    more = Extras.decode(extra)
+    first = Choice(finish_reason="length" if cut else "stop", logprobs=_logprobs(more.logprobs),
+                   message=AssistantMessage(content=text))
+    return [first] + [Choice(index=i, finish_reason="length" if c.finish_reason == "length" else "stop",
+                             logprobs=_logprobs(c.logprobs), message=AssistantMessage(content=c.text))
+                      for i, c in enumerate(more.choices, start=1)]
+
+
+def _logprobs(tokens: list[extras.TokenLogprob] | None) -> ChoiceLogprobs | None:
+    if tokens is None:
+        return None
+    return ChoiceLogprobs(content=[TokenLogprob(token=t.token, bytes=list(t.token.encode()), logprob=t.logprob,
+                                                top_logprobs=[TopLogprob(token=a.token, bytes=list(a.token.encode()),
+                                                                         logprob=a.logprob) for a in t.top])
+                                   for t in tokens])
+
+
+def anthropic_stop(cut: bool, extra: str | None) -> tuple[Literal["end_turn", "max_tokens", "stop_sequence"],
+                                                          str | None]:
+    """A message's ``stop_reason`` and ``stop_sequence``: the stop sequence that ended it, if one did."""
+    if cut:
+        return "max_tokens", None
+    stop = Extras.decode(extra).stop
+    return ("stop_sequence", stop) if stop is not None else ("end_turn", None)

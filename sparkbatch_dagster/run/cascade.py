@@ -146,9 +146,9 @@ class CascadeEngine(Engine):
         out = {}
         for req in chunk:
             if req.id in keys and keys[req.id] in found:
-                text, error, confidence, _, reasoning = found[keys[req.id]]
+                text, error, confidence, _, reasoning, extra = found[keys[req.id]]
                 out[req.id] = EngineResult(req.id, text, error=error, finish_reason="stop" if error is None else None,
-                                           confidence=confidence, reasoning=reasoning)
+                                           confidence=confidence, reasoning=reasoning, extra=extra)
         return out
 
     def _keep(self, stage: Stage, res: EngineResult, keys: dict[str, str], adding: list[dict[str, Any]]) -> None:
@@ -162,7 +162,8 @@ class CascadeEngine(Engine):
         adding.append({"prompt_key": keys[res.id], "output": text, "error": error, "prompt_tokens": res.prompt_tokens,
                        "output_tokens": res.output_tokens, "model": stage.name,
                        "confidence": res.confidence if text is not None else None,
-                       "reasoning": res.reasoning if self.spec.output.keep_reasoning else None})
+                       "reasoning": res.reasoning if self.spec.output.keep_reasoning else None,
+                       "extra": res.extra})
         if len(adding) >= CHUNK:
             self._store(stage, adding)
 

@@ -29,8 +29,9 @@ log = logging.getLogger("sparkbatch")
 #: the engine's (null for rows it did not answer), ``truncated`` marks an answer cut at
 #: ``max_tokens``; ``confidence`` is how sure the model was of the answer (``engines/answers/confidence.py``);
 #: ``reasoning`` is a reasoning model's thinking (only when ``output.keep_reasoning``) and
-#: ``reasoning_tokens`` its tokens, which ``output_tokens`` counts too (``engines/answers/reasoning.py``).
-#: Files written before the last five existed read with them null.
+#: ``reasoning_tokens`` its tokens, which ``output_tokens`` counts too (``engines/answers/reasoning.py``);
+#: ``extra`` is what a batch file's line asked beyond the text (``engines/answers/extras.py``' JSON).
+#: Files written before the last six existed read with them null.
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
@@ -49,6 +50,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("confidence", pa.float64()),
         ("reasoning", pa.string()),
         ("reasoning_tokens", pa.int64()),
+        ("extra", pa.string()),
     ]
 )
 
@@ -58,6 +60,8 @@ OUTPUT_SCHEMA = pa.schema(
 WITH_CONFIDENCE = "UNION ALL BY NAME SELECT NULL::DOUBLE AS confidence WHERE false"
 #: The same for ``reasoning`` (the result store's, and the output rows'): null in older files.
 WITH_REASONING = "UNION ALL BY NAME SELECT NULL::VARCHAR AS reasoning WHERE false"
+#: The same for the result store's ``extra`` (what a batch line asked beyond the text).
+WITH_EXTRA = "UNION ALL BY NAME SELECT NULL::VARCHAR AS extra WHERE false"
 
 
 def rows_table(rows: list[OutputRow]) -> pa.Table:

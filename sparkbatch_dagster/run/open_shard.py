@@ -117,7 +117,7 @@ def new_answers(table: Any) -> list[dict[str, Any]]:
     """The shard's rows that the engine answered in this version (one per prompt) and that the
     same prompt would get again: what the result store keeps."""
     cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
-            "truncated", "confidence", "reasoning"]
+            "truncated", "confidence", "reasoning", "extra"]
     # A cut answer is not kept: the store holds answers, and a reuse would lose the mark.
     return [r for r in table.select(cols).to_pylist()
             if r["prompt_key"] and not r["reused"] and not r["deduplicated"] and not r["truncated"]

@@ -37,6 +37,7 @@ class OutputRow(msgspec.Struct, frozen=True):
     confidence: float | None
     reasoning: str | None
     reasoning_tokens: int
+    extra: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The row as Parquet (``pa.Table.from_pylist``) takes it."""

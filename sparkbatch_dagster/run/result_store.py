@@ -42,18 +42,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..home import Bucket, FileLock, JobHome, atomic_write_parquet
-from .checkpoint import WITH_CONFIDENCE, WITH_REASONING
+from .checkpoint import WITH_CONFIDENCE, WITH_EXTRA, WITH_REASONING
 
 log = logging.getLogger("sparkbatch")
 
 SCHEMA = pa.schema([
     ("k1", pa.int64()), ("k2", pa.int64()), ("output", pa.string()), ("error", pa.string()),
     ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()), ("model", pa.string()),
-    ("created_at", pa.string()), ("confidence", pa.float64()), ("reasoning", pa.string()),
+    ("created_at", pa.string()), ("confidence", pa.float64()), ("reasoning", pa.string()), ("extra", pa.string()),
 ])
-#: A stored answer: (output, error, confidence, the model that gave it, its thinking). The
-#: thinking is stored only by jobs that keep it (``output.keep_reasoning``, part of the context).
-Answer = tuple[str | None, str | None, float | None, str | None, str | None]
+#: A stored answer: (output, error, confidence, the model that gave it, its thinking, what its
+#: request asked beyond the text). The thinking is stored only by jobs that keep it
+#: (``output.keep_reasoning``, part of the context); the extra only by batch lines that ask for it.
+Answer = tuple[str | None, str | None, float | None, str | None, str | None, str | None]
 #: Segments of one level merged into one of the next level.
 FAN_IN = 16
 
@@ -128,7 +129,7 @@ class ResultStore:
         return sorted(self.dir.glob("seg-*.parquet")) if self.dir.exists() else []
 
     def lookup(self, keys: list[str]) -> dict[str, Answer]:
-        """Stored (output, error, confidence, model, reasoning) of each key that has an answer; keys
+        """Stored (output, error, confidence, model, reasoning, extra) of each key that has an answer; keys
         without one are absent. Answers stored before confidences (thinking) were kept have none (None)."""
         if not keys:
             return {}
@@ -164,13 +165,14 @@ class ResultStore:
                         # One copy of a key (one struct: its output and confidence from the same copy);
                         # segments written before the confidence (reasoning) column read it as null.
                         "SELECT p.i, any_value(struct_pack(o := r.output, e := r.error, c := r.confidence, "
-                        f"m := r.model, t := r.reasoning)) FROM probe p JOIN (FROM read_parquet(?, union_by_name "
-                        f"= true) {WITH_CONFIDENCE} {WITH_REASONING}) r ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
+                        f"m := r.model, t := r.reasoning, x := r.extra)) FROM probe p JOIN (FROM read_parquet(?, "
+                        f"union_by_name = true) {WITH_CONFIDENCE} {WITH_REASONING} {WITH_EXTRA}) r "
+                        "ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
                         [files]
                     ).fetchall()
                 finally:
                     con.unregister("probe")
-        return {keys[i]: (found["o"], found["e"], found["c"], found["m"], found["t"]) for i, found in hits}
+        return {keys[i]: (found["o"], found["e"], found["c"], found["m"], found["t"], found["x"]) for i, found in hits}
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Store newly generated answers as one segment, then merge segments that piled up."""
@@ -184,6 +186,7 @@ class ResultStore:
             "prompt_tokens": [r["prompt_tokens"] for r in rows], "output_tokens": [r["output_tokens"] for r in rows],
             "model": [r["model"] for r in rows], "created_at": [now] * len(rows),
             "confidence": [r.get("confidence") for r in rows], "reasoning": [r.get("reasoning") for r in rows],
+            "extra": [r.get("extra") for r in rows],
         }, schema=SCHEMA)
         segment = self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet"
         atomic_write_parquet(segment, table)

@@ -58,7 +58,9 @@ def outcome(res: EngineResult, spec: JobSpec, prompt: Any = None) -> tuple[str |
     JSON object that parses is (the engine stopped at the limit before its end-of-text token,
     with nothing left to say). A cut label or JSON is an error row, ``truncated`` (half a label
     is no label); a cut text keeps its text, marked ``truncated``. ``prompt``: the row's prompt,
-    whose own output and sampling (a batch file line's) count instead of the job's.
+    whose own output and sampling (a batch file line's) count instead of the job's. A batch
+    file's line keeps a cut answer of any kind, as the providers' APIs return it (OpenAI: 200 with
+    ``finish_reason: "length"``; Anthropic: ``stop_reason: "max_tokens"``), not as an error.
     """
     if res.error is not None or res.text is None:
         return None, res.error, False
@@ -69,6 +71,8 @@ def outcome(res: EngineResult, spec: JobSpec, prompt: Any = None) -> tuple[str |
         return output, error, False
     if kind == "text":
         return output, error, True
+    if spec.input_format in BATCH_INPUTS:
+        return res.text, None, True
     limit = (getattr(prompt, "sampling", None) or spec.sampling).max_tokens
     return None, f"truncated: hit max_tokens={limit}; raise sampling.max_tokens", True
 
@@ -103,6 +107,7 @@ class Answer:
     reused: bool = False
     confidence: float | None = None
     reasoning: str | None = None
+    extra: str | None = None
     tokens: Tokens = NO_TOKENS
 
     @classmethod
@@ -112,16 +117,16 @@ class Answer:
         output, error, cut = outcome(res, spec, prompt)
         return cls(model=res.model or model, output=output, error=error, prompt_key=key,
                    finish_reason=res.finish_reason, truncated=cut, confidence=res.confidence,
-                   reasoning=res.reasoning if spec.output.keep_reasoning else None,
+                   reasoning=res.reasoning if spec.output.keep_reasoning else None, extra=res.extra,
                    tokens=Tokens(res.prompt_tokens, res.output_tokens, res.cached_tokens, res.reasoning_tokens))
 
     @classmethod
     def stored(cls, found: tuple[Any, ...], key: str, model: str) -> Answer:
         """The result store's answer (``ResultStore.lookup``'s tuple: output, error, confidence,
-        model, reasoning); its model is the one that gave it (a cascade's stage), else ``model``."""
-        output, error, confidence, by, reasoning = found
+        model, reasoning, extra); its model is the one that gave it (a cascade's stage), else ``model``."""
+        output, error, confidence, by, reasoning, extra = found
         return cls(model=by or model, output=output, error=error, prompt_key=key, reused=True,
-                   confidence=confidence, reasoning=reasoning)
+                   confidence=confidence, reasoning=reasoning, extra=extra)
 
     @classmethod
     def failed(cls, reason: str, model: str) -> Answer:
@@ -142,6 +147,7 @@ def row(row_id: str, version: str, answer: Answer, duplicate: bool = False) -> O
         # The answer's, on every row that carries it (fanned-out and reused rows too); none on an error row.
         confidence=answer.confidence if answer.output is not None else None,
         reasoning=answer.reasoning, reasoning_tokens=tokens.reasoning,
+        extra=answer.extra if answer.output is not None else None,
     )
 
 

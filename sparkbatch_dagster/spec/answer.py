@@ -79,6 +79,35 @@ class SamplingSpec(BaseModel):
         "thinking too: it must hold the budget plus the answer. docs/reasoning.md.",
     )
 
+    # Request fields of the providers' APIs, which vLLM honours per request (a batch file's line sets
+    # them); a job may set them too. Off by default, and then not part of the identity.
+    stop: tuple[str, ...] | None = Field(default=None, description="Stop strings: the answer ends before the first "
+                                         "one it would write (OpenAI's stop, Anthropic's stop_sequences).")
+    n: int = Field(default=1, ge=1, le=16, description="Answers per prompt (OpenAI's n): choices 1.. come with the "
+                   "first, in the batch file's result line.")
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    top_k: int | None = Field(default=None, ge=1, description="Sample from the k likeliest tokens (Anthropic's top_k).")
+    logit_bias: dict[int, float] | None = Field(default=None, description="Token id -> bias added to its logit, "
+                                                "-100 to 100 (OpenAI's logit_bias).")
+    logprobs: int | None = Field(default=None, ge=0, le=20, description="Return each answer token's log-probability "
+                                 "and this many likeliest alternatives (OpenAI's logprobs + top_logprobs).")
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and (not value or any(not s for s in value)):
+            raise ValueError("stop must hold non-empty strings (leave it unset for none)")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias(cls, value: dict[int, float] | None) -> dict[int, float] | None:
+        bad = next((k for k, v in (value or {}).items() if k < 0 or not -100 <= v <= 100), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias[{bad}]: a token id must be >= 0 and its bias between -100 and 100")
+        return value
+
     @field_validator("reasoning")
     @classmethod
     def _check_reasoning(cls, value: str | int) -> str | int:
@@ -102,4 +131,16 @@ class SamplingSpec(BaseModel):
         data = self.model_dump()
         if self.reasoning == "off":
             data.pop("reasoning")
+        for key in _REQUEST_FIELDS:
+            if data[key] == SamplingSpec.model_fields[key].default:
+                data.pop(key)
         return data
+
+    def extras_asked(self) -> bool:
+        """Whether an answer must carry more than its text: the stop string that ended it,
+        further choices, token log-probabilities (:class:`~sparkbatch_dagster.engines.base.Extras`)."""
+        return bool(self.stop) or self.n > 1 or self.logprobs is not None
+
+
+#: The request fields that name an answer only when set (jobs from before them keep their versions).
+_REQUEST_FIELDS = ("stop", "n", "presence_penalty", "frequency_penalty", "top_k", "logit_bias", "logprobs")

@@ -34,10 +34,29 @@ CHAT_URLS = ("/v1/chat/completions",)
 #: Request fields accepted and not acted on: they change nothing this product generates.
 _IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls",
             "prompt_cache_key", "safety_identifier", "container", "context_management", "mcp_servers"}
-#: Fields accepted when they hold the value that means "nothing special".
-_NEUTRAL = {"n": 1, "stream": False, "frequency_penalty": 0, "presence_penalty": 0, "logprobs": False,
-            "top_k": None, "stop": None, "stop_sequences": None, "tools": None, "tool_choice": None}
-_SAMPLING_KEYS = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "seed"}
+#: Fields accepted when they hold the value that means "nothing special" (tools: none; reasoning:
+#: off), per provider. Any other value of theirs is refused, naming the field.
+_NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
+    "openai_batch": {"stream": (False,), "tools": (None, []), "tool_choice": (None, "none"),
+                     "reasoning_effort": (None, "none"), "top_logprobs": (None,)},
+    "anthropic_batch": {"stream": (False,), "tools": (None, []), "tool_choice": (None, {"type": "none"}),
+                        "thinking": (None, {"type": "disabled"})}}
+#: Why a neutral-only field's other values are refused (the engine runs them otherwise).
+_WHY = {"tools": "tool calls need the model's tool-call parser, which sparkbatch does not run: send the tools' "
+                 "description in the messages and ask for JSON (response_format)",
+        "tool_choice": "no tools are run (see tools)",
+        "reasoning_effort": "a batch line cannot set its own reasoning: set the job's sampling.reasoning (a thinking "
+                            "budget, docs/reasoning.md)",
+        "thinking": "a batch line cannot set its own thinking: set the job's sampling.reasoning (a thinking budget, "
+                    "docs/reasoning.md)",
+        "stream": "a batch answer is never streamed"}
+#: A line's sampling fields, per provider: its name there -> ``SamplingSpec``'s.
+_SAMPLING = {"openai_batch": {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
+                              "temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop", "n": "n",
+                              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                              "logit_bias": "logit_bias", "logprobs": "logprobs"},
+             "anthropic_batch": {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+                                 "top_k": "top_k", "stop_sequences": "stop"}}
 _ROLES = {"openai_batch": ("system", "developer", "user", "assistant"), "anthropic_batch": ("user", "assistant")}
 
 
@@ -143,18 +162,24 @@ def normalize(body: dict[str, Any], fmt: str, job: SamplingSpec) -> BatchRequest
     """A request body reduced to its messages, the sampling fields it sets, its output."""
     where = "body" if fmt == "openai_batch" else "params"
     for key, value in body.items():
-        if key in _IGNORED or key in _SAMPLING_KEYS or key in ("messages", "system", "response_format"):
+        if key in _IGNORED or key in _SAMPLING[fmt] or key in ("messages", "system", "response_format"):
             continue
-        if key in _NEUTRAL and value == _NEUTRAL[key]:
+        if key in _NEUTRAL[fmt] and value in _NEUTRAL[fmt][key]:
             continue
-        raise LineError(f"unsupported: {where}.{key}={json.dumps(value)[:60]}: sparkbatch runs plain chat "
-                        "requests (messages, max_tokens, temperature, top_p, seed, response_format)")
+        if key == "top_logprobs" and body.get("logprobs") is True:
+            continue
+        why = _WHY.get(key, f"not a field sparkbatch runs (it runs {', '.join(sorted(_SAMPLING[fmt]))}, messages, "
+                       f"{'system, ' if fmt == 'anthropic_batch' else 'response_format, '}and ignores "
+                       f"{', '.join(sorted(_IGNORED))})")
+        raise LineError(f"{'bad_request' if key == 'top_logprobs' else 'unsupported'}: {where}.{key}="
+                        f"{json.dumps(value)[:60]}: "
+                        + ("top_logprobs needs logprobs: true" if key == "top_logprobs" else why))
     messages = _messages(body.get("messages"), fmt, where)
     if fmt == "anthropic_batch" and body.get("system") is not None:
         messages.insert(0, Message("system", _text(body["system"], f"{where}.system")))
     elif "system" in body:
         raise LineError(f"unsupported: {where}.system: give the system prompt as a message with role 'system'")
-    return BatchRequest(messages=messages, sampling=_sampling(body, job, where),
+    return BatchRequest(messages=messages, sampling=_sampling(body, fmt, job, where),
                         output=_output(body.get("response_format"), where))
 
 
@@ -191,21 +216,40 @@ def _text(content: Any, where: str) -> str:
     raise LineError(f"bad_request: {where} is missing, empty or not text")
 
 
-def _sampling(body: dict[str, Any], job: SamplingSpec, where: str) -> dict[str, Any]:
+def _sampling(body: dict[str, Any], fmt: str, job: SamplingSpec, where: str) -> dict[str, Any]:
     fields: dict[str, Any] = {}
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None:
-        fields["max_tokens"] = limit
-    for key in ("temperature", "top_p", "seed"):
-        if body.get(key) is not None:
-            fields[key] = body[key]
+    named: dict[str, str] = {}  # SamplingSpec's name -> the line's, for the error's message
+    for key, ours in _SAMPLING[fmt].items():
+        value = body.get(key)
+        if value is not None and not (key == "max_tokens" and "max_completion_tokens" in body):
+            fields[ours], named[ours] = _value(key, value, body, where), key
     try:
         merged = SamplingSpec(**{**job.model_dump(), **fields})
     except ValueError as exc:
         first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": ("?",), "msg": str(exc)}
-        raise LineError(f"bad_request: {where}.{first['loc'][0]}: {first['msg']}") from None
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        raise LineError(f"bad_request: {where}.{named.get(field, field)}: {first['msg']}") from None
     # Only what differs from the job's: a line that asks for nothing special shares the job's settings.
     return {k: v for k, v in merged.model_dump().items() if v != getattr(job, k)}
+
+
+def _value(key: str, value: Any, body: dict[str, Any], where: str) -> Any:
+    """A sampling field's value as ``SamplingSpec`` names it (the type checks are its own)."""
+    if key in ("stop", "stop_sequences"):
+        stops = [value] if isinstance(value, str) else value
+        if key == "stop" and isinstance(stops, list) and len(stops) > 4:
+            raise LineError(f"bad_request: {where}.stop has {len(stops)} sequences: at most 4")
+        return stops
+    if key == "logprobs":
+        if not isinstance(value, bool):
+            raise LineError(f"bad_request: {where}.logprobs={json.dumps(value)[:20]}: a boolean")
+        return body.get("top_logprobs") or 0 if value else None
+    if key == "logit_bias" and isinstance(value, dict):
+        try:
+            return {int(k): v for k, v in value.items()}
+        except ValueError:
+            raise LineError(f"bad_request: {where}.logit_bias: its keys are token ids (\"50256\")") from None
+    return value
 
 
 def _output(fmt: Any, where: str) -> JsonOutput | None:

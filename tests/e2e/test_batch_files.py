@@ -31,7 +31,7 @@ HOSTILE = {
     json.dumps({"custom_id": "nobody", "method": "POST", "url": URL}): "bad_request",
     json.dumps({"method": "POST", "url": URL, "body": {"messages": [{"role": "user", "content": "x"}]}}): "bad_request",
     openai_line("tools", tools=[{"type": "function", "function": {"name": "f"}}]): "unsupported",
-    openai_line("n3", n=3): "unsupported",
+    openai_line("audio", modalities=["audio"]): "unsupported",
     json.dumps({"custom_id": "img", "method": "POST", "url": URL, "body": {"messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}}): "unsupported",
     openai_line("hot", temperature=9): "bad_request",
@@ -79,7 +79,7 @@ def test_openai_file_every_line_once_hostile_lines_as_errors(tmp_path: Path) -> 
     by_id = {x["custom_id"]: x["error"] for x in bad}
     assert by_id["a#dup2"]["code"] == "duplicate_id" and "a" in by_id["a#dup2"]["message"]
     assert "/v1/embeddings" in by_id["emb"]["message"] and by_id["emb"]["line"] == len(good) + 3
-    assert "tools" in by_id["tools"]["message"] and "n=3" in by_id["n3"]["message"]
+    assert "tools" in by_id["tools"]["message"] and "modalities" in by_id["audio"]["message"]
     assert "image_url" in by_id["img"]["message"] and "temperature" in by_id["hot"]["message"]
     nameless = [x for x in bad if x["custom_id"].startswith(("unparsable-line-", "null-id-"))]
     assert len(nameless) == 3  # bad JSON, a list, no custom_id: named after their line, never dropped

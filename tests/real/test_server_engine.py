@@ -359,6 +359,22 @@ def test_a_chat_server_gives_the_confidence_by_token_text(server_engine, real_en
     assert server_engine.server.alive()  # the chat client's close leaves the server it did not start
 
 
+def test_a_started_server_honours_a_batch_lines_own_fields_by_token_ids_and_in_chat(server_engine, real_engine):
+    """A batch line's stop, n, logprobs, penalties, top_k and logit_bias through `vllm serve`:
+    as completions of token ids (a server started here) and as chat bodies (someone else's)."""
+    from real.test_real_batch_fields import check_fields
+    from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
+
+    check_fields(server_engine, real_engine._tokenizer)
+    outside = VLLMResource(engine="server", server_url=server_engine.base_url, model=server_engine.served_name,
+                           server_token_ids=False)
+    chat = VLLMServerEngine(outside.engine_settings(), server_engine.base_url, server_engine.served_name)
+    try:
+        check_fields(chat, real_engine._tokenizer)
+    finally:
+        chat.close()
+
+
 def test_killed_server_fails_promptly_is_stopped_whole_and_a_rerun_resumes(tmp_path, server_engine, real_engine):
     """Runs last in this module: it kills the module's server, its leader alone (as the OOM killer
     would), leaving the engine core and frontend children it started."""

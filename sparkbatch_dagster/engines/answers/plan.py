@@ -39,8 +39,21 @@ Route = Literal["own", "step", "grammar"] | None
 def sampling_fields(sampling: SamplingSpec) -> dict[str, Any]:
     """The sampling settings every request carries, named as ``SamplingParams`` and the OpenAI API
     both name them. A ``SamplingSpec`` field that reaches the engine is added here, and only here."""
-    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
-            "ignore_eos": sampling.ignore_eos}
+    fields: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
+                              "ignore_eos": sampling.ignore_eos}
+    # A request field only when set: a job that sets none sends what it always sent.
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    if sampling.n > 1:
+        fields["n"] = sampling.n
+    for key in ("presence_penalty", "frequency_penalty"):
+        if getattr(sampling, key):
+            fields[key] = getattr(sampling, key)
+    if sampling.top_k is not None:
+        fields["top_k"] = sampling.top_k
+    if sampling.logit_bias:  # keyed by token id as text, as the API's JSON has it
+        fields["logit_bias"] = {str(k): v for k, v in sampling.logit_bias.items()}
+    return fields
 
 
 def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults: Mapping[str, Any] | None = None,
@@ -57,10 +70,13 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults:
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     fields = None if first or output is None else structured_outputs(output)
+    common = sampling_fields(sampling)
+    if "logit_bias" in common:  # SamplingParams takes token ids as ints
+        common["logit_bias"] = {int(k): v for k, v in common["logit_bias"].items()}
     return SamplingParams(
         max_tokens=1 if first else max_tokens or sampling.max_tokens,
         allowed_token_ids=sorted(first) if first else None,
-        **sampling_fields(sampling),
+        **common,
         structured_outputs=StructuredOutputsParams(**fields) if fields else None,
         logprobs=logprobs,
         **(defaults or {}),
@@ -69,7 +85,9 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults:
         # per-step incremental detokenization, and each result is decoded once here, in
         # batches. That keeps this process ahead of the GPU, so the queue never runs dry.
         output_kind=RequestOutputKind.FINAL_ONLY,
-        detokenize=False,
+        # Stop strings are matched on the text (vLLM refuses them otherwise): those answers come detokenized,
+        # cut before the stop string, and their text is taken as it comes (``offline.vllm_offline``).
+        detokenize=bool(sampling.stop),
     )
 
 
@@ -111,11 +129,18 @@ class AnswerPlan:
     thinking: reasoning.Plan | None = None
     tally: label_tokens.Tally | None = None
     _built: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    _more: dict[str, SamplingSpec] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def logprobs(self) -> int | None:
         """Top log-probabilities asked per generated token (None: none)."""
         return self.scorer.top if self.scorer is not None else None
+
+    def logprobs_for(self, sampling: SamplingSpec) -> int | None:
+        """Top log-probabilities to ask for a request of ``sampling``: the scorer's, or as many as
+        the request returns itself (a batch line's ``top_logprobs``), whichever is more."""
+        asked = [n for n in (self.logprobs, sampling.logprobs) if n is not None]
+        return max(asked) if asked else None
 
     @staticmethod
     def own(req: EngineRequest) -> bool:
@@ -152,13 +177,15 @@ class AnswerPlan:
         specs = self.specs(req) if route == "own" else (self.sampling, self.output)
         key = (route == "step", settings_key(*specs))
         if key not in self._built:
-            self._built[key] = sampling_params(*specs, self.defaults, self.first(route), self.logprobs)
+            self._built[key] = sampling_params(*specs, self.defaults, self.first(route), self.logprobs_for(specs[0]))
         return self._built[key]
 
     def fields(self, req: EngineRequest, route: Route, completions: bool) -> dict[str, Any]:
         """A server request's settings for ``req`` going ``route`` (model and prompt aside):
         sampling, the grammar or the one step's tokens, log-probabilities, the thinking budget."""
         sampling, output = self.specs(req) if route == "own" else (self.sampling, self.output)
+        if route == "own" and sampling.extras_asked():
+            self._more[req.id] = sampling  # its answer brings them back: :meth:`asked_more`
         first = self.first(route)
         body: dict[str, Any] = {"max_tokens": 1 if first else sampling.max_tokens, **sampling_fields(sampling),
                                 **self.defaults}
@@ -169,9 +196,17 @@ class AnswerPlan:
             body["allowed_token_ids"] = sorted(first)
         if self.scorer is not None:
             body.update(self.scorer.fields(completions))
+        if sampling.logprobs is not None:  # the request returns them itself (as many as the scorer's, at least)
+            top = self.logprobs_for(sampling)
+            body.update({"logprobs": top} if completions else {"logprobs": True, "top_logprobs": top})
         if self.thinking is not None:
             body.update(reasoning.request_fields(self.thinking))
         return body
+
+    def asked_more(self, row_id: str) -> SamplingSpec | None:
+        """The settings of a server request whose answer must carry more than its text (stop
+        string, choices, log-probabilities: :mod:`.extras`), once, as its answer comes; else None."""
+        return self._more.pop(row_id, None)
 
     def settle(self, token: int) -> str | None:
         """The label a one-step answer's token settles, counted in the tally; None: it begins

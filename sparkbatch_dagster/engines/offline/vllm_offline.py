@@ -19,6 +19,7 @@ from ...spec import OutputSpec, SamplingSpec
 from ...spec.prompts import chat_text
 from .. import settings
 from ..answers.encode_ahead import EncodeAhead
+from ..answers.extras import of_vllm as extras_of
 from ..answers.plan import AnswerPlan, plan
 from ..base import Engine, EngineRequest, EngineResult
 from ..config import EngineSettings
@@ -99,6 +100,7 @@ class VLLMOfflineEngine(Engine):
         in_flight: dict[str, tuple[str, int]] = {}  # request id: (row id, prompt tokens)
         asked: dict[str, EngineRequest] = {}  # in flight as one step: asked again if it settles nothing
         again: set[str] = set()  # asked again with the grammar
+        extras: dict[str, SamplingSpec] = {}  # in flight with a line's own settings that ask for more than text
         exhausted = False
         ahead = EncodeAhead(self.encode)
         try:
@@ -130,6 +132,8 @@ class VLLMOfflineEngine(Engine):
                         continue
                     rid = self._add(ids, answers.vllm_params(req, route))
                     in_flight[rid] = (req.id, len(ids))
+                    if route == "own" and req.sampling is not None and req.sampling.extras_asked():
+                        extras[rid] = req.sampling
                     if route == "step":
                         asked[rid] = req
                 if not in_flight:
@@ -148,8 +152,12 @@ class VLLMOfflineEngine(Engine):
                 ) if done else []
                 for out, text in zip(done, texts, strict=True):
                     row_id, n_prompt = in_flight.pop(out.request_id)
+                    asked_more = extras.pop(out.request_id, None)
+                    if asked_more is not None and asked_more.stop:  # detokenized, and cut before its stop string
+                        text = out.outputs[0].text
                     yield self._result(row_id, text, n_prompt, out, answers,
-                                       spent=len(out.outputs[0].token_ids) + (out.request_id in again))
+                                       spent=sum(len(c.token_ids) for c in out.outputs) + (out.request_id in again),
+                                       extra=extras_of(out, self._tokenizer, asked_more) if asked_more else None)
                     again.discard(out.request_id)
         finally:
             ahead.close()
@@ -167,12 +175,14 @@ class VLLMOfflineEngine(Engine):
         return rid
 
     @staticmethod
-    def _result(row_id: str, text: str, n_prompt: int, out: Any, answers: AnswerPlan, spent: int) -> EngineResult:
-        """A finished request's result; ``spent``: its output tokens (a row asked again with the
-        grammar spent the one step too)."""
+    def _result(row_id: str, text: str, n_prompt: int, out: Any, answers: AnswerPlan, spent: int,
+                extra: str | None = None) -> EngineResult:
+        """A finished request's result; ``spent``: its output tokens, every choice's (a row asked
+        again with the grammar spent the one step too); ``extra``: what its request asked beyond the text."""
         return EngineResult(row_id, text, prompt_tokens=n_prompt, output_tokens=spent,
                             cached_tokens=int(out.num_cached_tokens or 0), finish_reason=out.outputs[0].finish_reason,
-                            confidence=answers.scorer.of_vllm(text, out.outputs[0]) if answers.scorer else None)
+                            confidence=answers.scorer.of_vllm(text, out.outputs[0]) if answers.scorer else None,
+                            extra=extra)
 
     def _settle(self, done: list[Any], answers: AnswerPlan, asked: dict[str, EngineRequest],
                 in_flight: dict[str, tuple[str, int]], again: set[str]) -> tuple[list[Any], list[EngineResult]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...spec import OutputSpec, SamplingSpec
-from ..answers import confidence, reasoning
+from ..answers import confidence, extras, reasoning
 from ..answers.plan import AnswerPlan
 from ..base import EngineResult, structured_outputs
 from .endpoints import key_error
@@ -64,9 +64,10 @@ def classify(status: int, text: str, url: str) -> str:
 
 
 def answer_result(row_id: str, data: dict[str, Any], sure: confidence.Scorer | None,
-                  thinking: reasoning.Plan | None, tokenizer: Any) -> EngineResult:
+                  thinking: reasoning.Plan | None, tokenizer: Any, more: SamplingSpec | None = None) -> EngineResult:
     """The row's result from a 200 answer: a chat answer's message, or a completion's text
-    (``server_token_ids``), with its token counts, and its confidence when ``sure`` scores it."""
+    (``server_token_ids``), with its token counts, and its confidence when ``sure`` scores it;
+    ``more``: the settings of a request that asked for more than the text (:mod:`..answers.extras`)."""
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     choice = data["choices"][0]
@@ -78,6 +79,7 @@ def answer_result(row_id: str, data: dict[str, Any], sure: confidence.Scorer | N
         prompt_tokens=int(usage.get("prompt_tokens", 0)), output_tokens=int(usage.get("completion_tokens", 0)),
         cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=choice.get("finish_reason"),
         confidence=sure.of_openai(text, choice.get("logprobs")) if sure is not None else None,
+        extra=extras.of_openai(data["choices"], more) if more is not None else None,
     )
 
 

@@ -270,7 +270,8 @@ class VLLMServerEngine(Engine):
                               "set VLLMResource.server_url and model to one server and the model it serves")
         answers = self._plan
         assert answers is not None  # answers come only inside generate
-        return answer_result(row_id, data, answers.scorer, answers.thinking, self._tokenizer)
+        return answer_result(row_id, data, answers.scorer, answers.thinking, self._tokenizer,
+                             answers.asked_more(row_id))
 
     def _check_server(self) -> None:
         """A server we own that has exited fails the run now, not after every retry."""
