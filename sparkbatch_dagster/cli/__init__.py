@@ -11,14 +11,18 @@ Modules:
 - :mod:`.preview`: ``sparkbatch preview``: a run's plan and rendered prompts, no engine;
 - :mod:`.budget`: ``run``'s brake flags (``--estimate``, ``--max-cost``, ``--deadline``);
 - :mod:`.batch`: ``sparkbatch run-batch`` and ``export-batch``;
-- :mod:`.serve_batch`: ``sparkbatch serve-batch``, the OpenAI Files and Batches endpoints (uvicorn);
+- :mod:`.serve_batch`: ``sparkbatch serve-batch``, the OpenAI Files and Batches endpoints and Anthropic's
+  Message Batches (uvicorn);
 - :mod:`.serve_batch_app`: its FastAPI routes;
 - :mod:`.serve_batch_models`: its request and response models;
 - :mod:`.serve_batch_guard`: its Host, Origin, API key and body-size checks;
+- :mod:`.anthropic_batches`: its Anthropic Message Batches routes;
+- :mod:`.anthropic_models`: their request and response models;
 - :mod:`.batch_service`: the worker that validates and runs the batches;
 - :mod:`.batch_store`: the files and batches on disk;
 - :mod:`.batch_validate`: a batch input file's check while it is ``validating``;
-- :mod:`.batch_results`: the error lines of requests that never ran (expired, cancelled).
+- :mod:`.batch_results`: the error lines of requests that never ran (expired, cancelled);
+- :mod:`.batch_ending`: what a batch holds once it ends (result files, counts, usage).
 
 May import: every room; nothing imports it (``python -m sparkbatch_dagster.cli`` runs it).
 """

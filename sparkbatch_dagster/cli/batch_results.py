@@ -2,9 +2,15 @@
 early: expired (its completion window passed, code ``batch_expired``) or cancelled (code
 ``batch_cancelled``). Each is ``{"id", "custom_id", "response": null, "error": {"code",
 "message"}}``, so every request of the input appears once in the result files, and the user can
-send the unfinished ones again by their ``custom_id``. Example::
+send the unfinished ones again by their ``custom_id``.
+
+For an Anthropic Message Batch (``fmt`` ``anthropic_batch``, one results file) each is Anthropic's
+result of a request not run, ``{"custom_id", "result": {"type": "canceled"}}`` or ``{"type":
+"expired"}``; after a failed run, an ``errored`` result (``api_error``) with the run's reason. Example::
 
     added = add_unfinished(Path("in.jsonl"), Path("output.jsonl"), Path("errors.jsonl"), "expired")
+    added = add_unfinished(Path("in.jsonl"), Path("results.jsonl"), Path("results.jsonl"), "cancelled",
+                           fmt="anthropic_batch")
 """
 
 from __future__ import annotations
@@ -14,16 +20,20 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 #: The line's error, by how the batch ended (OpenAI's documented batch_expired message).
 REASONS = {"expired": ("batch_expired", "This request could not be executed before the completion window expired."),
            "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled first.")}
+#: Anthropic's result ``type`` of a request not run, by how the batch ended.
+ANTHROPIC_TYPES = {"expired": "expired", "cancelled": "canceled"}
 
 
-def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str) -> int:
-    """Append to ``errors`` a line for each request of ``input_path`` that neither result file
-    holds; return how many. ``ending``: ``expired`` or ``cancelled``."""
-    code, message = REASONS[ending]
+def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fmt: str = "openai_batch",
+                   reason: str = "") -> int:
+    """Append to ``errors`` (Anthropic's: the results file, ``errors`` == ``output``) a line for
+    each request of ``input_path`` that neither result file holds; return how many. ``ending``:
+    ``expired`` or ``cancelled`` (Anthropic's also ``failed``, its lines ``errored`` with ``reason``)."""
     done = {cid for path in (output, errors) for cid in _ids_in(path)}
     missing = [cid for cid in dict.fromkeys(_ids_in(input_path)) if cid not in done]
     if not missing:
@@ -34,11 +44,25 @@ def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str) ->
         if errors.exists():
             out.write(errors.read_text(encoding="utf-8"))
         for cid in missing:
-            uid = hashlib.sha256(f"{input_path.name}\x1e{cid}\x1e{ending}".encode()).hexdigest()[:24]
-            out.write(json.dumps({"id": f"batch_req_{uid}", "custom_id": cid, "response": None,
-                                  "error": {"code": code, "message": message}}, ensure_ascii=False) + "\n")
+            line = _anthropic_line(cid, ending, reason) if fmt == "anthropic_batch" else \
+                _openai_line(input_path, cid, ending)
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
     os.replace(tmp, errors)
     return len(missing)
+
+
+def _openai_line(input_path: Path, cid: str, ending: str) -> dict[str, Any]:
+    code, message = REASONS[ending]
+    uid = hashlib.sha256(f"{input_path.name}\x1e{cid}\x1e{ending}".encode()).hexdigest()[:24]
+    return {"id": f"batch_req_{uid}", "custom_id": cid, "response": None, "error": {"code": code, "message": message}}
+
+
+def _anthropic_line(cid: str, ending: str, reason: str) -> dict[str, Any]:
+    if ending in ANTHROPIC_TYPES:
+        return {"custom_id": cid, "result": {"type": ANTHROPIC_TYPES[ending]}}
+    message = f"The batch's run failed before this request was answered: {reason or 'see the server log'}"
+    return {"custom_id": cid, "result": {"type": "errored", "error": {
+        "type": "error", "error": {"type": "api_error", "message": message}, "request_id": None}}}
 
 
 def _ids_in(path: Path) -> Iterator[str]:

@@ -8,7 +8,11 @@ while its result files are written, then ``completed``. Each batch is a batch-fi
 process, one batch at a time (one engine on the box). The child is stopped by the kernel if the
 server dies; on the next start every batch that was not over is queued again and its run resumes
 from its checkpoints (rows already answered are not asked again). A cancel interrupts the child,
-then the rows finished so far become the batch's result files.
+then the rows finished so far become the batch's result files (:mod:`.batch_ending`).
+
+An Anthropic Message Batch (:mod:`.anthropic_batches`, ``format`` ``anthropic_batch``) is checked
+when it is created, so it skips ``validating``; it is queued and run as any batch is, on the same
+answer store.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from typing import Any
 
 from ..definitions.batch_files import batch_counts, batch_file_job, export_batch
 from ..definitions.resource import VLLMResource
-from ..run.batch_export import ExportSummary, Tally, Usage
+from ..run.batch_export import ExportSummary
 from ..spec import SamplingSpec
-from .batch_results import add_unfinished
+from .batch_ending import NOTHING_RAN, counts_of, ended, usage_fields
 from .batch_store import ENDPOINT, OPEN, Store, new_batch, now
 from .batch_validate import validate_file
 
 __all__ = ["ENDPOINT", "OPEN", "STOP_GRACE_S", "Store", "Worker", "new_batch"]
+_usage = usage_fields  # the name tests/unit/test_batch_semantics.py imports
 
 #: Seconds a cancelled run gets to stop on its own before its process group is killed.
 STOP_GRACE_S = 60.0
@@ -79,8 +84,9 @@ class Worker:
         threading.Thread(target=self._loop, name="sparkbatch-batches", daemon=True).start()
 
     def submit(self, batch: dict[str, Any]) -> None:
-        """Validate a new batch (:func:`.batch_validate.validate_file`), then queue it to run."""
-        self.checks.put(batch["id"])
+        """Validate a new batch (:func:`.batch_validate.validate_file`), then queue it to run; a
+        Message Batch, checked at create, is queued at once."""
+        (self.checks if batch["status"] == "validating" else self.queue).put(batch["id"])
 
     def _validate_loop(self) -> None:
         while True:
@@ -101,7 +107,8 @@ class Worker:
             if (self.store.batch(bid) or {}).get("status") != "validating":  # cancelled meanwhile
                 return
             if problems:
-                self.store.update(bid, status="failed", failed_at=now(), errors={"object": "list", "data": problems})
+                self.store.update(bid, status="failed", failed_at=now(), errors={"object": "list", "data": problems},
+                                  **usage_fields(NOTHING_RAN))
                 return
             self.store.update(bid, status="in_progress", in_progress_at=now())
         self.queue.put(bid)
@@ -150,7 +157,7 @@ class Worker:
             batch = self.store.batch(bid)
             assert batch is not None
             self._jobs[bid], _ = batch_file_job(
-                self.store.file_path(batch["input_file_id"]), "openai_batch", home=self.store.folder(bid) / "home",
+                self.store.file_path(batch["input_file_id"]), _format(batch), home=self.store.folder(bid) / "home",
                 name=_job_name(bid), resource=self.resource, sampling=SamplingSpec(max_tokens=self.max_tokens),
                 shard_size=self.shard_size, result_store=str(self.answers))
         return self._jobs[bid]
@@ -170,11 +177,20 @@ class Worker:
             batch = self.store.batch(bid) or batch
             if batch["status"] != "in_progress":
                 return batch
-            return self.store.update(bid, request_counts=_counts(counts, batch))
+            return self.store.update(bid, request_counts=counts_of(counts, batch))
+
+    def _final_counts(self, bid: str) -> dict[str, Any]:
+        """``request_counts`` from the finished rows, read now (none if they cannot be read)."""
+        try:
+            counts = batch_counts(self.job(bid), self.resource)
+            return {"request_counts": counts_of(counts, self.store.batch(bid) or {})}
+        except Exception:  # noqa: BLE001 - the export that follows says what is wrong
+            return {}
 
     def _export(self, bid: str) -> ExportSummary:
-        folder = self.store.folder(bid)
-        return export_batch(self.job(bid), folder / "output.jsonl", folder / "errors.jsonl", self.resource)
+        folder, batch = self.store.folder(bid), self.store.batch(bid) or {}
+        errors = None if _format(batch) == "anthropic_batch" else folder / "errors.jsonl"  # one results file
+        return export_batch(self.job(bid), folder / "output.jsonl", errors, self.resource)
 
     def _loop(self) -> None:
         while True:
@@ -195,10 +211,10 @@ class Worker:
         folder.mkdir(exist_ok=True)
         batch = self.store.batch(bid)
         assert batch is not None
-        cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run-batch", "--format", "openai_batch",
+        errors = [] if _format(batch) == "anthropic_batch" else ["--errors", str(folder / "errors.jsonl")]
+        cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run-batch", "--format", _format(batch),
                "-i", str(self.store.file_path(batch["input_file_id"])), "--home", str(folder / "home"),
-               "-o", str(folder / "output.jsonl"), "--errors", str(folder / "errors.jsonl"),
-               "--job-name", _job_name(bid), *self.engine, *self.options]
+               "-o", str(folder / "output.jsonl"), *errors, "--job-name", _job_name(bid), *self.engine, *self.options]
         from ..engines.server.server_process import spawn_owned
 
         with self.store.lock:
@@ -215,7 +231,8 @@ class Worker:
         if bid in self.stopping:
             self._finish(bid, self.stopping[bid])
         elif code == 0:
-            self.store.update(bid, status="finalizing", finalizing_at=now())
+            # The run is over, so its counts are final: a client polling ``finalizing`` sees them.
+            self.store.update(bid, status="finalizing", finalizing_at=now(), **self._final_counts(bid))
             self._finish(bid, "completed")
         else:
             self._finish(bid, "failed", _last_line(folder / "run.log") or f"run-batch exited with code {code}")
@@ -230,37 +247,13 @@ class Worker:
                 self._end(bid, status, error)
 
     def _end(self, bid: str, status: str, error: str | None) -> None:
-        folder = self.store.folder(bid)
-        fields: dict[str, Any] = {"status": status, f"{status}_at": now()}
         try:
-            counts = self._export(bid)
+            counts: ExportSummary | None = self._export(bid)
         except Exception as exc:  # noqa: BLE001 - nothing was sharded: no result files
             counts = None
             if status == "failed":
                 error = error or f"{type(exc).__name__}: {exc}"
-        unrun = 0
-        if status in ("cancelled", "expired"):
-            batch = self.store.batch(bid) or {}
-            unrun = add_unfinished(self.store.file_path(batch.get("input_file_id", "")), folder / "output.jsonl",
-                                   folder / "errors.jsonl", status)
-        if counts is not None:
-            fields["request_counts"] = _counts(counts.tally, self.store.batch(bid) or {})
-            fields.update(_usage(counts.usage))
-            if counts.written or status == "completed":
-                fields["output_file_id"] = self.store.add_file(folder / "output.jsonl", "output.jsonl",
-                                                               "batch_output")["id"]
-        if unrun:
-            counted = fields.get("request_counts") or (self.store.batch(bid) or {}).get("request_counts") or {}
-            failed = int(counted.get("failed") or 0) + unrun
-            fields["request_counts"] = {"total": max(int(counted.get("total") or 0),
-                                                     int(counted.get("completed") or 0) + failed),
-                                        "completed": int(counted.get("completed") or 0), "failed": failed}
-        if (counts is not None and counts.errors) or unrun:
-            fields["error_file_id"] = self.store.add_file(folder / "errors.jsonl", "errors.jsonl", "batch_output")["id"]
-        if error is not None:
-            fields["errors"] = {"object": "list", "data": [{"code": "run_failed", "message": error, "param": None,
-                                                            "line": None}]}
-        self.store.update(bid, **fields)
+        self.store.update(bid, **ended(self.store, bid, status, counts, error))
 
 
 def _kill_late(child: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -271,21 +264,9 @@ def _kill_late(child: subprocess.Popen[bytes], grace_s: float) -> None:
             os.killpg(child.pid, signal.SIGKILL)
 
 
-def _counts(tally: Tally, batch: dict[str, Any]) -> dict[str, int]:
-    """``request_counts`` from an export's tally; before the job is sharded (no rows yet), the
-    total stays the input's line count."""
-    total = tally.rows or int((batch.get("request_counts") or {}).get("total") or 0)
-    return {"total": total, "completed": tally.written, "failed": tally.errors}
-
-
-def _usage(usage: Usage) -> dict[str, Any]:
-    """The Batch's fields for ``usage`` (OpenAI's shape: the tokens spent, a reused answer's none),
-    ``model``, and how many answers were reused rather than generated (a field of this server's)."""
-    return {"model": usage.model, "reused_requests": usage.reused,
-            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-                      "total_tokens": usage.input_tokens + usage.output_tokens,
-                      "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-                      "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}}
+def _format(batch: dict[str, Any]) -> str:
+    """The batch's input format: ``anthropic_batch`` for a Message Batch, else ``openai_batch``."""
+    return str(batch.get("format") or "openai_batch")
 
 
 def _job_name(bid: str) -> str:

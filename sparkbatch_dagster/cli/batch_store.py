@@ -5,11 +5,16 @@ Everything lives under one folder, so a server killed at any moment and started 
 ``--root`` carries on::
 
     files/<file-id>.jsonl, files/<file-id>.json     an uploaded file and its FileObject
-    batches/<batch-id>.json                         the Batch object (status, file ids, times)
+    files/<msgbatch-id>-requests.jsonl              a Message Batch's requests (no FileObject: not listed)
+    batches/<batch-id>.json                         the Batch object (status, file ids, times); a Message
+                                                    Batch's record is the same, its "format" anthropic_batch
     batches/<batch-id>/home/                        the batch's job: shards, checkpoints, commits
     batches/<batch-id>/output.jsonl, errors.jsonl   its result files, written when it ends
 
-Each object file is replaced whole (:func:`write_json`): a reader never sees half of one.
+Each object file is replaced whole (:func:`write_json`): a reader never sees half of one. A file
+is a typed record, :class:`.serve_batch_models.FileObject`, written as the JSON earlier servers
+wrote (the same fields in the same order), so an old ``--root`` reads; a Batch is still the dict
+of its JSON. Listeners (:attr:`Store.listeners`) hear each change of a batch's status.
 """
 
 from __future__ import annotations
@@ -17,12 +22,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..errors import ConfigError
+from .serve_batch_models import FileObject
 
 #: A batch in one of these has not ended: a restarted server takes it up again.
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")
@@ -47,8 +57,12 @@ class Store:
         self.files.mkdir(parents=True, exist_ok=True)
         self.batches.mkdir(parents=True, exist_ok=True)
         self.lock = threading.RLock()
+        #: Called with the Batch after each change of its status, after the write, in the thread
+        #: that made it (outside the store's lock unless that caller holds it): what follows a
+        #: batch's statuses (a test holds the worker at ``finalizing`` with one).
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
-    def add_file(self, data: bytes | Path, filename: str, purpose: str) -> dict[str, Any]:
+    def add_file(self, data: bytes | Path, filename: str, purpose: str) -> FileObject:
         """Keep an uploaded file (or move a result file in); return its FileObject."""
         fid = f"file-{secrets.token_hex(12)}"
         path = self.files / f"{fid}.jsonl"
@@ -56,23 +70,22 @@ class Store:
             os.replace(data, path)
         else:
             path.write_bytes(data)
-        meta = {"id": fid, "object": "file", "bytes": path.stat().st_size, "created_at": now(),
-                "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
-                "status_details": None}
-        write_json(self.files / f"{fid}.json", meta)
+        meta = FileObject(id=fid, bytes=path.stat().st_size, created_at=now(), filename=filename, purpose=purpose,
+                          status="processed")
+        write_json(self.files / f"{fid}.json", meta.model_dump(mode="json"))  # the fields in OpenAI's order
         return meta
 
-    def file(self, fid: str) -> dict[str, Any] | None:
-        return _read(self.files / f"{_safe(fid)}.json")
+    def file(self, fid: str) -> FileObject | None:
+        return _file_at(self.files / f"{_safe(fid)}.json")
 
     def file_path(self, fid: str) -> Path:
         return self.files / f"{_safe(fid)}.jsonl"
 
-    def all_files(self) -> list[dict[str, Any]]:
+    def all_files(self) -> list[FileObject]:
         """Every FileObject, oldest first (``files.list`` pages them either way): by ``created_at``,
         then by when its object was written (files made in the same second keep their order)."""
-        found = [(f, _mtime(p)) for p in self.files.glob("file-*.json") if (f := _read(p)) is not None]
-        return [f for f, _ in sorted(found, key=lambda fw: (fw[0]["created_at"], fw[1], fw[0]["id"]))]
+        found = [(f, _mtime(p)) for p in self.files.glob("file-*.json") if (f := _file_at(p)) is not None]
+        return [f for f, _ in sorted(found, key=lambda fw: (fw[0].created_at, fw[1], fw[0].id))]
 
     def delete_file(self, fid: str) -> None:
         """Forget a file: its object first (it is gone for every reader), then its bytes."""
@@ -92,12 +105,28 @@ class Store:
         with self.lock:
             batch = self.batch(bid)
             assert batch is not None, bid
-            return self.save({**batch, **fields})
+            saved = self.save({**batch, **fields})
+        if saved["status"] != batch["status"]:
+            for listener in self.listeners:
+                listener(saved)
+        return saved
 
     def all_batches(self) -> list[dict[str, Any]]:
-        """Newest first, as the Batches API lists them."""
-        found = [b for p in self.batches.glob("batch_*.json") if (b := _read(p)) is not None]
+        """Newest first, as the Batches API lists them: OpenAI's batches and Anthropic's Message
+        Batches (``format`` ``anthropic_batch``) alike, one queue for the worker."""
+        found = [b for pattern in ("batch_*.json", "msgbatch_*.json") for p in self.batches.glob(pattern)
+                 if (b := _read(p)) is not None]
         return sorted(found, key=lambda b: (b["created_at"], b["id"]), reverse=True)
+
+    def delete_batch(self, bid: str) -> None:
+        """Forget an ended batch: its object first (gone for every reader), then its job's folder
+        and its stored requests (a Message Batch's; an OpenAI batch's input is a file of its own)."""
+        with self.lock:
+            batch = self.batch(bid)
+            (self.batches / f"{_safe(bid)}.json").unlink(missing_ok=True)
+            shutil.rmtree(self.folder(bid), ignore_errors=True)
+            if batch is not None and batch.get("format") == "anthropic_batch":
+                self.file_path(batch["input_file_id"]).unlink(missing_ok=True)
 
     def folder(self, bid: str) -> Path:
         return self.batches / _safe(bid)
@@ -117,6 +146,15 @@ def _mtime(path: Path) -> int:
         return 0
 
 
+def _file_at(path: Path) -> FileObject | None:
+    """The FileObject stored at ``path`` (None: gone, or not one: a damaged record is not listed)."""
+    found = _read(path)
+    try:
+        return None if found is None else FileObject.model_validate(found)
+    except ValidationError:
+        return None
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())  # type: ignore[no-any-return]
@@ -128,8 +166,11 @@ def _read(path: Path) -> dict[str, Any] | None:
 def new_batch(store: Store, body: dict[str, Any]) -> dict[str, Any]:
     """A Batch object for ``body`` (``batches.create``'s), checked: a ConfigError names what is wrong."""
     fid = body.get("input_file_id")
-    if not isinstance(fid, str) or store.file(fid) is None:
+    if not isinstance(fid, str) or (meta := store.file(fid)) is None:
         raise ConfigError(f"input_file_id {fid!r} is not a file on this server: upload it with files.create first")
+    if meta.purpose != "batch":  # OpenAI's: a batch reads only a file uploaded for one (not a result file)
+        raise ConfigError(f"input_file_id {fid!r} has purpose {meta.purpose!r}: upload the requests with "
+                          "files.create(purpose='batch') and create the batch from that file")
     if body.get("endpoint") != ENDPOINT:
         raise ConfigError(f"endpoint {body.get('endpoint')!r} is not served here: use {ENDPOINT!r}")
     if body.get("completion_window", "24h") != "24h":

@@ -11,7 +11,10 @@ unchanged ``openai`` client runs its batch here (docs/batch-files.md)::
 
 Served: ``POST /v1/files``, ``GET /v1/files``, ``GET /v1/files/{id}``, ``DELETE /v1/files/{id}``,
 ``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET /v1/batches``, ``GET /v1/batches/{id}``,
-``POST /v1/batches/{id}/cancel``, and the OpenAPI document ``GET /openapi.json``. The routes are a
+``POST /v1/batches/{id}/cancel``; Anthropic's Message Batches (:mod:`.anthropic_batches`: ``POST`` and
+``GET /v1/messages/batches``, ``GET`` and ``DELETE /v1/messages/batches/{id}``, ``POST .../{id}/cancel``,
+``GET .../{id}/results``, for ``anthropic.Anthropic(base_url="http://127.0.0.1:8400")``); and the OpenAPI
+document ``GET /openapi.json``. The routes are a
 FastAPI app (:mod:`.serve_batch_app`) behind a guard (:mod:`.serve_batch_guard`: Host and Origin
 allow-lists, the API key, the body cap), run by uvicorn. Bound to loopback unless ``--host`` says
 otherwise, and then only with an API key (``--api-key`` or ``$SPARKBATCH_API_KEY``). Each batch is

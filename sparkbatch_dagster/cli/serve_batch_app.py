@@ -1,6 +1,7 @@
 """The routes of ``sparkbatch serve-batch``: OpenAI's Files and Batches endpoints as a FastAPI
-app on a :class:`.batch_service.Store` and its :class:`.batch_service.Worker`, behind the
-:class:`.serve_batch_guard.Guard` (Host, Origin, API key, body size).
+app on a :class:`.batch_service.Store` and its :class:`.batch_service.Worker`, with Anthropic's
+Message Batches beside them (:mod:`.anthropic_batches`, its errors in Anthropic's shape), behind
+the :class:`.serve_batch_guard.Guard` (Host, Origin, API key, body size).
 
 Requests are checked against their models (:mod:`.serve_batch_models`); every error, the
 framework's own included (an unknown route, a bad query parameter), is OpenAI's shape with a
@@ -24,25 +25,20 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from ..errors import ConfigError
+from .anthropic_batches import anthropic_router
+from .anthropic_models import AnthropicErrorResponse
 from .batch_service import ENDPOINT, OPEN, Store, Worker, new_batch
-from .serve_batch_guard import Access, Guard, error_response
+from .serve_batch_guard import Access, ApiError, Guard, is_anthropic, refusal_for
 from .serve_batch_models import Batch, BatchCreate, BatchList, ErrorResponse, FileDeleted, FileList, FileObject
 
-TITLE = "sparkbatch serve-batch: OpenAI Files and Batches API"
+TITLE = "sparkbatch serve-batch: OpenAI Files and Batches API, Anthropic Message Batches API"
 #: Refusals any operation may answer (the guard's, and 400 for a request its model refuses).
 COMMON_ERRORS = {"400": "a bad request: the message names the parameter and the fix",
                  "403": "a web page's request (its Origin is not allowed)",
                  "413": "the request body is over the server's cap",
                  "421": "a Host name the server does not answer to"}
 CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
-
-
-class ApiError(Exception):
-    """A refusal a route answers with: status, message (what is wrong and the fix), code, param."""
-
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
+__all__ = ["ApiError", "make_app"]
 
 
 def make_app(store: Store, worker: Worker, access: Access) -> FastAPI:
@@ -56,7 +52,7 @@ def make_app(store: Store, worker: Worker, access: Access) -> FastAPI:
         {"retrieve": ("files_retrieve", {"file_id": "id"}), "content": ("files_content", {"file_id": "id"}),
          "batch": ("batches_create", {"input_file_id": "id"})}))
     def create_file(file: Annotated[UploadFile, File(description="the batch input file (JSONL)")],
-                    purpose: Annotated[Literal["batch"], Form(description="required, as OpenAI's")]) -> dict[str, Any]:
+                    purpose: Annotated[Literal["batch"], Form(description="required, as OpenAI's")]) -> FileObject:
         return _keep_upload(store, file, purpose)
 
     @app.get("/v1/files", response_model=FileList, operation_id="files_list")
@@ -65,12 +61,12 @@ def make_app(store: Store, worker: Worker, access: Access) -> FastAPI:
                    after: Annotated[str | None, Query(description="the last id of the previous page")] = None,
                    order: Annotated[Literal["asc", "desc"], Query(description="by created_at")] = "desc",
                    ) -> dict[str, Any]:
-        files = [f for f in store.all_files() if purpose is None or f["purpose"] == purpose]
+        files = [f.model_dump() for f in store.all_files() if purpose is None or f.purpose == purpose]
         return _page(files[::-1] if order == "desc" else files, after, limit)
 
     @app.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=not_found, operation_id="files_delete")
     def delete_file(file_id: str) -> dict[str, Any]:
-        fid = _file(store, file_id)["id"]
+        fid = _file(store, file_id).id
         with store.lock:
             using = [b["id"] for b in store.all_batches() if b["status"] in OPEN and b["input_file_id"] == fid]
             if using:
@@ -80,14 +76,14 @@ def make_app(store: Store, worker: Worker, access: Access) -> FastAPI:
         return {"id": fid, "object": "file", "deleted": True}
 
     @app.get("/v1/files/{file_id}", response_model=FileObject, responses=not_found, operation_id="files_retrieve")
-    def retrieve_file(file_id: str) -> dict[str, Any]:
+    def retrieve_file(file_id: str) -> FileObject:
         return _file(store, file_id)
 
     @app.get("/v1/files/{file_id}/content", response_class=FileResponse, operation_id="files_content",
              responses={**not_found, 200: {"content": {"application/octet-stream": {"schema": {
                  "type": "string", "format": "binary"}}}, "description": "the file's bytes"}})
     def file_content(file_id: str) -> FileResponse:
-        path = store.file_path(_file(store, file_id)["id"])
+        path = store.file_path(_file(store, file_id).id)
         if not path.is_file():
             raise ApiError(404, f"File {file_id} has no content on this server", "not_found")
         return FileResponse(path, media_type="application/octet-stream")
@@ -107,6 +103,8 @@ def make_app(store: Store, worker: Worker, access: Access) -> FastAPI:
     def list_batches(after: Annotated[str | None, Query(description="the last id of the previous page")] = None,
                      limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, Any]:
         return _listing(store, worker, after, limit)
+
+    app.include_router(anthropic_router(store, worker))
 
     @app.get("/v1/batches/{batch_id}", response_model=Batch, responses=not_found, operation_id="batches_retrieve")
     def retrieve_batch(batch_id: str) -> dict[str, Any]:
@@ -135,7 +133,7 @@ def _links(links: dict[str, tuple[str, dict[str, str]]]) -> dict[int | str, dict
     return {200: {"links": {name: link(*target) for name, target in links.items()}}}
 
 
-def _file(store: Store, fid: str) -> dict[str, Any]:
+def _file(store: Store, fid: str) -> FileObject:
     meta = store.file(fid)
     if meta is None:
         raise ApiError(404, f"No such File object: {fid}", "not_found", "file_id")
@@ -144,12 +142,12 @@ def _file(store: Store, fid: str) -> dict[str, Any]:
 
 def _batch(store: Store, bid: str) -> dict[str, Any]:
     batch = store.batch(bid)
-    if batch is None:
+    if batch is None or batch.get("format", "openai_batch") != "openai_batch":  # a Message Batch is not one
         raise ApiError(404, f"No such Batch object: {bid}", "not_found", "batch_id")
     return batch
 
 
-def _keep_upload(store: Store, upload: UploadFile, purpose: str) -> dict[str, Any]:
+def _keep_upload(store: Store, upload: UploadFile, purpose: str) -> FileObject:
     """The upload (spooled to disk as it came) copied beside the store's files, then moved in."""
     tmp = store.files / f".upload-{secrets.token_hex(8)}.tmp"
     try:
@@ -163,7 +161,8 @@ def _keep_upload(store: Store, upload: UploadFile, purpose: str) -> dict[str, An
 
 def _listing(store: Store, worker: Worker, after: str | None, limit: int) -> dict[str, Any]:
     """``batches.list``: newest first, ``limit`` of them after the id ``after`` (unknown: none)."""
-    listing = _page(store.all_batches(), after, limit)
+    listing = _page([b for b in store.all_batches() if b.get("format", "openai_batch") == "openai_batch"], after,
+                    limit)
     listing["data"] = [worker.progress(b["id"]) if b["status"] in OPEN else b for b in listing["data"]]
     return listing
 
@@ -179,36 +178,38 @@ def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[st
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's shape: the routes', the models', the framework's."""
+    """Every error in OpenAI's shape (Anthropic's under ``/v1/messages``): the routes', the models',
+    the framework's."""
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.message, exc.code, exc.param)
+        return refusal_for(request.url.path, exc.status, exc.message, exc.code, exc.param)
 
     async def invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         first = exc.errors()[0]
         if first["type"] == "json_invalid":
-            return error_response(400, f"the body is not JSON: {first.get('ctx', {}).get('error')}", "invalid_json")
+            return refusal_for(request.url.path, 400, f"the body is not JSON: {first.get('ctx', {}).get('error')}",
+                               "invalid_json")
         param = ".".join(str(p) for p in first["loc"][1:]) or None
         message = f"{param}: {first['msg']}" if param else f"the request body: {first['msg']} (send a JSON object)"
-        return error_response(400, message, str(first["type"]), param)
+        return refusal_for(request.url.path, 400, message, str(first["type"]), param)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         message = str(exc.detail)
         if exc.status_code == 404:
-            message = (f"{request.method} {request.url.path} is not served here (the Files and Batches "
-                       "endpoints are: see /openapi.json)")
+            message = (f"{request.method} {request.url.path} is not served here (the Files, Batches and "
+                       "Message Batches endpoints are: see /openapi.json)")
         headers = exc.headers
         if exc.status_code == 405:  # Allow: the methods of every route on this path, not only the first's
             methods = sorted({m for r in request.app.routes if isinstance(r, APIRoute) and
                               r.path_regex.fullmatch(request.url.path) for m in r.methods})
             message, headers = f"{request.method} is not served on {request.url.path}", {"Allow": ", ".join(methods)}
-        return error_response(exc.status_code, message, CODES.get(exc.status_code), headers=headers)
+        return refusal_for(request.url.path, exc.status_code, message, CODES.get(exc.status_code), headers=headers)
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        return error_response(500, f"the server failed: {type(exc).__name__}: {exc}", "server_error",
+        return refusal_for(request.url.path, 500, f"the server failed: {type(exc).__name__}: {exc}", "server_error",
                               kind="server_error")
 
     app.add_exception_handler(ApiError, api_error)
@@ -218,18 +219,20 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI, access: Access) -> dict[str, Any]:
-    """FastAPI's document, with the errors as served: 400 (not 422) and the guard's, all in
-    OpenAI's shape, and the bearer key when the server asks for one."""
+    """FastAPI's document, with the errors as served: 400 (not 422) and the guard's, in OpenAI's
+    shape (Anthropic's on the Message Batches routes), and the bearer key when the server asks for one."""
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes, description=__doc__)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
-    schemas.setdefault("ErrorResponse", ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}"))
-    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+    for model in (ErrorResponse, AnthropicErrorResponse):
+        schemas.setdefault(model.__name__, model.model_json_schema(ref_template="#/components/schemas/{model}"))
     errors = {**COMMON_ERRORS, **({"401": "no API key, or a wrong one"} if access.api_key else {})}
-    for item in doc["paths"].values():
+    for path, item in doc["paths"].items():
+        name = AnthropicErrorResponse.__name__ if is_anthropic(path) else ErrorResponse.__name__
+        ref = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
         for operation in item.values():
             operation["responses"].pop("422", None)
             operation["responses"].update({status: {"description": text, **ref} for status, text in errors.items()})

@@ -8,17 +8,21 @@ A browser on the box can reach a loopback server too, so loopback alone is no pr
 - **Origin**, when a request carries one (browsers do on every cross-site POST), must be a
   loopback origin or one allowed by ``--allow-origin``: a page's forged form or ``fetch`` gets 403
   (CSRF), whatever its content type.
-- **API key**, when set (required beyond loopback): ``Authorization: Bearer KEY``, else 401.
+- **API key**, when set (required beyond loopback): ``Authorization: Bearer KEY`` (OpenAI's
+  clients) or ``x-api-key: KEY`` (Anthropic's header), else 401.
 - **Body size**: counted as it arrives, whatever ``Content-Length`` says (absent, negative,
   lying): past :attr:`Access.max_body` bytes the request gets 413 and nothing more is read.
 
-Every refusal is OpenAI's error shape, ``{"error": {"message", "type", "param", "code"}}``.
+Every refusal is OpenAI's error shape, ``{"error": {"message", "type", "param", "code"}}``, except
+under ``/v1/messages`` (Anthropic's Message Batches), where it is Anthropic's, ``{"type": "error",
+"error": {"type", "message"}, "request_id"}`` (:func:`refusal_for`).
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -35,6 +39,12 @@ MAX_BODY = 512 * 1024 * 1024
 #: The names loopback is reached by; any port.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 - names, compared with --host
+#: The routes of Anthropic's Message Batches API: their errors are Anthropic's shape.
+ANTHROPIC_PATHS = "/v1/messages"
+#: Anthropic's error ``type`` by HTTP status (its errors page); any other 4xx is a request error.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   529: "overloaded_error"}
 
 
 @dataclass(frozen=True)
@@ -124,22 +134,53 @@ def error_response(status: int, message: str, code: str | None, param: str | Non
                         headers=headers)
 
 
+class ApiError(Exception):
+    """A refusal a route answers with: status, message (what is wrong and the fix), code, param;
+    in the shape of the API its path belongs to (:func:`refusal_for`)."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
+def anthropic_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """Anthropic's error body: ``{"type": "error", "error": {"type", "message"}, "request_id"}``."""
+    kind = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message},
+                         "request_id": f"req_{secrets.token_hex(12)}"}, status, headers=headers)
+
+
+def is_anthropic(path: str) -> bool:
+    """Whether ``path`` is one of Anthropic's Message Batches routes (or under them)."""
+    return path == ANTHROPIC_PATHS or path.startswith(ANTHROPIC_PATHS + "/")
+
+
+def refusal_for(path: str, status: int, message: str, code: str | None, param: str | None = None,
+                kind: str = "invalid_request_error", headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The error body of the API that ``path`` belongs to: Anthropic's under ``/v1/messages``, else OpenAI's."""
+    if is_anthropic(path):
+        return anthropic_error(status, message, headers)
+    return error_response(status, message, code, param, kind, headers)
+
+
 class Guard:
     """The checks of the module's docstring, in that order, around ``app``."""
 
     def __init__(self, app: ASGIApp, access: Access) -> None:
         self.app, self.access = app, access
         self._key = f"Bearer {access.api_key}".encode() if access.api_key else None
+        self._raw_key = access.api_key.encode() if access.api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        refusal = self.refusal(headers)
+        path = scope.get("path", "")
+        refusal = self.refusal(headers, path)
         declared = headers.get("content-length", "")
         if refusal is None and declared.isascii() and declared.isdigit() and int(declared) > self.access.max_body:
-            refusal = self._too_large(BodyTooLarge(self.access.max_body))
+            refusal = self._too_large(BodyTooLarge(self.access.max_body), path)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -165,24 +206,31 @@ class Guard:
         except BodyTooLarge as exc:  # raised where no route turned it into its answer
             if started:
                 raise
-            await self._too_large(exc)(scope, receive, send)
+            await self._too_large(exc, path)(scope, receive, send)
 
-    def refusal(self, headers: Headers) -> Response | None:
-        """The answer to a request this server does not take, or None."""
+    def refusal(self, headers: Headers, path: str = "") -> Response | None:
+        """The answer to a request this server does not take, or None (in the shape of ``path``'s API)."""
         host = headers.get("host", "")
         if host_name(host) not in self.access.hosts:
-            return error_response(421, f"Host {host!r} is not a name this server answers to; start it with "
+            return refusal_for(path, 421, f"Host {host!r} is not a name this server answers to; start it with "
                                        f"--allow-host NAME for each name clients use", "host_not_allowed")
         origin = headers.get("origin")
         if origin is not None and not origin_allowed(origin, self.access.origins):
-            return error_response(403, f"requests from web pages at Origin {origin!r} are refused; if that page "
+            return refusal_for(path, 403, f"requests from web pages at Origin {origin!r} are refused; if that page "
                                        "is yours, start the server with --allow-origin ORIGIN", "origin_not_allowed")
-        sent = headers.get("authorization", "").encode("latin-1")  # the header's bytes as they came
-        if self._key is not None and not hmac.compare_digest(sent, self._key):
-            return error_response(401, "Incorrect API key provided: send the server's key (its --api-key or "
-                                       "$SPARKBATCH_API_KEY) as the client's api_key", "invalid_api_key")
+        if self._key is not None and not self._key_sent(headers):
+            return refusal_for(path, 401, "Incorrect API key provided: send the server's key (its --api-key or "
+                                          "$SPARKBATCH_API_KEY) as the client's api_key", "invalid_api_key")
         return None
 
+    def _key_sent(self, headers: Headers) -> bool:
+        """Whether the request carries the key: ``Authorization: Bearer KEY`` (OpenAI's clients, and
+        Anthropic's SDK given ``api_key`` here) or ``x-api-key: KEY`` (Anthropic's documented header)."""
+        assert self._key is not None and self._raw_key is not None
+        bearer = headers.get("authorization", "").encode("latin-1")  # the header's bytes as they came
+        raw = headers.get("x-api-key", "").encode("latin-1")
+        return hmac.compare_digest(bearer, self._key) | hmac.compare_digest(raw, self._raw_key)
+
     @staticmethod
-    def _too_large(exc: BodyTooLarge) -> Response:
-        return error_response(413, str(exc.detail), "request_too_large", headers=exc.headers)
+    def _too_large(exc: BodyTooLarge, path: str) -> Response:
+        return refusal_for(path, 413, str(exc.detail), "request_too_large", headers=exc.headers)

@@ -8,9 +8,9 @@ fields a client may rely on and keeps any other stored field (``extra="allow"``)
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                       "cancelled"]
@@ -69,13 +69,18 @@ class FileDeleted(BaseModel):
     deleted: bool
 
 
+#: OpenAI's ``metadata``: keys of at most 64 characters, string values of at most 512 (a client
+#: parses a value of another type as an error, so one is refused when the batch is created).
+Metadata = dict[Annotated[str, StringConstraints(max_length=64)], Annotated[str, StringConstraints(max_length=512)]]
+
+
 class BatchCreate(BaseModel):
     """``batches.create``'s body; other fields the client sends are ignored."""
 
     input_file_id: str = Field(description="an uploaded file's id (files.create with purpose 'batch')")
     endpoint: Literal["/v1/chat/completions"] = Field(description="the only endpoint served here")
     completion_window: Literal["24h"] = "24h"
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = Field(None, max_length=16, description="up to 16 pairs of strings, as OpenAI's")
 
 
 class RequestCounts(BaseModel):
@@ -141,6 +146,8 @@ class Batch(BaseModel):
     model: str | None = None
     request_counts: RequestCounts | None = None
     usage: BatchUsage | None = None
+    reused_requests: int | None = Field(None, description="this server's: answers reused from its answer store "
+                                        "(or another line of the batch), not generated for this batch")
 
 
 class BatchList(_Page):

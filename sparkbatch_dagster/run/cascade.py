@@ -146,8 +146,9 @@ class CascadeEngine(Engine):
         out = {}
         for req in chunk:
             if req.id in keys and keys[req.id] in found:
-                text, error, confidence, _, reasoning, extra = found[keys[req.id]]
-                out[req.id] = EngineResult(req.id, text, error=error, finish_reason="stop" if error is None else None,
+                text, error, confidence, _, reasoning, extra, cut = found[keys[req.id]]
+                out[req.id] = EngineResult(req.id, text, error=error,
+                                           finish_reason=("length" if cut else "stop") if error is None else None,
                                            confidence=confidence, reasoning=reasoning, extra=extra)
         return out
 

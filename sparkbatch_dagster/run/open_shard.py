@@ -118,7 +118,8 @@ def new_answers(table: Any) -> list[dict[str, Any]]:
     same prompt would get again: what the result store keeps."""
     cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
             "truncated", "confidence", "reasoning", "extra"]
-    # A cut answer is not kept: the store holds answers, and a reuse would lose the mark.
+    # A cut answer is kept with its mark (the store's ``truncated``): the same prompt under the same
+    # settings is cut the same, and a batch file's line is answered with it (finish_reason "length").
     return [r for r in table.select(cols).to_pylist()
-            if r["prompt_key"] and not r["reused"] and not r["deduplicated"] and not r["truncated"]
+            if r["prompt_key"] and not r["reused"] and not r["deduplicated"]
             and (r["error"] is None or r["error"].startswith(STORED_ERRORS))]

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..home import Bucket, FileLock, JobHome, atomic_write_parquet
-from .checkpoint import WITH_CONFIDENCE, WITH_EXTRA, WITH_REASONING
+from .checkpoint import WITH_CONFIDENCE, WITH_EXTRA, WITH_REASONING, WITH_TRUNCATED
 
 log = logging.getLogger("sparkbatch")
 
@@ -50,11 +50,13 @@ SCHEMA = pa.schema([
     ("k1", pa.int64()), ("k2", pa.int64()), ("output", pa.string()), ("error", pa.string()),
     ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()), ("model", pa.string()),
     ("created_at", pa.string()), ("confidence", pa.float64()), ("reasoning", pa.string()), ("extra", pa.string()),
+    ("truncated", pa.bool_()),
 ])
 #: A stored answer: (output, error, confidence, the model that gave it, its thinking, what its
-#: request asked beyond the text). The thinking is stored only by jobs that keep it
-#: (``output.keep_reasoning``, part of the context); the extra only by batch lines that ask for it.
-Answer = tuple[str | None, str | None, float | None, str | None, str | None, str | None]
+#: request asked beyond the text, whether it was cut at max_tokens). The thinking is stored only by
+#: jobs that keep it (``output.keep_reasoning``, part of the context); the extra only by batch lines
+#: that ask for it. A cut answer is kept with its mark: the same prompt and settings are cut the same.
+Answer = tuple[str | None, str | None, float | None, str | None, str | None, str | None, bool | None]
 #: Segments of one level merged into one of the next level.
 FAN_IN = 16
 
@@ -129,7 +131,7 @@ class ResultStore:
         return sorted(self.dir.glob("seg-*.parquet")) if self.dir.exists() else []
 
     def lookup(self, keys: list[str]) -> dict[str, Answer]:
-        """Stored (output, error, confidence, model, reasoning, extra) of each key that has an answer; keys
+        """Stored (output, error, confidence, model, reasoning, extra, truncated) of each key that has an answer; keys
         without one are absent. Answers stored before confidences (thinking) were kept have none (None)."""
         if not keys:
             return {}
@@ -165,14 +167,16 @@ class ResultStore:
                         # One copy of a key (one struct: its output and confidence from the same copy);
                         # segments written before the confidence (reasoning) column read it as null.
                         "SELECT p.i, any_value(struct_pack(o := r.output, e := r.error, c := r.confidence, "
-                        f"m := r.model, t := r.reasoning, x := r.extra)) FROM probe p JOIN (FROM read_parquet(?, "
-                        f"union_by_name = true) {WITH_CONFIDENCE} {WITH_REASONING} {WITH_EXTRA}) r "
+                        "m := r.model, t := r.reasoning, x := r.extra, u := r.truncated)) FROM probe p JOIN (FROM "
+                        f"read_parquet(?, union_by_name = true) {WITH_CONFIDENCE} {WITH_REASONING} {WITH_EXTRA} "
+                        f"{WITH_TRUNCATED}) r "
                         "ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
                         [files]
                     ).fetchall()
                 finally:
                     con.unregister("probe")
-        return {keys[i]: (found["o"], found["e"], found["c"], found["m"], found["t"], found["x"]) for i, found in hits}
+        return {keys[i]: (found["o"], found["e"], found["c"], found["m"], found["t"], found["x"], found["u"])
+                for i, found in hits}
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Store newly generated answers as one segment, then merge segments that piled up."""
@@ -186,7 +190,7 @@ class ResultStore:
             "prompt_tokens": [r["prompt_tokens"] for r in rows], "output_tokens": [r["output_tokens"] for r in rows],
             "model": [r["model"] for r in rows], "created_at": [now] * len(rows),
             "confidence": [r.get("confidence") for r in rows], "reasoning": [r.get("reasoning") for r in rows],
-            "extra": [r.get("extra") for r in rows],
+            "extra": [r.get("extra") for r in rows], "truncated": [bool(r.get("truncated")) for r in rows],
         }, schema=SCHEMA)
         segment = self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet"
         atomic_write_parquet(segment, table)

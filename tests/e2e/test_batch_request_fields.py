@@ -44,6 +44,8 @@ def _completions(ok: list[dict[str, Any]]) -> dict[str, Any]:
     return {x["custom_id"]: ChatCompletion.model_validate(x["response"]["body"], strict=True) for x in ok}
 
 
+PAIR = {"type": "json_schema", "json_schema": {"name": "pair", "schema": {
+    "type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}}}}
 MIXED = [
     openai_line("stop", "stop here", stop=["-"]),
     openai_line("stop-str", "a stop string", stop="-"),
@@ -51,9 +53,7 @@ MIXED = [
     openai_line("lp", "token by token", logprobs=True, top_logprobs=2),
     openai_line("lp0", "token by token", logprobs=True),
     openai_line("pen", "penalties", presence_penalty=0.5, frequency_penalty=-0.5, logit_bias={"50256": -100}),
-    openai_line("cut", "json please", max_tokens=1, response_format={"type": "json_schema", "json_schema": {
-        "name": "pair", "schema": {"type": "object", "properties": {"a": {"type": "string"},
-                                                                    "b": {"type": "string"}}}}}),
+    openai_line("cut", "json please", max_tokens=1, response_format=PAIR),
     openai_line("plain", "nothing special", n=1, stop=None, logprobs=False, tool_choice="none"),
     openai_line("tools", tools=[{"type": "function", "function": {"name": "f"}}]),
     openai_line("effort", reasoning_effort="high"),
@@ -94,15 +94,18 @@ def test_openai_fields_are_honoured_per_line_and_parse_strictly(tmp_path: Path) 
 def test_each_field_names_the_answer_and_a_reused_answer_keeps_its_extras(tmp_path: Path) -> None:
     lines = [openai_line("n2", "same prompt", n=2, temperature=0.5), openai_line("n1", "same prompt", temperature=0.5),
              openai_line("lp", "same prompt", temperature=0.5, logprobs=True, top_logprobs=1),
-             openai_line("st", "same prompt", temperature=0.5, stop=["x"])]
+             openai_line("st", "same prompt", temperature=0.5, stop=["x"]),
+             openai_line("cut", "same prompt", max_tokens=1, response_format=PAIR)]
     first, ok, _ = _run(tmp_path, lines)
     answers = _completions(ok)
-    assert first["export"]["reused"] == 0  # four settings: four answers, none shared
+    assert first["export"]["reused"] == 0  # five settings: five answers, none shared
+    assert answers["cut"].choices[0].finish_reason == "length"
     assert len(answers["n2"].choices) == 2 and len(answers["n1"].choices) == 1
     # The same file again, as another job: every answer from the shared store, extras included.
     again, ok2, _ = _run(tmp_path, lines, "again.jsonl")
     reused = _completions(ok2)
-    assert again["export"]["reused"] == 4 and again["export"]["output_tokens"] == 0
+    # A cut answer too: the same prompt under the same settings is cut the same, so it is kept with its mark.
+    assert again["export"]["reused"] == 5 and again["export"]["output_tokens"] == 0
     for cid in answers:
         assert [c.model_dump() for c in reused[cid].choices] == [c.model_dump() for c in answers[cid].choices]
 

@@ -40,7 +40,7 @@ def _requests(path: Path, n: int = N) -> list[str]:
     # line that is not JSON, fails the whole batch instead: tests/e2e/test_batch_semantics.py).
     lines += [json.dumps({"custom_id": f"bad-{k}", "method": "POST", "url": "/v1/chat/completions",
                           "body": {"messages": [{"role": "user", "content": "x"}], **extra}})
-              for k, extra in enumerate([{"temperature": 9}, {"n": 3}])]
+              for k, extra in enumerate([{"temperature": 9}, {"stop": ["1", "2", "3", "4", "5"]}])]
     path.write_text("\n".join(lines) + "\n")
     return ids
 

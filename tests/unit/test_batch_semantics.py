@@ -50,9 +50,9 @@ def _page(client: TestClient, **params: Any) -> Any:
 def test_files_list_pages_filters_and_orders(served):
     client, store = served
     ids = [_upload(client, f"r{i}.jsonl") for i in range(3)]
-    result = store.add_file(b"{}\n", "output.jsonl", "batch_output")["id"]  # a batch's result file
+    result = store.add_file(b"{}\n", "output.jsonl", "batch_output").id  # a batch's result file
     newest_first = [f.id for f in _page(client).data]
-    assert newest_first == [f["id"] for f in store.all_files()][::-1] and set(newest_first) == {*ids, result}
+    assert newest_first == [f.id for f in store.all_files()][::-1] and set(newest_first) == {*ids, result}
     assert [f.id for f in _page(client, order="asc").data] == newest_first[::-1]
     assert {f.id for f in _page(client, purpose="batch").data} == set(ids)
     assert [f.id for f in _page(client, purpose="batch_output").data] == [result]

@@ -200,10 +200,44 @@ def test_the_openapi_document_says_what_is_served(tmp_path):
     assert set(operations) == {"POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}",
                                "DELETE /v1/files/{file_id}", "GET /v1/files/{file_id}/content",
                                "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
-                               "POST /v1/batches/{batch_id}/cancel"}
-    for op in operations.values():
+                               "POST /v1/batches/{batch_id}/cancel", "POST /v1/messages/batches",
+                               "GET /v1/messages/batches", "GET /v1/messages/batches/{message_batch_id}",
+                               "POST /v1/messages/batches/{message_batch_id}/cancel",
+                               "DELETE /v1/messages/batches/{message_batch_id}",
+                               "GET /v1/messages/batches/{message_batch_id}/results"}
+    for name, op in operations.items():
         assert "422" not in op["responses"] and {"400", "401", "403", "413", "421"} <= set(op["responses"])
+        shape = "AnthropicErrorResponse" if "/v1/messages/" in name else "ErrorResponse"  # each API's errors
+        assert op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"].endswith("/" + shape), name
     limit = next(p for p in operations["GET /v1/batches"]["parameters"] if p["name"] == "limit")["schema"]
     assert (limit["minimum"], limit["maximum"]) == (1, 100)
     assert doc["security"] == [{"apiKey": []}] and doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
     assert client.get("/docs", headers={"Authorization": "Bearer k"}).status_code == 404  # no CDN scripts
+
+
+def test_the_message_batches_routes_refuse_in_anthropics_shape(tmp_path):
+    """The guard's refusals and the framework's, under /v1/messages, are Anthropic's error; the
+    same refusal on an OpenAI route stays OpenAI's. Anthropic's ``x-api-key`` carries the key."""
+    client, store = _client(tmp_path / "root", access("127.0.0.1", "k"))
+
+    def anthropic_error(response: Any, status: int, kind: str) -> None:
+        assert response.status_code == status, response.text
+        body = response.json()
+        assert set(body) == {"type", "error", "request_id"} and body["type"] == "error", body
+        assert body["error"]["type"] == kind and body["error"]["message"] and body["request_id"].startswith("req_")
+
+    path, key = "/v1/messages/batches", {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    anthropic_error(client.get(path), 401, "authentication_error")
+    anthropic_error(client.get(path, headers={"x-api-key": "guess"}), 401, "authentication_error")
+    anthropic_error(client.get(path, headers={**key, "Host": "evil.example"}), 421, "invalid_request_error")
+    anthropic_error(client.get(path, headers={**key, "Origin": "http://evil.example"}), 403, "permission_error")
+    anthropic_error(client.get(f"{path}/msgbatch_nope", headers=key), 404, "not_found_error")
+    anthropic_error(client.get(path, params={"limit": 0}, headers=key), 400, "invalid_request_error")
+    anthropic_error(client.put(path, headers=key), 405, "invalid_request_error")
+    anthropic_error(client.post(path, content=b"{oops", headers={**key, "Content-Type": "application/json"}), 400,
+                    "invalid_request_error")
+    assert client.get(path, headers=key).json() == {"data": [], "has_more": False, "first_id": None, "last_id": None}
+    assert client.get(path, headers={"Authorization": "Bearer k"}).status_code == 200
+    _error(client.get("/v1/batches"), 401, "invalid_api_key")  # OpenAI's route: OpenAI's shape
+    _error(client.get("/v1/batches/batch_nope", headers={"Authorization": "Bearer k"}), 404, "not_found")
+    assert store.all_batches() == []

@@ -1,0 +1,202 @@
+"""Anthropic's Message Batches API on ``sparkbatch serve-batch`` (:func:`anthropic_router`, included
+by :func:`.serve_batch_app.make_app`), so that an unchanged ``anthropic`` client runs its batches
+on the box::
+
+    client = anthropic.Anthropic(base_url="http://127.0.0.1:8400", api_key="unused-on-loopback")
+    batch = client.messages.batches.create(requests=[{"custom_id": "a", "params": {...}}])
+    ...  # client.messages.batches.retrieve(batch.id).processing_status == "ended"
+    for line in client.messages.batches.results(batch.id): ...
+
+A Message Batch is a batch of the server's one queue, stored as the OpenAI batches are
+(:mod:`.batch_store`, ``format`` ``anthropic_batch``): its requests become an ``anthropic_batch``
+JSONL file, run as a job by the same worker on the same answer store, one results file
+(:mod:`.batch_ending`). Its requests are checked when it is created, as Anthropic checks them
+(the ``custom_id`` pattern and uniqueness, ``params`` with ``model``, ``max_tokens`` and
+``messages``): a 400 names the request and field. Errors here are Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse
+from starlette.responses import Response
+
+from .anthropic_models import (
+    AnthropicErrorResponse,
+    DeletedMessageBatch,
+    MessageBatch,
+    MessageBatchCreate,
+    MessageBatchList,
+)
+from .batch_service import OPEN, Store, Worker
+from .batch_store import now
+from .serve_batch_guard import ApiError
+
+__all__ = ["FORMAT", "anthropic_router", "message_batch", "new_message_batch"]
+
+FORMAT = "anthropic_batch"
+#: Seconds from creation to expiry: Anthropic's 24 hours.
+WINDOW_S = 24 * 3600
+#: The results file's media type.
+JSONL = "application/x-jsonl"
+#: How each internal ending counts a request that was not run.
+UNRUN_AS = {"cancelled": "canceled", "expired": "expired"}
+
+
+def anthropic_router(store: Store, worker: Worker) -> APIRouter:
+    """The Message Batches routes on ``store`` and ``worker``."""
+    router = APIRouter(prefix="/v1/messages/batches")
+    errors: dict[int | str, dict[str, Any]] = {
+        404: {"model": AnthropicErrorResponse, "description": "no such Message Batch"}}
+
+    @router.post("", response_model=MessageBatch, operation_id="message_batches_create")
+    def create(body: MessageBatchCreate, request: Request) -> dict[str, Any]:
+        _check_unique(body)
+        batch = new_message_batch(store, body)
+        worker.submit(batch)
+        return message_batch(batch, str(request.base_url))
+
+    @router.get("", response_model=MessageBatchList, operation_id="message_batches_list")
+    def list_batches(request: Request,
+                     before_id: Annotated[str | None, Query(description="the page just before this id")] = None,
+                     after_id: Annotated[str | None, Query(description="the page just after this id")] = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> dict[str, Any]:
+        batches = [b for b in store.all_batches() if b.get("format") == FORMAT]  # newest first
+        page, more = _page(batches, before_id, after_id, limit)
+        data = [message_batch(b, str(request.base_url)) for b in page]
+        return {"data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None}
+
+    @router.get("/{message_batch_id}", response_model=MessageBatch, responses=errors,
+                operation_id="message_batches_retrieve")
+    def retrieve(message_batch_id: str, request: Request) -> dict[str, Any]:
+        _record(store, message_batch_id)
+        # The stored counts follow the finished rows (as an OpenAI batch's do), though Anthropic's
+        # object shows them only once the batch has ended.
+        batch = worker.progress(message_batch_id) or _record(store, message_batch_id)
+        return message_batch(batch, str(request.base_url))
+
+    @router.post("/{message_batch_id}/cancel", response_model=MessageBatch, responses=errors,
+                 operation_id="message_batches_cancel")
+    def cancel(message_batch_id: str, request: Request) -> dict[str, Any]:
+        _record(store, message_batch_id)
+        return message_batch(worker.cancel(message_batch_id), str(request.base_url))
+
+    @router.delete("/{message_batch_id}", response_model=DeletedMessageBatch, operation_id="message_batches_delete",
+                   responses={**errors, 400: {"model": AnthropicErrorResponse,
+                                              "description": "the batch has not ended: cancel it first"}})
+    def delete(message_batch_id: str) -> dict[str, Any]:
+        with store.lock:
+            batch = _record(store, message_batch_id)
+            if batch["status"] in OPEN:
+                raise ApiError(400, f"Message Batch {message_batch_id} is still processing: only an ended batch "
+                               "can be deleted; cancel it (messages.batches.cancel), wait until its processing_status "
+                               "is 'ended', then delete it", "invalid_request")
+            store.delete_batch(message_batch_id)
+        return {"id": message_batch_id, "type": "message_batch_deleted"}
+
+    @router.get("/{message_batch_id}/results", response_class=FileResponse, operation_id="message_batches_results",
+                responses={**errors, 200: {"content": {JSONL: {"schema": {"type": "string"}}},
+                                           "description": "one result line per request, every custom_id once"},
+                           400: {"model": AnthropicErrorResponse, "description": "the batch has not ended yet"}})
+    def results(message_batch_id: str) -> Response:
+        batch = _record(store, message_batch_id)
+        if batch["status"] in OPEN:
+            raise ApiError(400, f"Message Batch {message_batch_id} has no results yet: they are served once its "
+                           "processing_status is 'ended' (its results_url is set then)", "invalid_request")
+        path = store.folder(message_batch_id) / "output.jsonl"
+        if not path.is_file():
+            return Response(b"", media_type=JSONL)
+        return FileResponse(path, media_type=JSONL)  # streamed in chunks, never read whole
+
+    return router
+
+
+def new_message_batch(store: Store, body: MessageBatchCreate) -> dict[str, Any]:
+    """Store a checked create's requests as an ``anthropic_batch`` file, and its batch, ``in_progress``
+    (a Message Batch begins processing when it is created) and queued by the caller."""
+    created = now()
+    # The time first, so that batches created in one second still list newest first by id.
+    bid = f"msgbatch_{time.time_ns():016x}{secrets.token_hex(6)}"
+    fid = f"{bid}-requests"
+    path = store.file_path(fid)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as out:
+        for item in body.requests:
+            out.write(json.dumps({"custom_id": item.custom_id, "params": item.params.model_dump()},
+                                 ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    batch = {"id": bid, "format": FORMAT, "status": "in_progress", "input_file_id": fid, "created_at": created,
+             "in_progress_at": created, "expires_at": created + WINDOW_S, "cancelling_at": None,
+             "completed_at": None, "cancelled_at": None, "expired_at": None, "failed_at": None,
+             "request_counts": {"total": len(body.requests), "completed": 0, "failed": 0}}
+    return store.save(batch)
+
+
+def message_batch(batch: dict[str, Any], base_url: str) -> dict[str, Any]:
+    """The MessageBatch object of a stored batch; ``base_url``: the server's, as the client reached it."""
+    status, over = batch["status"], batch["status"] not in OPEN
+    counted = batch.get("request_counts") or {}
+    total = int(counted.get("total") or 0)
+    counts = {"processing": total, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+    if over:  # Anthropic's counts move only once the whole batch has ended
+        unrun = int(batch.get("unrun_requests") or 0)
+        unrun_as = UNRUN_AS.get(status)
+        counts = {"processing": 0, "succeeded": int(counted.get("completed") or 0),
+                  "errored": int(counted.get("failed") or 0) - (unrun if unrun_as else 0),
+                  "canceled": unrun if unrun_as == "canceled" else 0,
+                  "expired": unrun if unrun_as == "expired" else 0}
+    return {"id": batch["id"], "type": "message_batch",
+            "processing_status": "canceling" if status == "cancelling" else "ended" if over else "in_progress",
+            "request_counts": counts, "ended_at": _time(batch.get(f"{status}_at")) if over else None,
+            "created_at": _time(batch["created_at"]), "expires_at": _time(batch["expires_at"]), "archived_at": None,
+            "cancel_initiated_at": _time(batch.get("cancelling_at")),
+            "results_url": f"{base_url.rstrip('/')}/v1/messages/batches/{batch['id']}/results" if over else None}
+
+
+def _time(seconds: int | None) -> str | None:
+    """A stored time (epoch seconds) as the RFC 3339 string Anthropic's objects carry."""
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _record(store: Store, bid: str) -> dict[str, Any]:
+    batch = store.batch(bid)
+    if batch is None or batch.get("format") != FORMAT:
+        raise ApiError(404, f"No Message Batch with id {bid!r} on this server (messages.batches.list lists them)",
+                       "not_found")
+    return batch
+
+
+def _check_unique(body: MessageBatchCreate) -> None:
+    """A ``custom_id`` used twice is refused, naming both requests (Anthropic: unique in the batch)."""
+    seen: dict[str, int] = {}
+    for n, item in enumerate(body.requests):
+        if item.custom_id in seen:
+            raise ApiError(400, f"requests.{n}.custom_id: {item.custom_id!r} is also requests.{seen[item.custom_id]}'s"
+                           ": each request of a batch needs its own custom_id", "invalid_request")
+        seen[item.custom_id] = n
+
+
+def _page(batches: list[dict[str, Any]], before_id: str | None, after_id: str | None,
+          limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """A page of ``batches`` (newest first) strictly between the cursors (an unknown one: none),
+    ``limit`` long: the last of that window before ``before_id`` (the page just before it), else
+    its first; and whether more lie beyond the page in that direction."""
+    ids = [b["id"] for b in batches]
+    window = batches
+    if after_id is not None:
+        window = window[ids.index(after_id) + 1:] if after_id in ids else []
+    if before_id is not None:
+        inside = [b["id"] for b in window]
+        window = window[:inside.index(before_id)] if before_id in inside else []
+        return window[-limit:], len(window) > limit
+    return window[:limit], len(window) > limit

@@ -1,0 +1,85 @@
+"""What a batch of ``sparkbatch serve-batch`` holds once it ends (:func:`ended`): its result files,
+``request_counts``, ``usage`` and ``model``, for either API it was created through.
+
+- An OpenAI batch (``format`` ``openai_batch``): the output and error files are registered as
+  files the client downloads; each request not run (a cancel, an expiry) is an error line of the
+  error file, counted in ``request_counts.failed``.
+- An Anthropic Message Batch (``format`` ``anthropic_batch``): one results file,
+  ``<batch>/output.jsonl``, served by its ``results_url`` and never listed as a file; each request
+  not run is a ``canceled`` / ``expired`` result (an ``errored`` one when the run failed), and how
+  many is ``unrun_requests``, so that the Message Batch's counts can tell them from errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..run.batch_export import ExportSummary, Tally, Usage
+from .batch_results import add_unfinished
+from .batch_store import Store, now
+
+
+def ended(store: Store, bid: str, status: str, counts: ExportSummary | None, error: str | None) -> dict[str, Any]:
+    """The fields that end batch ``bid`` as ``status``, after its rows were exported (``counts``;
+    None: nothing was sharded); ``error``: why the run failed."""
+    batch = store.batch(bid) or {}
+    anthropic = batch.get("format") == "anthropic_batch"
+    folder = store.folder(bid)
+    output, errors = folder / "output.jsonl", folder / ("output.jsonl" if anthropic else "errors.jsonl")
+    fields: dict[str, Any] = {"status": status, f"{status}_at": now()}
+    unrun = 0
+    if status in ("cancelled", "expired") or (anthropic and status == "failed"):
+        unrun = add_unfinished(store.file_path(batch.get("input_file_id", "")), output, errors, status,
+                               batch.get("format", "openai_batch"), error or "")
+    if counts is not None:
+        fields["request_counts"] = counts_of(counts.tally, batch)
+        fields.update(usage_fields(counts.usage))
+    elif not anthropic:
+        fields.update(usage_fields(NOTHING_RAN))
+    if unrun:
+        counted = fields.get("request_counts") or batch.get("request_counts") or {}
+        failed = int(counted.get("failed") or 0) + unrun
+        fields["request_counts"] = {"total": max(int(counted.get("total") or 0),
+                                                 int(counted.get("completed") or 0) + failed),
+                                    "completed": int(counted.get("completed") or 0), "failed": failed}
+    if anthropic:
+        fields["unrun_requests"] = unrun  # canceled / expired (or errored) results, not the run's errors
+    else:
+        fields.update(_result_files(store, output, errors, status, counts, unrun))
+    if error is not None:
+        fields["errors"] = {"object": "list", "data": [{"code": "run_failed", "message": error, "param": None,
+                                                        "line": None}]}
+    return fields
+
+
+def _result_files(store: Store, output: Any, errors: Any, status: str, counts: ExportSummary | None,
+                  unrun: int) -> dict[str, Any]:
+    """An OpenAI batch's result files, registered as files (``output_file_id``, ``error_file_id``)."""
+    fields: dict[str, Any] = {}
+    if counts is not None and (counts.written or status == "completed"):
+        fields["output_file_id"] = store.add_file(output, "output.jsonl", "batch_output").id
+    if (counts is not None and counts.errors) or unrun:
+        fields["error_file_id"] = store.add_file(errors, "errors.jsonl", "batch_output").id
+    return fields
+
+
+#: The ``usage`` of a batch that ended with nothing run: it cost nothing (zeros, not a missing
+#: ``usage`` that a client's ``batch.usage.total_tokens`` would trip over), and no model answered.
+NOTHING_RAN = Usage(input_tokens=0, output_tokens=0, cached_tokens=0, reasoning_tokens=0, reused=0, model=None)
+
+
+def counts_of(tally: Tally, batch: dict[str, Any]) -> dict[str, int]:
+    """``request_counts`` from an export's tally; before the job is sharded (no rows yet), the
+    total stays the input's line count."""
+    total = tally.rows or int((batch.get("request_counts") or {}).get("total") or 0)
+    return {"total": total, "completed": tally.written, "failed": tally.errors}
+
+
+def usage_fields(usage: Usage) -> dict[str, Any]:
+    """The Batch's fields for ``usage`` (OpenAI's shape: the tokens spent, a reused answer's none),
+    ``model``, and how many answers were reused rather than generated (a field of this server's)."""
+    return {"model": usage.model, "reused_requests": usage.reused,
+            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                      "total_tokens": usage.input_tokens + usage.output_tokens,
+                      "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+                      "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}}
