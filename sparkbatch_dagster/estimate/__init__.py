@@ -10,6 +10,9 @@ Modules:
 - :mod:`.roofline`: projected generation time on declared hardware;
 - :mod:`.choice`: accuracy intervals and the best buy;
 - :mod:`.cascades`: cascades judged on the sample: which pair and threshold clears the bar cheapest;
+- :mod:`.calibration`: label confidences calibrated on the gold rows (chosen by cross-validation), ECE and Brier;
+- :mod:`.review_budget`: a review budget or error target turned into a threshold, from the gold rows;
+- :mod:`.review_chart`: the reliability diagram and the review-budget curve as a chart;
 - :mod:`.placement`: how a node option runs a model;
 - :mod:`.chart`: the chart.
 

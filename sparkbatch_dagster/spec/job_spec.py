@@ -30,6 +30,7 @@ from .answer import OutputSpec, SamplingSpec
 from .cascade import CascadeStage, check_cascade
 from .checked import Checked, fingerprint, no_written_secret
 from .estimate_spec import EstimateSpec
+from .review import ReviewSpec, check_review
 from .sink import SinkSpec
 
 
@@ -103,6 +104,11 @@ class JobSpec(Checked):
         default=0.5, description="Answers whose confidence is under this (0 < x <= 1) are listed, least sure "
         "first, in the `review` view for a person to check (`sparkbatch sql -f ... \"FROM review\"`). Changes "
         "only that view: not the output version, not the stored answers.",
+    )
+    review: ReviewSpec | None = Field(
+        default=None, description="The review threshold from the gold rows instead of review_below: {budget: "
+        "0.1} (share of rows reviewed) or {catch_errors: 0.8} (share of errors caught), exactly one "
+        "(spec/review.py). Like review_below it reads rows only: not the output version, not the stored answers.",
     )
     cascade: list[CascadeStage] = Field(
         default_factory=list, description="Models in turn: the first answers every row, each next one the rows "
@@ -181,10 +187,18 @@ class JobSpec(Checked):
         check_template(self.user_template, self.text_columns, "user_template")
         check_template(self.system_prompt, self.text_columns, "system_prompt")
         check_cascade(self.cascade, self.output.kind, self.output.confidence)
+        check_review(self.review, "review_below" in self.model_fields_set, self.gold_column, self.output.kind,
+                     self.output.confidence)
         if self.input_format in BATCH_INPUTS and (self.output.kind != "text" or self.cascade or self.system_prompt
                                                   or self.gold_column):
             raise ValueError(f"input_format={self.input_format!r}: each line sets its own prompt and output "
                              "(response_format): leave output, system_prompt, gold_column and cascade unset")
+        if self.input_format not in BATCH_INPUTS and (self.sampling.n > 1 or self.sampling.logprobs is not None):
+            # A row keeps one answer and no token log-probabilities: more would be generated and thrown away.
+            raise ValueError(f"sampling.n={self.sampling.n}, sampling.logprobs={self.sampling.logprobs}: a row keeps "
+                             "one answer, and its confidence is the output's own (output.confidence); further "
+                             "choices and token log-probabilities are a batch file line's (input_format "
+                             "openai_batch): leave n at 1 and logprobs unset")
         if self.input_format in BATCH_INPUTS and self.sampling.reasoning != "off":
             # A line's own settings would bypass the thinking's bound (the reasoning loop takes the job's).
             raise ValueError(f"input_format={self.input_format!r} with sampling.reasoning="

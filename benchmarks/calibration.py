@@ -1,0 +1,124 @@
+"""Calibration and the review budget on a finished job's gold rows: ECE and Brier score before and
+after (held-out folds), and the share of errors caught at 5, 10 and 20% of rows reviewed.
+
+    python benchmarks/calibration.py -f definitions.py --out benchmarks/results/calibration-cpu-smollm2.json
+    python benchmarks/calibration.py -f definitions.py --job debian_sections --folds 5
+    python benchmarks/calibration.py --rows-file gold.parquet      # columns: confidence, correct (, model)
+
+The rows are the committed ``labeled`` rows of the job's current version with a gold label and a
+confidence (no error rows), read as a user would: ``sparkbatch sql -f FILE "..."`` in its own process
+(the job must have run: ``sparkbatch run -f FILE``). ``--rows-file`` reads them from a Parquet, CSV or
+JSONL file instead. Per model identity (a cascade's rows are each their answering model's): the chosen
+calibration method and every candidate's held-out Brier score (``estimate/calibration.py``), the
+reliability tables before and after, and, on the raw and on the calibrated (held-out) confidences,
+the review-budget plans of ``estimate/review_budget.py``: errors caught at each ``--budgets`` share
+and rows reviewed for each ``--catch`` target, held out, with 95% Wilson intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from results_io import emit  # noqa: E402
+
+QUERY = ("SELECT confidence, (output = gold) AS correct, model, output, gold FROM labeled "
+         "WHERE error IS NULL AND confidence IS NOT NULL AND gold IS NOT NULL")
+
+
+def from_job(file: str, job: str | None) -> list[dict[str, Any]]:
+    """The gold rows, through ``sparkbatch sql`` in its own process (its stdout's last line is JSON)."""
+    exe = shutil.which("sparkbatch", path=str(Path(sys.executable).parent)) or "sparkbatch"
+    cmd = [exe, "sql", "-f", file, *(["--job", job] if job else []), QUERY]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"calibration: `{' '.join(cmd[:-1])} QUERY` failed: {proc.stderr.strip()[-2000:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [dict(zip(got["columns"], r, strict=True)) for r in got["rows"]]
+
+
+def from_file(path: str) -> list[dict[str, Any]]:
+    """Rows with ``confidence`` and ``correct`` (and optionally ``model``) from a Parquet/CSV/JSONL file."""
+    import duckdb
+
+    rel = duckdb.sql(f"FROM '{path.replace(chr(39), chr(39) * 2)}'")
+    return [dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()]
+
+
+def judge(conf: Any, right: Any, labels: list[str], model: str, folds: int, budgets: list[float],
+          catch: list[float], chart: Path | None) -> dict[str, Any]:
+    """Calibration and budget plans of one model's gold rows, as plain JSON."""
+    from sparkbatch_dagster.estimate import calibration as cal
+    from sparkbatch_dagster.estimate import review_budget as rb
+
+    report = cal.calibrate(conf, right, model=model, labels=labels, folds=folds)
+    if chart:
+        from sparkbatch_dagster.estimate.review_chart import write_review_chart
+
+        write_review_chart(report, rb.budget_curve(conf, right), chart, title=model)
+    out: dict[str, Any] = {
+        "model": model, "gold_rows": int(len(conf)), "accuracy": round(float(right.mean()), 4),
+        "method": report.calibration.method, "why": report.calibration.reason,
+        "before": dataclasses.asdict(report.before), "after_held_out": dataclasses.asdict(report.after),
+        "candidates_held_out": {c.method: dataclasses.asdict(c.held_out) for c in report.candidates},
+        "reliability_before": [dataclasses.asdict(b) for b in report.reliability_before],
+        "reliability_after_held_out": [dataclasses.asdict(b) for b in report.reliability_after],
+        "calibration": report.calibration.model_dump(),
+    }
+    scales = {"raw": conf}
+    if report.calibration.method != "none":
+        scales["calibrated_held_out"] = cal.cross_validated(report.calibration.method, conf, right, folds)
+    for name, c in scales.items():
+        if len(c) < rb.MIN_ROWS:
+            out[f"review_{name}"] = f"{len(c)} gold rows: a plan needs {rb.MIN_ROWS}"
+            continue
+        plans = [rb.plan_budget(c, right, b, folds) for b in budgets]
+        if (~right).sum() >= folds:
+            plans += [rb.plan_catch_errors(c, right, t, folds) for t in catch]
+        out[f"review_{name}"] = [dataclasses.asdict(p) for p in plans]
+        out[f"in_sample_curve_{name}"] = {f"{b:g}": round(rb.budget_curve(c, right).caught_at(b), 4)
+                                         for b in budgets}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("-f", "--file", help="the definitions file of a job that has run")
+    src.add_argument("--rows-file", help="Parquet/CSV/JSONL with columns confidence, correct (, model)")
+    ap.add_argument("--job", help="job name, when the file defines several")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--budgets", default="0.05,0.1,0.2", help="shares of rows reviewed")
+    ap.add_argument("--catch", default="0.5,0.8", help="shares of errors to catch")
+    ap.add_argument("--out")
+    ap.add_argument("--chart", help="a PNG per model: the reliability diagram and the budget curve (<stem>-<n>.png)")
+    args = ap.parse_args()
+    import numpy as np
+
+    rows = from_job(args.file, args.job) if args.file else from_file(args.rows_file)
+    budgets = [float(x) for x in args.budgets.split(",")]
+    catch = [float(x) for x in args.catch.split(",")]
+    labels = sorted({str(r[k]) for r in rows for k in ("output", "gold") if r.get(k) is not None})
+    models = sorted({str(r.get("model") or "unknown") for r in rows})
+    per_model = []
+    for i, m in enumerate(models):
+        mine = [r for r in rows if str(r.get("model") or "unknown") == m]
+        conf = np.array([float(r["confidence"]) for r in mine])
+        right = np.array([bool(r["correct"]) for r in mine])
+        chart = Path(args.chart).with_name(f"{Path(args.chart).stem}-{i}.png") if args.chart else None
+        per_model.append(judge(conf, right, labels, m, args.folds, budgets, catch, chart))
+    emit({"benchmark": "calibration", "source": args.file or args.rows_file, "job": args.job,
+          "folds": args.folds, "rows": len(rows), "labels": labels, "models": per_model}, args.out)
+
+
+if __name__ == "__main__":
+    main()

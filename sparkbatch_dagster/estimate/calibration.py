@@ -1,0 +1,282 @@
+"""Calibration of label confidences, fitted on the rows with gold labels.
+
+A label's confidence says how sure the model was of its answer; on a weak model it is often wrong
+at the top (0.8-0.9 sure, right 0% of the time). Calibration maps it to the chance the answer is
+right, learnt from gold rows ``(confidence, correct)``. The candidates are ``none`` (kept as it
+is), ``temperature`` (``sigmoid(a * logit(c))``), ``platt`` (``sigmoid(a * logit(c) + b)``) and
+``isotonic`` (a monotone step-wise map), all fitted with scikit-learn; the one with the lowest
+Brier score on held-out folds (k-fold, stratified on right/wrong) wins and is then fitted on every
+gold row. Every figure after calibration is on held-out rows (cross-validated predictions): a map
+fitted and scored on the same rows, isotonic above all, looks better than it is.
+
+The fitted map is a frozen :class:`Calibration` of plain numbers (no pickled scikit-learn object),
+stored as JSON per model identity and label set (:func:`calibration_key`, :func:`save`, :func:`load`).
+
+Example::
+
+    report = calibrate(conf, correct, model="SmolLM2-135M-Instruct@18aaa4f642ee", labels=["admin", "net"])
+    report.before.ece, report.after.ece     # held-out
+    save(report.calibration, home / "calibration")
+    load(home / "calibration", model, labels).apply([0.85, 0.4])
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import SparkbatchError
+from ..spec import fingerprint
+
+Method = Literal["none", "temperature", "platt", "isotonic"]
+#: Candidates fitted and compared, ``none`` among them: a map must beat the raw confidence to be kept.
+METHODS: tuple[Method, ...] = ("none", "temperature", "platt", "isotonic")
+#: Fewer gold rows than this (or fewer right or wrong answers than :data:`FOLDS`): no map is fitted.
+MIN_ROWS = 30
+FOLDS = 5
+BINS = 10
+# Keeps logit finite: a confidence of exactly 0 or 1 would be an infinite feature.
+_EPS = 1e-6
+
+
+class Calibration(BaseModel):
+    """A fitted calibration map: ``method`` with its parameters as plain numbers; JSON in and out
+    (``model_dump_json`` / ``model_validate_json``). ``apply`` maps raw confidences to calibrated ones."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: Method
+    model: str
+    labels_digest: str
+    rows: int
+    #: temperature / platt: calibrated = sigmoid(slope * logit(c) + intercept)
+    slope: float | None = None
+    intercept: float | None = None
+    #: isotonic: breakpoints, linearly interpolated between, clipped outside
+    x: tuple[float, ...] = ()
+    y: tuple[float, ...] = ()
+    reason: str = ""
+
+    def apply(self, confidence: ArrayLike) -> NDArray[np.float64]:
+        """The calibrated confidences of ``confidence`` (any shape); monotone non-decreasing."""
+        c = np.asarray(confidence, dtype=np.float64)
+        if self.method == "none":
+            return c.copy()
+        if self.method == "isotonic":
+            return np.interp(c, np.asarray(self.x), np.asarray(self.y))
+        z = (self.slope or 0.0) * _logit(c) + (self.intercept or 0.0)
+        return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Expected calibration error (equal-width bins) and Brier score of confidences against right/wrong."""
+
+    ece: float
+    brier: float
+
+
+@dataclass(frozen=True)
+class ReliabilityBin:
+    """One non-empty confidence bin of a reliability diagram: ``[low, high)`` (the last one closed)."""
+
+    bin: int
+    low: float
+    high: float
+    rows: int
+    mean_confidence: float
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A method's held-out scores (cross-validated predictions) on the gold rows."""
+
+    method: Method
+    held_out: Scores
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """The chosen map (fitted on every gold row), the scores before (raw, nothing fitted) and after
+    (the chosen method's held-out predictions), every candidate's held-out scores, and both
+    reliability tables (after: of the held-out predictions)."""
+
+    calibration: Calibration
+    folds: int
+    before: Scores
+    after: Scores
+    candidates: tuple[Candidate, ...]
+    reliability_before: tuple[ReliabilityBin, ...]
+    reliability_after: tuple[ReliabilityBin, ...]
+
+
+def _logit(c: NDArray[np.float64]) -> NDArray[np.float64]:
+    p = np.clip(c, _EPS, 1 - _EPS)
+    return np.asarray(np.log(p / (1 - p)), dtype=np.float64)
+
+
+def _arrays(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.int_]]:
+    c = np.asarray(confidence, dtype=np.float64).ravel()
+    y = np.asarray(correct, dtype=bool).ravel().astype(int)
+    if c.shape != y.shape:
+        raise SparkbatchError(f"calibration: {c.size} confidences but {y.size} right/wrong values: pass one of each "
+                              "per gold row")
+    if c.size and (not np.all(np.isfinite(c)) or c.min() < 0 or c.max() > 1):
+        raise SparkbatchError("calibration: a confidence outside [0, 1] (or NaN): pass only rows with a confidence")
+    return c, y
+
+
+def labels_digest(labels: Iterable[str]) -> str:
+    """A label set's digest (order-free): a calibration learnt on one label set is not another's."""
+    return fingerprint(sorted(set(labels)))
+
+
+def bin_of(confidence: ArrayLike, bins: int = BINS) -> NDArray[np.int_]:
+    """Each confidence's bin: floor(c * bins), 1.0 in the last (the rule of ``run/reliability.py``)."""
+    return np.clip(np.floor(np.asarray(confidence, dtype=np.float64) * bins), 0, bins - 1).astype(int)
+
+
+def reliability_table(confidence: ArrayLike, correct: ArrayLike, bins: int = BINS) -> tuple[ReliabilityBin, ...]:
+    """Rows, mean confidence and accuracy per non-empty equal-width bin."""
+    c, y = _arrays(confidence, correct)
+    b = bin_of(c, bins)
+    return tuple(ReliabilityBin(bin=int(k), low=float(k / bins), high=float((k + 1) / bins), rows=int((b == k).sum()),
+                                mean_confidence=float(c[b == k].mean()), accuracy=float(y[b == k].mean()))
+                 for k in np.unique(b))
+
+
+def ece(confidence: ArrayLike, correct: ArrayLike, bins: int = BINS) -> float:
+    """Expected calibration error: the rows-weighted mean of |accuracy - mean confidence| over the bins."""
+    c, _ = _arrays(confidence, correct)
+    table = reliability_table(confidence, correct, bins)
+    return float(sum(t.rows * abs(t.accuracy - t.mean_confidence) for t in table) / c.size) if c.size else 0.0
+
+
+def brier(confidence: ArrayLike, correct: ArrayLike) -> float:
+    """Brier score: the mean squared gap between the confidence and 1 (right) or 0 (wrong)."""
+    c, y = _arrays(confidence, correct)
+    return float(np.mean((c - y) ** 2)) if c.size else 0.0
+
+
+def scores(confidence: ArrayLike, correct: ArrayLike, bins: int = BINS) -> Scores:
+    """:func:`ece` and :func:`brier` together."""
+    return Scores(ece=ece(confidence, correct, bins), brier=brier(confidence, correct))
+
+
+def fit(method: Method, confidence: ArrayLike, correct: ArrayLike, model: str, labels: Iterable[str]) -> Calibration:
+    """``method`` fitted on these rows (all of them: use :func:`cross_validated` to score it)."""
+    from sklearn.isotonic import IsotonicRegression
+    from sklearn.linear_model import LogisticRegression
+
+    c, y = _arrays(confidence, correct)
+    base = Calibration(method=method, model=model, labels_digest=labels_digest(labels), rows=int(c.size))
+    if method == "none":
+        return base
+    if method == "isotonic":
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip").fit(c, y)
+        return base.model_copy(update={"x": tuple(map(float, iso.X_thresholds_)),
+                                       "y": tuple(map(float, iso.y_thresholds_))})
+    # A large C: the fit is (nearly) unpenalised, as Platt's; a tiny L2 keeps separable folds finite.
+    lr = LogisticRegression(C=1e4, fit_intercept=method == "platt").fit(_logit(c).reshape(-1, 1), y)
+    slope = float(lr.coef_[0][0])
+    intercept = float(lr.intercept_[0]) if method == "platt" else 0.0
+    if slope < 0:  # confidence that falls as accuracy rises: a decreasing map would reorder the review queue
+        slope = 0.0
+        intercept = float(_logit(np.array([y.mean()]))[0]) if method == "platt" else 0.0
+    return base.model_copy(update={"slope": slope, "intercept": intercept})
+
+
+def _folds(y: NDArray[np.int_], folds: int, seed: int) -> list[tuple[NDArray[np.int_], NDArray[np.int_]]]:
+    from sklearn.model_selection import StratifiedKFold
+
+    k = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    return [(tr, te) for tr, te in k.split(np.zeros(y.size), y)]
+
+
+def cross_validated(method: Method, confidence: ArrayLike, correct: ArrayLike, folds: int = FOLDS,
+                    seed: int = 0) -> NDArray[np.float64]:
+    """Each row's calibrated confidence from ``method`` fitted on the OTHER folds (never its own)."""
+    c, y = _arrays(confidence, correct)
+    why = too_few(y, folds)
+    if why:
+        raise SparkbatchError(f"calibration: {why}")
+    out = np.empty_like(c)
+    for train, test in _folds(y, folds, seed):
+        out[test] = fit(method, c[train], y[train], "", ()).apply(c[test])
+    return out
+
+
+def too_few(correct: ArrayLike, folds: int = FOLDS) -> str:
+    """Why these gold rows are too few to fit and score a map, or '' when they are enough."""
+    y = np.asarray(correct, dtype=bool).ravel()
+    right, wrong = int(y.sum()), int((~y).sum())
+    if y.size < MIN_ROWS:
+        return f"{y.size} gold rows with a confidence: calibration needs at least {MIN_ROWS}"
+    if min(right, wrong) < folds:
+        return (f"{right} right and {wrong} wrong answers among {y.size} gold rows: calibration needs at least "
+                f"{folds} of each ({folds}-fold cross-validation)")
+    return ""
+
+
+def calibrate(confidence: ArrayLike, correct: ArrayLike, model: str, labels: Sequence[str], folds: int = FOLDS,
+              seed: int = 0, bins: int = BINS) -> CalibrationReport:
+    """Fit every candidate in ``folds``-fold cross-validation, keep the one with the lowest held-out
+    Brier score (``none`` when none beats the raw confidence, or when :func:`too_few` says so) and
+    fit it on every row. The report's ``after`` is that method's held-out scores."""
+    c, y = _arrays(confidence, correct)
+    before = scores(c, y, bins)
+    why = too_few(y, folds)
+    if why:
+        cal = fit("none", c, y, model, labels).model_copy(update={"reason": why})
+        table = reliability_table(c, y, bins)
+        return CalibrationReport(cal, folds, before, before, (), table, table)
+    held = {m: cross_validated(m, c, y, folds, seed) for m in METHODS}
+    candidates = tuple(Candidate(m, scores(p, y, bins)) for m, p in held.items())
+    best = min(candidates, key=lambda x: (x.held_out.brier, METHODS.index(x.method)))
+    reason = f"lowest held-out Brier score of {', '.join(METHODS)} in {folds}-fold cross-validation"
+    cal = fit(best.method, c, y, model, labels).model_copy(update={"reason": reason})
+    return CalibrationReport(cal, folds, before, best.held_out, candidates, reliability_table(c, y, bins),
+                             reliability_table(held[best.method], y, bins))
+
+
+def calibration_key(model: str, labels: Iterable[str]) -> str:
+    """The file name of the calibration of ``model`` on ``labels``: readable, and unique per pair."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.split("@")[0].rsplit("/", 1)[-1])[:40]
+    return f"{slug}-{fingerprint({'model': model, 'labels': labels_digest(labels)})}.json"
+
+
+def save(calibration: Calibration, folder: Path, labels: Iterable[str]) -> Path:
+    """Write ``calibration`` (of ``labels``) to ``folder`` under :func:`calibration_key`, atomically."""
+    if calibration.labels_digest != labels_digest(labels):
+        raise SparkbatchError("calibration: saved under a label set it was not fitted on: pass the job's labels")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / calibration_key(calibration.model, labels)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(calibration.model_dump_json(indent=1) + "\n")
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+def load(folder: Path, model: str, labels: Iterable[str]) -> Calibration | None:
+    """The stored calibration of ``model`` on ``labels``, or None when none was saved; a damaged
+    file stops here, naming it and the fix."""
+    labels = list(labels)
+    path = folder / calibration_key(model, labels)
+    if not path.exists():
+        return None
+    try:
+        cal = Calibration.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        raise SparkbatchError(f"{path} is not a calibration ({exc.errors()[0]['msg']}): delete it; the next "
+                              "calibration on the gold rows writes it again") from None
+    if cal.model != model or cal.labels_digest != labels_digest(labels):
+        raise SparkbatchError(f"{path} holds the calibration of {cal.model!r} on another label set: delete it")
+    return cal
