@@ -126,6 +126,7 @@ def engine_counts(root: Path, batch_id: str) -> dict[str, int]:
 def openai_batch(client: Any, src: Path, root: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     from openai.types import Batch, BatchError
     from openai.types.chat import ChatCompletion
+    from openai.types.shared import ErrorObject
 
     uploaded = client.files.create(file=src.open("rb"), purpose="batch")
     began = time.monotonic()
@@ -140,8 +141,12 @@ def openai_batch(client: Any, src: Path, root: Path, proc: subprocess.Popen[byte
              for x in client.files.content(fid).text.splitlines()]
     ids = [x["custom_id"] for x in lines]
     sent = [json.loads(x)["custom_id"] for x in src.read_text().splitlines()]
-    answered = [ChatCompletion.model_validate(x["response"]["body"], strict=True) for x in lines if x["error"] is None]
-    errors = [BatchError.model_validate(x["error"], strict=True) for x in lines if x["error"] is not None]
+    answered = [ChatCompletion.model_validate(x["response"]["body"], strict=True) for x in lines
+                if x["response"] and x["response"]["status_code"] == 200]
+    # A request's own failure is its HTTP answer; ``error`` is only for a request never answered (expired, cancelled).
+    errors = [ErrorObject.model_validate(x["response"]["body"]["error"], strict=True) if x["response"] else
+              BatchError.model_validate(x["error"], strict=True) for x in lines
+              if not x["response"] or x["response"]["status_code"] != 200]
     summed = {"input_tokens": sum(a.usage.prompt_tokens for a in answered if a.usage),
               "output_tokens": sum(a.usage.completion_tokens for a in answered if a.usage)}
     usage = done.usage.model_dump() if done.usage else {}

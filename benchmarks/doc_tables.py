@@ -287,10 +287,31 @@ def test_tiers_table(results: Results) -> str:
                   "tests", "file"], rows)
 
 
+def batch_migration_table(results: Results) -> str:
+    """A team's batch files through both Batch APIs of serve-batch (batch_migration.py): each batch's wall time,
+    its lines, every id once, the results' tokens against the engine's own counts."""
+    rows = []
+    for name, d in of_kind(results, "batch_migration"):
+        for api, key in (("OpenAI Batch", "openai"), ("Anthropic Message Batches", "anthropic"),
+                         ("OpenAI Batch, the same file again", "openai_resubmitted")):
+            b = d[key]
+            ok = b.get("answered", b.get("succeeded", 0))
+            bad = b.get("error_lines", b.get("errored", 0))
+            same = b["file_sums"] == {k: b["engine"][k] for k in ("input_tokens", "output_tokens")}
+            reused = b.get("reused_requests")
+            rows.append([d["date"], machine(d, name), api, num(b["lines"]), f"{b['wall_s']:.0f} s",
+                         f"{num(ok)} answered, {num(bad)} error lines", "yes" if b["every_id_once"] else "NO",
+                         f"{num(b['file_sums']['input_tokens'])} / {num(b['file_sums']['output_tokens'])}",
+                         "equal" if same else "DIFFER", "-" if reused is None else num(reused), f"`{name}`"])
+    return table(["date", "machine", "API", "lines", "create to ended", "results", "every custom_id once",
+                  "input / output tokens in the results", "engine's own counts", "answers reused", "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
     "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
-    "lease_scaling": lease_scaling_table, "table_sink": table_sink_table, "test_tiers": test_tiers_table}
+    "lease_scaling": lease_scaling_table, "table_sink": table_sink_table, "test_tiers": test_tiers_table,
+    "batch_migration": batch_migration_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..spec import OutputSpec, SamplingSpec
+from ..spec.batch_tools import Tools
 from .platform import memory
 from .platform.spans import Spans
 
@@ -24,20 +25,22 @@ class EngineRequest:
     name in the result store (``run.result_store.prompt_key``), when the caller has it.
     ``sampling`` / ``output``: this request's own settings, where they differ from the ones
     ``generate`` got (a batch file's line sets its own ``max_tokens`` or ``response_format``);
-    None: those."""
+    None: those. ``tools``: a batch line's tools (given to the chat template; a forced call's
+    answer becomes tool calls, :mod:`.answers.tools`)."""
 
     id: str
     messages: list[dict[str, str]]
     key: str | None = None
     sampling: SamplingSpec | None = None
     output: OutputSpec | None = None
+    tools: Tools | None = None
 
 
 def request_of(rid: str, prompt: Any, key: str | None = None) -> EngineRequest:
     """The request for a prompt (``RenderedPrompt``, or a batch file's ``RequestPrompt`` with
     its own sampling and output); ``key``: its name in the result store."""
     return EngineRequest(rid, prompt.messages(), key, getattr(prompt, "sampling", None),
-                         getattr(prompt, "output", None))
+                         getattr(prompt, "output", None), getattr(prompt, "tools", None))
 
 
 def settings_key(sampling: SamplingSpec, output: OutputSpec) -> str:

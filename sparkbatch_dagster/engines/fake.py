@@ -7,10 +7,12 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from ..errors import ConfigError, EngineError
 from ..spec import OutputSpec, SamplingSpec
 from .answers import extras, reasoning
+from .answers.tools import with_calls
 from .base import Engine, EngineRequest, EngineResult
 
 #: How long a fake engine holds at a gate nobody opens (a test that failed before opening it).
@@ -95,6 +97,9 @@ class FakeEngine(Engine):
             prompt = "\n".join(m["content"] for m in req.messages)
             own, limit = req.output or output, (req.sampling or sampling).max_tokens
             text = self.answer if self.answer is not None else _answer(prompt, own)
+            forced = req.tools if req.tools is not None and req.tools.forced() else None
+            if forced is not None and self.answer is None:  # a call of a tool the schema allows
+                text = _tool_answer(prompt, forced.schema() or {})
             if budget is not None:
                 yield self._reasoned(req.id, prompt, text, budget, sampling, output)
                 continue
@@ -111,7 +116,7 @@ class FakeEngine(Engine):
                 output_tokens=sum(max(1, len(t.split())) for t, _, _ in [(text, cut, stop), *choices]),
                 finish_reason="length" if cut else "stop",
                 confidence=_confidence(self.model_id, prompt, own) if self.answer is None else None,
-                extra=_extras(text, stop, choices, asked) if asked.extras_asked() else None,
+                extra=with_calls(_extras(text, stop, choices, asked) if asked.extras_asked() else None, text, forced),
             )
 
     def _reasoned(self, rid: str, prompt: str, text: str, budget: int, sampling: SamplingSpec,
@@ -179,6 +184,27 @@ def _confidence(model: str, prompt: str, output: OutputSpec) -> float | None:
         return None
     h = int(hashlib.sha256(f"confidence\x1e{model}\x1e{prompt}".encode()).hexdigest(), 16)
     return round(0.05 + (h % 9500) / 10000, 4)
+
+
+def _tool_answer(prompt: str, schema: dict[str, Any]) -> str:
+    """A forced call's JSON under its schema (``Tools.schema``): the arguments of a named tool, or
+    a list of one call of the tool the prompt's hash picks."""
+    h = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
+    if schema.get("type") != "array":
+        return json.dumps(_fill(schema, h))
+    shape = schema["items"]["anyOf"][h % len(schema["items"]["anyOf"])]["properties"]
+    return json.dumps([{"name": shape["name"]["enum"][0], "parameters": _fill(shape["parameters"], h)}])
+
+
+def _fill(schema: dict[str, Any], h: int) -> Any:
+    """A value of the JSON schema ``schema`` (its properties filled by type; enums' first)."""
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type", "object")
+    if kind == "object":
+        return {k: _fill(v, h) for k, v in (schema.get("properties") or {}).items()}
+    return {"integer": h % 100, "number": h % 100 / 4, "boolean": bool(h % 2), "array": [],
+            "null": None}.get(kind, f"x{h % 1000}")
 
 
 def _answer(prompt: str, output: OutputSpec) -> str:

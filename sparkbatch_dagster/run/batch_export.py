@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,14 +38,13 @@ from .batch_lines import (
     ErrorDetail,
     Errored,
     ErrorResponse,
-    LineFailure,
     Message,
     MessageUsage,
     OpenAIResultLine,
     Response,
     ResultLine,
     Succeeded,
-    TextBlock,
+    anthropic_content,
     anthropic_stop,
     openai_choices,
 )
@@ -55,7 +53,6 @@ from .checkpoint import OUTPUT_SCHEMA
 #: Row errors that are the request's fault: HTTP 400, as the provider answers them.
 _CLIENT_ERRORS = ("bad_request", "unsupported", "unparsable_row", "invalid_text", "duplicate_id", "null_id",
                   "prompt_too_long", "too_long", "empty_text", "null_text", "bad_type", "render_error")
-_LINE = re.compile(r"\bline (\d+)\b")
 
 
 def finished_rows(home: JobHome, version: str, keys: list[str]) -> Iterator[tuple[dict[str, Any], float]]:
@@ -157,14 +154,15 @@ def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[in
     req = f"req_{_uid(version, rid, 'request')}"
     line_id = f"batch_req_{_uid(version, rid)}"
     if row["error"] is not None:
+        # The request's own failure is its HTTP answer (400: its fault; 500: the engine's), with the
+        # line's ``error`` null: OpenAI keeps that for requests that got no HTTP answer at all
+        # (``batch_expired``, ``batch_cancelled``: cli/batch_results.py writes those).
         kind, status = _kind(row["error"]), 400 if _kind(row["error"]).startswith(_CLIENT_ERRORS) else 500
-        where = _LINE.search(row["error"])
         error = ApiError(message=row["error"], type="invalid_request_error" if status == 400 else "server_error",
                          code=kind)
         return OpenAIResultLine(id=line_id, custom_id=rid,
                                 response=Response(status_code=status, request_id=req, body=ErrorBody(error=error)),
-                                error=LineFailure(code=kind, message=row["error"],
-                                                  line=int(where.group(1)) if where else None))
+                                error=None)
     cut = row["truncated"] or row["finish_reason"] == "length"
     body = ChatCompletion(
         id=f"chatcmpl-{_uid(version, rid, 'completion')}", created=created, model=row["model"],
@@ -184,8 +182,9 @@ def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int]) ->
         return AnthropicResultLine(custom_id=rid, result=Errored(error=ErrorResponse(error=detail)))
     cut = row["truncated"] or row["finish_reason"] == "length"
     stop_reason, stop = anthropic_stop(cut, row["extra"])
-    message = Message(id=f"msg_{_uid(version, rid)}", model=row["model"], content=[TextBlock(text=row["output"])],
-                      stop_reason=stop_reason, stop_sequence=stop,
+    message = Message(id=f"msg_{_uid(version, rid)}", model=row["model"],
+                      content=anthropic_content(row["output"], row["extra"]), stop_reason=stop_reason,
+                      stop_sequence=stop,
                       usage=MessageUsage(input_tokens=usage[0], output_tokens=usage[1]))
     return AnthropicResultLine(custom_id=rid, result=Succeeded(message=message))
 

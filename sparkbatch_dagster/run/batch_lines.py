@@ -7,6 +7,7 @@ as written. :mod:`.batch_export` builds them from output rows.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 import msgspec
@@ -31,6 +32,23 @@ class AssistantMessage(_Line, frozen=True, kw_only=True):
     refusal: None = None
 
 
+class FunctionCall(_Line, frozen=True, kw_only=True):
+    name: str
+    arguments: str  # JSON text, as the API gives it
+
+
+class ToolCall(_Line, frozen=True, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallMessage(AssistantMessage, frozen=True, kw_only=True):
+    """The message of an answer that calls tools (a batch line's ``tools``)."""
+
+    tool_calls: list[ToolCall]
+
+
 class TopLogprob(_Line, frozen=True, kw_only=True):
     token: str
     bytes: list[int] | None
@@ -53,7 +71,7 @@ class ChoiceLogprobs(_Line, frozen=True, kw_only=True):
 
 class Choice(_Line, frozen=True, kw_only=True):
     index: int = 0
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: ChoiceLogprobs | None = None
     message: AssistantMessage
 
@@ -121,6 +139,13 @@ class TextBlock(_Line, frozen=True, kw_only=True):
     text: str | None
 
 
+class ToolUseBlock(_Line, frozen=True, kw_only=True):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
 class MessageUsage(_Line, frozen=True, kw_only=True):
     input_tokens: int
     output_tokens: int
@@ -131,8 +156,8 @@ class Message(_Line, frozen=True, kw_only=True):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[TextBlock]
-    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence"]
+    content: list[TextBlock | ToolUseBlock]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
     stop_sequence: str | None = None
     usage: MessageUsage
 
@@ -174,6 +199,10 @@ def openai_choices(text: str, cut: bool, extra: str | None) -> list[Choice]:
     more = Extras.decode(extra)
     first = Choice(finish_reason="length" if cut else "stop", logprobs=_logprobs(more.logprobs),
                    message=AssistantMessage(content=text))
+    if more.tool_calls:  # the answer is its calls: the text besides them (none for a forced call) is the content
+        first = Choice(finish_reason="tool_calls", logprobs=_logprobs(more.logprobs), message=ToolCallMessage(
+            content=more.content, tool_calls=[ToolCall(id=f"call_{c.id}", function=FunctionCall(
+                name=c.name, arguments=c.arguments)) for c in more.tool_calls]))
     return [first] + [Choice(index=i, finish_reason="length" if c.finish_reason == "length" else "stop",
                              logprobs=_logprobs(c.logprobs), message=AssistantMessage(content=c.text))
                       for i, c in enumerate(more.choices, start=1)]
@@ -188,10 +217,24 @@ def _logprobs(tokens: list[extras.TokenLogprob] | None) -> ChoiceLogprobs | None
                                    for t in tokens])
 
 
-def anthropic_stop(cut: bool, extra: str | None) -> tuple[Literal["end_turn", "max_tokens", "stop_sequence"],
-                                                          str | None]:
-    """A message's ``stop_reason`` and ``stop_sequence``: the stop sequence that ended it, if one did."""
+def anthropic_stop(cut: bool, extra: str | None) -> tuple[Literal["end_turn", "max_tokens", "stop_sequence",
+                                                                  "tool_use"], str | None]:
+    """A message's ``stop_reason`` and ``stop_sequence``: the stop sequence that ended it, if one
+    did; ``tool_use`` when it calls tools."""
+    more = Extras.decode(extra)
+    if more.tool_calls:
+        return "tool_use", None
     if cut:
         return "max_tokens", None
-    stop = Extras.decode(extra).stop
-    return ("stop_sequence", stop) if stop is not None else ("end_turn", None)
+    return ("stop_sequence", more.stop) if more.stop is not None else ("end_turn", None)
+
+
+def anthropic_content(text: str, extra: str | None) -> list[TextBlock | ToolUseBlock]:
+    """A message's ``content``: its text, or the text besides its tool calls (if any) and a
+    ``tool_use`` block per call."""
+    more = Extras.decode(extra)
+    if not more.tool_calls:
+        return [TextBlock(text=text)]
+    blocks: list[TextBlock | ToolUseBlock] = [TextBlock(text=more.content)] if more.content else []
+    return blocks + [ToolUseBlock(id=f"toolu_{c.id}", name=c.name, input=json.loads(c.arguments))
+                     for c in more.tool_calls]

@@ -43,8 +43,11 @@ def parse_output(text: str, spec: JobSpec, own: OutputSpec | None = None) -> tup
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             return None, f"bad_output: not valid JSON ({exc.msg} at char {exc.pos})"
-        if not isinstance(value, dict):
-            return None, f"bad_output: expected a JSON object, got {type(value).__name__}"
+        # An array where the schema makes one (a batch line's forced tool calls: ``spec.batch_tools``).
+        wanted = list if (declared.json_schema or {}).get("type") == "array" else dict
+        if not isinstance(value, wanted):
+            return None, f"bad_output: expected a JSON {'array' if wanted is list else 'object'}, got " \
+                         f"{type(value).__name__}"
         return json.dumps(value, sort_keys=True), None
     if declared.regex and not re.fullmatch(declared.regex, text):
         return None, f"bad_output: {text[:80]!r} does not match the output regex"

@@ -4,8 +4,8 @@ or an Anthropic Message Batches file, checked and reduced to what this product r
 A line becomes a :class:`BatchLine` (its ``custom_id``, provider, url, the body or params as
 sent, and the :class:`BatchRequest` it normalizes to: messages, the sampling fields it sets that
 differ from the job's, its output), or :class:`LineError` says why it cannot run (``bad_request:
-...``, ``unsupported: ...``). What does not map to this product (tools, several choices, stop
-sequences, images...) is an error naming the field, never dropped silently. A request's canonical
+...``, ``unsupported: ...``). What does not map to this product (images, audio, per-line
+reasoning...) is an error naming the field, never dropped silently. A request's canonical
 JSON (:meth:`BatchRequest.to_text`) is the row's one text column and names its prompt in the
 result store; :class:`RequestPrompt` is a normalized request as the run's prompt: its own
 messages, and its own sampling and output when they differ from the job's. Example::
@@ -24,6 +24,7 @@ from typing import Any, Literal
 import msgspec
 
 from .answer import OutputSpec, SamplingSpec
+from .batch_tools import ToolError, Tools, line_tools
 from .job_spec import BATCH_INPUTS
 
 __all__ = ["BATCH_INPUTS", "BatchLine", "BatchRequest", "JsonOutput", "LineError", "Message", "RequestPrompt",
@@ -31,21 +32,17 @@ __all__ = ["BATCH_INPUTS", "BatchLine", "BatchRequest", "JsonOutput", "LineError
 Provider = Literal["openai_batch", "anthropic_batch"]
 #: The one endpoint an OpenAI line may name (vLLM's ``run-batch`` also takes ``/v1/embeddings``...).
 CHAT_URLS = ("/v1/chat/completions",)
-#: Request fields accepted and not acted on: they change nothing this product generates.
+#: Request fields accepted and not acted on: they change nothing this product generates
+#: (``parallel_tool_calls`` does with tools: :mod:`.batch_tools` reads it there).
 _IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls",
             "prompt_cache_key", "safety_identifier", "container", "context_management", "mcp_servers"}
-#: Fields accepted when they hold the value that means "nothing special" (tools: none; reasoning:
+#: Fields accepted when they hold the value that means "nothing special" (reasoning:
 #: off), per provider. Any other value of theirs is refused, naming the field.
 _NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
-    "openai_batch": {"stream": (False,), "tools": (None, []), "tool_choice": (None, "none"),
-                     "reasoning_effort": (None, "none"), "top_logprobs": (None,)},
-    "anthropic_batch": {"stream": (False,), "tools": (None, []), "tool_choice": (None, {"type": "none"}),
-                        "thinking": (None, {"type": "disabled"})}}
+    "openai_batch": {"stream": (False,), "reasoning_effort": (None, "none"), "top_logprobs": (None,)},
+    "anthropic_batch": {"stream": (False,), "thinking": (None, {"type": "disabled"})}}
 #: Why a neutral-only field's other values are refused (the engine runs them otherwise).
-_WHY = {"tools": "tool calls need the model's tool-call parser, which sparkbatch does not run: send the tools' "
-                 "description in the messages and ask for JSON (response_format)",
-        "tool_choice": "no tools are run (see tools)",
-        "reasoning_effort": "a batch line cannot set its own reasoning: set the job's sampling.reasoning (a thinking "
+_WHY = {"reasoning_effort": "a batch line cannot set its own reasoning: set the job's sampling.reasoning (a thinking "
                             "budget, docs/reasoning.md)",
         "thinking": "a batch line cannot set its own thinking: set the job's sampling.reasoning (a thinking budget, "
                     "docs/reasoning.md)",
@@ -78,14 +75,15 @@ class JsonOutput(msgspec.Struct, frozen=True):
     json_schema: dict[str, Any]
 
 
-class BatchRequest(msgspec.Struct, frozen=True, kw_only=True):
+class BatchRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A request line reduced to what this product runs: its messages, the sampling fields it sets
-    that differ from the job's (``SamplingSpec`` field names, validated), and its output (None:
-    plain text)."""
+    that differ from the job's (``SamplingSpec`` field names, validated), its output (None:
+    plain text) and its tools (:mod:`.batch_tools`; None, and absent from the JSON: none)."""
 
     messages: list[Message]
     sampling: dict[str, Any]
     output: JsonOutput | None
+    tools: Tools | None = None
 
     def to_text(self) -> str:
         """The canonical JSON: the staged row's ``request``, the same bytes for the same request
@@ -162,7 +160,8 @@ def normalize(body: dict[str, Any], fmt: str, job: SamplingSpec) -> BatchRequest
     """A request body reduced to its messages, the sampling fields it sets, its output."""
     where = "body" if fmt == "openai_batch" else "params"
     for key, value in body.items():
-        if key in _IGNORED or key in _SAMPLING[fmt] or key in ("messages", "system", "response_format"):
+        if key in _IGNORED or key in _SAMPLING[fmt] or key in ("messages", "system", "response_format", "tools",
+                                                              "tool_choice"):
             continue
         if key in _NEUTRAL[fmt] and value in _NEUTRAL[fmt][key]:
             continue
@@ -179,8 +178,12 @@ def normalize(body: dict[str, Any], fmt: str, job: SamplingSpec) -> BatchRequest
         messages.insert(0, Message("system", _text(body["system"], f"{where}.system")))
     elif "system" in body:
         raise LineError(f"unsupported: {where}.system: give the system prompt as a message with role 'system'")
-    return BatchRequest(messages=messages, sampling=_sampling(body, fmt, job, where),
-                        output=_output(body.get("response_format"), where))
+    output = _output(body.get("response_format"), where)
+    try:
+        tools = line_tools(body, fmt, where, output is not None)
+    except ToolError as exc:
+        raise LineError(str(exc)) from None
+    return BatchRequest(messages=messages, sampling=_sampling(body, fmt, job, where), output=output, tools=tools)
 
 
 def _messages(value: Any, fmt: str, where: str) -> list[Message]:
@@ -276,6 +279,7 @@ class RequestPrompt:
     sampling: SamplingSpec | None = None
     output: OutputSpec | None = None
     extra: str = ""  # the overrides as canonical JSON: part of the name
+    tools: Tools | None = None  # given to the chat template; a forced call's schema is ``output``
 
     @property
     def system(self) -> str:
@@ -302,7 +306,12 @@ def request_prompt(request: str, job: SamplingSpec) -> RequestPrompt:
     chat = tuple((m.role, m.content) for m in req.messages)
     sampling = SamplingSpec(**{**job.model_dump(), **req.sampling}) if req.sampling else None
     output = OutputSpec(**msgspec.to_builtins(req.output)) if req.output else None
-    # Part of the prompt's name in the result store: these exact bytes, as releases before wrote them.
-    extra = json.dumps({"sampling": req.sampling, "output": msgspec.to_builtins(req.output)}, sort_keys=True) \
-        if sampling is not None or output is not None else ""
-    return RequestPrompt(chat, sampling, output, extra)
+    if req.tools is not None and req.tools.forced():  # vLLM's way: the call is JSON under the tools' schema
+        output = OutputSpec(kind="json", json_schema=req.tools.schema())
+    # Part of the prompt's name in the result store: these exact bytes, as releases before wrote them
+    # (the tools only where a line has them).
+    named: dict[str, Any] = {"sampling": req.sampling, "output": msgspec.to_builtins(req.output)}
+    if req.tools is not None:
+        named["tools"] = msgspec.to_builtins(req.tools)
+    extra = json.dumps(named, sort_keys=True) if sampling is not None or output is not None or req.tools else ""
+    return RequestPrompt(chat, sampling, output, extra, req.tools)

@@ -124,13 +124,15 @@ def render(system: str, user: str, row: dict[str, Any]) -> RenderedPrompt:
         raise ConfigError(f"template failed to render: {exc}") from exc
 
 
-def chat_text(tokenizer: Any, messages: list[dict[str, str]],
-              template_kwargs: dict[str, Any] | None = None) -> tuple[str, bool]:
+def chat_text(tokenizer: Any, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None,
+              tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
     """The exact text a model is given for ``messages``, and whether the tokenizer should still
     add its special tokens (the chat template already holds them). A model without a chat
     template (a base model) gets the plain contents, as the offline engine gives them.
-    ``template_kwargs``: variables for the template (``enable_thinking`` of a reasoning job)."""
+    ``template_kwargs``: variables for the template (``enable_thinking`` of a reasoning job);
+    ``tools``: a batch line's tools, rendered by the template as vLLM's server renders them."""
     if getattr(tokenizer, "chat_template", None):
+        extra = {"tools": tools} if tools else {}
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             **(template_kwargs or {})), False
+                                             **(template_kwargs or {}), **extra), False
     return "\n\n".join(m["content"] for m in messages), True

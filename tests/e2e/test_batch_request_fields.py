@@ -63,11 +63,12 @@ MIXED = [
 
 
 def test_openai_fields_are_honoured_per_line_and_parse_strictly(tmp_path: Path) -> None:
-    from openai.types import BatchError
+    from openai.types.shared import ErrorObject
 
     summary, ok, bad = _run(tmp_path, MIXED)
     answers = _completions(ok)
-    errors = {x["custom_id"]: BatchError.model_validate(x["error"], strict=True) for x in bad}
+    assert all(x["error"] is None and x["response"]["status_code"] == 400 for x in bad)
+    errors = {x["custom_id"]: ErrorObject.model_validate(x["response"]["body"]["error"], strict=True) for x in bad}
     assert sorted(answers) == ["cut", "lp", "lp0", "n3", "pen", "plain", "stop", "stop-str"]
     assert {k: e.code for k, e in errors.items()} == {"tools": "unsupported", "effort": "unsupported",
                                                       "top-alone": "bad_request", "too-many-stops": "bad_request"}

@@ -92,8 +92,10 @@ class LineResponse(BaseModel):
 
 
 class LineError(BaseModel):
-    # OpenAI documents code and message; a run's error line also names its input ``line``.
-    model_config = ConfigDict(strict=True, extra="allow")
+    """A line's ``error``, for a request that got no HTTP answer (expired, cancelled): OpenAI's
+    ``BatchRequestOutputError``, its code and message and nothing else."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
     code: str
     message: str
 
@@ -236,8 +238,10 @@ class Box:
             assert line.error is None and line.response is not None and line.response.status_code == 200
             ChatCompletion.model_validate(line.response.body, strict=True)
         for line in err:
-            assert line.error is not None or line.response is not None and line.response.status_code >= 400
+            # An HTTP answer (the request's own failure) or none (never run), never both, as OpenAI's.
+            assert (line.error is None) != (line.response is None)
             if line.response is not None:
+                assert line.response.status_code >= 400
                 ErrorObject.model_validate(line.response.body["error"], strict=True)
         got = [line.custom_id for line in out + err]
         assert sorted(got) == sorted(ids), "each of the user's custom_ids exactly once, and no other id"

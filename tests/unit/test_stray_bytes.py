@@ -139,7 +139,7 @@ def test_a_nul_in_an_openai_batch_line_is_that_requests_error_line(tmp_path, lin
     [failed] = [json.loads(x) for x in (tmp_path / "err.jsonl").read_text().splitlines()]
     assert sorted(x["custom_id"] for x in answered) == sorted(f"q{i}" for i in range(1, n + 1) if i != line)
     assert failed["custom_id"] == f"unparsable-line-{line}" and failed["response"]["status_code"] == 400
-    assert "0x00" in failed["error"]["message"] and summary.complete
+    assert failed["error"] is None and "0x00" in failed["response"]["body"]["error"]["message"] and summary.complete
 
 
 # --- Binary data is still refused: the rule ---------------------------------------------------

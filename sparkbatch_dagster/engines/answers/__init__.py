@@ -6,7 +6,8 @@ one step and its tally, the confidence scorer, the reasoning; both backends ask 
 :mod:`.confidence` (a label's confidence from its log-probabilities), :mod:`.reasoning` (the
 reasoning plan: thinking budget, parser, template switches) and :mod:`.encode_ahead` (prompts
 tokenized ahead of the engine, in a thread of their own) and :mod:`.extras` (what an answer
-carries beyond its text when its request asks: the stop string, choices, log-probabilities).
+carries beyond its text when its request asks: the stop string, choices, log-probabilities)
+and :mod:`.tools` (a batch line's tool calls, read from its answer).
 
 May import: ``errors``, ``spec``, ``home``; ``engines`` base modules and :mod:`..platform`.
 """

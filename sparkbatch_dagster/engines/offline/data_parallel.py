@@ -202,7 +202,7 @@ class DataParallelEngine(Engine):
 
     def _send(self, w: _Worker, gen: int, batch: list[EngineRequest], end: bool = False) -> None:
         w.in_flight.update((r.id, r) for r in batch)
-        reqs = [(r.id, r.messages, r.key, r.sampling, r.output) for r in batch]
+        reqs = [(r.id, r.messages, r.key, r.sampling, r.output, r.tools) for r in batch]
         if not (w.send(("reqs", gen, reqs)) and (not end or w.send(("end", gen)))):
             self._bury(w, "its pipe broke")
 

@@ -101,12 +101,14 @@ def generate_reasoned(engine: OfflineEngine, requests: Iterable[EngineRequest],
     plan, sampling, output, sure = answers.thinking, answers.sampling, answers.output, answers.scorer
     native, top, defaults = engine.native_budget, answers.logprobs, answers.defaults
     if native:
-        answer = sampling_params(sampling, output, defaults, logprobs=top, thinking_token_budget=plan.budget)
+        answer = sampling_params(sampling, output, defaults, logprobs=top, cpu=answers.cpu,
+                                 thinking_token_budget=plan.budget)
         think = answer
     else:
         stop = [plan.markers.end_id] if plan.markers.end_id is not None else None
-        think = sampling_params(sampling, None, defaults, max_tokens=plan.budget, stop_token_ids=stop)
-        answer = sampling_params(sampling, output, defaults, logprobs=top,
+        think = sampling_params(sampling, None, defaults, max_tokens=plan.budget, cpu=answers.cpu,
+                                stop_token_ids=stop)
+        answer = sampling_params(sampling, output, defaults, logprobs=top, cpu=answers.cpu,
                                  max_tokens=sampling.max_tokens - plan.budget - 1)
     closing = _closing(engine._tokenizer, plan.markers)
     llm = engine._llm.llm_engine

@@ -21,6 +21,7 @@ from .. import settings
 from ..answers.encode_ahead import EncodeAhead
 from ..answers.extras import of_vllm as extras_of
 from ..answers.plan import AnswerPlan, plan
+from ..answers.tools import with_calls
 from ..base import Engine, EngineRequest, EngineResult
 from ..config import EngineSettings
 from .llm_start import engine_failure, start_llm
@@ -77,7 +78,8 @@ class VLLMOfflineEngine(Engine):
         ``template_kwargs``: a reasoning job's ``enable_thinking``)."""
         if not batch:
             return []
-        rendered = [chat_text(self._tokenizer, r.messages, template_kwargs) for r in batch]  # as preview shows
+        rendered = [chat_text(self._tokenizer, r.messages, template_kwargs,  # as preview shows
+                              r.tools.template_tools() if r.tools else None) for r in batch]
         special = rendered[0][1]  # one tokenizer: the same answer for every request
         return list(self._tokenizer([text for text, _ in rendered], add_special_tokens=special)["input_ids"])
 
@@ -101,6 +103,7 @@ class VLLMOfflineEngine(Engine):
         asked: dict[str, EngineRequest] = {}  # in flight as one step: asked again if it settles nothing
         again: set[str] = set()  # asked again with the grammar
         extras: dict[str, SamplingSpec] = {}  # in flight with a line's own settings that ask for more than text
+        tooled: dict[str, EngineRequest] = {}  # in flight with a forced tool call: its answer becomes the calls
         exhausted = False
         ahead = EncodeAhead(self.encode)
         try:
@@ -136,6 +139,8 @@ class VLLMOfflineEngine(Engine):
                         extras[rid] = req.sampling
                     if route == "step":
                         asked[rid] = req
+                    if req.tools is not None and req.tools.forced():
+                        tooled[rid] = req
                 if not in_flight:
                     if exhausted and not ahead.rows and not held:
                         answers.report()
@@ -155,9 +160,11 @@ class VLLMOfflineEngine(Engine):
                     asked_more = extras.pop(out.request_id, None)
                     if asked_more is not None and asked_more.stop:  # detokenized, and cut before its stop string
                         text = out.outputs[0].text
+                    extra = extras_of(out, self._tokenizer, asked_more) if asked_more else None
+                    forced = tooled.pop(out.request_id, None)
                     yield self._result(row_id, text, n_prompt, out, answers,
                                        spent=sum(len(c.token_ids) for c in out.outputs) + (out.request_id in again),
-                                       extra=extras_of(out, self._tokenizer, asked_more) if asked_more else None)
+                                       extra=with_calls(extra, text, forced.tools) if forced else extra)
                     again.discard(out.request_id)
         finally:
             ahead.close()

@@ -9,7 +9,9 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...spec import OutputSpec, SamplingSpec
+from ...spec.batch_tools import Tools
 from ..answers import confidence, extras, reasoning
+from ..answers import tools as answer_tools
 from ..answers.plan import AnswerPlan
 from ..base import EngineResult, structured_outputs
 from .endpoints import key_error
@@ -64,14 +66,18 @@ def classify(status: int, text: str, url: str) -> str:
 
 
 def answer_result(row_id: str, data: dict[str, Any], sure: confidence.Scorer | None,
-                  thinking: reasoning.Plan | None, tokenizer: Any, more: SamplingSpec | None = None) -> EngineResult:
+                  thinking: reasoning.Plan | None, tokenizer: Any, more: SamplingSpec | None = None,
+                  tools: Tools | None = None) -> EngineResult:
     """The row's result from a 200 answer: a chat answer's message, or a completion's text
     (``server_token_ids``), with its token counts, and its confidence when ``sure`` scores it;
-    ``more``: the settings of a request that asked for more than the text (:mod:`..answers.extras`)."""
+    ``more``: the settings of a request that asked for more than the text (:mod:`..answers.extras`);
+    ``tools``: a batch line's, whose forced call (a chat answer's ``tool_calls``) becomes its calls."""
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     choice = data["choices"][0]
     text = (choice["text"] if "text" in choice else choice["message"].get("content")) or ""
+    if tools is not None and tools.forced() and (choice.get("message") or {}).get("tool_calls"):
+        text = answer_tools.forced_text(choice["message"]["tool_calls"], tools)
     if thinking is not None:
         return reasoned_result(row_id, text, choice, usage, thinking, tokenizer)
     return EngineResult(
@@ -79,7 +85,8 @@ def answer_result(row_id: str, data: dict[str, Any], sure: confidence.Scorer | N
         prompt_tokens=int(usage.get("prompt_tokens", 0)), output_tokens=int(usage.get("completion_tokens", 0)),
         cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=choice.get("finish_reason"),
         confidence=sure.of_openai(text, choice.get("logprobs")) if sure is not None else None,
-        extra=extras.of_openai(data["choices"], more) if more is not None else None,
+        extra=answer_tools.with_calls(extras.of_openai(data["choices"], more) if more is not None else None, text,
+                                      tools),
     )
 
 

@@ -44,7 +44,8 @@ def token_bodies(tokenizer: Any, bodies: list[dict[str, Any]]) -> list[dict[str,
     for body in bodies:
         one = dict(body)
         kwargs = one.pop("chat_template_kwargs", None)  # a reasoning job's enable_thinking: applied here
-        texts.append(chat_text(tokenizer, one.pop("messages"), kwargs))  # the text offline mode and preview use
+        tools = one.pop("tools", None)  # a batch line's: rendered here by the template, as offline
+        texts.append(chat_text(tokenizer, one.pop("messages"), kwargs, tools))  # the text offline mode and preview use
         out.append(one)
     if not out:
         return out

@@ -30,9 +30,11 @@ from typing import Any
 
 from ...errors import ConfigError, EngineError
 from ...spec import OutputSpec, SamplingSpec
+from ...spec.batch_tools import Tools
 from .. import settings
 from ..answers.encode_ahead import Prepared
 from ..answers.plan import AnswerPlan, plan
+from ..answers.tools import body_fields as tool_fields
 from ..base import Engine, EngineRequest, EngineResult
 from ..config import EngineSettings
 from . import prompt_groups
@@ -66,6 +68,7 @@ class VLLMServerEngine(Engine):
         # A server someone else runs is taken to be on a GPU; one started here is on this machine's platform.
         self._cpu = started_here and settings.on_cpu()
         self._plan: AnswerPlan | None = None  # this generate's (answers/plan.py)
+        self._tools: dict[str, Tools] = {}  # row id: the tools its request was sent with
         self.max_in_flight = cfg.in_flight(engines)
         self.timeout_s, self.max_retries = cfg.request_timeout_s, cfg.max_retries
         self.server = server
@@ -215,6 +218,12 @@ class VLLMServerEngine(Engine):
         def bodies(batch: list[EngineRequest]) -> list[dict[str, Any]]:
             out = [{"model": self.served_name, "messages": req.messages,
                     **answers.fields(req, answers.planned(req), completions)} for req in batch]
+            for req, body in zip(batch, out, strict=True):
+                if req.tools is not None:  # a batch line's: its answer is read as tool calls (``_result``)
+                    self._tools[req.id] = req.tools
+                    body.update(tool_fields(req.tools, completions))
+                    if not completions:  # the server forces the call itself, under its own schema
+                        body.pop("structured_outputs", None)
             return out if self._tokenizer is None else token_bodies(self._tokenizer, out)
 
         return bodies
@@ -271,7 +280,7 @@ class VLLMServerEngine(Engine):
         answers = self._plan
         assert answers is not None  # answers come only inside generate
         return answer_result(row_id, data, answers.scorer, answers.thinking, self._tokenizer,
-                             answers.asked_more(row_id))
+                             answers.asked_more(row_id), self._tools.pop(row_id, None))
 
     def _check_server(self) -> None:
         """A server we own that has exited fails the run now, not after every retry."""
