@@ -146,7 +146,7 @@ class CascadeEngine(Engine):
         out = {}
         for req in chunk:
             if req.id in keys and keys[req.id] in found:
-                text, error, confidence, _, reasoning, extra, cut = found[keys[req.id]]
+                text, error, confidence, _, reasoning, extra, cut, _ = found[keys[req.id]]
                 out[req.id] = EngineResult(req.id, text, error=error,
                                            finish_reason=("length" if cut else "stop") if error is None else None,
                                            confidence=confidence, reasoning=reasoning, extra=extra)

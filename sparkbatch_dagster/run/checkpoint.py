@@ -62,8 +62,8 @@ WITH_CONFIDENCE = "UNION ALL BY NAME SELECT NULL::DOUBLE AS confidence WHERE fal
 WITH_REASONING = "UNION ALL BY NAME SELECT NULL::VARCHAR AS reasoning WHERE false"
 #: The same for the result store's ``extra`` (what a batch line asked beyond the text).
 WITH_EXTRA = "UNION ALL BY NAME SELECT NULL::VARCHAR AS extra WHERE false"
-#: The same for the result store's ``truncated`` (an answer cut at max_tokens): null in older segments.
-WITH_TRUNCATED = "UNION ALL BY NAME SELECT NULL::BOOLEAN AS truncated WHERE false"
+#: The same for the result store's ``truncated`` (an answer cut at max_tokens) and ``finish_reason``.
+WITH_TRUNCATED = "UNION ALL BY NAME SELECT NULL::BOOLEAN AS truncated, NULL::VARCHAR AS finish_reason WHERE false"
 
 
 def rows_table(rows: list[OutputRow]) -> pa.Table:

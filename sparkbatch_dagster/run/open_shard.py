@@ -117,7 +117,7 @@ def new_answers(table: Any) -> list[dict[str, Any]]:
     """The shard's rows that the engine answered in this version (one per prompt) and that the
     same prompt would get again: what the result store keeps."""
     cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
-            "truncated", "confidence", "reasoning", "extra"]
+            "truncated", "confidence", "reasoning", "extra", "finish_reason"]
     # A cut answer is kept with its mark (the store's ``truncated``): the same prompt under the same
     # settings is cut the same, and a batch file's line is answered with it (finish_reason "length").
     return [r for r in table.select(cols).to_pylist()

@@ -50,13 +50,14 @@ SCHEMA = pa.schema([
     ("k1", pa.int64()), ("k2", pa.int64()), ("output", pa.string()), ("error", pa.string()),
     ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()), ("model", pa.string()),
     ("created_at", pa.string()), ("confidence", pa.float64()), ("reasoning", pa.string()), ("extra", pa.string()),
-    ("truncated", pa.bool_()),
+    ("truncated", pa.bool_()), ("finish_reason", pa.string()),
 ])
 #: A stored answer: (output, error, confidence, the model that gave it, its thinking, what its
-#: request asked beyond the text, whether it was cut at max_tokens). The thinking is stored only by
-#: jobs that keep it (``output.keep_reasoning``, part of the context); the extra only by batch lines
-#: that ask for it. A cut answer is kept with its mark: the same prompt and settings are cut the same.
-Answer = tuple[str | None, str | None, float | None, str | None, str | None, str | None, bool | None]
+#: request asked beyond the text, whether it was cut at max_tokens, why it ended). The thinking is
+#: stored only by jobs that keep it (``output.keep_reasoning``, part of the context); the extra only
+#: by batch lines that ask for it. A cut answer is kept with its mark: the same prompt and settings
+#: are cut the same. Segments written before the last two read them as null.
+Answer = tuple[str | None, str | None, float | None, str | None, str | None, str | None, bool | None, str | None]
 #: Segments of one level merged into one of the next level.
 FAN_IN = 16
 
@@ -95,7 +96,7 @@ class ResultStore:
     Example::
 
         store = ResultStore(spec.result_store_path, spec.answer_context(model_id))
-        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error, confidence, model, reasoning)}
+        found = store.lookup(["3f2a..."])          # {prompt_key: (output, error, confidence, model, ...)}
         store.add(rows)                            # dicts with prompt_key, output, error, tokens, model
     """
 
@@ -131,7 +132,8 @@ class ResultStore:
         return sorted(self.dir.glob("seg-*.parquet")) if self.dir.exists() else []
 
     def lookup(self, keys: list[str]) -> dict[str, Answer]:
-        """Stored (output, error, confidence, model, reasoning, extra, truncated) of each key that has an answer; keys
+        """Stored (output, error, confidence, model, reasoning, extra, truncated, finish_reason) of each key with an
+        answer; keys
         without one are absent. Answers stored before confidences (thinking) were kept have none (None)."""
         if not keys:
             return {}
@@ -167,16 +169,16 @@ class ResultStore:
                         # One copy of a key (one struct: its output and confidence from the same copy);
                         # segments written before the confidence (reasoning) column read it as null.
                         "SELECT p.i, any_value(struct_pack(o := r.output, e := r.error, c := r.confidence, "
-                        "m := r.model, t := r.reasoning, x := r.extra, u := r.truncated)) FROM probe p JOIN (FROM "
-                        f"read_parquet(?, union_by_name = true) {WITH_CONFIDENCE} {WITH_REASONING} {WITH_EXTRA} "
-                        f"{WITH_TRUNCATED}) r "
+                        "m := r.model, t := r.reasoning, x := r.extra, u := r.truncated, f := r.finish_reason)) "
+                        "FROM probe p JOIN (FROM read_parquet(?, union_by_name = true) "
+                        f"{WITH_CONFIDENCE} {WITH_REASONING} {WITH_EXTRA} {WITH_TRUNCATED}) r "
                         "ON r.k1 = p.k1 AND r.k2 = p.k2 GROUP BY p.i",
                         [files]
                     ).fetchall()
                 finally:
                     con.unregister("probe")
-        return {keys[i]: (found["o"], found["e"], found["c"], found["m"], found["t"], found["x"], found["u"])
-                for i, found in hits}
+        return {keys[i]: (found["o"], found["e"], found["c"], found["m"], found["t"], found["x"], found["u"],
+                          found["f"]) for i, found in hits}
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Store newly generated answers as one segment, then merge segments that piled up."""
@@ -191,6 +193,7 @@ class ResultStore:
             "model": [r["model"] for r in rows], "created_at": [now] * len(rows),
             "confidence": [r.get("confidence") for r in rows], "reasoning": [r.get("reasoning") for r in rows],
             "extra": [r.get("extra") for r in rows], "truncated": [bool(r.get("truncated")) for r in rows],
+            "finish_reason": [r.get("finish_reason") for r in rows],
         }, schema=SCHEMA)
         segment = self.dir / f"seg-L0-{uuid.uuid4().hex}.parquet"
         atomic_write_parquet(segment, table)

@@ -126,12 +126,13 @@ class Answer:
     @classmethod
     def stored(cls, found: tuple[Any, ...], key: str, model: str) -> Answer:
         """The result store's answer (``ResultStore.lookup``'s tuple: output, error, confidence,
-        model, reasoning, extra, truncated); its model is the one that gave it (a cascade's stage), else
-        ``model``. A cut answer keeps its mark and says why it ended (``finish_reason`` ``length``)."""
-        output, error, confidence, by, reasoning, extra, cut = found
+        model, reasoning, extra, truncated, finish_reason); its model is the one that gave it (a
+        cascade's stage), else ``model``. A cut answer keeps its mark, and an answer says why it ended
+        as the engine said it (``length`` for one cut by a store that did not keep the reason)."""
+        output, error, confidence, by, reasoning, extra, cut, why = found
         return cls(model=by or model, output=output, error=error, prompt_key=key, reused=True,
                    confidence=confidence, reasoning=reasoning, extra=extra, truncated=bool(cut),
-                   finish_reason="length" if cut else None)
+                   finish_reason=why or ("length" if cut else None))
 
     @classmethod
     def failed(cls, reason: str, model: str) -> Answer:

@@ -179,3 +179,20 @@ def test_a_column_job_cannot_ask_for_answers_it_would_throw_away(tmp_path: Path)
         with pytest.raises(ConfigError, match="leave n at 1 and logprobs unset"):
             make_spec(tmp_path, sampling=SamplingSpec(**asked))
     assert make_spec(tmp_path, sampling=SamplingSpec(stop=("\n",))).sampling.stop == ("\n",)
+
+
+def test_a_stored_answer_keeps_why_it_ended(tmp_path: Path) -> None:
+    """A JSON answer complete exactly at max_tokens ended by length, not cut: reused, it still says so."""
+    from sparkbatch_dagster.run.result_store import ResultStore, prompt_key
+    from sparkbatch_dagster.run.rows import Answer
+
+    store = ResultStore(tmp_path / "store", "context")
+    at_limit, cut = prompt_key("s", "whole at the limit"), prompt_key("s", "cut")
+    store.add([{"prompt_key": at_limit, "output": "{}", "error": None, "prompt_tokens": 3, "output_tokens": 2,
+                "model": "m", "truncated": False, "finish_reason": "length"},
+               {"prompt_key": cut, "output": '{"a": "x', "error": None, "prompt_tokens": 3, "output_tokens": 4,
+                "model": "m", "truncated": True, "finish_reason": "length"}])
+    found = store.lookup([at_limit, cut])
+    whole, half = Answer.stored(found[at_limit], at_limit, "m"), Answer.stored(found[cut], cut, "m")
+    assert (whole.finish_reason, whole.truncated) == ("length", False) and (half.finish_reason, half.truncated) == (
+        "length", True)

@@ -119,7 +119,7 @@ def test_store_segments_written_before_reasoning_read_null(tmp_path: Path) -> No
                     "prompt_tokens": [3], "output_tokens": [1], "model": ["m"], "created_at": ["2026-11-01"],
                     "confidence": [0.9]})  # as an older release wrote it: no reasoning column
     pq.write_table(old, store.dir / "seg-L0-old.parquet")
-    assert store.lookup([key]) == {key: ("fruit", None, 0.9, "m", None, None, None)}
+    assert store.lookup([key]) == {key: ("fruit", None, 0.9, "m", None, None, None, None)}
 
 
 def test_plan_from_real_templates(tmp_path: Path) -> None:

@@ -66,5 +66,5 @@ def test_the_store_stays_a_few_files_and_finds_every_answer(tmp_path, monkeypatc
     # 21 segments of 10 answers, merged 4 at a time: 1 at level 2, 1 at level 1, 1 at level 0.
     assert sorted(p.name[:6] for p in store.segments()) == ["seg-L0", "seg-L1", "seg-L2"]
     found = store.lookup([*keys, results.prompt_key("s", "never")])
-    assert len(found) == 210 and found[keys[0]] == ("o0-0", None, None, "m", None, None, False)
-    assert found[keys[-1]] == ("o20-9", None, None, "m", None, None, False)
+    assert len(found) == 210 and found[keys[0]] == ("o0-0", None, None, "m", None, None, False, None)
+    assert found[keys[-1]] == ("o20-9", None, None, "m", None, None, False, None)

@@ -77,9 +77,9 @@ def test_an_output_row_is_the_output_schema_field_for_field():
 def test_an_error_row_and_a_reused_row_carry_no_confidence_and_no_cost():
     failed = row("r1", V, Answer.failed("too_long: 9 chars", "m"))
     assert failed.error == "too_long: 9 chars" and failed.prompt_key is None and failed.confidence is None
-    stored = row("r2", V, Answer.stored(("b", None, 0.9, None, None, None, False), "k", "m"))
+    stored = row("r2", V, Answer.stored(("b", None, 0.9, None, None, None, False, "stop"), "k", "m"))
     assert stored.reused and stored.model == "m" and stored.confidence == 0.9 and stored.prompt_tokens == 0
-    wrong = Answer.stored((None, "bad_output: x", 0.9, "stage-1", None, None, None), "k", "m")
+    wrong = Answer.stored((None, "bad_output: x", 0.9, "stage-1", None, None, None, None), "k", "m")
     assert row("r3", V, wrong).confidence is None and row("r3", V, wrong).model == "stage-1"
 
 
