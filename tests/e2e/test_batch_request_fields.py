@@ -12,9 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sparkbatch_dagster.cli.commands import run_batch
-from sparkbatch_dagster.definitions.batch_files import batch_file_job
-from sparkbatch_dagster.testing import FakeVLLMResource
+from batch_jobs import run_file
 
 URL = "/v1/chat/completions"
 
@@ -22,20 +20,6 @@ URL = "/v1/chat/completions"
 def openai_line(cid: str, content: str = "hello", **body: Any) -> str:
     return json.dumps({"custom_id": cid, "method": "POST", "url": URL,
                        "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], **body}})
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def _run(tmp_path: Path, lines: list[str], name: str = "in.jsonl") -> tuple[dict[str, Any], list[dict[str, Any]],
-                                                                             list[dict[str, Any]]]:
-    src = tmp_path / name
-    src.write_text("\n".join(lines) + "\n")
-    job, defs = batch_file_job(src, resource=FakeVLLMResource(keep_warm=True), home=tmp_path / f"{name}.home",
-                               result_store=str(tmp_path / "answers"))  # one answer store, as serve-batch's
-    summary = run_batch(job, defs, tmp_path / "out.jsonl", tmp_path / "err.jsonl")
-    return summary, _lines(tmp_path / "out.jsonl"), _lines(tmp_path / "err.jsonl")
 
 
 def _completions(ok: list[dict[str, Any]]) -> dict[str, Any]:
@@ -65,7 +49,7 @@ MIXED = [
 def test_openai_fields_are_honoured_per_line_and_parse_strictly(tmp_path: Path) -> None:
     from openai.types.shared import ErrorObject
 
-    summary, ok, bad = _run(tmp_path, MIXED)
+    summary, ok, bad = run_file(tmp_path, MIXED)
     answers = _completions(ok)
     assert all(x["error"] is None and x["response"]["status_code"] == 400 for x in bad)
     errors = {x["custom_id"]: ErrorObject.model_validate(x["response"]["body"]["error"], strict=True) for x in bad}
@@ -97,13 +81,13 @@ def test_each_field_names_the_answer_and_a_reused_answer_keeps_its_extras(tmp_pa
              openai_line("lp", "same prompt", temperature=0.5, logprobs=True, top_logprobs=1),
              openai_line("st", "same prompt", temperature=0.5, stop=["x"]),
              openai_line("cut", "same prompt", max_tokens=1, response_format=PAIR)]
-    first, ok, _ = _run(tmp_path, lines)
+    first, ok, _ = run_file(tmp_path, lines)
     answers = _completions(ok)
     assert first["export"]["reused"] == 0  # five settings: five answers, none shared
     assert answers["cut"].choices[0].finish_reason == "length"
     assert len(answers["n2"].choices) == 2 and len(answers["n1"].choices) == 1
     # The same file again, as another job: every answer from the shared store, extras included.
-    again, ok2, _ = _run(tmp_path, lines, "again.jsonl")
+    again, ok2, _ = run_file(tmp_path, lines, "again.jsonl")
     reused = _completions(ok2)
     # A cut answer too: the same prompt under the same settings is cut the same, so it is kept with its mark.
     assert again["export"]["reused"] == 5 and again["export"]["output_tokens"] == 0
@@ -121,10 +105,9 @@ def test_anthropic_stop_sequences_and_top_k(tmp_path: Path) -> None:
     lines = [line("seq", stop_sequences=["-"]), line("topk", top_k=5, temperature=0.5),
              line("off", thinking={"type": "disabled"}, tool_choice={"type": "none"}),
              line("think", thinking={"type": "enabled", "budget_tokens": 1024}), line("zero-k", top_k=0)]
-    _run(tmp_path, lines)
-    written = _lines(tmp_path / "out.jsonl") + _lines(tmp_path / "err.jsonl")
+    _, ok, bad = run_file(tmp_path, lines)
     results = {r.custom_id: r.result for r in (MessageBatchIndividualResponse.model_validate(x, strict=True)
-                                               for x in written)}
+                                               for x in ok + bad)}
     seq = results["seq"]
     assert seq.type == "succeeded" and seq.message.stop_reason == "stop_sequence" and seq.message.stop_sequence == "-"
     assert results["topk"].type == "succeeded" and results["topk"].message.stop_reason == "end_turn"

@@ -10,9 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sparkbatch_dagster.cli.commands import run_batch
-from sparkbatch_dagster.definitions.batch_files import batch_file_job
-from sparkbatch_dagster.testing import FakeVLLMResource
+from batch_jobs import run_file
 
 URL = "/v1/chat/completions"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -33,20 +31,6 @@ def openai_line(cid: str, content: str = "hello", **body: Any) -> str:
 def anthropic_line(cid: str, **params: Any) -> str:
     return json.dumps({"custom_id": cid, "params": {"model": "claude-x", "max_tokens": 64,
                                                     "messages": [{"role": "user", "content": cid}], **params}})
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def _run(tmp_path: Path, lines: list[str], name: str = "in.jsonl") -> tuple[dict[str, Any], list[dict[str, Any]],
-                                                                             list[dict[str, Any]]]:
-    src = tmp_path / name
-    src.write_text("\n".join(lines) + "\n")
-    job, defs = batch_file_job(src, resource=FakeVLLMResource(keep_warm=True), home=tmp_path / f"{name}.home",
-                               result_store=str(tmp_path / "answers"))
-    summary = run_batch(job, defs, tmp_path / f"{name}.out", tmp_path / f"{name}.err")
-    return summary, _lines(tmp_path / f"{name}.out"), _lines(tmp_path / f"{name}.err")
 
 
 def _completions(ok: list[dict[str, Any]]) -> dict[str, Any]:
@@ -73,7 +57,7 @@ def test_openai_forced_tool_calls_come_back_as_tool_calls(tmp_path: Path) -> Non
              openai_line("missing", tools=OPENAI_TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
              openai_line("bad-params", tools=[{"type": "function", "function": {"name": "f", "parameters": []}}],
                          tool_choice="required")]
-    summary, ok, bad = _run(tmp_path, lines)
+    summary, ok, bad = run_file(tmp_path, lines)
     answers = _completions(ok)
     # A request's own failure: its HTTP answer's error (400 for these).
     assert {x["response"]["status_code"] for x in bad} == {400}
@@ -107,11 +91,11 @@ def test_tools_name_the_answer_and_a_reused_answer_keeps_its_calls(tmp_path: Pat
              openai_line("named", "same prompt", tools=OPENAI_TOOLS,
                          tool_choice={"type": "function", "function": {"name": "get_weather"}}),
              openai_line("plain", "same prompt")]
-    first, ok, _ = _run(tmp_path, lines)
+    first, ok, _ = run_file(tmp_path, lines)
     answers = _completions(ok)
     assert first["export"]["reused"] == 0  # other tools or choice: another answer
     assert answers["plain"].choices[0].message.tool_calls is None
-    again, ok2, _ = _run(tmp_path, lines, "again.jsonl")
+    again, ok2, _ = run_file(tmp_path, lines, "again.jsonl")
     reused = _completions(ok2)
     assert again["export"]["reused"] == 5
     assert reused["all"].choices[0].message.tool_calls and reused["named"].choices[0].message.tool_calls
@@ -127,7 +111,7 @@ def test_anthropic_forced_tool_use(tmp_path: Path) -> None:
              anthropic_line("auto", tools=ANTHROPIC_TOOLS),
              anthropic_line("no-schema", tools=[{"name": "t"}], tool_choice={"type": "any"}),
              anthropic_line("missing", tools=ANTHROPIC_TOOLS, tool_choice={"type": "tool", "name": "nope"})]
-    _, ok, bad = _run(tmp_path, lines)
+    _, ok, bad = run_file(tmp_path, lines)
     results = {r.custom_id: r.result for r in (MessageBatchIndividualResponse.model_validate(x, strict=True)
                                                for x in ok + bad)}
     for cid in ("any", "tool"):
