@@ -125,7 +125,7 @@ def test_two_boxes_share_one_answer_store_through_the_bucket(s3_bucket, tmp_path
     assert sum(n.startswith("seg-L1-") for n in listed) == 1 and sum(n.startswith("seg-L0-") for n in listed) == 1
     keys = [prompt_key("", f"q{i}") for i in range(60)]
     found = b.lookup(keys)  # box b: an empty cache, every answer box a stored
-    assert len(found) == 50 and found[prompt_key("", "q7")] == ("a7", None, None, "m", None)
+    assert len(found) == 50 and found[prompt_key("", "q7")] == ("a7", None, None, "m", None, None, False, None)
     assert sorted(f.name for f in b.segments()) == listed
 
 
