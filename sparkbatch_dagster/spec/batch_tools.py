@@ -7,7 +7,8 @@ A forced call (OpenAI ``tool_choice: "required"`` or a named function; Anthropic
 it: the answer is JSON under the schema :meth:`Tools.schema` builds (vLLM's
 ``get_json_schema_from_tools``: an array of ``{name, parameters}`` for any tool, the tool's
 parameters for a named one), and that JSON becomes the tool calls. ``auto`` needs the model's
-tool-call parser (the engine's ``tool_call_parser``). In every case the tools are given to the
+tool-call parser, which is not run here: such a line is refused, naming ``tools`` and the fix
+(force the call). In every case the tools are given to the
 model's chat template (:meth:`Tools.template_tools`), as vLLM's server gives them. Example::
 
     tools = line_tools(body, "openai_batch", "body", False)   # None: the line has no tools; raises ToolError
