@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .records import EstimateReport, ModelForecast
 
@@ -63,6 +64,13 @@ def write_chart(report: EstimateReport, path: Path) -> Path:
                  f"{report.primary.measured_on}" + (f"; chosen: {picked}" if picked else ""),
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend under the panels
+    return save_png(fig, path)
+
+
+def save_png(fig: Any, path: Path) -> Path:
+    """``fig`` as a PNG at ``path``, written whole (a reader never sees half an image), then closed."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)

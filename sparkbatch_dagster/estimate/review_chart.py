@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .calibration import CalibrationReport, ReliabilityBin
+from .chart import save_png
 from .review_budget import BudgetCurve
 
 if TYPE_CHECKING:
@@ -60,9 +61,4 @@ def write_review_chart(report: CalibrationReport, curve: BudgetCurve, path: Path
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_png(fig, path)
