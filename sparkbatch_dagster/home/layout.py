@@ -115,6 +115,18 @@ class JobHome:
         return self.root / "estimate"
 
     @property
+    def calibration_dir(self) -> Path:
+        """The confidence calibrations fitted on gold rows, a JSON file per model identity and label
+        set (``estimate/calibration.py``): the estimate and analytics write them, runs read them."""
+        return self.root / "calibration"
+
+    @property
+    def review_dir(self) -> Path:
+        """What people said of the rows: the human labels imported from an annotation tool
+        (``run/human_labels.py``), append-only files, and the review queue last exported."""
+        return self.root / "review"
+
+    @property
     def current_path(self) -> Path:
         """Which output version is current: written by each ``labeled_outputs`` run."""
         return self.root / "current.json"
