@@ -137,7 +137,8 @@ class CascadeOption(Record, frozen=True, kw_only=True):
 
 
 class CascadePoint(Record, frozen=True, kw_only=True):
-    """A pair of models at one threshold: accuracy on the sample, escalated share, cost per option."""
+    """A pair of models at one threshold: accuracy (95% Wilson interval), escalated share, cost per
+    option; on every sample row (a curve's point) or held out (a cascade's pick)."""
 
     threshold: float
     accuracy: float
@@ -158,14 +159,24 @@ class Stage(Record, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class Cascade(Record, frozen=True, kw_only=True):
-    """An ordered pair of models judged on the sample: ``pick`` is its chosen threshold (its
-    fields are the cascade's in the dict form), ``curve`` every threshold tried."""
+    """An ordered pair of models judged on the sample (``estimate/cascades.py``). ``pick`` is the
+    threshold picked on every sample row (the one to configure) with its figures HELD OUT:
+    ``folds``-fold cross-validated, each fold scored at the threshold picked on the others
+    (``fold_thresholds``, fold by fold); ``clears`` is its held-out lower bound against the bar.
+    ``in_sample_accuracy*`` is that threshold on the rows it was picked on, to compare (optimistic
+    by construction). ``curve``: every threshold tried, each on every row. In the dict form the
+    pick's fields are the cascade's."""
 
     model: str
     stages: list[str]
     configured_as: list[Stage]
     sample_rows: int
     clears: bool
+    folds: int
+    fold_thresholds: list[float]
+    in_sample_accuracy: float
+    in_sample_accuracy_low: float
+    in_sample_accuracy_high: float
     pick: CascadePoint
     curve: list[CascadePoint]
 

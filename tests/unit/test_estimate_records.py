@@ -33,7 +33,9 @@ OPTION_KEYS = ["name", "nodes", "gpus_per_node", "hourly_usd", "hardware", "spee
                "cost_low_usd"]
 POINT_KEYS = ["threshold", "accuracy", "accuracy_low", "accuracy_high", "escalated_share", "options", "best_option",
               "best_cost_usd"]
-CASCADE_KEYS = ["model", "stages", "configured_as", "sample_rows", "clears", *POINT_KEYS, "curve"]
+# The held-out figures are the pick's (flattened in); the in-sample ones sit apart, named so (issue 52).
+CASCADE_KEYS = ["model", "stages", "configured_as", "sample_rows", "clears", "folds", "fold_thresholds",
+                "in_sample_accuracy", "in_sample_accuracy_low", "in_sample_accuracy_high", *POINT_KEYS, "curve"]
 HOSTED_KEYS = ["name", "input_tokens", "output_tokens", "input_per_million_usd", "output_per_million_usd", "cost_usd",
                "note"]
 PREDICTION_KEYS = ["model", "predicted_wall_s", "predicted_prompts", "stored_rows", "engine_start_s", "best_cost_usd",
