@@ -125,6 +125,7 @@ def _forecast(job: BatchJob, res: VLLMResource, sample: Sample, timing: Timing, 
     dtype, why = res.dtype_choice()
     m = replace(_priced(sample, timing, options, stored, res.engine_count(), machine, res, name, candidate, hosted),
                 identity=model_id, dtype=dtype, dtype_reason=why)
+    m = _confidence(job, m, timing, model_id, log)
     log(f"estimate: {m.model} in {dtype} ({why})")
     log(f"estimate: {m.model}: {m.sample_rows} rows sampled, accuracy {m.accuracy}, predicted "
         f"{m.predicted_wall_s:.0f} s of generation, best cost ${m.best_cost_usd} ({m.best_speed_basis})")
@@ -137,6 +138,29 @@ def _forecast(job: BatchJob, res: VLLMResource, sample: Sample, timing: Timing, 
     ).to_json()))
     job.home.publish(prediction)
     return m
+
+
+def _confidence(job: BatchJob, m: ModelForecast, timing: Timing, model_id: str, log: Log) -> ModelForecast:
+    """``m`` with its confidence judged on the sample's gold rows (``estimate/review_figures.py``):
+    the calibration (saved under the job's home for runs, keyed by ``model_id``, the identity rows
+    carry), the review budget, ``JobSpec.review``'s plan and their chart; ``m`` as it is without
+    a gold column or confidences."""
+    from ..estimate import calibration as cal
+    from ..estimate.review_figures import judge
+
+    if job.spec.gold_column is None or timing.correct is None or not timing.sure:
+        return m
+    labels = job.spec.output.labels
+    chart = job.home.estimate_dir / f"review-{cal.calibration_key(model_id, labels).removesuffix('.json')}.png"
+    f = judge(timing.sure, model_id, labels, job.spec.review, job.home.calibration_dir, chart)
+    for path in (Path(f.calibration.path) if f.calibration.path else None, f.chart):
+        if path is not None:
+            job.home.publish(path)
+    log(f"estimate: {m.model}: confidence {f.calibration.method} on {f.calibration.rows} gold rows, ECE "
+        f"{f.calibration.ece_before} -> {f.calibration.ece_after}, Brier {f.calibration.brier_before} -> "
+        f"{f.calibration.brier_after} (held out)")
+    return replace(m, calibration=f.calibration, review_budget=f.budget, review_plan=f.plan,
+                   review_chart=str(f.chart) if f.chart else None)
 
 
 def _report(job: BatchJob, sample: Sample, est: EstimateSpec, models: list[ModelForecast], batch: int,
@@ -154,7 +178,8 @@ def _report(job: BatchJob, sample: Sample, est: EstimateSpec, models: list[Model
     # A job smaller than one batch never fills the GPU either: compare with what the run can fill.
     advice = (C.advise(primary, chosen, est, len(sample.rows), min(batch, sample.total_rows), on_gpu=not on_cpu(),
                        has_gold=has_gold, models=models, total_rows=sample.total_rows)
-              + C.hosted_line(primary) + _reliability_advice(models) + K.advice(pairs, chosen, est.accuracy_bar)
+              + C.hosted_line(primary) + _reliability_advice(models) + _review_advice(models)
+              + K.advice(pairs, chosen, est.accuracy_bar)
               + extra_advice)
     chart = K.write_chart(pairs, job.home.estimate_dir / "cascade.png")
     report = EstimateReport(
@@ -188,6 +213,13 @@ def _reliability_advice(models: list[ModelForecast]) -> list[str]:
 
     return [f"{m.model}'s confidence against the gold column on the sample: {'; '.join(describe(m.reliability))}."
             for m in models if m.reliability]
+
+
+def _review_advice(models: list[ModelForecast]) -> list[str]:
+    """Each model's calibration, review budget and review plan, in words (with a gold column)."""
+    from ..estimate.review_figures import advice
+
+    return [line for m in models for line in advice(m.model, m.calibration, m.review_budget, m.review_plan)]
 
 
 def _candidate_resource(resource: VLLMResource, candidate: ModelCandidate) -> VLLMResource:

@@ -42,6 +42,35 @@ def _model_row(m: ModelForecast) -> dict[str, Any]:
             **{f"hosted: {h.name} $": f"{h.cost_usd:.4f}" for h in m.hosted}}
 
 
+def _calibration_row(m: ModelForecast) -> dict[str, Any]:
+    """One model's row of the ``calibration`` table: ECE and Brier before and after (held out)."""
+    c = m.calibration
+    assert c is not None
+    return {"model": m.model, "method": c.method, "gold rows": c.rows, "ECE before": c.ece_before,
+            "ECE after (held out)": c.ece_after, "Brier before": c.brier_before,
+            "Brier after (held out)": c.brier_after, "chart": m.review_chart or ""}
+
+
+def _budget_row(m: ModelForecast) -> dict[str, Any]:
+    """One model's row of the ``review_budget`` table: errors caught at each share of rows reviewed."""
+    b = m.review_budget
+    assert b is not None
+    return {"model": m.model, "gold rows": b.rows, "errors": b.errors,
+            **{f"{c.reviewed_share:.0%} reviewed": f"{c.caught_share:.0%} of errors" for c in b.caught}}
+
+
+def review_metadata(report: EstimateReport) -> dict[str, Any]:
+    """Each model's calibration (ECE, Brier before and after, held out), its review budget and the
+    path of its chart (reliability before/after, rows reviewed -> errors caught); empty without gold rows."""
+    calibrated = [_calibration_row(m) for m in report.models if m.calibration is not None]
+    budgets = [_budget_row(m) for m in report.models if m.review_budget is not None]
+    return {
+        **({"calibration": MetadataValue.md(md_table(calibrated, list(calibrated[0])))} if calibrated else {}),
+        **({"review_budget": MetadataValue.md(md_table(budgets, list(budgets[0])))} if budgets else {}),
+        **{f"review_chart {m.model}": MetadataValue.path(m.review_chart) for m in report.models if m.review_chart},
+    }
+
+
 def estimate_metadata(report: EstimateReport) -> dict[str, Any]:
     """The ``estimate`` asset's metadata from its report (``BatchJob.estimate``).
 
@@ -77,6 +106,7 @@ def estimate_metadata(report: EstimateReport) -> dict[str, Any]:
         "models": MetadataValue.md(md_table(table, list(table[0]))),
         **({"reliability": MetadataValue.md(md_table(sure, ["model", "bucket", "rows", "correct", "accuracy",
                                                             "mean_confidence"]))} if sure else {}),
+        **review_metadata(report),
         "advice": MetadataValue.md("\n".join(f"- {a}" for a in report.advice)),
         "how_to_run": MetadataValue.md("\n".join(f"- '{o.name}' ({o.hardware}, {o.speed_basis}): {o.how}"
                                                  for o in p.options)),

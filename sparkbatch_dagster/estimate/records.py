@@ -6,6 +6,8 @@ report's (``estimate.json``), which tests pin.
     OptionPrice   one node option's price for one model (``speed_basis``, duration, cost, how)
     HostedQuote   the same tokens at one hosted batch offer
     ModelForecast one model's prediction for the whole job, priced on every option
+    Calibrated    its confidence calibrated on the sample's gold rows (ECE, Brier before/after)
+    ReviewBudget  errors caught at 5/10/20% of rows reviewed; ReviewPlan: ``JobSpec.review`` as a threshold
     Cascade       a pair of models at its picked threshold (``CascadePoint``), with its curve
     BestBuy       the cheapest that clears the bar: a model alone or a cascade
     EstimateReport the whole report; its dict form flattens the configured model into it
@@ -79,6 +81,64 @@ class HostedQuote(Record, frozen=True, kw_only=True):
     note: str | None = None
 
 
+class Calibrated(Record, frozen=True, kw_only=True):
+    """A model's confidence calibrated on the sample's gold rows (``estimate/calibration.py``):
+    the method chosen by cross-validation and why, and ECE / Brier score before (raw) and after
+    (held out). ``path``: the calibration saved for runs (None: not saved, ``reason`` says why)."""
+
+    method: str
+    rows: int
+    folds: int
+    ece_before: float
+    ece_after: float
+    brier_before: float
+    brier_after: float
+    reason: str
+    path: str | None = None
+
+
+class Caught(Record, frozen=True, kw_only=True):
+    """Reviewing ``reviewed_share`` of the rows, least sure first, catches ``caught_share`` of the errors."""
+
+    reviewed_share: float
+    caught_share: float
+
+
+class ReviewBudget(Record, frozen=True, kw_only=True):
+    """The review-budget curve of a model's gold rows at a few budgets (``estimate/review_budget.py``),
+    ordered by the held-out calibrated confidence (``confidence``: 'calibrated' or 'raw' when
+    nothing was fitted)."""
+
+    rows: int
+    errors: int
+    confidence: str
+    caught: list[Caught]
+
+
+class Proportion(Record, frozen=True, kw_only=True):
+    """count / of = ``value``, with its 95% Wilson interval."""
+
+    value: float
+    low: float
+    high: float
+    count: int
+    of: int
+
+
+class ReviewPlan(Record, frozen=True, kw_only=True):
+    """``JobSpec.review`` turned into a threshold on the calibrated confidence: ``asked`` =
+    ``target`` (a row budget or an error target), the held-out share of rows reviewed and of errors
+    caught. ``why``: no plan (too few gold rows or errors), and the figures are None."""
+
+    asked: str
+    target: float
+    threshold: float | None = None
+    reviewed: Proportion | None = None
+    caught: Proportion | None = None
+    folds: int | None = None
+    why: str | None = None
+
+
 class ModelForecast(Record, frozen=True, kw_only=True):
     """One model's timed sample extrapolated to the prompts the job still has to generate, and
     priced on every node option. ``configured_as`` / ``engine_kwargs`` say how to run it,
@@ -122,6 +182,12 @@ class ModelForecast(Record, frozen=True, kw_only=True):
     identity: str | None = None
     dtype: str | None = None
     dtype_reason: str | None = None
+    #: With a gold column and confidences: the calibration, the review budget, the review plan
+    #: (``JobSpec.review``) and their chart (reliability before/after, rows reviewed -> errors caught).
+    calibration: Calibrated | None = None
+    review_budget: ReviewBudget | None = None
+    review_plan: ReviewPlan | None = None
+    review_chart: str | None = None
 
     def option(self, name: str) -> OptionPrice | None:
         """The priced option called ``name``, or None."""
