@@ -109,6 +109,10 @@ class FakeVLLMResource(VLLMResource):
         default=None, description="Hold before answer gate_after + 1 until this file exists (tests' barrier)."
     )
     gate_after: int = Field(default=0, ge=0, description="Answers given before the gate_path hold.")
+    knows: dict[str, str] | None = Field(
+        default=None, description="Words the fake model knows, each with its label: it answers those surely and "
+        "guesses the rest as surely (an overconfident model: FakeEngine's knows). Another model's identity.",
+    )
     gpu_lock: bool = Field(
         default=False, description="Take the GPU lock as VLLMResource does (engines/gpu_lock.py, in "
         "$SPARKBATCH_GPU_LOCK_DIR): the GPUs of CUDA_VISIBLE_DEVICES its engines would use, else cpu0. Off by "
@@ -131,7 +135,9 @@ class FakeVLLMResource(VLLMResource):
         # Engine settings that change answers (a quantization) make another model, as for the real one.
         settings = answer_settings(cfg.dtype, cfg.max_model_len, cfg.engine_kwargs)
         extra = {k: v for k, v in settings.items() if k not in ("dtype", "max_model_len")}
-        key = [cfg.answer, extra] if extra else cfg.answer
+        key: Any = [cfg.answer, extra] if extra else cfg.answer
+        if self.knows:  # a model that knows other words answers otherwise
+            key = [key, dict(sorted(self.knows.items()))]
         if (Path(name).expanduser() / "config.json").is_file():  # a model folder: its files, as the real one
             return model_identity(name, {**settings, "fake_answer": cfg.answer} if cfg.answer else settings)
         return name if key is None else f"{name}@{fingerprint(key)[:12]}"
@@ -149,7 +155,7 @@ class FakeVLLMResource(VLLMResource):
         fake: dict[str, Any] = dict(model_id=self.model_identity(), delay_s=self.delay_s, fail_after=self.fail_after,
                                     answer=self.answer, trace_path=self.trace_path,
                                     transient_first=self.transient_first, gate_path=self.gate_path,
-                                    gate_after=self.gate_after)
+                                    gate_after=self.gate_after, knows=self.knows)
         found = fake_compile()
         if (self.data_parallel_size or 1) == 1:
             engine = FakeEngine(**fake)

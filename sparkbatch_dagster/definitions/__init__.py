@@ -2,7 +2,8 @@
 
 Modules:
 
-- :mod:`.factory`: :func:`build_batch_assets`, the five assets and their checks;
+- :mod:`.factory`: :func:`build_batch_assets`, the seven assets and their checks;
+- :mod:`.review_assets`: the review queue and the human labels as assets, and what analytics learns from gold rows;
 - :mod:`.labeling`: what one ``labeled_outputs`` run does, its backfill's other gaps included;
 - :mod:`.job`: :class:`BatchJob`: output version, estimate, done partitions, reading the outputs;
 - :mod:`.estimating`: the estimate of a built job, as the asset and the CLI run it;

@@ -1,6 +1,7 @@
 """The asset factory: one call turns a :class:`JobSpec` into partitioned Dagster assets.
 
     input_shards -> labeled_outputs (one partition per shard) -> run_metrics -> analytics
+                 -> review_queue -> human_labels (review_assets.py)
                  -> estimate (a timed sample: duration, cost per node option, model choice) -> run_metrics
 
 ``labeled_outputs`` materializes each partition the moment its shard commits, with that
@@ -38,7 +39,7 @@ from ..home import open_home
 from ..inputs.shards import build_shards
 from ..run import attempts, metrics
 from ..spec import EstimateSpec, JobSpec, fingerprint
-from . import events
+from . import events, review_assets
 from .job import BatchJob
 from .labeling import LabelConfig, label_partitions
 from .metadata import estimate_metadata, md_table
@@ -108,7 +109,7 @@ def build_batch_assets(
     pool: str | None = "gpu", resource: VLLMResource | None = None,
     backfill_policy: BackfillPolicy | None = None,
 ) -> BatchJob:
-    """Build the job's five assets and their checks.
+    """Build the job's seven assets and their checks.
 
     Example::
 
@@ -143,7 +144,7 @@ def build_batch_assets(
                      spec.result_store_path, spec.result_store_url)
     parts = DynamicPartitionsDefinition(name=f"{spec.name}_shards")
     job = BatchJob(spec, home, parts, resource_key=resource_key, pool=pool)
-    names = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
+    names = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate", "review_queue", "human_labels")
     job.keys = {n: AssetKey([*prefix, n]) for n in names}
     labeled_key = job.keys["labeled_outputs"]
     code_version = fingerprint({"prompt": spec.prompt_fingerprint(), "model": _model_config(resource)})[:16]
@@ -228,10 +229,10 @@ def build_batch_assets(
 
     @asset(key=job.keys["analytics"], deps=[run_metrics, labeled_outputs], group_name=group, kinds={"duckdb"}, **io,
            automation_condition=AutomationCondition.eager(),
-           description="Label distribution, accuracy against the gold column, cost per 1k rows, rows to review "
-                       "(confidence under review_below) and accuracy per confidence bucket (DuckDB views); with a "
-                       "sink, the Delta Lake table synced. Not built while a partition fails its every-row-exactly-"
-                       "once check.")
+           description="Label distribution, accuracy against the gold column, cost per 1k rows, each model's "
+                       "confidence calibrated on the gold rows (ECE and Brier before and after, held out), rows to "
+                       "review and accuracy per confidence bucket (DuckDB views); with a sink, the Delta Lake "
+                       "table synced. Not built while a partition fails its every-row-exactly-once check.")
     def analytics(context: AssetExecutionContext) -> MaterializeResult:
         home.refresh()
         version = job.current_version()
@@ -240,11 +241,11 @@ def build_batch_assets(
         if bad:
             raise SparkbatchError(f"partition(s) {bad[:5]} failed the {events.EXACTLY_ONCE} check: analytics is "
                                   "not built on them; materialize labeled_outputs for them again")
-        result = metrics.analytics(spec, home, version)
+        fit, result = review_assets.refresh(job, version)  # calibrate on the gold rows, then the views
         dist = [{"label": k, "rows": v} for k, v in (result.label_distribution or {}).items()]
         sure = events.confidence_metadata(result.confidence, result.reliability)
         return MaterializeResult(metadata={
-            **result.numbers(), **sure, **_sync_sink(context, spec, home, version),
+            **result.numbers(), **sure, **review_assets.fit_metadata(fit), **_sync_sink(context, spec, home, version),
             "label_distribution": MetadataValue.md(md_table(dist, ["label", "rows"])),
             "database": MetadataValue.path(str(home.metrics_db)),
         })
@@ -262,6 +263,7 @@ def build_batch_assets(
             context.log.info(line)
         return MaterializeResult(metadata=estimate_metadata(report))
 
-    job.assets = [input_shards, labeled_outputs, run_metrics, analytics, estimate]
+    job.assets = [input_shards, labeled_outputs, run_metrics, analytics, estimate,
+                  *review_assets.build_review_assets(job, io, group)]
     _JOBS[job.keys["labeled_outputs"]] = job
     return job

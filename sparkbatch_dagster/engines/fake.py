@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -34,6 +35,10 @@ class FakeEngine(Engine):
             process starts, a kill lands). A gate never opened raises :class:`EngineError`
             after ``GATE_LIMIT_S``, so a forgotten process does not live forever.
         gate_after: answers given before the gate (0: before the first).
+        knows: words the model knows, each with its label: a label prompt holding one is answered
+            with that label, fairly sure (confidence 0.6 to 1); any other is a guess, as sure as
+            ever (0.05 to 1). An overconfident model whose confidence still ranks right above
+            wrong: what calibration and a review budget are for.
         thinking: makes it a reasoning model whose template thinks by default: with
             ``sampling.reasoning`` on, each output is ``<think>{thinking}</think>`` and the answer
             (an ``answer`` holding a marker is the whole output as it is: the parsing paths). The
@@ -60,6 +65,7 @@ class FakeEngine(Engine):
         gate_path: str | None = None,
         gate_after: int = 0,
         thinking: str | None = None,
+        knows: dict[str, str] | None = None,
     ) -> None:
         self.model_id = model_id
         self.delay_s = delay_s
@@ -69,6 +75,7 @@ class FakeEngine(Engine):
         self.transient_first = transient_first
         self.gate_path, self.gate_after = gate_path, gate_after
         self.thinking = thinking
+        self.knows = knows or {}
         self.closed = False  # set by close(): a test sees a stale warm engine stopped
         # Kill tests read this file to learn how many rows were generated before the kill.
         self._trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115
@@ -96,7 +103,8 @@ class FakeEngine(Engine):
                 continue
             prompt = "\n".join(m["content"] for m in req.messages)
             own, limit = req.output or output, (req.sampling or sampling).max_tokens
-            text = self.answer if self.answer is not None else _answer(prompt, own)
+            known = _known(prompt, own, self.knows)
+            text = self.answer if self.answer is not None else known or _answer(prompt, own)
             forced = req.tools if req.tools is not None and req.tools.forced() else None
             if forced is not None and self.answer is None:  # a call of a tool the schema allows
                 text = _tool_answer(prompt, forced.schema() or {})
@@ -115,7 +123,7 @@ class FakeEngine(Engine):
                 prompt_tokens=len(prompt.split()) + 4,
                 output_tokens=sum(max(1, len(t.split())) for t, _, _ in [(text, cut, stop), *choices]),
                 finish_reason="length" if cut else "stop",
-                confidence=_confidence(self.model_id, prompt, own) if self.answer is None else None,
+                confidence=_confidence(self.model_id, prompt, own, bool(known)) if self.answer is None else None,
                 extra=with_calls(_extras(text, stop, choices, asked) if asked.extras_asked() else None, text, forced),
             )
 
@@ -177,13 +185,22 @@ def _extras(text: str, stop: str | None, choices: list[tuple[str, bool, str | No
     return extras.Extras(stop, logprobs(text), rest).encode()
 
 
-def _confidence(model: str, prompt: str, output: OutputSpec) -> float | None:
+def _confidence(model: str, prompt: str, output: OutputSpec, known: bool = False) -> float | None:
     """A confidence from the model's and prompt's hash, spread over (0, 1] as a real engine's
-    would be: another model is sure of other rows (a cascade's stages differ)."""
+    would be: another model is sure of other rows (a cascade's stages differ); over [0.6, 1) where
+    the model knew the answer (``knows``)."""
     if output.kind == "text" or not output.confidence:
         return None
     h = int(hashlib.sha256(f"confidence\x1e{model}\x1e{prompt}".encode()).hexdigest(), 16)
-    return round(0.05 + (h % 9500) / 10000, 4)
+    return round(0.6 + (h % 4000) / 10000, 4) if known else round(0.05 + (h % 9500) / 10000, 4)
+
+
+def _known(prompt: str, output: OutputSpec, knows: dict[str, str]) -> str | None:
+    """The label of the first word the model knows in ``prompt`` (a label job's only), else None."""
+    if output.kind != "label" or not knows:
+        return None
+    words = set(re.findall(r"[a-z]+", prompt.lower()))
+    return next((label for word, label in sorted(knows.items()) if word in words and label in output.labels), None)
 
 
 def _tool_answer(prompt: str, schema: dict[str, Any]) -> str:

@@ -10,7 +10,8 @@ gold row. Every figure after calibration is on held-out rows (cross-validated pr
 fitted and scored on the same rows, isotonic above all, looks better than it is.
 
 The fitted map is a frozen :class:`Calibration` of plain numbers (no pickled scikit-learn object),
-stored as JSON per model identity and label set (:func:`calibration_key`, :func:`save`, :func:`load`).
+stored as JSON per model identity and label set (:func:`calibration_key`, :func:`save`, :func:`load`);
+those live in ``run/calibration_map.py``, where runs and views apply it without scikit-learn.
 
 Example::
 
@@ -22,57 +23,24 @@ Example::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import SparkbatchError
-from ..spec import fingerprint
+from ..run.calibration_map import Calibration, Method, calibration_key, labels_digest, load, logit, save
 
-Method = Literal["none", "temperature", "platt", "isotonic"]
+__all__ = ["METHODS", "Calibration", "CalibrationReport", "Candidate", "Method", "ReliabilityBin", "Scores",
+           "brier", "calibrate", "calibration_key", "cross_validated", "ece", "fit", "labels_digest", "load",
+           "reliability_table", "save", "scores", "too_few"]
 #: Candidates fitted and compared, ``none`` among them: a map must beat the raw confidence to be kept.
 METHODS: tuple[Method, ...] = ("none", "temperature", "platt", "isotonic")
 #: Fewer gold rows than this (or fewer right or wrong answers than :data:`FOLDS`): no map is fitted.
 MIN_ROWS = 30
 FOLDS = 5
 BINS = 10
-# Keeps logit finite: a confidence of exactly 0 or 1 would be an infinite feature.
-_EPS = 1e-6
-
-
-class Calibration(BaseModel):
-    """A fitted calibration map: ``method`` with its parameters as plain numbers; JSON in and out
-    (``model_dump_json`` / ``model_validate_json``). ``apply`` maps raw confidences to calibrated ones."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    method: Method
-    model: str
-    labels_digest: str
-    rows: int
-    #: temperature / platt: calibrated = sigmoid(slope * logit(c) + intercept)
-    slope: float | None = None
-    intercept: float | None = None
-    #: isotonic: breakpoints, linearly interpolated between, clipped outside
-    x: tuple[float, ...] = ()
-    y: tuple[float, ...] = ()
-    reason: str = ""
-
-    def apply(self, confidence: ArrayLike) -> NDArray[np.float64]:
-        """The calibrated confidences of ``confidence`` (any shape); monotone non-decreasing."""
-        c = np.asarray(confidence, dtype=np.float64)
-        if self.method == "none":
-            return c.copy()
-        if self.method == "isotonic":
-            return np.interp(c, np.asarray(self.x), np.asarray(self.y))
-        z = (self.slope or 0.0) * _logit(c) + (self.intercept or 0.0)
-        return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -118,11 +86,6 @@ class CalibrationReport:
     reliability_after: tuple[ReliabilityBin, ...]
 
 
-def _logit(c: NDArray[np.float64]) -> NDArray[np.float64]:
-    p = np.clip(c, _EPS, 1 - _EPS)
-    return np.asarray(np.log(p / (1 - p)), dtype=np.float64)
-
-
 def _arrays(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.int_]]:
     c = np.asarray(confidence, dtype=np.float64).ravel()
     y = np.asarray(correct, dtype=bool).ravel().astype(int)
@@ -132,11 +95,6 @@ def _arrays(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float
     if c.size and (not np.all(np.isfinite(c)) or c.min() < 0 or c.max() > 1):
         raise SparkbatchError("calibration: a confidence outside [0, 1] (or NaN): pass only rows with a confidence")
     return c, y
-
-
-def labels_digest(labels: Iterable[str]) -> str:
-    """A label set's digest (order-free): a calibration learnt on one label set is not another's."""
-    return fingerprint(sorted(set(labels)))
 
 
 def bin_of(confidence: ArrayLike, bins: int = BINS) -> NDArray[np.int_]:
@@ -185,12 +143,12 @@ def fit(method: Method, confidence: ArrayLike, correct: ArrayLike, model: str, l
         return base.model_copy(update={"x": tuple(map(float, iso.X_thresholds_)),
                                        "y": tuple(map(float, iso.y_thresholds_))})
     # A large C: the fit is (nearly) unpenalised, as Platt's; a tiny L2 keeps separable folds finite.
-    lr = LogisticRegression(C=1e4, fit_intercept=method == "platt").fit(_logit(c).reshape(-1, 1), y)
+    lr = LogisticRegression(C=1e4, fit_intercept=method == "platt").fit(logit(c).reshape(-1, 1), y)
     slope = float(lr.coef_[0][0])
     intercept = float(lr.intercept_[0]) if method == "platt" else 0.0
     if slope < 0:  # confidence that falls as accuracy rises: a decreasing map would reorder the review queue
         slope = 0.0
-        intercept = float(_logit(np.array([y.mean()]))[0]) if method == "platt" else 0.0
+        intercept = float(logit(np.array([y.mean()]))[0]) if method == "platt" else 0.0
     return base.model_copy(update={"slope": slope, "intercept": intercept})
 
 
@@ -245,38 +203,3 @@ def calibrate(confidence: ArrayLike, correct: ArrayLike, model: str, labels: Seq
     cal = fit(best.method, c, y, model, labels).model_copy(update={"reason": reason})
     return CalibrationReport(cal, folds, before, best.held_out, candidates, reliability_table(c, y, bins),
                              reliability_table(held[best.method], y, bins))
-
-
-def calibration_key(model: str, labels: Iterable[str]) -> str:
-    """The file name of the calibration of ``model`` on ``labels``: readable, and unique per pair."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.split("@")[0].rsplit("/", 1)[-1])[:40]
-    return f"{slug}-{fingerprint({'model': model, 'labels': labels_digest(labels)})}.json"
-
-
-def save(calibration: Calibration, folder: Path, labels: Iterable[str]) -> Path:
-    """Write ``calibration`` (of ``labels``) to ``folder`` under :func:`calibration_key`, atomically."""
-    if calibration.labels_digest != labels_digest(labels):
-        raise SparkbatchError("calibration: saved under a label set it was not fitted on: pass the job's labels")
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / calibration_key(calibration.model, labels)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(calibration.model_dump_json(indent=1) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
-    return path
-
-
-def load(folder: Path, model: str, labels: Iterable[str]) -> Calibration | None:
-    """The stored calibration of ``model`` on ``labels``, or None when none was saved; a damaged
-    file stops here, naming it and the fix."""
-    labels = list(labels)
-    path = folder / calibration_key(model, labels)
-    if not path.exists():
-        return None
-    try:
-        cal = Calibration.model_validate_json(path.read_text())
-    except ValidationError as exc:
-        raise SparkbatchError(f"{path} is not a calibration ({exc.errors()[0]['msg']}): delete it; the next "
-                              "calibration on the gold rows writes it again") from None
-    if cal.model != model or cal.labels_digest != labels_digest(labels):
-        raise SparkbatchError(f"{path} holds the calibration of {cal.model!r} on another label set: delete it")
-    return cal

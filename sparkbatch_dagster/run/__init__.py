@@ -21,6 +21,10 @@ Modules:
 - :mod:`.views`: the analytics views and tables, on any connection;
 - :mod:`.query`: the locked in-memory database ``sparkbatch sql`` reads;
 - :mod:`.reliability`: confidence buckets, shared with the estimate;
+- :mod:`.calibration_map`: a fitted confidence calibration, applied to rows and in the views' SQL;
+- :mod:`.human_labels`: the reviewers' labels imported from an annotation tool, append-only in the home;
+- :mod:`.review_marks`: a row's calibrated confidence and a reviewer's label over the model's, as a run writes it;
+- :mod:`.review_queue`: the review threshold: ``review_below``, or the one a review budget became;
 - :mod:`.cascade`: a cascade of models as one engine;
 - :mod:`.table_sink`: the committed rows as a Delta Lake table, synced from the commits;
 - :mod:`.batch_export`: a batch-file job's rows as the provider's result and error files;

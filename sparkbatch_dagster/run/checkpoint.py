@@ -31,7 +31,10 @@ log = logging.getLogger("sparkbatch")
 #: ``reasoning`` is a reasoning model's thinking (only when ``output.keep_reasoning``) and
 #: ``reasoning_tokens`` its tokens, which ``output_tokens`` counts too (``engines/answers/reasoning.py``);
 #: ``extra`` is what a batch file's line asked beyond the text (``engines/answers/extras.py``' JSON).
-#: Files written before the last six existed read with them null.
+#: ``confidence`` is calibrated on gold rows where a calibration of the model exists, and
+#: ``raw_confidence`` is the model's own; where a reviewer's label replaced the model's answer,
+#: ``output`` is the reviewer's and ``model_output``, ``reviewed_by``, ``reviewed_at`` say what and who.
+#: Files written before the last ten existed read with them null.
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
@@ -51,6 +54,10 @@ OUTPUT_SCHEMA = pa.schema(
         ("reasoning", pa.string()),
         ("reasoning_tokens", pa.int64()),
         ("extra", pa.string()),
+        ("raw_confidence", pa.float64()),
+        ("model_output", pa.string()),
+        ("reviewed_by", pa.string()),
+        ("reviewed_at", pa.string()),
     ]
 )
 
@@ -64,6 +71,9 @@ WITH_REASONING = "UNION ALL BY NAME SELECT NULL::VARCHAR AS reasoning WHERE fals
 WITH_EXTRA = "UNION ALL BY NAME SELECT NULL::VARCHAR AS extra WHERE false"
 #: The same for the result store's ``truncated`` (an answer cut at max_tokens) and ``finish_reason``.
 WITH_TRUNCATED = "UNION ALL BY NAME SELECT NULL::BOOLEAN AS truncated, NULL::VARCHAR AS finish_reason WHERE false"
+#: The same for the calibration's and the review's columns of output rows.
+WITH_REVIEW = ("UNION ALL BY NAME SELECT NULL::DOUBLE AS raw_confidence, NULL::VARCHAR AS model_output, "
+               "NULL::VARCHAR AS reviewed_by, NULL::VARCHAR AS reviewed_at WHERE false")
 
 
 def rows_table(rows: list[OutputRow]) -> pa.Table:

@@ -11,7 +11,9 @@ from ..home import JobHome
 from ..spec import JobSpec
 from .attempts import Attempt
 from .checkpoint import CheckpointWriter
+from .records import OutputRow
 from .result_store import ResultStore, prompt_key
+from .review_marks import Marks
 from .rows import STORED_ERRORS, Answer, plan_rows, read_shard, row
 
 
@@ -31,6 +33,8 @@ class OpenShard:
         tag = attempt.id.rsplit("-", 1)[-1] if remote is not None and attempt is not None else None
         self.writer = CheckpointWriter(home.parts_dir(version, key), every_rows, spec.checkpoint_seconds, tag)
         self.writer.spans = spans
+        with spans.span("marks"):
+            self.marks = Marks.of(spec, home)  # calibrations and reviewers' labels, read once per shard
         if remote is not None:
             self.writer.on_part = remote.push_part
         with spans.span("resume"):
@@ -39,7 +43,7 @@ class OpenShard:
         with spans.span("render"):
             errors, self.groups = plan_rows(spec, self.rows, done)
             for rid, reason in errors.items():
-                self.writer.add(row(rid, version, Answer.failed(reason, model)))
+                self._add(row(rid, version, Answer.failed(reason, model)))
         with spans.span("prompt_keys"):
             self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
         with spans.span("store_lookup"):
@@ -67,10 +71,13 @@ class OpenShard:
             return 0
         answer = Answer.of_engine(res, spec, prompt, self.keys[group], self.model)
         for i, rid in enumerate(ids):
-            self.writer.add(row(rid, self.version, answer, duplicate=i > 0))
+            self._add(row(rid, self.version, answer, duplicate=i > 0))
         self.done += len(ids)
         self.fresh_tokens += res.prompt_tokens + res.output_tokens
         return len(ids)
+
+    def _add(self, out: OutputRow) -> None:
+        self.writer.add(self.marks.apply(out))
 
     def _reuse(self, store: ResultStore, only: list[Any] | None = None) -> int:
         """Write the rows whose answer is already stored (of ``only``'s groups, or all); they
@@ -82,7 +89,7 @@ class OpenShard:
             # The model that gave it: a cascade's stage (the store of one model holds that model's).
             answer = Answer.stored(found[self.keys[group]], self.keys[group], self.model)
             for i, rid in enumerate(self.groups.pop(group)[1]):
-                self.writer.add(row(rid, self.version, answer, duplicate=i > 0))
+                self._add(row(rid, self.version, answer, duplicate=i > 0))
                 written += 1
         return written
 
@@ -117,9 +124,14 @@ def new_answers(table: Any) -> list[dict[str, Any]]:
     """The shard's rows that the engine answered in this version (one per prompt) and that the
     same prompt would get again: what the result store keeps."""
     cols = ["prompt_key", "output", "error", "prompt_tokens", "output_tokens", "model", "reused", "deduplicated",
-            "truncated", "confidence", "reasoning", "extra", "finish_reason"]
+            "truncated", "confidence", "raw_confidence", "reasoning", "extra", "finish_reason", "reviewed_by"]
     # A cut answer is kept with its mark (the store's ``truncated``): the same prompt under the same
     # settings is cut the same, and a batch file's line is answered with it (finish_reason "length").
-    return [r for r in table.select(cols).to_pylist()
-            if r["prompt_key"] and not r["reused"] and not r["deduplicated"]
+    # The store keeps the model's own answers: its confidence uncalibrated, and no row whose output
+    # a reviewer's label replaced (the model's answer there is the row's model_output, not stored).
+    return [{**{k: v for k, v in r.items() if k not in ("raw_confidence", "reviewed_by")},
+             # (parts an older release wrote have no raw_confidence: their confidence is the raw one)
+             "confidence": r["raw_confidence"] if r["raw_confidence"] is not None else r["confidence"]}
+            for r in table.select(cols).to_pylist()
+            if r["prompt_key"] and not r["reused"] and not r["deduplicated"] and r["reviewed_by"] is None
             and (r["error"] is None or r["error"].startswith(STORED_ERRORS))]

@@ -38,6 +38,13 @@ class OutputRow(msgspec.Struct, frozen=True):
     reasoning: str | None
     reasoning_tokens: int
     extra: str | None = None
+    #: The answer's own confidence; ``confidence`` is it calibrated (``run/calibration_map.py``).
+    raw_confidence: float | None = None
+    #: Set where a reviewer's label replaced the model's (``run/human_labels.py``): the model's answer,
+    #: who reviewed and when (ISO-8601, UTC).
+    model_output: str | None = None
+    reviewed_by: str | None = None
+    reviewed_at: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The row as Parquet (``pa.Table.from_pylist``) takes it."""

@@ -20,6 +20,7 @@ from ..errors import PendingRowsError
 from ..home import JobHome
 from ..home.lease import LeaseLost
 from ..spec import JobSpec
+from . import review_marks
 from .attempts import Attempt, AttemptProgress
 from .brake import Brake, Position
 from .checkpoint import FlushTimer
@@ -106,6 +107,7 @@ class ShardRun:
         if shards_lock is not None:
             shards_lock.acquire(wait=True, shared=True)
         try:
+            review_marks.pull(self.home)  # another box's calibrations and reviewers' labels, for the rows
             yield from self._stream(keys, optional, before)
         finally:
             if shards_lock is not None:

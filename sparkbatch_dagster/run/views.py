@@ -1,7 +1,9 @@
 """The job's DuckDB views and tables, on any connection.
 
-:func:`define_views` makes ``labeled`` (the committed output rows joined with their input),
-``label_distribution``, ``review`` and ``reliability``; :func:`fill` a table from records. Used on
+:func:`define_views` makes ``labeled`` (the committed output rows joined with their input, the
+reviewers' labels over the model's, confidences by the newest calibration), ``label_distribution``,
+``review`` (rows under the review threshold no one has reviewed yet) and ``reliability``; :func:`fill`
+a table from records. Used on
 ``metrics.duckdb`` by its writers (:mod:`.metrics`: for dagster-duckdb and other readers of that
 file) and on ``sparkbatch sql``'s in-memory database (:mod:`.query`).
 """
@@ -16,8 +18,12 @@ from ..home import JobHome
 from ..inputs.shard_files import damaged_shards
 from ..inputs.shards import quote_ident
 from ..spec import JobSpec
-from .checkpoint import WITH_CONFIDENCE, WITH_REASONING
+from . import human_labels
+from .calibration_map import confidence_sql, stored
+from .checkpoint import WITH_CONFIDENCE, WITH_REASONING, WITH_REVIEW
 from .reliability import BUCKET_SQL, BUCKETS
+from .review_marks import job_labels
+from .review_queue import threshold_of
 
 
 def sql_path(p: Path) -> str:
@@ -34,24 +40,45 @@ def define_views(con: Any, spec: JobSpec, home: JobHome, version: str, keys: lis
                               "again from the input")
     files = [home.labeled_path(version, k) for k in keys]
     shards = [home.shard_path(k) for k in keys]
-    gold = f", s.{quote_ident(spec.gold_column)} AS gold" if spec.gold_column else ", NULL AS gold"
-    # Files written before confidences (thinking) were kept have no such column: null there.
+    gold = f"s.{quote_ident(spec.gold_column)}" if spec.gold_column else "NULL::VARCHAR"
+    people = human_labels.load(home, job_labels(spec))
+    _human_table(con, people)
+    raw = "coalesce(o.raw_confidence, o.confidence)"  # files written before calibration: the model's own
+    sure = confidence_sql(stored(home.calibration_dir, job_labels(spec)), raw, "o.model")
+    said = "CASE WHEN o.reviewed_by IS NULL THEN o.output ELSE o.model_output END"  # the model's own answer
+    # The newest reviewer's label wins over the model's (and over one a run already wrote); the
+    # confidence is the newest calibration of the model's own; files written before confidences
+    # (thinking), calibrations or reviews were kept have no such columns: null there.
     con.execute(
-        f"CREATE OR REPLACE VIEW labeled AS SELECT o.*{gold} "
+        "CREATE OR REPLACE VIEW labeled AS SELECT o.* REPLACE ("
+        "CASE WHEN h.row_id IS NULL THEN o.output ELSE h.label END AS output, "
+        "CASE WHEN h.row_id IS NULL THEN o.error END AS error, "
+        f"{sure} AS confidence, {raw} AS raw_confidence, "
+        f"CASE WHEN h.row_id IS NULL THEN o.model_output ELSE {said} END AS model_output, "
+        "coalesce(h.reviewed_by, o.reviewed_by) AS reviewed_by, "
+        "coalesce(h.reviewed_at, o.reviewed_at) AS reviewed_at), "
+        f"{gold} AS gold, "
+        f"coalesce(h.label, CASE WHEN o.reviewed_by IS NOT NULL THEN o.output END, {gold}) AS truth, "
+        f"({said}) = coalesce(h.label, CASE WHEN o.reviewed_by IS NOT NULL THEN o.output END, {gold}) "
+        "AS model_correct "
         f"FROM (FROM read_parquet([{', '.join(map(sql_path, files))}], union_by_name = true) "
-        f"{WITH_CONFIDENCE} {WITH_REASONING}) o "
-        f"JOIN read_parquet([{', '.join(map(sql_path, shards))}]) s USING (row_id)"
+        f"{WITH_CONFIDENCE} {WITH_REASONING} {WITH_REVIEW}) o "
+        f"JOIN read_parquet([{', '.join(map(sql_path, shards))}]) s USING (row_id) "
+        "LEFT JOIN human_labels h USING (row_id)"
     )
     con.execute(
         "CREATE OR REPLACE VIEW label_distribution AS SELECT output AS label, count(*) AS rows "
         "FROM labeled WHERE error IS NULL GROUP BY ALL ORDER BY rows DESC, label"
     )
+    threshold = threshold_of(spec, home).threshold
     con.execute(
-        f"CREATE OR REPLACE VIEW review AS SELECT * FROM labeled WHERE confidence < {float(spec.review_below)!r} "
-        "ORDER BY confidence, row_id"
+        f"CREATE OR REPLACE VIEW review AS SELECT * FROM labeled WHERE confidence < {float(threshold)!r} "
+        "AND reviewed_by IS NULL ORDER BY confidence, row_id"
     )
-    # Without a gold column nothing says what was right: correct and accuracy are null.
-    right = ("count(*) FILTER (WHERE output = gold)" if spec.gold_column else "NULL::BIGINT")
+    # Right is the model's own answer against the truth (a reviewer's label, else the gold column);
+    # with neither, correct and accuracy are null.
+    known = spec.gold_column or people
+    right = "count(*) FILTER (WHERE model_correct)" if known else "NULL::BIGINT"
     con.execute(
         "CREATE OR REPLACE VIEW reliability AS "
         f"SELECT printf('%.1f-%.1f', b / {BUCKETS}, (b + 1) / {BUCKETS}) AS bucket, b / {BUCKETS} AS low, "
@@ -61,6 +88,21 @@ def define_views(con: Any, spec: JobSpec, home: JobHome, version: str, keys: lis
         "GROUP BY b ORDER BY b"
     )
     return [*files, *shards]
+
+
+def _human_table(con: Any, labels: dict[str, human_labels.HumanLabel]) -> None:
+    """The reviewers' labels as a table the ``labeled`` view joins (rebuilt with the views)."""
+    import pyarrow as pa
+
+    rows = list(labels.values())
+    table = pa.table({"row_id": [h.row_id for h in rows], "label": [h.label for h in rows],
+                      "reviewed_by": [h.reviewer for h in rows], "reviewed_at": [h.reviewed_at for h in rows]},
+                     schema=pa.schema([(n, pa.string()) for n in ("row_id", "label", "reviewed_by", "reviewed_at")]))
+    con.register("sb_human_labels", table)
+    try:
+        con.execute("CREATE OR REPLACE TABLE human_labels AS FROM sb_human_labels")
+    finally:
+        con.unregister("sb_human_labels")
 
 
 def fill(con: Any, table: str, columns: list[tuple[str, str]], key: tuple[str, ...],

@@ -23,7 +23,7 @@ from testkit import make_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPE = "sparkbatch_dagster.BatchInferenceComponent"
-NAMES = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
+NAMES = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate", "review_queue", "human_labels")
 
 
 def job_yaml(spec: JobSpec, **extra: Any) -> str:
@@ -115,7 +115,7 @@ def test_two_yaml_jobs_share_one_engine_or_say_why_they_cannot(tmp_path):
     one, two = make_spec(tmp_path / "a", name="one"), make_spec(tmp_path / "b", name="two")
     same = {"max_num_seqs": 512}
     with yaml_defs(one=job_yaml(one, engine=same), two=job_yaml(two, engine=same)) as (defs, _):
-        assert len(defs.assets) == 10 and list(defs.resources) == ["vllm"]  # equal settings: one resource
+        assert len(defs.assets) == 2 * len(NAMES) and list(defs.resources) == ["vllm"]  # equal settings: one resource
     err = load_error(one=job_yaml(one), two=job_yaml(two, engine={"max_num_seqs": 8}))
     assert "'one'" in err and "'two'" in err and "both use resource_key 'vllm'" in err
     assert "max_num_seqs: None vs 8" in err and "resource_key: vllm_" in err

@@ -1,0 +1,105 @@
+"""The review threshold: the confidence under which a row goes to a person (the ``review`` view).
+
+Without ``JobSpec.review`` it is ``review_below``. With it (``budget: 0.1`` or ``catch_errors: 0.8``)
+the analytics asset turns the target into a threshold on the gold rows' calibrated confidences
+(``estimate/review_budget.py``) and stores it here, in ``review/threshold.json``, with what the other
+number will be (held out, with its 95% interval); every reader of the views uses the stored one
+for as long as the spec asks for the same target. Until one is stored, ``review_below`` stands in
+and :func:`threshold_of` says so.
+
+Example::
+
+    threshold_of(spec, home).threshold      # what the review view compares
+    save_threshold(home, ReviewThreshold(asked="budget", target=0.1, threshold=0.31, ...))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from ..errors import SparkbatchError
+from ..home import JobHome, atomic_write_text
+from ..spec import JobSpec
+
+
+class Interval(msgspec.Struct, frozen=True):
+    """A held-out share with its 95% Wilson interval: ``count`` of ``of``."""
+
+    value: float
+    low: float
+    high: float
+    count: int
+    of: int
+
+
+class ReviewThreshold(msgspec.Struct, frozen=True, kw_only=True):
+    """A review target turned into a threshold on ``gold_rows`` gold rows: the share of rows it sends
+    to review and of errors it catches, both held out."""
+
+    asked: Literal["budget", "catch_errors"]
+    target: float
+    threshold: float
+    reviewed: Interval
+    caught: Interval
+    gold_rows: int
+    errors: int
+    folds: int
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """The threshold in force: from a stored plan (``plan``) or ``review_below`` (``why``: why not a plan)."""
+
+    threshold: float
+    plan: ReviewThreshold | None = None
+    why: str = ""
+
+
+def threshold_path(home: JobHome) -> Path:
+    return home.review_dir / "threshold.json"
+
+
+def save_threshold(home: JobHome, plan: ReviewThreshold) -> Path:
+    """Store ``plan`` (atomically; published to a bucket home)."""
+    path = threshold_path(home)
+    atomic_write_text(path, msgspec.json.encode(plan).decode() + "\n")
+    home.publish(path)
+    return path
+
+
+def load_threshold(home: JobHome) -> ReviewThreshold | None:
+    """The stored plan, or None; a damaged file stops here, naming it and the fix."""
+    path = threshold_path(home)
+    if not path.exists():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=ReviewThreshold)
+    except msgspec.DecodeError as exc:  # malformed JSON, or a field of the wrong type (ValidationError)
+        raise SparkbatchError(f"{path} is not a review threshold ({exc}): delete it; the analytics asset writes "
+                              "it again from the gold rows") from None
+
+
+def asked(spec: JobSpec) -> tuple[Literal["budget", "catch_errors"], float] | None:
+    """What ``spec.review`` asks for, or None when the spec sets ``review_below`` instead."""
+    if spec.review is None:
+        return None
+    if spec.review.budget is not None:
+        return "budget", spec.review.budget
+    return "catch_errors", float(spec.review.catch_errors or 0.0)
+
+
+def threshold_of(spec: JobSpec, home: JobHome) -> Threshold:
+    """The threshold the ``review`` view compares calibrated confidences with."""
+    want = asked(spec)
+    if want is None:
+        return Threshold(spec.review_below)
+    plan = load_threshold(home)
+    if plan is not None and (plan.asked, plan.target) == want:
+        return Threshold(plan.threshold, plan)
+    return Threshold(spec.review_below, why=f"review {want[0]}={want[1]:g} has no threshold yet (materialize "
+                                            f"analytics with gold rows): review_below={spec.review_below:g} "
+                                            "stands in")

@@ -1,0 +1,136 @@
+"""The review, end to end on the fake engine and a real Dagster instance: analytics calibrates on the
+gold rows and turns ``review: {budget: 0.1}`` into a threshold; ``review_queue`` lists the rows under
+it; ``human_labels``' blocking check holds a downstream asset back until every queued row has a
+reviewer's label; the reviewer's label then overrides the model's in the views (with who and when),
+is gold for the next calibration, and a later version's run writes it over the answer the result
+store hands back, while the store keeps the model's own. Expected values come from the files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow.parquet as pq
+from dagster import AssetKey, DagsterInstance, asset, materialize
+
+from sparkbatch_dagster import build_batch_assets
+from sparkbatch_dagster.run import human_labels
+from sparkbatch_dagster.run.result_store import ResultStore
+from sparkbatch_dagster.run.review_queue import load_threshold
+from testkit import fake_resource, label_then_metrics, make_rows, make_spec, write_parquet
+
+LABELS = ["fruit", "vehicle", "animal"]
+#: The fake model knows two words of each label (answers them right, fairly sure) and guesses the third
+#: as surely: overconfident, yet its confidence ranks right above wrong, as a real model's does.
+KNOWS = {"apple": "fruit", "banana": "fruit", "car": "vehicle", "truck": "vehicle", "dog": "animal", "cat": "animal"}
+
+
+def _all(job: Any, res: dict[str, Any], inst: Any) -> list[str]:
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    keys = sorted(inst.get_dynamic_partitions(job.partitions_def.name))
+    labeled, measured = label_then_metrics(job.assets, job.keys, res, inst, keys[0], keys[-1])
+    assert labeled.success and measured.success
+    return keys
+
+
+def _md(result: Any, node: str) -> dict[str, Any]:
+    return {k: v.value for k, v in result.asset_materializations_for_node(node)[0].metadata.items()}
+
+
+def _query(job: Any, sql: str) -> list[tuple]:
+    with duckdb.connect(str(job.home.metrics_db), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def _files(job: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
+    version = job.current_version()
+    return {r["row_id"]: r for k in keys for r in pq.read_table(job.home.labeled_path(version, k)).to_pylist()}
+
+
+def test_budget_queue_check_and_a_reviewers_label_over_the_models(tmp_path: Path):
+    src = write_parquet(tmp_path / "in" / "rows.parquet", make_rows(150))
+    spec = make_spec(tmp_path, input=str(src), shards=3, review={"budget": 0.1})
+    job = build_batch_assets(spec=spec)
+    inst = DagsterInstance.get()
+    fake, engine = fake_resource(knows=KNOWS)
+    res = {"vllm": fake}
+    keys = _all(job, res, inst)
+    first = job.current_version()
+    gold = {r["id"]: r["gold"] for r in make_rows(150)}
+
+    @asset(deps=[job.keys["human_labels"]])
+    def reviewed_report() -> None:
+        """A downstream asset that must wait for reviewed rows."""
+
+    assets = [*job.assets, reviewed_report]
+    result = materialize(assets, selection=[job.keys["analytics"], job.keys["review_queue"]], resources=res,
+                         instance=inst)
+    assert result.success
+    md = _md(result, "things__analytics")
+    # Calibrated on the 150 gold rows: a map fitted for the fake's model, stored, with its scores.
+    stored = list(job.home.calibration_dir.glob("*.json"))
+    assert len(stored) == 1 and "ece_before" in md["calibration"] and "brier_after" in md["calibration"]
+    cal = json.loads(stored[0].read_text())
+    rows = _files(job, keys)
+    assert cal["model"] == next(iter(rows.values()))["model"] and cal["rows"] == 150
+    assert cal["model"] in md["calibration"] and md["gold_rows"] == 150
+    # The budget became a threshold on the gold rows: at most 10% of rows go to review.
+    plan = load_threshold(job.home)
+    assert plan is not None and (plan.asked, plan.target) == ("budget", 0.1) and plan.gold_rows == 150
+    assert md["review_threshold"] == round(plan.threshold, 6)
+    assert "errors caught" in md["review_plan"] and "95% interval" in md["review_plan"]
+    queued = _query(job, "SELECT row_id, confidence FROM review")
+    assert 0 < len(queued) <= 15
+    assert all(c < plan.threshold for _, c in queued)
+    assert _query(job, f"SELECT count(*) FROM labeled WHERE confidence < {plan.threshold!r}") == [(len(queued),)]
+    q = _md(result, "things__review_queue")
+    assert q["queue_rows"] == len(queued) and q["queue_threshold"] == round(plan.threshold, 6)
+
+    # Nothing reviewed yet: the blocking check fails and the downstream asset does not run.
+    held = materialize(assets, selection=[job.keys["human_labels"], AssetKey("reviewed_report")], resources=res,
+                       instance=inst, raise_on_error=False)
+    checks = held.get_asset_check_evaluations()
+    assert [c.passed for c in checks] == [False]
+    assert checks[0].metadata["rows_waiting_for_review"].value == len(queued)
+    assert not held.asset_materializations_for_node("reviewed_report")
+
+    # A reviewer labels every queued row: the gold label, except one row called "animal" on purpose.
+    ids = [r for r, _ in queued]
+    said = {r: gold[r] for r in ids}
+    said[ids[0]] = "animal" if gold[ids[0]] != "animal" else "fruit"
+    found = [human_labels.HumanLabel.of(r, lab, "ann@example.com", "2026-12-06T10:00:00+00:00",
+                                        f"label-studio:1/{i}/{i}", LABELS) for i, (r, lab) in enumerate(said.items())]
+    assert human_labels.merge(job.home, found, LABELS).added == len(ids)
+    done = materialize(assets, selection=[job.keys["human_labels"], AssetKey("reviewed_report")], resources=res,
+                       instance=inst)
+    assert [c.passed for c in done.get_asset_check_evaluations()] == [True]
+    assert done.asset_materializations_for_node("reviewed_report")
+    hl = _md(done, "things__human_labels")
+    assert hl["human_labels"] == hl["reviewed_rows"] == len(ids)
+    assert hl["corrected_rows"] == sum(said[r] != rows[r]["output"] for r in ids)
+    # The views: the reviewer's label, the model's kept apart, who and when; nothing left to review.
+    sql = "SELECT row_id, output, model_output, reviewed_by, reviewed_at FROM labeled WHERE reviewed_by IS NOT NULL"
+    got = {r: (o, m, by, at) for r, o, m, by, at in _query(job, sql)}
+    assert got == {r: (said[r], rows[r]["output"], "ann@example.com", "2026-12-06T10:00:00.000000+00:00") for r in ids}
+    assert _query(job, "SELECT count(*) FROM review") == [(0,)]
+    # The corrected rows are gold now: the model's answer against the reviewer's label, not the column.
+    truth = dict(_query(job, f"SELECT row_id, model_correct FROM labeled WHERE row_id = '{ids[0]}'"))
+    assert truth[ids[0]] == (rows[ids[0]]["output"] == said[ids[0]])
+
+    # A later version (10 rows appended): the result store hands the model's old answers back, and the
+    # run writes the reviewer's label over them; only the new prompts are generated.
+    write_parquet(src, make_rows(160))
+    job2 = build_batch_assets(spec=make_spec(tmp_path, input=str(src), shards=3, review={"budget": 0.1}))
+    fake2, engine2 = fake_resource(knows=KNOWS)
+    keys2 = _all(job2, {"vllm": fake2}, inst)
+    assert job2.current_version() != first and 0 < engine2.requests_seen <= 10
+    again = _files(job2, keys2)
+    for r in ids:
+        assert again[r]["reused"] and again[r]["output"] == said[r]
+        assert again[r]["model_output"] == rows[r]["output"] and again[r]["reviewed_by"] == "ann@example.com"
+    # ...and the store still holds the model's own answer and raw confidence, never the reviewer's.
+    store = ResultStore(job2.spec.result_store_path, job2.spec.answer_context(fake2.model_identity()))
+    answer = store.lookup([rows[ids[0]]["prompt_key"]])[rows[ids[0]]["prompt_key"]]
+    assert answer[0] == rows[ids[0]]["output"] and answer[2] == rows[ids[0]]["raw_confidence"]
