@@ -14,6 +14,7 @@ Modules:
 - :mod:`.review_budget`: a review budget or error target turned into a threshold, from the gold rows;
 - :mod:`.review_chart`: the reliability diagram and the review-budget curve as a chart;
 - :mod:`.review_figures`: each model's calibration, review budget and review plan in the estimate;
+- :mod:`.gold_fit`: calibration and the review threshold learnt from a finished version's gold rows;
 - :mod:`.placement`: how a node option runs a model;
 - :mod:`.chart`: the chart.
 
