@@ -5,9 +5,10 @@ after (held-out folds), and the share of errors caught at 5, 10 and 20% of rows 
     python benchmarks/calibration.py -f definitions.py --job debian_sections --folds 5
     python benchmarks/calibration.py --rows-file gold.parquet      # columns: confidence, correct (, model)
 
-The rows are the committed ``labeled`` rows of the job's current version with a gold label and a
-confidence (no error rows), read as a user would: ``sparkbatch sql -f FILE "..."`` in its own process
-(the job must have run: ``sparkbatch run -f FILE``). ``--rows-file`` reads them from a Parquet, CSV or
+The rows are the committed ``labeled`` rows of the job's current version whose truth is known (a
+reviewer's label, else the gold column) and whose answer had a confidence: the model's own
+(``raw_confidence``), right when the model's own answer is the truth, read as a user would:
+``sparkbatch sql -f FILE "..."`` in its own process (the job must have run: ``sparkbatch run -f FILE``). ``--rows-file`` reads them from a Parquet, CSV or
 JSONL file instead. Per model identity (a cascade's rows are each their answering model's): the chosen
 calibration method and every candidate's held-out Brier score (``estimate/calibration.py``), the
 reliability tables before and after, and, on the raw and on the calibrated (held-out) confidences,
@@ -31,8 +32,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from results_io import emit  # noqa: E402
 
-QUERY = ("SELECT confidence, (output = gold) AS correct, model, output, gold FROM labeled "
-         "WHERE error IS NULL AND confidence IS NOT NULL AND gold IS NOT NULL")
+# The model's own confidence and answer (the views show a calibrated confidence and a reviewer's label
+# over the model's), right against the truth: a reviewer's label, else the gold column.
+QUERY = ("SELECT raw_confidence AS confidence, model_correct AS correct, model, "
+         "coalesce(model_output, output) AS output, truth AS gold FROM labeled "
+         "WHERE raw_confidence IS NOT NULL AND model_correct IS NOT NULL")
 
 
 def from_job(file: str, job: str | None) -> list[dict[str, Any]]:

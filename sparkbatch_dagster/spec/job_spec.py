@@ -108,7 +108,8 @@ class JobSpec(Checked):
     review: ReviewSpec | None = Field(
         default=None, description="The review threshold from the gold rows instead of review_below: {budget: "
         "0.1} (share of rows reviewed) or {catch_errors: 0.8} (share of errors caught), exactly one "
-        "(spec/review.py). Like review_below it reads rows only: not the output version, not the stored answers.",
+        "(spec/review.py); analytics turns it into the `review` view's threshold on the calibrated confidences. "
+        "Like review_below it reads rows only: not the output version, not the stored answers.",
     )
     cascade: list[CascadeStage] = Field(
         default_factory=list, description="Models in turn: the first answers every row, each next one the rows "

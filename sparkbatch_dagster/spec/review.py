@@ -1,9 +1,10 @@
 """How many rows a person reviews, said the way a labeling lead decides it.
 
 ``JobSpec.review`` takes either a row budget (``budget: 0.1``: "I can review 10% of rows") or an
-error target (``catch_errors: 0.8``: "I need 80% of errors caught"), exactly one; the gold rows turn
-it into a confidence threshold (``estimate/review_budget.py``). Left out, ``JobSpec.review_below``
-is the threshold, as before. Like ``review_below`` it only reads rows: it is in no fingerprint.
+error target (``catch_errors: 0.8``: "I need 80% of errors caught"), exactly one; the ``analytics``
+asset turns it into a confidence threshold on the gold rows (``estimate/gold_fit.py``), stored where
+the ``review`` view reads it (``run/review_queue.py``). Left out, ``JobSpec.review_below`` is the
+threshold. Like ``review_below`` it only reads rows: it is in no fingerprint.
 
 Example::
 
