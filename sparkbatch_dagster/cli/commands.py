@@ -259,6 +259,7 @@ def summary(job: BatchJob, resource: VLLMResource, st: Status, ran: list[str], r
     tokens = sum(s.input_tokens + s.output_tokens for s in stats)
     wall = sum(s.wall_s for s in stats)
     facts = metrics.analytics(job.spec, job.home, version)
+    sure = facts.confidence
     return RunSummary(
         job=job.spec.name, partitions_total=st.partitions_total, partitions_done=st.partitions_done,
         partitions_run=len(ran), rows=facts.rows, labeled=facts.labeled, errors=facts.errors,
@@ -270,7 +271,19 @@ def summary(job: BatchJob, resource: VLLMResource, st: Status, ran: list[str], r
         prediction=check.prediction, attempts=bill.attempts, attempts_cost_usd=bill.attempts_cost_usd,
         wasted_usd=bill.wasted_usd, engine_starts=starts,
         version=version, home=str(job.home.root), success=bool(result.success),
+        review_rows=sure.review_rows if sure else None, review_threshold=sure.review_below if sure else None,
+        calibration=calibration_summary(job),
     )
+
+
+def calibration_summary(job: BatchJob) -> dict[str, dict[str, Any]] | None:
+    """Each model's stored calibration of the job's labels, as the run's JSON line reports it."""
+    from ..run.calibration_map import stored
+    from ..run.review_marks import job_labels
+
+    found = stored(job.home.calibration_dir, job_labels(job.spec))
+    keep = ("method", "rows", "ece_before", "ece_after", "brier_before", "brier_after")
+    return {m: {k: getattr(c, k) for k in keep} for m, c in sorted(found.items())} or None
 
 
 def sql(job: BatchJob, resource: VLLMResource, query: str) -> dict[str, Any]:

@@ -200,6 +200,8 @@ def calibrate(confidence: ArrayLike, correct: ArrayLike, model: str, labels: Seq
     candidates = tuple(Candidate(m, scores(p, y, bins)) for m, p in held.items())
     best = min(candidates, key=lambda x: (x.held_out.brier, METHODS.index(x.method)))
     reason = f"lowest held-out Brier score of {', '.join(METHODS)} in {folds}-fold cross-validation"
-    cal = fit(best.method, c, y, model, labels).model_copy(update={"reason": reason})
+    cal = fit(best.method, c, y, model, labels).model_copy(update={
+        "reason": reason, "ece_before": round(before.ece, 6), "ece_after": round(best.held_out.ece, 6),
+        "brier_before": round(before.brier, 6), "brier_after": round(best.held_out.brier, 6)})
     return CalibrationReport(cal, folds, before, best.held_out, candidates, reliability_table(c, y, bins),
                              reliability_table(held[best.method], y, bins))

@@ -51,6 +51,12 @@ class Calibration(BaseModel):
     x: tuple[float, ...] = ()
     y: tuple[float, ...] = ()
     reason: str = ""
+    #: How well it does, on held-out rows: ECE and Brier score of the raw confidence and of this map
+    #: (None in files written before they were kept).
+    ece_before: float | None = None
+    ece_after: float | None = None
+    brier_before: float | None = None
+    brier_after: float | None = None
 
     def apply(self, confidence: ArrayLike) -> NDArray[np.float64]:
         """The calibrated confidences of ``confidence`` (any shape); monotone non-decreasing."""

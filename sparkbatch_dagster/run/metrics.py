@@ -24,6 +24,7 @@ from ..home import FileLock, JobHome
 from ..spec import JobSpec
 from .records import AttemptRecord, ShardStats
 from .reliability import BUCKETS, bucket_row
+from .review_queue import threshold_of
 from .shard_stats import read_stats
 from .totals import Confidence, CostCheck, Headline, Prediction
 from .views import define_views, fill
@@ -249,7 +250,8 @@ def _headline(con: Any, spec: JobSpec, home: JobHome, version: str, keys: list[s
         accuracy=round(correct / rows, 4) if spec.gold_column and rows else None,
         label_distribution=dist,
         cost_per_1k_rows_usd=round(cost[0] / cost[1] * 1000, 6) if cost[0] and cost[1] else None,
-        confidence=Confidence(rows=sure, mean=round(mean, 4), review_below=spec.review_below, review_rows=review)
+        confidence=Confidence(rows=sure, mean=round(mean, 4), review_below=threshold_of(spec, home).threshold,
+                              review_rows=review)
         if sure else None,
         reliability=[bucket_row(round(b * BUCKETS), n, c, m) for b, n, c, m in buckets]
         if spec.gold_column and sure else None,

@@ -46,7 +46,8 @@ class CostCheck:
 @dataclass(frozen=True)
 class Confidence:
     """How sure the model was over a version's rows: rows with a confidence, their mean, and the
-    rows under ``review_below`` (the ``review`` view)."""
+    rows in the ``review`` view: under the threshold in force (``review_below``: the spec's, or the
+    one its review budget became), not yet reviewed."""
 
     rows: int
     mean: float
@@ -74,6 +75,10 @@ class Headline:
         out = {"rows": self.rows, "labeled": self.labeled, "errors": self.errors, "accuracy": self.accuracy,
                "cost_per_1k_rows_usd": self.cost_per_1k_rows_usd}
         return {k: v for k, v in out.items() if v is not None}
+
+
+#: RunSummary keys printed only when known.
+_ONLY_KNOWN = ("review_rows", "review_threshold", "calibration", "timings_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,18 +113,24 @@ class RunSummary:
     version: str
     home: str
     success: bool
+    #: Rows waiting for a person (the ``review`` view) and the threshold in force; None without confidences.
+    review_rows: int | None = None
+    review_threshold: float | None = None
+    #: Each model's stored calibration: method, gold rows, ECE and Brier before and after (held out).
+    calibration: dict[str, dict[str, Any]] | None = None
     timings_s: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON line, key for key: ``predicted_wall_s`` and ``prediction_error_pct`` only
-        where an estimate was made, ``timings_s`` only where the command timed its phases."""
+        where an estimate was made, the review's keys only where answers have confidences (and
+        ``calibration`` where one is stored), ``timings_s`` only where the command timed its phases."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "prediction":
                 if value is not None:
                     out.update(predicted_wall_s=value.predicted_wall_s, prediction_error_pct=value.error_pct)
-            elif f.name != "timings_s" or value is not None:
+            elif value is not None or f.name not in _ONLY_KNOWN:
                 out[f.name] = dict(value) if isinstance(value, dict) else value
         return out
 

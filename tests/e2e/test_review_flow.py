@@ -134,3 +134,37 @@ def test_budget_queue_check_and_a_reviewers_label_over_the_models(tmp_path: Path
     store = ResultStore(job2.spec.result_store_path, job2.spec.answer_context(fake2.model_identity()))
     answer = store.lookup([rows[ids[0]]["prompt_key"]])[rows[ids[0]]["prompt_key"]]
     assert answer[0] == rows[ids[0]]["output"] and answer[2] == rows[ids[0]]["raw_confidence"]
+
+
+DEFS = """
+from dagster import Definitions
+from sparkbatch_dagster import JobSpec, OutputSpec, build_batch_assets
+from sparkbatch_dagster.testing import FakeVLLMResource
+spec = JobSpec(name="things", input={src!r}, id_column="id", text_columns=["text"],
+               user_template="What is this? {{{{ text }}}}", shard_count=2, gold_column="gold", home={home!r},
+               output=OutputSpec(kind="label", labels=["fruit", "vehicle", "animal"]), review={{"budget": 0.1}})
+job = build_batch_assets(spec=spec)
+defs = Definitions(assets=job.assets, resources={{"vllm": FakeVLLMResource(knows={knows!r})}})
+"""
+
+
+def test_sparkbatch_run_says_what_was_calibrated_and_how_many_rows_wait_for_review(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    src = write_parquet(tmp_path / "in" / "rows.parquet", make_rows(120))
+    defs = tmp_path / "defs.py"
+    defs.write_text(DEFS.format(src=str(src), home=str(tmp_path / "home"), knows=KNOWS))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-m", "sparkbatch_dagster.cli", "run", "-f", str(defs)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    home = tmp_path / "home"
+    (stored,) = [json.loads(p.read_text()) for p in (home / "calibration").glob("*.json")]
+    assert line["calibration"] == {stored["model"]: {k: stored[k] for k in (
+        "method", "rows", "ece_before", "ece_after", "brier_before", "brier_after")}}
+    assert stored["rows"] == 120 and stored["ece_after"] < stored["ece_before"]
+    plan = json.loads((home / "review" / "threshold.json").read_text())
+    assert line["review_threshold"] == plan["threshold"] and 0 < line["review_rows"] <= 12

@@ -202,6 +202,11 @@ def test_the_run_summary_prints_the_line_it_always_printed():
     assert list(line) == keys + ["predicted_wall_s", "prediction_error_pct"] + bill + ["timings_s"]
     assert line["prediction_error_pct"] is None and line["timings_s"] == {"startup": 1.2}
     assert json.loads(json.dumps(line)) == line
+    cal = {"m@1": {"method": "platt", "rows": 80, "ece_before": 0.2, "ece_after": 0.05, "brier_before": 0.3,
+                   "brier_after": 0.2}}
+    reviewed = _summary(review_rows=7, review_threshold=0.31, calibration=cal).to_json()
+    assert list(reviewed) == keys + bill + ["review_rows", "review_threshold", "calibration"]
+    assert json.loads(json.dumps(reviewed)) == reviewed
 
 
 def test_labeled_files_hold_the_rows_the_records_made(tmp_path):
