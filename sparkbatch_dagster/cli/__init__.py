@@ -1,5 +1,5 @@
 """The command line: ``sparkbatch estimate / run / status / preview / sql / worker-node /
-run-batch / export-batch / serve-batch / prepare-model``, what a shell user sees.
+run-batch / export-batch / serve-batch / review / prepare-model``, what a shell user sees.
 
 Modules:
 
@@ -22,7 +22,10 @@ Modules:
 - :mod:`.batch_store`: the files and batches on disk;
 - :mod:`.batch_validate`: a batch input file's check while it is ``validating``;
 - :mod:`.batch_results`: the error lines of requests that never ran (expired, cancelled);
-- :mod:`.batch_ending`: what a batch holds once it ends (result files, counts, usage).
+- :mod:`.batch_ending`: what a batch holds once it ends (result files, counts, usage);
+- :mod:`.review`: ``sparkbatch review export`` and ``import``: arguments, Label Studio's address and key;
+- :mod:`.label_studio`: the review queue's round trip through Label Studio (its SDK);
+- :mod:`.review_queue`: the rows an export sends, and the note of the last export.
 
 May import: every room; nothing imports it (``python -m sparkbatch_dagster.cli`` runs it).
 """

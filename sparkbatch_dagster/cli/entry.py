@@ -11,6 +11,8 @@
     sparkbatch prepare-model [NAME ...]    convert embedded models once (default: SmolLM2)
     sparkbatch run-batch -i in.jsonl -o out.jsonl   an OpenAI/Anthropic batch file end to end (cli/batch.py)
     sparkbatch export-batch -i in.jsonl -o out.jsonl   its finished rows as the provider's result files
+    sparkbatch review export -f definitions.py   the review queue into a Label Studio project
+    sparkbatch review import -f definitions.py   its finished annotations back as human labels
 
 Stdout carries one JSON line, the result; logs, the progress bar and advice go to stderr, and
 an error is one ``sparkbatch:`` line with its fix (``--debug``: logs, warnings, tracebacks).
@@ -28,7 +30,7 @@ from typing import Any
 
 from ..errors import SparkbatchError, storage_error
 from ..home import check_key
-from . import batch, console
+from . import batch, console, review
 from .budget import continue_with, label_config
 from .commands import estimate, run, run_json, sql, status
 from .locate import load
@@ -76,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--print", dest="print_only", action="store_true",
                            help="print the vLLM command; start nothing")
     batch.add_parsers(sub, common)
+    review.add_parsers(sub, common)
     p = sub.add_parser("prepare-model", help="convert embedded models once", parents=[common])
     p.add_argument("names", nargs="*", help="embedded model names (default: SmolLM2-135M-Instruct)")
     return parser
@@ -102,6 +105,8 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         return {n: str(ensure_embedded(n)) for n in args.names or [DEFAULT_MODEL_NAME]}
     if args.command in ("run-batch", "export-batch", "serve-batch"):
         return batch.command(args, _noting_home(args, run_json))
+    if args.command == "review":
+        return review.command(args)
     job, defs = load(args.file, args.job)
     args.job_home = job.home.root
     resource = defs.resources[job.resource_key]

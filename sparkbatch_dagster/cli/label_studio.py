@@ -1,0 +1,304 @@
+"""The review queue's round trip through Label Studio, with its SDK (``label-studio-sdk``):
+``sparkbatch review export`` and ``sparkbatch review import`` (:mod:`.review` reads the arguments).
+
+:func:`export_review` creates (or finds, by title: the job's name unless given) a project whose
+labeling config is a choice over the job's labels beside the row's text columns, and puts the review
+queue in as tasks, one per row (``data``: ``row_id`` and the text fields), the model's label as a
+pre-annotation with its confidence as score and the model as ``model_version``. Tasks are keyed by
+``row_id``: exporting again creates no duplicate (a task whose model answer changed gets its
+prediction updated), and rows a reviewer already labeled are not sent again.
+
+:func:`import_review` reads the project's finished annotations (cancelled and skipped ones left out,
+the latest per task), as :class:`~sparkbatch_dagster.run.human_labels.HumanLabel` (the annotator's
+email, the annotation's ``updated_at``), and merges them into the job's store: importing again
+changes nothing.
+
+Example::
+
+    export_review(job, resource, Server("http://localhost:8080", "token"))   # ExportResult(created=120, ...)
+    import_review(job, Server("http://localhost:8080", "token"))             # ImportResult(added=37, ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+from ..errors import SparkbatchError
+from ..run import human_labels
+from ..run.human_labels import HumanLabel
+from .review_queue import QueueRow, text_keys
+
+#: The labeling config's Choices tag: the name every prediction and annotation result carries.
+FROM_NAME = "label"
+#: Label Studio's bounds on a project title.
+TITLE_LEN = (3, 50)
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where Label Studio answers, and the API key (a user's access token) it takes."""
+
+    url: str
+    api_key: str
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export did: tasks ``created``, ``updated`` (the model's answer changed) and
+    ``unchanged``; ``reviewed``: queue rows left out because a reviewer already labeled them."""
+
+    project_id: int
+    project: str
+    project_created: bool
+    queue_rows: int
+    reviewed: int
+    created: int
+    updated: int
+    unchanged: int
+    url: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import did: finished annotations read (``annotated``), tasks left out (``cancelled``:
+    skipped or cancelled; ``empty``: no choice), and the merge (``added``, ``changed``, ``unchanged``,
+    the file written or None); ``human_labels``: the rows the store labels now."""
+
+    project_id: int
+    project: str
+    annotated: int
+    cancelled: int
+    empty: int
+    added: int
+    changed: int
+    unchanged: int
+    path: str | None
+    human_labels: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def connect(server: Server) -> Any:
+    """A Label Studio SDK client (``label_studio_sdk.LabelStudio``) for ``server``."""
+    try:
+        from label_studio_sdk import LabelStudio
+    except ImportError:
+        raise SparkbatchError("`sparkbatch review` needs label-studio-sdk, which this environment lacks: `make "
+                              "install` adds it (pip install --no-deps label-studio-sdk==2.1.2, see the Makefile)") \
+            from None
+    return LabelStudio(base_url=server.url.rstrip("/"), api_key=server.api_key)
+
+
+@contextmanager
+def talking(server: Server) -> Iterator[None]:
+    """Label Studio's failures as one line naming the server and the fix."""
+    import httpx
+    from label_studio_sdk.core.api_error import ApiError  # connect() came first: the SDK is there
+
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise SparkbatchError(f"cannot reach Label Studio at {server.url} ({type(exc).__name__}: {exc}): start it "
+                              "(`label-studio start`) or pass --url / set LABEL_STUDIO_URL") from None
+    except ApiError as exc:
+        status = getattr(exc, "status_code", None)
+        if status in (401, 403):
+            raise SparkbatchError(f"Label Studio at {server.url} refused the API key ({status}): pass the access "
+                                  "token of Account & Settings with --api-key or LABEL_STUDIO_API_KEY") from None
+        raise SparkbatchError(f"Label Studio at {server.url} answered {status}: {getattr(exc, 'body', exc)}") \
+            from None
+
+
+def label_config(labels: Sequence[str], text_columns: Sequence[str]) -> str:
+    """The labeling config: each text column shown under its name, then one choice over ``labels``."""
+    parts = ["<View>"]
+    for column, key in text_keys(text_columns):
+        parts.append(f"<Header value={quoteattr(column if column == key else key)}/>")
+        parts.append(f"<Text name={quoteattr(key)} value={quoteattr('$' + key)}/>")
+    first = text_keys(text_columns)[0][1]
+    parts.append(f'<Choices name="{FROM_NAME}" toName={quoteattr(first)} choice="single" showInline="true">')
+    parts += [f"<Choice value={quoteattr(label)}/>" for label in labels]
+    parts += ["</Choices>", "</View>"]
+    return "".join(parts)
+
+
+def _same_config(a: str | None, b: str) -> bool:
+    squeeze = lambda s: re.sub(r">\s+<", "><", s or "").strip()  # noqa: E731
+    return squeeze(a) == squeeze(b)
+
+
+def project_title(title: str) -> str:
+    low, high = TITLE_LEN
+    if not low <= len(title) <= high:
+        raise SparkbatchError(f"Label Studio project title {title!r} must be {low} to {high} characters: name one "
+                              "with --project")
+    return title
+
+
+def find_project(client: Any, title: str) -> Any | None:
+    """The project titled exactly ``title``, None if none is; two are refused, naming their ids."""
+    found = [p for p in client.projects.list(title=title) if p.title == title]
+    if len(found) > 1:
+        raise SparkbatchError(f"Label Studio has {len(found)} projects titled {title!r} (ids "
+                              f"{sorted(p.id for p in found)}): rename all but one, or export to another title "
+                              "with --project")
+    return found[0] if found else None
+
+
+def ensure_project(client: Any, title: str, config: str) -> tuple[Any, bool]:
+    """The project titled ``title`` with ``config``: found (its config brought up to date) or created."""
+    project = find_project(client, project_title(title))
+    if project is None:
+        return client.projects.create(title=title, label_config=config,
+                                      description="The review queue of sparkbatch job; `sparkbatch review "
+                                                  "import` reads the finished annotations back."), True
+    if not _same_config(getattr(project, "label_config", None), config):
+        client.projects.update(project.id, label_config=config)
+    return project, False
+
+
+def choice(label: str, to_name: str) -> list[dict[str, Any]]:
+    """A Choices result (a prediction's or an annotation's) picking ``label``."""
+    return [{"from_name": FROM_NAME, "to_name": to_name, "type": "choices", "value": {"choices": [label]}}]
+
+
+def prediction(row: QueueRow, to_name: str) -> dict[str, Any]:
+    """The model's answer as a Label Studio prediction: its label, confidence and model."""
+    return {"result": choice(row.output, to_name), "score": row.score, "model_version": row.model}
+
+
+def _same_prediction(found: dict[str, Any], want: dict[str, Any]) -> bool:
+    score = found.get("score")
+    return (found.get("result") == want["result"] and found.get("model_version") == want["model_version"]
+            and score is not None and abs(float(score) - want["score"]) < 1e-9)
+
+
+def tasks_by_row(client: Any, project_id: int) -> dict[str, dict[str, Any]]:
+    """The project's tasks with their predictions and annotations, by ``row_id`` (tasks without one,
+    made by hand in Label Studio, are not the queue's and are left out)."""
+    out: dict[str, dict[str, Any]] = {}
+    for task in client.tasks.list(project=project_id, fields="all"):
+        t = task.model_dump(mode="json") if hasattr(task, "model_dump") else dict(task)
+        row_id = (t.get("data") or {}).get("row_id")
+        if row_id is not None:
+            out.setdefault(str(row_id), t)  # the first of any duplicates made outside sparkbatch
+    return out
+
+
+def put_queue(client: Any, project_id: int, queue: Sequence[QueueRow], to_name: str) -> tuple[int, int, int]:
+    """The queue's rows as the project's tasks: (created, updated, unchanged)."""
+    have = tasks_by_row(client, project_id)
+    new = [{"data": row.data(), "predictions": [prediction(row, to_name)]} for row in queue if row.row_id not in have]
+    updated = unchanged = 0
+    for row in (r for r in queue if r.row_id in have):
+        want, found = prediction(row, to_name), have[row.row_id].get("predictions") or []
+        if any(_same_prediction(p, want) for p in found):
+            unchanged += 1
+            continue
+        if found:
+            client.predictions.update(max(found, key=lambda p: p["id"])["id"], **want)
+        else:
+            client.predictions.create(task=have[row.row_id]["id"], **want)
+        updated += 1
+    if new:
+        client.projects.import_tasks(project_id, request=new)
+    return len(new), updated, unchanged
+
+
+def reviewers(client: Any) -> dict[int, str]:
+    """Each Label Studio user id's name as a reviewer: the email, else the username."""
+    return {u.id: u.email or u.username or f"user-{u.id}" for u in client.users.list()}
+
+
+def finished(task: dict[str, Any]) -> dict[str, Any] | None:
+    """The task's latest annotation that is not cancelled (skipped), or None."""
+    done = [a for a in task.get("annotations") or [] if not a.get("was_cancelled")]
+    return max(done, key=lambda a: (a.get("updated_at") or "", a.get("id") or 0)) if done else None
+
+
+def picked(annotation: dict[str, Any]) -> str | None:
+    """The label an annotation chose in the ``label`` Choices, or None."""
+    for item in annotation.get("result") or []:
+        if item.get("from_name") == FROM_NAME and item.get("type") == "choices":
+            chosen = (item.get("value") or {}).get("choices") or []
+            return str(chosen[0]) if chosen else None
+    return None
+
+
+def read_annotations(client: Any, project_id: int, labels: Sequence[str]) -> tuple[list[HumanLabel], int, int]:
+    """The project's finished annotations as human labels, with the counts of tasks whose every
+    annotation was cancelled or skipped, and of annotations that chose nothing."""
+    names = reviewers(client)
+    found: list[HumanLabel] = []
+    cancelled = empty = 0
+    for row_id, task in tasks_by_row(client, project_id).items():
+        if not task.get("annotations"):
+            continue
+        last = finished(task)
+        label = picked(last) if last is not None else None
+        if last is None or label is None:
+            cancelled, empty = cancelled + (last is None), empty + (last is not None)
+            continue
+        who = last.get("completed_by")
+        uid = int((who.get("id") if isinstance(who, dict) else who) or 0)
+        found.append(HumanLabel.of(row_id, label, names.get(uid, f"user-{uid}"),
+                                   str(last.get("updated_at") or last.get("created_at")),
+                                   f"label-studio:{project_id}/{task['id']}/{last['id']}", labels))
+    return found, cancelled, empty
+
+
+def merge_annotations(client: Any, home: Any, project: Any, labels: Sequence[str]) -> ImportResult:
+    """Read ``project``'s finished annotations and merge them into ``home``'s human labels."""
+    found, cancelled, empty = read_annotations(client, project.id, labels)
+    done = human_labels.merge(home, found, labels)
+    return ImportResult(project_id=project.id, project=project.title, annotated=len(found), cancelled=cancelled,
+                        empty=empty, added=done.added, changed=done.changed, unchanged=done.unchanged,
+                        path=str(done.path) if done.path else None,
+                        human_labels=len(human_labels.load(home, labels)))
+
+
+def export_review(job: Any, resource: Any, server: Server, project: str | None = None,
+                  limit: int | None = None) -> ExportResult:
+    """Put ``job``'s review queue (its first ``limit`` rows not yet reviewed) into the Label Studio
+    project titled ``project`` (default: the job's name), creating it if needed."""
+    from .review_queue import read_queue, save_export
+
+    labels = list(job.spec.output.labels or [])
+    if job.spec.output.kind != "label" or not labels:
+        raise SparkbatchError(f"job {job.spec.name!r} has output.kind={job.spec.output.kind!r}: `sparkbatch review` "
+                              "sends label jobs to Label Studio (output.kind='label' with output.labels)")
+    queue, reviewed = read_queue(job, resource, labels, limit)
+    client = connect(server)
+    to_name = text_keys(job.spec.text_columns)[0][1]
+    with talking(server):
+        found, made = ensure_project(client, project or job.spec.name, label_config(labels, job.spec.text_columns))
+        created, updated, unchanged = put_queue(client, found.id, queue, to_name)
+    result = ExportResult(project_id=found.id, project=found.title, project_created=made, queue_rows=len(queue),
+                          reviewed=reviewed, created=created, updated=updated, unchanged=unchanged,
+                          url=f"{server.url.rstrip('/')}/projects/{found.id}/data")
+    save_export(job.home, result.to_json(), [r.row_id for r in queue])
+    return result
+
+
+def import_review(job: Any, server: Server, project: str | None = None) -> ImportResult:
+    """Merge the finished annotations of the project titled ``project`` (default: the job's name)
+    into ``job``'s human labels; a project that is not there is refused, naming it."""
+    labels = list(job.spec.output.labels or [])
+    title = project or job.spec.name
+    client = connect(server)
+    with talking(server):
+        found = find_project(client, project_title(title))
+        if found is None:
+            raise SparkbatchError(f"Label Studio at {server.url} has no project titled {title!r}: `sparkbatch review "
+                                  "export` makes it, or name the project with --project")
+        return merge_annotations(client, job.home, found, labels)
