@@ -123,7 +123,8 @@ def label_config(labels: Sequence[str], text_columns: Sequence[str]) -> str:
     """The labeling config: each text column shown under its name, then one choice over ``labels``."""
     parts = ["<View>"]
     for column, key in text_keys(text_columns):
-        parts.append(f"<Header value={quoteattr(column if column == key else key)}/>")
+        # A Header's value starting with "$" would be read as a data variable.
+        parts.append(f"<Header value={quoteattr(key if column.startswith('$') else column)}/>")
         parts.append(f"<Text name={quoteattr(key)} value={quoteattr('$' + key)}/>")
     first = text_keys(text_columns)[0][1]
     parts.append(f'<Choices name="{FROM_NAME}" toName={quoteattr(first)} choice="single" showInline="true">')

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from ..errors import SparkbatchError
 from ..home import JobHome, atomic_write_text
 from ..inputs.shards import quote_ident
 from ..run import human_labels
@@ -61,7 +62,8 @@ def read_queue(job: Any, resource: Any, labels: Sequence[str], limit: int | None
     keys = text_keys(job.spec.text_columns)
     shards = [home.shard_path(k) for k in sorted(committed_stats(home, version))]
     if not shards:
-        return [], 0
+        raise SparkbatchError(f"no partition of job {job.spec.name!r} is labeled yet (version {version}): "
+                              "`sparkbatch run` first, then export its review queue")
     texts = ", ".join(f"CAST(s.{quote_ident(c)} AS VARCHAR) AS {quote_ident('t_' + k)}" for c, k in keys)
     sql = (f"SELECT r.row_id, r.output, r.confidence, r.model, {texts} FROM review r "
            f"JOIN read_parquet([{', '.join(map(sql_path, shards))}]) s ON s.row_id = r.row_id "

@@ -225,6 +225,14 @@ def test_flags_and_errors_are_one_line_naming_the_fix(tmp_path, label_studio):
     proc = _cli(tmp_path, "review", "import", "-f", str(defs), "--url", label_studio.url, "--api-key",
                 label_studio.token, "--project", "no-such-project", env=bare, ok=False)
     assert "has no project titled 'no-such-project'" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "defs.py").write_text(DEFS.format(src=make_spec(fresh, n=20).input, home=str(fresh / "home"),
+                                               labels=LABELS))
+    proc = _cli(fresh, "review", "export", "-f", str(fresh / "defs.py"), "--url", label_studio.url, "--api-key",
+                label_studio.token, env=bare, ok=False)
+    assert "has no shards yet: materialize things_review/input_shards first" in proc.stderr  # nothing run yet
+    assert len(proc.stderr.splitlines()) == 1
     # The flags win over the environment.
     flags = _cli(tmp_path, "review", "export", "-f", str(defs), "--url", label_studio.url, "--api-key",
                  label_studio.token, "--project", "flags-project", "--limit", "3", env=bare)
