@@ -307,11 +307,27 @@ def batch_migration_table(results: Results) -> str:
                   "input / output tokens in the results", "engine's own counts", "answers reused", "file"], rows)
 
 
+def label_studio_table(results: Results) -> str:
+    """A review round trip through Label Studio (label_studio_roundtrip.py): medians per step over rounds."""
+    rows = []
+    for name, d in of_kind(results, "label_studio_roundtrip"):
+        per = {"export_s": "export_ms_per_task", "import_s": "import_ms_per_task", "annotate_s": "annotate_ms_per_task"}
+        for step, what in (("export_s", f"export: the project and {d['tasks']} tasks with pre-annotations"),
+                           ("export_again_s", "export again (creates nothing)"),
+                           ("annotate_s", f"annotate the {d['tasks']} tasks through the API (gold label)"),
+                           ("import_s", f"import: {d['tasks']} human labels merged"),
+                           ("import_again_s", "import again (writes nothing)")):
+            rows.append([d["date"], machine(d, name), what, f"{d[step]:.2f} s",
+                         f"{d[per[step]]:.1f} ms" if step in per else "-", f"Label Studio {d['label_studio']}",
+                         f"`{name}`"])
+    return table(["date", "machine", "step", "seconds (median)", "per task", "server", "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
     "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
     "lease_scaling": lease_scaling_table, "table_sink": table_sink_table, "test_tiers": test_tiers_table,
-    "batch_migration": batch_migration_table}
+    "batch_migration": batch_migration_table, "label_studio": label_studio_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:

@@ -82,6 +82,9 @@ REQUIRED = {
                    "labeling_ratio", "sharding_ratio", "cpu_ratio", "export_s_per_1k_rows", "same_tokens"},
     "code_shape": {"date", "machine", "code", "command", "engines_modules", "engines_import_arrows", "options",
                    "dict_str_any_functions", "longest_generate", "cost_usd_indexes", "modules", "largest_module"},
+    "label_studio_roundtrip": {"date", "machine", "code", "command", "label_studio", "label_studio_sdk", "job",
+                               "engine", "tasks", "rounds", "export_s", "export_again_s", "annotate_s", "import_s",
+                               "import_again_s", "round_trip_s", "rounds_s"},
 }
 
 #: Kinds that measure a `vllm serve` frontend's CPU in two arms: (arm a, arm b, the a over b key).
@@ -184,6 +187,10 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
         assert close(d[ratio], d[a]["frontend_ms_per_row"] / d[b]["frontend_ms_per_row"], rel=0.01), path.name
     if kind == "server_stats":  # the wall ratio is the sums of the rounds
         assert close(d["off_over_on_wall"], sum(d["stats_off"]["wall_s"]) / sum(d["stats_on"]["wall_s"]), rel=0.01)
+    if kind == "label_studio_roundtrip":  # each step's figure is the median of its rounds
+        assert len(d["rounds_s"]) == d["rounds"], path.name
+        for step in ("export_s", "export_again_s", "annotate_s", "import_s", "import_again_s"):
+            assert close(d[step], statistics.median(r[step] for r in d["rounds_s"])), (path.name, step)
     if kind == "lease_scaling":  # the per-minute figures are the counts over the hold, and the old design's formula
         assert close(d["renewal_requests_per_min"], d["renewal_requests"] * 60 / d["hold_s"], rel=0.01), path.name
         assert close(d["old_design_requests_per_min"], d["shards"] * 2 * 3 / d["lease_seconds"] * 60), path.name
