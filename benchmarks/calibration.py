@@ -8,12 +8,13 @@ after (held-out folds), and the share of errors caught at 5, 10 and 20% of rows 
 The rows are the committed ``labeled`` rows of the job's current version whose truth is known (a
 reviewer's label, else the gold column) and whose answer had a confidence: the model's own
 (``raw_confidence``), right when the model's own answer is the truth, read as a user would:
-``sparkbatch sql -f FILE "..."`` in its own process (the job must have run: ``sparkbatch run -f FILE``). ``--rows-file`` reads them from a Parquet, CSV or
-JSONL file instead. Per model identity (a cascade's rows are each their answering model's): the chosen
-calibration method and every candidate's held-out Brier score (``estimate/calibration.py``), the
-reliability tables before and after, and, on the raw and on the calibrated (held-out) confidences,
-the review-budget plans of ``estimate/review_budget.py``: errors caught at each ``--budgets`` share
-and rows reviewed for each ``--catch`` target, held out, with 95% Wilson intervals.
+``sparkbatch sql -f FILE "..."`` in its own process (the job must have run: ``sparkbatch run -f FILE``).
+``--rows-file`` reads them from a Parquet, CSV or JSONL file instead. Per model identity (a cascade's
+rows are each their answering model's): the chosen calibration method and every candidate's held-out
+Brier score (``estimate/calibration.py``), the reliability tables before and after, and, on the raw
+and on the calibrated (held-out) confidences, the review-budget plans of ``estimate/review_budget.py``:
+errors caught at each ``--budgets`` share and rows reviewed for each ``--catch`` target, held out, with
+95% Wilson intervals.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from results_io import emit  # noqa: E402
+from results_io import commit_of, emit  # noqa: E402
 
 # The model's own confidence and answer (the views show a calibrated confidence and a reviewer's label
 # over the model's), right against the truth: a reviewer's label, else the gold column.
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--budgets", default="0.05,0.1,0.2", help="shares of rows reviewed")
     ap.add_argument("--catch", default="0.5,0.8", help="shares of errors to catch")
+    ap.add_argument("--machine", default="cpu", help="where the job ran (the result file says so)")
     ap.add_argument("--out")
     ap.add_argument("--chart", help="a PNG per model: the reliability diagram and the budget curve (<stem>-<n>.png)")
     args = ap.parse_args()
@@ -120,7 +122,9 @@ def main() -> None:
         right = np.array([bool(r["correct"]) for r in mine])
         chart = Path(args.chart).with_name(f"{Path(args.chart).stem}-{i}.png") if args.chart else None
         per_model.append(judge(conf, right, labels, m, args.folds, budgets, catch, chart))
-    emit({"benchmark": "calibration", "source": args.file or args.rows_file, "job": args.job,
+    emit({"benchmark": "calibration", "machine": args.machine, "code": commit_of(ROOT),
+          "command": " ".join(["benchmarks/calibration.py", *sys.argv[1:]]),
+          "source": args.file or args.rows_file, "job": args.job,
           "folds": args.folds, "rows": len(rows), "labels": labels, "models": per_model}, args.out)
 
 
