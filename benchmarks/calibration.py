@@ -37,7 +37,7 @@ from results_io import commit_of, emit  # noqa: E402
 # over the model's), right against the truth: a reviewer's label, else the gold column.
 QUERY = ("SELECT raw_confidence AS confidence, model_correct AS correct, model, "
          "coalesce(model_output, output) AS output, truth AS gold FROM labeled "
-         "WHERE raw_confidence IS NOT NULL AND model_correct IS NOT NULL")
+         "WHERE raw_confidence IS NOT NULL AND model_correct IS NOT NULL ORDER BY row_id")  # same folds each run
 
 
 def from_job(file: str, job: str | None) -> list[dict[str, Any]]:

@@ -323,11 +323,30 @@ def label_studio_table(results: Results) -> str:
     return table(["date", "machine", "step", "seconds (median)", "per task", "server", "file"], rows)
 
 
+def calibration_table(results: Results) -> str:
+    """Each model's confidence calibrated on a finished job's gold rows (calibration.py): ECE and Brier
+    before and after (held out), and the errors caught at each share of rows reviewed (held out, on the
+    model's own confidences, 95% Wilson interval)."""
+    rows = []
+    for name, d in of_kind(results, "calibration"):
+        for m in d["models"]:
+            plans = {p["target"]: p for p in m.get("review_raw") or [] if p["asked"] == "budget"}
+            caught = [f"{b:.0%}: {plans[b]['caught']['value']:.1%} ({plans[b]['caught']['low']:.1%}-"
+                      f"{plans[b]['caught']['high']:.1%})" if b in plans else "-" for b in (0.05, 0.1, 0.2)]
+            rows.append([d["date"], machine(d, name), m["model"].split("@")[0], num(m["gold_rows"]),
+                         f"{m['accuracy']:.1%}", m["method"],
+                         f"{m['before']['ece']:.3f} -> {m['after_held_out']['ece']:.3f}",
+                         f"{m['before']['brier']:.3f} -> {m['after_held_out']['brier']:.3f}", *caught, f"`{name}`"])
+    return table(["date", "machine", "model", "gold rows", "right", "calibration", "ECE raw -> held out",
+                  "Brier raw -> held out", "errors caught reviewing 5%", "10%", "20%", "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
     "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
     "lease_scaling": lease_scaling_table, "table_sink": table_sink_table, "test_tiers": test_tiers_table,
-    "batch_migration": batch_migration_table, "label_studio": label_studio_table}
+    "batch_migration": batch_migration_table, "label_studio": label_studio_table,
+    "calibration": calibration_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:
