@@ -85,7 +85,14 @@ REQUIRED = {
     "label_studio_roundtrip": {"date", "machine", "code", "command", "label_studio", "label_studio_sdk", "job",
                                "engine", "tasks", "rounds", "export_s", "export_again_s", "annotate_s", "import_s",
                                "import_again_s", "round_trip_s", "rounds_s"},
+    "review_estimate": {"date", "machine", "code", "command", "rows", "sample_rows", "estimate_s", "models",
+                        "cascades"},
 }
+#: Keys of each model and each cascade pair of a review_estimate result.
+REVIEW_MODEL_KEYS = {"model", "accuracy", "calibration_method", "gold_rows", "ece_before", "ece_after_held_out",
+                     "brier_before", "brier_after_held_out", "errors_caught"}
+REVIEW_CASCADE_KEYS = {"cascade", "folds", "held_out_accuracy", "held_out_low", "held_out_high", "in_sample_accuracy",
+                       "in_sample_minus_held_out"}
 
 #: Kinds that measure a `vllm serve` frontend's CPU in two arms: (arm a, arm b, the a over b key).
 FRONTEND_ARMS = {"frontend_cpu": ("grouped", "one_each", "grouped_over_one_each_frontend"),
@@ -187,6 +194,13 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
         assert close(d[ratio], d[a]["frontend_ms_per_row"] / d[b]["frontend_ms_per_row"], rel=0.01), path.name
     if kind == "server_stats":  # the wall ratio is the sums of the rounds
         assert close(d["off_over_on_wall"], sum(d["stats_off"]["wall_s"]) / sum(d["stats_on"]["wall_s"]), rel=0.01)
+    if kind == "review_estimate":  # each model's calibration and budget; each pair held out against in-sample
+        assert all(m.keys() >= REVIEW_MODEL_KEYS and set(m["errors_caught"]) == {"5%", "10%", "20%"}
+                   for m in d["models"]), path.name
+        for c in d["cascades"] + d.get("cascades_best_point", []):
+            assert c.keys() >= REVIEW_CASCADE_KEYS, path.name
+            assert c["held_out_low"] <= c["held_out_accuracy"] <= c["held_out_high"], path.name
+            assert close(c["in_sample_minus_held_out"], c["in_sample_accuracy"] - c["held_out_accuracy"]), path.name
     if kind == "label_studio_roundtrip":  # each step's figure is the median of its rounds
         assert len(d["rounds_s"]) == d["rounds"], path.name
         for step in ("export_s", "export_again_s", "annotate_s", "import_s", "import_again_s"):
