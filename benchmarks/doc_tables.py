@@ -341,12 +341,48 @@ def calibration_table(results: Results) -> str:
                   "Brier raw -> held out", "errors caught reviewing 5%", "10%", "20%", "file"], rows)
 
 
+def review_estimate_table(results: Results) -> str:
+    """The estimate's confidence figures per model (review_estimate.py): the calibration with ECE and
+    Brier before and after (held out), and the errors caught at 5/10/20% of rows reviewed against the
+    most any order could catch (every reviewed row wrong)."""
+    rows = []
+    for name, d in of_kind(results, "review_estimate"):
+        for m in d["models"]:
+            caught = [f"{m['errors_caught'][k]:.1%} (at most {m['errors_caught_ceiling'][k]:.1%})"
+                      for k in ("5%", "10%", "20%")]
+            rows.append([d["date"], machine(d, name), m["model"].split("@")[0], num(m["gold_rows"]),
+                         f"{m['accuracy']:.1%}", m["calibration_method"],
+                         f"{m['ece_before']:.3f} -> {m['ece_after_held_out']:.3f}",
+                         f"{m['brier_before']:.3f} -> {m['brier_after_held_out']:.3f}", *caught, f"`{name}`"])
+    return table(["date", "machine", "model", "gold rows", "right", "calibration", "ECE raw -> held out",
+                  "Brier raw -> held out", "errors caught reviewing 5%", "10%", "20%", "file"], rows)
+
+
+def review_cascades_table(results: Results) -> str:
+    """Each cascade pair of review_estimate.py at the demo's bar and at a best-point pick (bar 1.0):
+    its held-out accuracy (95% interval) against the in-sample one at the same threshold."""
+    rows = []
+    for name, d in of_kind(results, "review_estimate"):
+        runs = [(f"{d['accuracy_bar']:g}", d["cascades"]), ("1 (best point)", d.get("cascades_best_point", []))]
+        for bar, cascades in runs:
+            for c in cascades:
+                first, second = (x.split("@")[0] for x in c["stages"])
+                rows.append([d["date"], machine(d, name), f"{first} then {second} below {c['threshold']:g}", bar,
+                             num(c["rows"]), f"{c['held_out_accuracy']:.1%} ({c['held_out_low']:.1%}-"
+                             f"{c['held_out_high']:.1%})", f"{c['in_sample_accuracy']:.1%}",
+                             ", ".join(f"{t:g}" for t in c["fold_thresholds"]),
+                             f"{c['held_out_escalated_share']:.0%}", "yes" if c["clears"] else "no", f"`{name}`"])
+    return table(["date", "machine", "cascade", "bar", "sample rows", "held out (95% interval)", "in-sample",
+                  "each fold's pick", "escalated", "clears", "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
     "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
     "lease_scaling": lease_scaling_table, "table_sink": table_sink_table, "test_tiers": test_tiers_table,
     "batch_migration": batch_migration_table, "label_studio": label_studio_table,
-    "calibration": calibration_table}
+    "calibration": calibration_table, "review_estimate": review_estimate_table,
+    "review_cascades": review_cascades_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:
