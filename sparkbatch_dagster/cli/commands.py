@@ -222,7 +222,7 @@ def estimate(job: BatchJob, defs: Any, overrides: dict[str, Any]) -> dict[str, A
     model_keys = ("model", "configured_as", "weights_gb", "sample_rows", "extra_rows", "accuracy", "accuracy_low",
                   "accuracy_high", "stored_rows", "prompts_to_generate", "predicted_tokens_per_hour",
                   "predicted_wall_s", "engine_start_s", "best_option", "best_cost_usd", "best_speed_basis",
-                  "engine_kwargs", "reliability")
+                  "engine_kwargs", "reliability", "calibration", "review_budget", "review_plan")
     return {**{k: report.get(k) for k in keep},
             "options": [{k: o.get(k) for k in OPTION_KEYS} for o in report["options"]],
             "models": [{k: m.get(k) for k in model_keys}

@@ -95,6 +95,10 @@ def test_cli_estimate_prints_the_bill_then_run_shows_progress_and_the_check(tmp_
     assert "CPU" in est["measured_on"] and est["measured_tokens_per_s"] > 0
     assert f"Measured on {est['measured_on']}" in proc.stderr and "'1 node' is not priced" in proc.stderr
     assert Path(est["chart"]).exists() and est["chosen_model"] == "fake-model"
+    # Each model's calibration on the sample's gold rows is on the line too (the fake's confidences
+    # are hash noise: whichever map wins, its held-out Brier is no worse than the raw one's).
+    cal = est["models"][0]["calibration"]
+    assert cal["rows"] == est["sample_rows"] and cal["brier_after"] <= cal["brier_before"]
     run = _cli(tmp_path, "run")
     bars = [line for line in run.stderr.splitlines() if line.startswith("[")]
     assert bars and "300/300 rows" in bars[-1] and "tok/s" in bars[-1] and "ETA" in bars[-1]
