@@ -323,6 +323,17 @@ def label_studio_table(results: Results) -> str:
     return table(["date", "machine", "step", "seconds (median)", "per task", "server", "file"], rows)
 
 
+#: The columns of a model's confidence figures (calibration.py's and review_estimate.py's tables).
+CONFIDENCE_HEADER = ["date", "machine", "model", "gold rows", "right", "calibration", "ECE raw -> held out",
+                     "Brier raw -> held out", "errors caught reviewing 5%", "10%", "20%", "file"]
+
+
+def _confidence_row(d: dict[str, Any], name: str, model_id: str, gold: int, right: float, method: str,
+                    ece: tuple[float, float], brier: tuple[float, float], caught: list[str]) -> list[str]:
+    return [d["date"], machine(d, name), model_id.split("@")[0], num(gold), f"{right:.1%}", method,
+            f"{ece[0]:.3f} -> {ece[1]:.3f}", f"{brier[0]:.3f} -> {brier[1]:.3f}", *caught, f"`{name}`"]
+
+
 def calibration_table(results: Results) -> str:
     """Each model's confidence calibrated on a finished job's gold rows (calibration.py): ECE and Brier
     before and after (held out), and the errors caught at each share of rows reviewed (held out, on the
@@ -333,12 +344,10 @@ def calibration_table(results: Results) -> str:
             plans = {p["target"]: p for p in m.get("review_raw") or [] if p["asked"] == "budget"}
             caught = [f"{b:.0%}: {plans[b]['caught']['value']:.1%} ({plans[b]['caught']['low']:.1%}-"
                       f"{plans[b]['caught']['high']:.1%})" if b in plans else "-" for b in (0.05, 0.1, 0.2)]
-            rows.append([d["date"], machine(d, name), m["model"].split("@")[0], num(m["gold_rows"]),
-                         f"{m['accuracy']:.1%}", m["method"],
-                         f"{m['before']['ece']:.3f} -> {m['after_held_out']['ece']:.3f}",
-                         f"{m['before']['brier']:.3f} -> {m['after_held_out']['brier']:.3f}", *caught, f"`{name}`"])
-    return table(["date", "machine", "model", "gold rows", "right", "calibration", "ECE raw -> held out",
-                  "Brier raw -> held out", "errors caught reviewing 5%", "10%", "20%", "file"], rows)
+            rows.append(_confidence_row(d, name, m["model"], m["gold_rows"], m["accuracy"], m["method"],
+                                        (m["before"]["ece"], m["after_held_out"]["ece"]),
+                                        (m["before"]["brier"], m["after_held_out"]["brier"]), caught))
+    return table(CONFIDENCE_HEADER, rows)
 
 
 def review_estimate_table(results: Results) -> str:
@@ -350,12 +359,10 @@ def review_estimate_table(results: Results) -> str:
         for m in d["models"]:
             caught = [f"{m['errors_caught'][k]:.1%} (at most {m['errors_caught_ceiling'][k]:.1%})"
                       for k in ("5%", "10%", "20%")]
-            rows.append([d["date"], machine(d, name), m["model"].split("@")[0], num(m["gold_rows"]),
-                         f"{m['accuracy']:.1%}", m["calibration_method"],
-                         f"{m['ece_before']:.3f} -> {m['ece_after_held_out']:.3f}",
-                         f"{m['brier_before']:.3f} -> {m['brier_after_held_out']:.3f}", *caught, f"`{name}`"])
-    return table(["date", "machine", "model", "gold rows", "right", "calibration", "ECE raw -> held out",
-                  "Brier raw -> held out", "errors caught reviewing 5%", "10%", "20%", "file"], rows)
+            rows.append(_confidence_row(d, name, m["model"], m["gold_rows"], m["accuracy"], m["calibration_method"],
+                                        (m["ece_before"], m["ece_after_held_out"]),
+                                        (m["brier_before"], m["brier_after_held_out"]), caught))
+    return table(CONFIDENCE_HEADER, rows)
 
 
 def review_cascades_table(results: Results) -> str:
