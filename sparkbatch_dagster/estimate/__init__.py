@@ -5,6 +5,8 @@ Modules:
 - :mod:`.sample`: the timed sample, drawn from the job's own shards and timed on the real engine;
 - :mod:`.forecast`: the whole job's time and cost, and the report;
 - :mod:`.records`: the estimate's typed records: its prediction and each option, as they leave the room;
+- :mod:`.review_records`: the records of a model's confidence: calibration, review budget, review plan;
+- :mod:`.record_base`: the records' base, a frozen Struct with its dict form;
 - :mod:`.pricing`: each node option's price and where its speed comes from;
 - :mod:`.machine`: which kind of machine the sample ran on, and which candidates it can run;
 - :mod:`.roofline`: projected generation time on declared hardware;

@@ -27,10 +27,10 @@ from ..errors import SparkbatchError
 from ..home import JobHome
 from ..run.calibration_map import save
 from ..run.review_marks import job_labels
-from ..run.review_queue import Interval, ReviewThreshold, asked, save_threshold
+from ..run.review_queue import ReviewThreshold, asked, save_threshold
 from ..spec import JobSpec
 from .calibration import CalibrationReport, calibrate
-from .review_budget import BudgetCurve, ReviewPlan, Share, budget_curve, plan_budget, plan_catch_errors
+from .review_budget import BudgetCurve, ReviewPlan, budget_curve, plan_budget, plan_catch_errors
 from .review_chart import MARKS, write_review_chart
 
 GOLD_SQL = ("SELECT model, raw_confidence, model_correct FROM labeled "
@@ -116,11 +116,7 @@ def _plan(spec: JobSpec, home: JobHome, conf: np.ndarray, right: np.ndarray) -> 
     except SparkbatchError as exc:
         return None, str(exc)
     save_threshold(home, ReviewThreshold(asked=plan.asked, target=plan.target, threshold=plan.threshold,
-                                         reviewed=_interval(plan.reviewed), caught=_interval(plan.caught),
+                                         reviewed=plan.reviewed.rounded(), caught=plan.caught.rounded(),
                                          gold_rows=plan.rows, errors=plan.errors, folds=plan.folds))
     return plan, ""
 
-
-def _interval(share: Share) -> Interval:
-    return Interval(value=round(share.value, 4), low=round(share.low, 4), high=round(share.high, 4),
-                    count=share.count, of=share.of)

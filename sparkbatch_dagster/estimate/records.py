@@ -6,8 +6,7 @@ report's (``estimate.json``), which tests pin.
     OptionPrice   one node option's price for one model (``speed_basis``, duration, cost, how)
     HostedQuote   the same tokens at one hosted batch offer
     ModelForecast one model's prediction for the whole job, priced on every option
-    Calibrated    its confidence calibrated on the sample's gold rows (ECE, Brier before/after)
-    ReviewBudget  errors caught at 5/10/20% of rows reviewed; ReviewPlan: ``JobSpec.review`` as a threshold
+    Calibrated, ReviewBudget, ReviewPlan  its confidence figures (``review_records.py``)
     Cascade       a pair of models at its picked threshold (``CascadePoint``), with its curve
     BestBuy       the cheapest that clears the bar: a model alone or a cascade
     EstimateReport the whole report; its dict form flattens the configured model into it
@@ -21,17 +20,12 @@ from typing import Any, Literal
 
 import msgspec
 
-SpeedBasis = Literal["measured", "projected", "unknown"]
+from .record_base import Record, SpeedBasis
+from .review_records import Calibrated, ReviewBudget, ReviewPlan
 
-
-class Record(msgspec.Struct, frozen=True, kw_only=True):
-    """A frozen record whose dict form is its fields, in order (nested records as dicts). Each
-    subclass repeats ``frozen=True, kw_only=True``: mypy reads the options per class."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as the report file and the CLI's JSON have it."""
-        out: dict[str, Any] = msgspec.to_builtins(self)
-        return out
+__all__ = ["BestBuy", "Calibrated", "Cascade", "CascadeOption", "CascadePoint", "EstimateReport", "HostedQuote",
+           "LeftOut", "ModelForecast", "OptionPrice", "Prediction", "Projected", "Record",
+           "ReviewBudget", "ReviewPlan", "SpeedBasis", "Stage"]
 
 
 class Projected(Record, frozen=True, kw_only=True):
@@ -79,64 +73,6 @@ class HostedQuote(Record, frozen=True, kw_only=True):
     output_per_million_usd: float
     cost_usd: float
     note: str | None = None
-
-
-class Calibrated(Record, frozen=True, kw_only=True):
-    """A model's confidence calibrated on the sample's gold rows (``estimate/calibration.py``):
-    the method chosen by cross-validation and why, and ECE / Brier score before (raw) and after
-    (held out). ``path``: the calibration saved for runs (None: not saved, ``reason`` says why)."""
-
-    method: str
-    rows: int
-    folds: int
-    ece_before: float
-    ece_after: float
-    brier_before: float
-    brier_after: float
-    reason: str
-    path: str | None = None
-
-
-class Caught(Record, frozen=True, kw_only=True):
-    """Reviewing ``reviewed_share`` of the rows, least sure first, catches ``caught_share`` of the errors."""
-
-    reviewed_share: float
-    caught_share: float
-
-
-class ReviewBudget(Record, frozen=True, kw_only=True):
-    """The review-budget curve of a model's gold rows at a few budgets (``estimate/review_budget.py``),
-    ordered by the held-out calibrated confidence (``confidence``: 'calibrated' or 'raw' when
-    nothing was fitted)."""
-
-    rows: int
-    errors: int
-    confidence: str
-    caught: list[Caught]
-
-
-class Proportion(Record, frozen=True, kw_only=True):
-    """count / of = ``value``, with its 95% Wilson interval."""
-
-    value: float
-    low: float
-    high: float
-    count: int
-    of: int
-
-
-class ReviewPlan(Record, frozen=True, kw_only=True):
-    """``JobSpec.review`` turned into a threshold on the calibrated confidence: ``asked`` =
-    ``target`` (a row budget or an error target), the held-out share of rows reviewed and of errors
-    caught. ``why``: no plan (too few gold rows or errors), and the figures are None."""
-
-    asked: str
-    target: float
-    threshold: float | None = None
-    reviewed: Proportion | None = None
-    caught: Proportion | None = None
-    folds: int | None = None
-    why: str | None = None
 
 
 class ModelForecast(Record, frozen=True, kw_only=True):

@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ..errors import SparkbatchError
+from ..run.review_queue import Interval
 from .choice import wilson
 
 FOLDS = 5
@@ -63,17 +64,6 @@ class BudgetCurve:
 
 
 @dataclass(frozen=True)
-class Share:
-    """A proportion ``value`` = count / ``of`` with its 95% Wilson interval (0-1 when ``of`` is 0)."""
-
-    value: float
-    low: float
-    high: float
-    count: int
-    of: int
-
-
-@dataclass(frozen=True)
 class ReviewPlan:
     """A threshold (review the rows whose confidence is under it) turned from ``asked`` = ``target``,
     with the held-out share of rows it sends to review and of errors it catches."""
@@ -81,8 +71,8 @@ class ReviewPlan:
     asked: Literal["budget", "catch_errors"]
     target: float
     threshold: float
-    reviewed: Share
-    caught: Share
+    reviewed: Interval
+    caught: Interval
     rows: int
     errors: int
     folds: int
@@ -134,9 +124,9 @@ def threshold_for_errors(confidence: ArrayLike, correct: ArrayLike, target: floa
     return float(above.min()) if above.size else float(np.nextafter(last, np.inf))
 
 
-def _share(count: int, of: int) -> Share:
+def _share(count: int, of: int) -> Interval:
     low, high = wilson(count, of)
-    return Share(value=count / of if of else 0.0, low=low, high=high, count=count, of=of)
+    return Interval(value=count / of if of else 0.0, low=low, high=high, count=count, of=of)
 
 
 def _plan(asked: Literal["budget", "catch_errors"], target: float, c: NDArray[np.float64], y: NDArray[np.bool_],

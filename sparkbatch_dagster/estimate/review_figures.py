@@ -26,7 +26,7 @@ from ..errors import SparkbatchError
 from ..spec import ReviewSpec
 from . import calibration as cal
 from . import review_budget as rb
-from .records import Calibrated, Caught, Proportion, ReviewBudget, ReviewPlan
+from .review_records import Calibrated, Caught, ReviewBudget, ReviewPlan
 
 #: Shares of rows reviewed at which the report gives the share of errors caught.
 BUDGETS = (0.05, 0.1, 0.2)
@@ -91,12 +91,9 @@ def _plan(review: ReviewSpec, conf: np.ndarray, right: np.ndarray) -> ReviewPlan
     except SparkbatchError as exc:
         return ReviewPlan(asked=asked, target=target, why=str(exc))
     # The threshold unrounded: a rounded one would move rows across it.
-    return ReviewPlan(asked=asked, target=target, threshold=plan.threshold, reviewed=_share(plan.reviewed),
-                      caught=_share(plan.caught), folds=plan.folds)
+    return ReviewPlan(asked=asked, target=target, threshold=plan.threshold, reviewed=plan.reviewed.rounded(),
+                      caught=plan.caught.rounded(), folds=plan.folds)
 
-
-def _share(s: rb.Share) -> Proportion:
-    return Proportion(value=round(s.value, 4), low=round(s.low, 4), high=round(s.high, 4), count=s.count, of=s.of)
 
 
 def advice(model: str, calibrated: Calibrated | None, budget: ReviewBudget | None,

@@ -27,13 +27,19 @@ from ..spec import JobSpec
 
 
 class Interval(msgspec.Struct, frozen=True):
-    """A held-out share with its 95% Wilson interval: ``count`` of ``of``."""
+    """A share with its 95% Wilson interval: ``count`` of ``of`` (the review budget's figures,
+    ``estimate/review_budget.py``, and what reports keep of them)."""
 
     value: float
     low: float
     high: float
     count: int
     of: int
+
+    def rounded(self, digits: int = 4) -> Interval:
+        """The same share with its three fractions rounded, as reports print them."""
+        return Interval(value=round(self.value, digits), low=round(self.low, digits),
+                        high=round(self.high, digits), count=self.count, of=self.of)
 
 
 class ReviewThreshold(msgspec.Struct, frozen=True, kw_only=True):
