@@ -9,42 +9,22 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, materialize
+from forecasts import priced_model, sample_timing
 
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.estimate import cascades
 from sparkbatch_dagster.estimate.choice import wilson
-from sparkbatch_dagster.estimate.records import ModelForecast, OptionPrice
-from sparkbatch_dagster.estimate.sample import Timing
 from sparkbatch_dagster.spec import EstimateSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 from testkit import make_spec
 
 
-def _model(name: str, wall_s: float, start_s: float) -> ModelForecast:
-    """A model priced on one box at $3.6/h (a dollar a thousand seconds); the rest of its forecast is blank."""
-    box = OptionPrice(name="box", nodes=1, gpus_per_node=1, hourly_usd=3.6, hardware="test box", speed_basis="measured",
-                      fits=True, wall_s=wall_s, cost_usd=3.6 * (wall_s + start_s) / 3600)
-    blank = dict(weights_gb=None, sample_rows=0, extra_rows=0, sample_steps=[], sample_correct=None, sample_s=0.0,
-                 sample_tokens=0, sample_errors=0, accuracy=None, accuracy_low=None, accuracy_high=None, stored_rows=0,
-                 stored_prompts=0, stored_exact=True, prompts_to_generate=0, predicted_tokens=0,
-                 predicted_wall_s=wall_s,
-                 predicted_tokens_per_hour=0, sample_engines=1, predicted_input_tokens=0, predicted_output_tokens=0,
-                 hosted=[], measured_on="test box", measured_kind="test", measured_tokens_per_s=0.0,
-                 best_speed_basis="measured", best_option="box", best_cost_usd=box.cost_usd)
-    return ModelForecast(model=name, configured_as=name, engine_start_s=start_s, options=[box], **blank)
-
-
-def _timing(name: str, rows: dict[str, tuple[float | None, bool]]) -> Timing:
-    return Timing(model=name, engine_start_s=0.0, seconds=1.0, rows=len(rows), prompt_tokens=0, output_tokens=0,
-                  errors=0, correct=sum(ok for _, ok in rows.values()), by_row=rows)
-
-
 def test_a_cheap_unsure_model_and_a_dear_sure_one_make_the_cheapest_way_over_the_bar():
     ids = [f"r{i}" for i in range(40)]
     # small: sure (0.95) and right on 30 rows, unsure (0.4) and wrong on 10; big: right on all.
-    small = _timing("small", {r: (0.95, True) if i < 30 else (0.4, False) for i, r in enumerate(ids)})
-    big = _timing("big", {r: (0.9, True) for r in ids})
-    models = [_model("small", wall_s=100, start_s=10), _model("big", wall_s=1000, start_s=50)]
+    small = sample_timing("small", {r: (0.95, True) if i < 30 else (0.4, False) for i, r in enumerate(ids)})
+    big = sample_timing("big", {r: (0.9, True) for r in ids})
+    models = [priced_model("small", wall_s=100, start_s=10), priced_model("big", wall_s=1000, start_s=50)]
     pairs = cascades.evaluate(models, [small, big], bar=0.85)
     first = next(p for p in pairs if p.stages == ["small", "big"])
     at = {p.threshold: p for p in first.curve}
@@ -72,10 +52,11 @@ def test_a_cheap_unsure_model_and_a_dear_sure_one_make_the_cheapest_way_over_the
 
 def test_pairs_without_enough_rows_or_confidences_are_not_judged():
     few = {f"r{i}": (0.9, True) for i in range(cascades.MIN_ROWS - 1)}
-    models = [_model("a", 1, 1), _model("b", 1, 1)]
-    assert cascades.evaluate(models, [_timing("a", few), _timing("b", few)], 0.5) == []
+    models = [priced_model("a", 1, 1), priced_model("b", 1, 1)]
+    assert cascades.evaluate(models, [sample_timing("a", few), sample_timing("b", few)], 0.5) == []
     blind = {f"r{i}": (None, True) for i in range(20)}
-    judged = cascades.evaluate(models, [_timing("a", blind), _timing("b", {**blind, "r0": (0.9, True)})], 0.5)
+    seen = {**blind, "r0": (0.9, True)}
+    judged = cascades.evaluate(models, [sample_timing("a", blind), sample_timing("b", seen)], 0.5)
     assert [p.stages for p in judged] == [["b", "a"]]  # a has no confidence to cut on
 
 

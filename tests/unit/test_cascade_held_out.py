@@ -7,28 +7,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from forecasts import priced_model, sample_timing
 
 from sparkbatch_dagster.estimate import cascades
-from sparkbatch_dagster.estimate.records import ModelForecast, OptionPrice
+from sparkbatch_dagster.estimate.records import ModelForecast
 from sparkbatch_dagster.estimate.sample import Timing
-
-
-def _model(name: str, wall_s: float, start_s: float) -> ModelForecast:
-    box = OptionPrice(name="box", nodes=1, gpus_per_node=1, hourly_usd=3.6, hardware="test box", speed_basis="measured",
-                      fits=True, wall_s=wall_s, cost_usd=3.6 * (wall_s + start_s) / 3600)
-    blank = dict(weights_gb=None, sample_rows=0, extra_rows=0, sample_steps=[], sample_correct=None, sample_s=0.0,
-                 sample_tokens=0, sample_errors=0, accuracy=None, accuracy_low=None, accuracy_high=None, stored_rows=0,
-                 stored_prompts=0, stored_exact=True, prompts_to_generate=0, predicted_tokens=0,
-                 predicted_wall_s=wall_s,
-                 predicted_tokens_per_hour=0, sample_engines=1, predicted_input_tokens=0, predicted_output_tokens=0,
-                 hosted=[], measured_on="test box", measured_kind="test", measured_tokens_per_s=0.0,
-                 best_speed_basis="measured", best_option="box", best_cost_usd=box.cost_usd)
-    return ModelForecast(model=name, configured_as=name, engine_start_s=start_s, options=[box], **blank)
-
-
-def _timing(name: str, rows: dict[str, tuple[float | None, bool]]) -> Timing:
-    return Timing(model=name, engine_start_s=0.0, seconds=1.0, rows=len(rows), prompt_tokens=0, output_tokens=0,
-                  errors=0, correct=sum(ok for _, ok in rows.values()), by_row=rows)
 
 
 def _noise(rows: int, seed: int = 7) -> tuple[list[ModelForecast], list[Timing]]:
@@ -38,7 +21,7 @@ def _noise(rows: int, seed: int = 7) -> tuple[list[ModelForecast], list[Timing]]
     ids = [f"r{i:03d}" for i in range(rows)]
     a = {r: (round(rng.random(), 3), rng.random() < 0.5) for r in ids}
     b = {r: (round(rng.random(), 3), rng.random() < 0.5) for r in ids}
-    return [_model("a", 100, 10), _model("b", 1000, 50)], [_timing("a", a), _timing("b", b)]
+    return [priced_model("a", 100, 10), priced_model("b", 1000, 50)], [sample_timing("a", a), sample_timing("b", b)]
 
 
 def _pair(found, first="a"):
