@@ -25,6 +25,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+from child_server import ChildServer
+
 REPO = Path(__file__).resolve().parents[2]
 LS_VENV = REPO / ".ls-venv"
 LS_PYTHON = LS_VENV / "bin" / "python"
@@ -57,8 +59,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class LabelStudioServer:
+class LabelStudioServer(ChildServer):
     """One Label Studio process: ``url`` and ``token`` are what a client needs; ``log`` its output."""
+
+    STOP_TIMEOUT = 10.0
 
     def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
         self.proc, self.port, self.log = proc, port, log
@@ -108,20 +112,3 @@ class LabelStudioServer:
                 self.proc.wait(0.25)
                 raise RuntimeError(f"Label Studio exited with {self.proc.returncode} before it answered; its log "
                                    f"{self.log}:\n{self.log.read_text(errors='replace')[-3000:]}")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Terminate the server (kill it if it does not exit within ``timeout``) and reap it."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        atexit.unregister(self.stop)
-
-    def __enter__(self) -> LabelStudioServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from child_server import ChildServer
+
 #: The unauthenticated calls setup makes: create_user, put_user_policy, create_access_key.
 _SETUP_CALLS = 3
 _POLICY = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
@@ -64,12 +66,14 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout
     raise RuntimeError(f"moto server not listening on {port} after {timeout:.0f} s; see {log}")
 
 
-class S3Server:
+class S3Server(ChildServer):
     """moto's S3 (and IAM) server on 127.0.0.1, one subprocess, real SigV4 checks.
 
     ``endpoint_url``, ``key``, ``secret`` and ``region`` are what a client needs; ``env()`` gives
     them as the standard AWS variables. ``log_path`` holds moto's request log (one line a request).
     """
+
+    STOP_TIMEOUT = 5.0
 
     region = "us-east-1"
 
@@ -152,20 +156,3 @@ class S3Server:
                                                   "region_name": self.region}}
         opts.update(kw)
         return s3fs.S3FileSystem(**opts)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Terminate the server (kill it if it does not exit within ``timeout``) and reap it."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        atexit.unregister(self.stop)
-
-    def __enter__(self) -> S3Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
