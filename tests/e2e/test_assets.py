@@ -106,4 +106,6 @@ def test_definitions_load_with_the_fake_engine(tmp_path):
     job = build_batch_assets(spec=spec)
     defs = Definitions(assets=job.assets, resources={"vllm": fake_resource()[0]})
     repo = defs.get_repository_def()
-    assert len(repo.assets_defs_by_key) == 5
+    # input_shards, labeled_outputs, run_metrics, analytics, estimate; review_queue, human_labels
+    assert {k.path[-1] for k in repo.assets_defs_by_key} == {"input_shards", "labeled_outputs", "run_metrics",
+                                                             "analytics", "estimate", "review_queue", "human_labels"}
