@@ -4,7 +4,7 @@ The YAML's attributes are every :class:`JobSpec` field (same names, defaults, ch
 descriptions: the schema is generated from ``JobSpec``) plus where the job plugs into Dagster:
 ``engine`` (the :class:`VLLMResource` settings, generated from its fields), ``resource_key``,
 ``upstream``, ``key_prefix``, ``group_name``, ``pool`` and ``max_partitions_per_run``. It
-builds what :func:`build_batch_assets` builds: the same five assets, keys, partitions and code
+builds what :func:`build_batch_assets` builds: the same seven assets, keys, partitions and code
 versions, and the engine resource under ``resource_key``.
 """
 

@@ -3,7 +3,7 @@ for Python, no browser download) against ``dagster dev`` on loopback, with the r
 
 One small job (40 rows with a gold label, 4 shards), declared in a ``defs.yaml``
 (``BatchInferenceComponent``) when the package has it, else in Python. What a user does, by
-clicks: the lineage shows the five assets; materialize ``input_shards``; on ``labeled_outputs``,
+clicks: the lineage shows the seven assets; materialize ``input_shards``; on ``labeled_outputs``,
 Materialize... -> Missing -> Launch backfill; the backfill's single run starts one engine and each
 partition turns green as its shard commits; a second backfill of the same partitions generates
 nothing and is over long before the first; the assets point back at their defs.yaml. A scattered
@@ -42,7 +42,7 @@ from testkit import EAGER, LABELS, make_rows, write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS, SHARDS = 40, 4
-ASSETS = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate")
+ASSETS = ("input_shards", "labeled_outputs", "run_metrics", "analytics", "estimate", "review_queue", "human_labels")
 #: Test-sized engine. One sequence at a time, so the shards commit one after the other, each
 #: a visible moment apart (with a full batch all four would finish in the same step).
 ENGINE: dict[str, Any] = {"kv_cache_memory_gb": 1.0, "max_num_seqs": 1, "max_model_len": 1024,
@@ -270,7 +270,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def _wait_for_definitions(srv: Server, deadline: float) -> None:
-    """Until the webserver answers and its code location has loaded the five assets."""
+    """Until the webserver answers and its code location has loaded the assets."""
     t0 = time.monotonic()
     while time.monotonic() < deadline:
         assert srv.proc.poll() is None, f"dagster dev exited:\n{srv.log_tail()}"
@@ -438,7 +438,7 @@ def _wait_for_backfill(server: Server, pg: Any, backfill: str, prefix: str, time
     return seen
 
 
-def test_the_lineage_shows_the_five_assets_of_the_job(page: Any, server: Server) -> None:
+def test_the_lineage_shows_the_seven_assets_of_the_job(page: Any, server: Server) -> None:
     """(a) the asset graph; (e) with a defs.yaml, every asset points back at it."""
     from playwright.sync_api import expect
 
