@@ -15,6 +15,23 @@ import atexit
 import subprocess
 from typing import Any, Self
 
+#: Put before a server's own start: the server exits when the process that started it dies, even by
+#: SIGKILL (where no atexit hook runs), so a crashed test session leaves no server behind.
+_WATCHDOG = """
+import os, sys, threading, time
+parent = os.getppid()
+def watch():
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+"""
+
+
+def watched(start: str) -> str:
+    """Python source (for ``python -c``) that runs ``start`` under the watchdog."""
+    return _WATCHDOG + start.strip() + "\n"
+
 
 class ChildServer:
     """The stopping half of a test's server process (``proc``); subclasses start it."""

@@ -20,12 +20,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
 
-from child_server import ChildServer
+from child_server import ChildServer, watched
+
+from sparkbatch_dagster.engines.server.server_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LS_VENV = REPO / ".ls-venv"
@@ -33,30 +34,16 @@ LS_PYTHON = LS_VENV / "bin" / "python"
 #: The test user Label Studio creates at its start, and its API token (legacy token: fixed, no expiry).
 USER, PASSWORD, TOKEN = "sparkbatch-tests@example.com", "sparkbatch-tests-password", "sparkbatch0test0token0123"
 #: ``label-studio start`` inside a watchdog: the server exits when the process that started it dies.
-_RUN = """
-import os, sys, threading, time
-parent = os.getppid()
-def watch():
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(0)
-threading.Thread(target=watch, daemon=True).start()
+_RUN = watched("""
 from label_studio.server import main
 sys.argv = ["label-studio", *sys.argv[1:]]
 main()
-"""
+""")
 
 
 def installed() -> bool:
     """Whether ``make label-studio`` has installed the server (its virtualenv and its stamp)."""
     return LS_PYTHON.exists() and any(LS_VENV.glob(".installed-*"))
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LabelStudioServer(ChildServer):

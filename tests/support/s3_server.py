@@ -27,7 +27,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from child_server import ChildServer
+from child_server import ChildServer, watched
+
+from sparkbatch_dagster.engines.server.server_process import free_port
 
 #: The unauthenticated calls setup makes: create_user, put_user_policy, create_access_key.
 _SETUP_CALLS = 3
@@ -35,24 +37,10 @@ _POLICY = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": 
 _counter = itertools.count()
 #: ``python -m moto.server`` plus a watchdog: the server exits when its parent dies, even by
 #: SIGKILL (where no atexit hook runs), so a crashed test session leaves no server behind.
-_RUN_MOTO = """
-import os, sys, threading, time
-parent = os.getppid()
-def watch():
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(0)
-threading.Thread(target=watch, daemon=True).start()
+_RUN_MOTO = watched("""
 from moto.server import main
 main(sys.argv[1:])
-"""
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+""")
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
