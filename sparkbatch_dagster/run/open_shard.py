@@ -21,7 +21,8 @@ class OpenShard:
     """One shard in flight: its writer, its unique prompts, and how many are still out."""
 
     def __init__(self, spec: JobSpec, home: JobHome, version: str, model: str, key: str, signature: str | None,
-                 attempt: Attempt | None, store: ResultStore, spans: Spans | None = None) -> None:
+                 attempt: Attempt | None, store: ResultStore, spans: Spans | None = None,
+                 marks: Marks | None = None) -> None:
         self.key, self.version, self.model = key, version, model
         spans = spans or Spans()
         with spans.span("read_shards"):
@@ -33,8 +34,8 @@ class OpenShard:
         tag = attempt.id.rsplit("-", 1)[-1] if remote is not None and attempt is not None else None
         self.writer = CheckpointWriter(home.parts_dir(version, key), every_rows, spec.checkpoint_seconds, tag)
         self.writer.spans = spans
-        with spans.span("marks"):
-            self.marks = Marks.of(spec, home)  # calibrations and reviewers' labels, read once per shard
+        # Calibrations and reviewers' labels: the run's (read once at its start), else the home's now.
+        self.marks = marks if marks is not None else Marks.of(spec, home)
         if remote is not None:
             self.writer.on_part = remote.push_part
         with spans.span("resume"):

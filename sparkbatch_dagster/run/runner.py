@@ -62,6 +62,7 @@ class ShardRun:
         self.store = open_store(spec, home, engine.model_id)
         self._pending_reason = ""
         self.shards: list[OpenShard] = []
+        self.marks: review_marks.Marks | None = None  # set when the run starts (stream)
         self.stats: list[ShardStats] = []
         self.clock = ShardClock(lambda: engine.start_seconds)  # each shard's share of the run's time
         self._start_at_attempt = engine.start_seconds
@@ -108,6 +109,7 @@ class ShardRun:
             shards_lock.acquire(wait=True, shared=True)
         try:
             review_marks.pull(self.home)  # another box's calibrations and reviewers' labels, for the rows
+            self.marks = review_marks.Marks.of(self.spec, self.home)  # read once: every shard writes with them
             yield from self._stream(keys, optional, before)
         finally:
             if shards_lock is not None:
@@ -298,7 +300,7 @@ class ShardRun:
     def open(self, key: str) -> int:
         """Open shard ``key`` (read, rendered, looked up in the store); return its index."""
         shard = OpenShard(self.spec, self.home, self.version, self.engine.model_id, key, self.signature,
-                          self.attempt, self.store, self.spans)
+                          self.attempt, self.store, self.spans, self.marks)
         self.shards.append(shard)
         self._timer.writers.append(shard.writer)
         if self.attempt is not None:
