@@ -9,6 +9,7 @@ partition bar fills shard by shard and a crash leaves the UI agreeing with the d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -22,6 +23,7 @@ from dagster import (
 
 from ..errors import SparkbatchError
 from ..home import JobHome
+from ..run.calibration_map import Calibration
 from ..run.records import ShardStats
 from ..run.reliability import bucket_name, describe
 from ..run.shard_stats import read_stats
@@ -43,9 +45,10 @@ def numbers(stats: ShardStats) -> dict[str, Any]:
 
 
 def materialization(key: AssetKey, stats: ShardStats, *, this_run: bool, tags: dict[str, str],
-                    home: JobHome) -> AssetMaterialization:
+                    home: JobHome, calibrations: Sequence[Calibration] = ()) -> AssetMaterialization:
     """The partition's own numbers. ``this_run=False``: it was already done under this version,
-    so this run generated nothing and spent nothing on it (cost 0, every row reused)."""
+    so this run generated nothing and spent nothing on it (cost 0, every row reused).
+    ``calibrations``: the maps its rows' confidences were calibrated with, with their scores."""
     shown = numbers(stats)
     if not this_run:
         shown.update(wall_s=0.0, tokens_per_hour=0, engine_start_s=0.0, cost_usd=0.0, generated_requests=0,
@@ -54,9 +57,20 @@ def materialization(key: AssetKey, stats: ShardStats, *, this_run: bool, tags: d
         asset_key=key, partition=stats.partition, tags=tags,
         metadata={**shown, "error_rate": round(stats.error_rate, 4),
                   "computed_in_this_run": this_run, "model": stats.model, "version": stats.version,
-                  **histogram_metadata(stats),
+                  **histogram_metadata(stats), **calibration_metadata(calibrations),
                   "path": MetadataValue.path(str(home.labeled_path(stats.version, stats.partition)))},
     )
+
+
+def calibration_metadata(calibrations: Sequence[Calibration]) -> dict[str, Any]:
+    """The calibrations in force, each with its ECE and Brier before and after (held out, on the
+    gold rows it was fitted on); nothing before one is fitted (``confidence`` is the model's own)."""
+    if not calibrations:
+        return {}
+    head = "| model | method | gold rows | ECE before -> after | Brier before -> after |\n|---|---|---|---|---|\n"
+    return {"calibration": MetadataValue.md(head + "\n".join(
+        f"| {c.model} | {c.method} | {c.rows} | {c.ece_before} -> {c.ece_after} | {c.brier_before} -> {c.brier_after} |"
+        for c in calibrations))}
 
 
 def histogram_metadata(stats: ShardStats) -> dict[str, Any]:

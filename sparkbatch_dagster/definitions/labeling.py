@@ -23,8 +23,10 @@ from ..engines.platform.spans import Spans
 from ..errors import ConfigError
 from ..run import attempts
 from ..run.brake import DEADLINE_MARGIN_S, Brake, check_deadline, check_max_cost, parse_deadline, price
+from ..run.calibration_map import Calibration, stored
 from ..run.progress import Relay, tell
 from ..run.records import ShardStats
+from ..run.review_marks import job_labels
 from ..run.runner import ShardRun
 from ..run.shard_stats import read_stats
 from ..run.table_sink import check_sink
@@ -106,10 +108,15 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
     if context.run.tags.get("dagster/backfill"):
         tags["dagster/backfill"] = context.run.tags["dagster/backfill"]
 
-    def emit(stats: ShardStats, this_run: bool) -> Iterator[Any]:
+    # Which calibrations the rows' confidences are written with (a cascade's rows: each stage's own).
+    models = [engine.model_id, *(plan.names if plan is not None else [])]
+    stored_maps = stored(home.calibration_dir, job_labels(spec))
+
+    def emit(stats: ShardStats, this_run: bool, maps: dict[str, Calibration] = stored_maps) -> Iterator[Any]:
         data_version = fingerprint([version, stats.partition])[:16]
         yield events.materialization(key, stats, this_run=this_run, home=home,
-                                     tags={**tags, "dagster/data_version": data_version})
+                                     tags={**tags, "dagster/data_version": data_version},
+                                     calibrations=[maps[m] for m in models if m in maps])
         yield from events.checks(key, spec, home, stats)
 
     done = [k for k in keys if k not in todo]
@@ -137,7 +144,7 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
             context.log.info(f"{stats.partition} committed: {stats.rows} rows, {stats.errors} errors, "
                              f"{stats.generated_requests} prompts generated, {stats.reused_rows} reused, "
                              f"${stats.cost_usd:.4f}{_truncation_note(spec, stats)}")
-            yield from emit(stats, this_run=True)
+            yield from emit(stats, this_run=True, maps=runner.marks.calibrations if runner.marks else stored_maps)
         for k in runner.committed_elsewhere:
             context.log.info(f"{k} was committed by another run while this one waited for its lease: recorded as "
                              "reused (nothing generated here)")

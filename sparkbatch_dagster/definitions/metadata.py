@@ -4,7 +4,9 @@ batch API, side by side)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dagster import MetadataValue
@@ -22,6 +24,20 @@ def bars(rows: Sequence[tuple[str, float]], width: int = 30) -> str:
     """A bar chart in Markdown, which the Dagster UI shows in place (a PNG path it does not)."""
     top = max((v for _, v in rows), default=0) or 1
     return "\n".join(f"- `{name}` {'█' * max(1, round(width * v / top))} ${v:.4f}" for name, v in rows)
+
+
+def picture(path: str | Path | None, title: str) -> dict[str, Any]:
+    """A PNG chart shown in place: Markdown with the image inline (the UI renders a Markdown image,
+    not a path, and the file may sit on another box), under ``title``; nothing without the file.
+
+    Example::
+
+        metadata = {**picture(report.chart, "cost chart")}
+    """
+    if not path or not Path(path).is_file():
+        return {}
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return {title: MetadataValue.md(f"![{title}](data:image/png;base64,{data})")}
 
 
 def _price(option: OptionPrice) -> str:
@@ -61,14 +77,19 @@ def _budget_row(m: ModelForecast) -> dict[str, Any]:
 
 def review_metadata(report: EstimateReport) -> dict[str, Any]:
     """Each model's calibration (ECE, Brier before and after, held out), its review budget and the
-    path of its chart (reliability before/after, rows reviewed -> errors caught); empty without gold rows."""
+    path of its chart (reliability before/after, rows reviewed -> errors caught), and the chart itself
+    shown in place; empty without gold rows."""
     calibrated = [_calibration_row(m) for m in report.models if m.calibration is not None]
     budgets = [_budget_row(m) for m in report.models if m.review_budget is not None]
-    return {
+    out: dict[str, Any] = {
         **({"calibration": MetadataValue.md(md_table(calibrated, list(calibrated[0])))} if calibrated else {}),
         **({"review_budget": MetadataValue.md(md_table(budgets, list(budgets[0])))} if budgets else {}),
-        **{f"review_chart {m.model}": MetadataValue.path(m.review_chart) for m in report.models if m.review_chart},
     }
+    for m in report.models:
+        if m.review_chart:
+            out[f"review_chart {m.model}"] = MetadataValue.path(m.review_chart)
+            out.update(picture(m.review_chart, f"reliability and budget {m.model}"))
+    return out
 
 
 def estimate_metadata(report: EstimateReport) -> dict[str, Any]:
@@ -112,4 +133,5 @@ def estimate_metadata(report: EstimateReport) -> dict[str, Any]:
                                                  for o in p.options)),
         "cost_chart": MetadataValue.md(bars(bars_of)),
         "chart": MetadataValue.path(report.chart or ""), "report": MetadataValue.path(report.json_path or ""),
+        **picture(report.chart, "accuracy and cost"), **picture(report.cascade_chart, "cascades"),
     }

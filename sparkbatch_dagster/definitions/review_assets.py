@@ -42,7 +42,7 @@ from ..run.review_marks import job_labels
 from ..run.review_queue import threshold_of
 from ..spec import JobSpec
 from .job import BatchJob
-from .metadata import md_table
+from .metadata import md_table, picture
 
 REVIEW_COMPLETE = "review_complete"
 
@@ -61,7 +61,7 @@ def refresh(job: BatchJob, version: str) -> tuple[GoldFit | None, Any]:
 
 
 def fit_metadata(fit: GoldFit | None) -> dict[str, Any]:
-    """Calibration (ECE and Brier before and after, held out, per model, with its chart), the
+    """Calibration (ECE and Brier before and after, held out, per model, with its chart shown in place), the
     budget curve's errors caught at 5/10/20% of rows reviewed and the review plan with its intervals."""
     if fit is None:
         return {}
@@ -76,7 +76,9 @@ def fit_metadata(fit: GoldFit | None) -> dict[str, Any]:
                            "errors_caught_at_share_reviewed": MetadataValue.json(fit.caught_at())}
     for f in fit.models:
         if f.chart is not None:
-            out[f"calibration_chart_{f.model.split('@')[0].rsplit('/', 1)[-1]}"] = MetadataValue.path(str(f.chart))
+            short = f.model.split("@")[0].rsplit("/", 1)[-1]
+            out[f"calibration_chart_{short}"] = MetadataValue.path(str(f.chart))
+            out.update(picture(f.chart, f"reliability and budget {short}"))
     if fit.plan is not None:
         p = fit.plan
         other = p.caught if p.asked == "budget" else p.reviewed

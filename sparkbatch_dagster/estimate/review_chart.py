@@ -50,11 +50,14 @@ def write_review_chart(report: CalibrationReport, curve: BudgetCurve, path: Path
     ys = [p.caught_share for p in curve.points]
     right.plot([0, 1], [0, 1], color="grey", linestyle=":", label="rows in random order")
     right.step(xs, ys, where="post", label="least sure first")
-    for share in MARKS:
+    for i, share in enumerate(MARKS):
         caught = curve.caught_at(share)
         right.plot([share], [caught], "o", color="black")
-        right.annotate(f"{share:.0%} -> {caught:.0%}", (share, caught), textcoords="offset points", xytext=(6, -10),
-                       fontsize=7)
+        # Each a line further from the curve than the last (the marks sit close together, often at one
+        # height), below it unless that would cross the axis.
+        away = 10 + 9 * i
+        right.annotate(f"{share:.0%} -> {caught:.0%}", (share, caught), textcoords="offset points",
+                       xytext=(6, -away if caught > 0.3 else away - 6), fontsize=7)
     right.set(xlim=(0, 1), ylim=(0, 1), xlabel="share of rows reviewed", ylabel="share of errors caught",
               title=f"review budget, {curve.errors} errors in {curve.rows} gold rows")
     right.legend(fontsize=7, loc="lower right")

@@ -9,10 +9,10 @@ partition turns green as its shard commits; a second backfill of the same partit
 nothing and is over long before the first; the assets point back at their defs.yaml. A scattered
 backfill (two ranges, two runs) costs one engine start: that test's job (``scatter``, the same rows)
 runs on the fake engine, whose starts the run logs as the real one's, so the tier starts one real
-engine in all.
+engine in all. ``scatter``'s ``analytics`` shows its calibration chart in place.
 
 Every step leaves a screenshot under this test's tmp folder (its path is printed);
-``SPARKBATCH_SAVE_SCREENSHOTS=1`` also copies three of them to ``docs/ui/`` (the README's pictures).
+``SPARKBATCH_SAVE_SCREENSHOTS=1`` also copies four of them to ``docs/ui/`` (the README's pictures).
 Without chromium the test is skipped, except under ``make`` (``make test`` installs it first).
 """
 
@@ -25,6 +25,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ import psutil
 import pytest
 import yaml
 
-from testkit import EAGER, LABELS, make_rows, write_parquet
+from testkit import EAGER, LABELS, label_then_metrics, make_rows, write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS, SHARDS = 40, 4
@@ -65,6 +66,8 @@ DEV_SHUTDOWN_S = 240
 UI_WAIT_MS = 120_000
 #: A backfill's run, engine start included: 1-2 minutes here alone; only past this is it stuck.
 BACKFILL_WAIT_S = 1200
+#: A PNG's width: the first field of its IHDR chunk, bytes 16-20.
+PNG_WIDTH = struct.Struct(">I")
 
 
 def job_fields(src: Path, home: Path) -> dict[str, Any]:
@@ -626,3 +629,36 @@ def test_a_scattered_backfill_costs_one_engine_start(page: Any, server: Server) 
     expect(page.get_by_text(re.compile(r"^Materialized \(\d+\)$"))).to_have_text(f"Materialized ({SHARDS})")
     _shot(server, page, "f2-partitions-green.png")
     assert not _engines(server.proc.pid), "the engine outlived its run"
+
+
+def test_analytics_shows_the_calibration_chart(page: Any, server: Server) -> None:
+    """(g) ``analytics`` of the ``scatter`` job (40 gold rows, the fake engine knowing some words):
+    its metadata's "reliability and budget" entry opens, in the UI, as the chart itself (the PNG
+    inline, not a path on the box that ran it)."""
+    from dagster import DagsterInstance, materialize
+    from playwright.sync_api import expect
+
+    from sparkbatch_dagster import JobSpec, build_batch_assets
+    from sparkbatch_dagster.testing import FakeVLLMResource
+
+    inst = DagsterInstance.from_config(str(server.root / "dagster_home"))
+    job = build_batch_assets(spec=JobSpec(**scatter_fields(server.root)), resource_key="fake", group_name="things")
+    knows = dict(apple="fruit", banana="fruit", car="vehicle", truck="vehicle", dog="animal", cat="animal")
+    res = {"fake": FakeVLLMResource(knows=knows)}
+    assert materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst).success
+    keys = sorted(inst.get_dynamic_partitions(job.partitions_def.name))
+    labeled, measured = label_then_metrics(job.assets, job.keys, res, inst, keys[0], keys[-1])
+    assert labeled.success and measured.success
+    result = materialize(job.assets, selection=[job.keys["analytics"]], resources=res, instance=inst)
+    [label] = [k for k in result.asset_materializations_for_node("scatter__analytics")[0].metadata
+               if k.startswith("reliability and budget ")]
+    [chart] = (server.root / "scatter-home" / "review").glob("calibration-*.png")
+    width = PNG_WIDTH.unpack(chart.read_bytes()[16:20])[0]
+    _open(server, page, "/assets/scatter/analytics")
+    page.get_by_role("row").filter(has_text=label).get_by_text("[Show Markdown]").click()
+    img = page.get_by_role("dialog").locator('img[src^="data:image/png;base64,"]')
+    expect(img).to_be_visible()
+    assert img.evaluate("i => i.complete && i.naturalWidth") == width  # decoded whole, the file's own picture
+    _shot(server, page, "g1-calibration-chart.png")
+    if SAVE:
+        shutil.copyfile(server.shots / "g1-calibration-chart.png", REPO / "docs" / "ui" / "calibration-chart.png")

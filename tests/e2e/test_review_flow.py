@@ -7,7 +7,9 @@ store hands back, while the store keeps the model's own. Expected values come fr
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,11 @@ def test_budget_queue_check_and_a_reviewers_label_over_the_models(tmp_path: Path
     rows = _files(job, keys)
     assert cal["model"] == next(iter(rows.values()))["model"] and cal["rows"] == 150
     assert cal["model"] in md["calibration"] and md["gold_rows"] == 150
+    # Its chart is shown in place: the PNG itself inline in the Markdown, not only a path on this box.
+    [chart] = [Path(v) for k, v in md.items() if k.startswith("calibration_chart_")]
+    [shown] = [v for k, v in md.items() if k.startswith("reliability and budget ")]
+    inline = base64.b64decode(re.fullmatch(r"!\[[^]]*\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", shown)[1])
+    assert inline[:8] == b"\x89PNG\r\n\x1a\n" and inline == chart.read_bytes()
     # The budget became a threshold on the gold rows: at most 10% of rows go to review.
     plan = load_threshold(job.home)
     assert plan is not None and (plan.asked, plan.target) == ("budget", 0.1) and plan.gold_rows == 150
@@ -127,6 +134,12 @@ def test_budget_queue_check_and_a_reviewers_label_over_the_models(tmp_path: Path
     keys2 = _all(job2, {"vllm": fake2}, inst)
     assert job2.current_version() != first and 0 < engine2.requests_seen <= 10
     again = _files(job2, keys2)
+    # Each partition says which calibration its confidences were written with, and how well it does.
+    now = json.loads(stored[0].read_text())
+    event = inst.get_latest_materialization_event(job2.keys["labeled_outputs"])
+    assert event is not None and event.asset_materialization is not None
+    table = event.asset_materialization.metadata["calibration"].value
+    assert f"| {now['model']} | {now['method']} | {now['rows']} | {now['ece_before']} -> {now['ece_after']} |" in table
     for r in ids:
         assert again[r]["reused"] and again[r]["output"] == said[r]
         assert again[r]["model_output"] == rows[r]["output"] and again[r]["reviewed_by"] == "ann@example.com"

@@ -5,6 +5,7 @@ all of it in the report, its advice and the asset's metadata."""
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 from pathlib import Path
@@ -114,3 +115,7 @@ def test_the_estimate_reports_each_models_calibration_and_writes_it_for_runs(est
     assert isinstance(md["calibration"], MetadataValue.md("").__class__)
     assert "ECE after (held out)" in md["calibration"].value and "10% reviewed" in md["review_budget"].value
     assert {k for k in md if k.startswith("review_chart ")} == {f"review_chart {m.model}" for m in report.models}
+    for m in report.models:  # and shown in place: the PNG inline in Markdown, which the UI renders
+        png = Path(m.review_chart).read_bytes()
+        assert md[f"reliability and budget {m.model}"].value.endswith(f"base64,{base64.b64encode(png).decode()})")
+    assert md["accuracy and cost"].value.startswith("![accuracy and cost](data:image/png;base64,iVBORw0KGgo")
