@@ -96,7 +96,8 @@ def connect(server: Server) -> Any:
         raise SparkbatchError("`sparkbatch review` needs label-studio-sdk, which this environment lacks: `make "
                               "install` adds it (pip install --no-deps label-studio-sdk==2.1.2, see the Makefile)") \
             from None
-    return LabelStudio(base_url=server.url.rstrip("/"), api_key=server.api_key)
+    with talking(server):  # a personal access token is checked here: an expired one is refused at once
+        return LabelStudio(base_url=server.url.rstrip("/"), api_key=server.api_key)
 
 
 @contextmanager
@@ -113,8 +114,9 @@ def talking(server: Server) -> Iterator[None]:
     except ApiError as exc:
         status = getattr(exc, "status_code", None)
         if status in (401, 403):
-            raise SparkbatchError(f"Label Studio at {server.url} refused the API key ({status}): pass the access "
-                                  "token of Account & Settings with --api-key or LABEL_STUDIO_API_KEY") from None
+            raise SparkbatchError(f"Label Studio at {server.url} refused the API key ({status}): pass a personal "
+                                  "access token (Account & Settings; a legacy token works where the organization "
+                                  "allows them) with --api-key or LABEL_STUDIO_API_KEY") from None
         raise SparkbatchError(f"Label Studio at {server.url} answered {status}: {getattr(exc, 'body', exc)}") \
             from None
 

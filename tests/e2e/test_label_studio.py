@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pyarrow.parquet as pq
 import pytest
 
@@ -237,3 +238,27 @@ def test_flags_and_errors_are_one_line_naming_the_fix(tmp_path, label_studio):
     flags = _cli(tmp_path, "review", "export", "-f", str(defs), "--url", label_studio.url, "--api-key",
                  label_studio.token, "--project", "flags-project", "--limit", "3", env=bare)
     assert (flags["project"], flags["queue_rows"], flags["created"]) == ("flags-project", 3, 3)
+
+
+def test_a_personal_access_token_is_an_api_key_and_a_revoked_one_is_refused(tmp_path, label_studio):
+    """Label Studio's own kind of API key (a personal access token: a JWT refresh token the SDK trades
+    for short-lived access tokens, what Account & Settings hands out unless the organization allows
+    legacy tokens): export and import take it; once revoked or expired, they stop in one line naming
+    the fix."""
+    defs, _ = _labeled_job(tmp_path)
+    personal = _client(label_studio).tokens.create().token
+    assert personal.count(".") == 2 and personal != label_studio.token  # a JWT, not the legacy token
+    env = {"LABEL_STUDIO_URL": label_studio.url, "LABEL_STUDIO_API_KEY": personal}
+    sent = _cli(tmp_path, "review", "export", "-f", str(defs), "--project", "personal-token", env=env)
+    assert sent["created"] == sent["queue_rows"] > 0 and sent["project_created"]
+    back = _cli(tmp_path, "review", "import", "-f", str(defs), "--project", "personal-token", env=env)
+    assert (back["added"], back["changed"]) == (0, 0)  # nothing annotated yet: read, nothing written
+    _client(label_studio).tokens.blacklist(refresh=personal)
+    # ...and one past its expiry, which the SDK refuses before it asks the server.
+    expired = jwt.encode({"token_type": "refresh", "exp": 1}, "not-the-server-key", algorithm="HS256")
+    for command, key in (("export", personal), ("import", personal), ("export", expired)):
+        proc = _cli(tmp_path, "review", command, "-f", str(defs), "--project", "personal-token",
+                    env={**env, "LABEL_STUDIO_API_KEY": key}, ok=False)
+        assert proc.returncode != 0 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert proc.stderr.startswith(f"sparkbatch: Label Studio at {label_studio.url} refused the API key (40")
+        assert "personal access token" in proc.stderr
