@@ -27,8 +27,9 @@ def bars(rows: Sequence[tuple[str, float]], width: int = 30) -> str:
 
 
 def picture(path: str | Path | None, title: str) -> dict[str, Any]:
-    """A PNG chart shown in place: Markdown with the image inline (the UI renders a Markdown image,
-    not a path, and the file may sit on another box), under ``title``; nothing without the file.
+    """A PNG chart shown in place: Markdown with the image inline, under ``title``; nothing without
+    the file. The UI shows a path as text (and the file may sit on another box), but renders a
+    Markdown image with a ``data:`` source (its sanitizer allows that protocol for ``src``).
 
     Example::
 
