@@ -103,5 +103,6 @@ def estimate(cmd: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float
     report = json.loads(Path(json.loads(proc.stdout.strip().splitlines()[-1])["json"]).read_text())
     return report, took, load
 
+
 if __name__ == "__main__":
     main()

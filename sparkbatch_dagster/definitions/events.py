@@ -29,6 +29,7 @@ from ..run.reliability import bucket_name, describe
 from ..run.shard_stats import read_stats
 from ..run.totals import Confidence
 from ..spec import JobSpec
+from .metadata import md_table
 
 EXACTLY_ONCE = "every_row_exactly_once"
 ERROR_RATE = "error_rate"
@@ -65,12 +66,10 @@ def materialization(key: AssetKey, stats: ShardStats, *, this_run: bool, tags: d
 def calibration_metadata(calibrations: Sequence[Calibration]) -> dict[str, Any]:
     """The calibrations in force, each with its ECE and Brier before and after (held out, on the
     gold rows it was fitted on); nothing before one is fitted (``confidence`` is the model's own)."""
-    if not calibrations:
-        return {}
-    head = "| model | method | gold rows | ECE before -> after | Brier before -> after |\n|---|---|---|---|---|\n"
-    return {"calibration": MetadataValue.md(head + "\n".join(
-        f"| {c.model} | {c.method} | {c.rows} | {c.ece_before} -> {c.ece_after} | {c.brier_before} -> {c.brier_after} |"
-        for c in calibrations))}
+    rows = [{"model": c.model, "method": c.method, "gold rows": c.rows, "ECE before -> after":
+             f"{c.ece_before} -> {c.ece_after}", "Brier before -> after": f"{c.brier_before} -> {c.brier_after}"}
+            for c in calibrations]
+    return {"calibration": MetadataValue.md(md_table(rows, list(rows[0])))} if rows else {}
 
 
 def histogram_metadata(stats: ShardStats) -> dict[str, Any]:

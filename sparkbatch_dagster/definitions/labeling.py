@@ -12,6 +12,7 @@ no engine. A partition another run is writing at that moment is left to it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Optional
@@ -108,15 +109,17 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
     if context.run.tags.get("dagster/backfill"):
         tags["dagster/backfill"] = context.run.tags["dagster/backfill"]
 
-    # Which calibrations the rows' confidences are written with (a cascade's rows: each stage's own).
+    # Which calibrations the rows' confidences are written with (a cascade's rows: each stage's own):
+    # this run's rows, the maps the run read at its start; a partition done before, the home's now.
     models = [engine.model_id, *(plan.names if plan is not None else [])]
-    stored_maps = stored(home.calibration_dir, job_labels(spec))
+    on_disk = functools.cache(lambda: stored(home.calibration_dir, job_labels(spec)))
 
-    def emit(stats: ShardStats, this_run: bool, maps: dict[str, Calibration] = stored_maps) -> Iterator[Any]:
+    def emit(stats: ShardStats, this_run: bool, maps: dict[str, Calibration] | None = None) -> Iterator[Any]:
         data_version = fingerprint([version, stats.partition])[:16]
+        known = on_disk() if maps is None else maps
         yield events.materialization(key, stats, this_run=this_run, home=home,
                                      tags={**tags, "dagster/data_version": data_version},
-                                     calibrations=[maps[m] for m in models if m in maps])
+                                     calibrations=[known[m] for m in models if m in known])
         yield from events.checks(key, spec, home, stats)
 
     done = [k for k in keys if k not in todo]
@@ -144,7 +147,7 @@ def _label(context: AssetExecutionContext, job: BatchJob, resource: VLLMResource
             context.log.info(f"{stats.partition} committed: {stats.rows} rows, {stats.errors} errors, "
                              f"{stats.generated_requests} prompts generated, {stats.reused_rows} reused, "
                              f"${stats.cost_usd:.4f}{_truncation_note(spec, stats)}")
-            yield from emit(stats, this_run=True, maps=runner.marks.calibrations if runner.marks else stored_maps)
+            yield from emit(stats, this_run=True, maps=runner.marks.calibrations)
         for k in runner.committed_elsewhere:
             context.log.info(f"{k} was committed by another run while this one waited for its lease: recorded as "
                              "reused (nothing generated here)")

@@ -95,7 +95,6 @@ def _plan(review: ReviewSpec, conf: np.ndarray, right: np.ndarray) -> ReviewPlan
                       caught=plan.caught.rounded(), folds=plan.folds)
 
 
-
 def advice(model: str, calibrated: Calibrated | None, budget: ReviewBudget | None,
            plan: ReviewPlan | None) -> list[str]:
     """One model's calibration, review budget and plan in words."""

@@ -21,8 +21,7 @@ class OpenShard:
     """One shard in flight: its writer, its unique prompts, and how many are still out."""
 
     def __init__(self, spec: JobSpec, home: JobHome, version: str, model: str, key: str, signature: str | None,
-                 attempt: Attempt | None, store: ResultStore, spans: Spans | None = None,
-                 marks: Marks | None = None) -> None:
+                 attempt: Attempt | None, store: ResultStore, marks: Marks, spans: Spans | None = None) -> None:
         self.key, self.version, self.model = key, version, model
         spans = spans or Spans()
         with spans.span("read_shards"):
@@ -34,8 +33,7 @@ class OpenShard:
         tag = attempt.id.rsplit("-", 1)[-1] if remote is not None and attempt is not None else None
         self.writer = CheckpointWriter(home.parts_dir(version, key), every_rows, spec.checkpoint_seconds, tag)
         self.writer.spans = spans
-        # Calibrations and reviewers' labels: the run's (read once at its start), else the home's now.
-        self.marks = marks if marks is not None else Marks.of(spec, home)
+        self.marks = marks  # calibrations and reviewers' labels, read once at the run's start
         if remote is not None:
             self.writer.on_part = remote.push_part
         with spans.span("resume"):

@@ -62,7 +62,7 @@ class ShardRun:
         self.store = open_store(spec, home, engine.model_id)
         self._pending_reason = ""
         self.shards: list[OpenShard] = []
-        self.marks: review_marks.Marks | None = None  # set when the run starts (stream)
+        self.marks = review_marks.Marks()  # what rows are written with: read when the run starts (stream)
         self.stats: list[ShardStats] = []
         self.clock = ShardClock(lambda: engine.start_seconds)  # each shard's share of the run's time
         self._start_at_attempt = engine.start_seconds
@@ -300,7 +300,7 @@ class ShardRun:
     def open(self, key: str) -> int:
         """Open shard ``key`` (read, rendered, looked up in the store); return its index."""
         shard = OpenShard(self.spec, self.home, self.version, self.engine.model_id, key, self.signature,
-                          self.attempt, self.store, self.spans, self.marks)
+                          self.attempt, self.store, self.marks, self.spans)
         self.shards.append(shard)
         self._timer.writers.append(shard.writer)
         if self.attempt is not None:
