@@ -1,0 +1,176 @@
+"""`sparkbatch run` against a plain vLLM script, fresh processes, timed from launch to exit (issue 61).
+
+    python benchmarks/fresh_start.py --model /tmp/llama-1b --data .bench/debian-40000.parquet --shape labels \
+        --rounds 3 --card h100 --out-dir $OUT               # warm rounds (after one that fills the caches)
+    python benchmarks/fresh_start.py ... --cold             # every run of every round with the caches wiped
+    python benchmarks/fresh_start.py ... --project-root .bench/before   # another checkout's `sparkbatch run`
+
+Both sides get the same engine settings (0.9 memory, 1,024 sequences, prefix caching, ``max_model_len``
+2048, ``load_format="dummy"``), the same chat prompts over the same rows, 8 output tokens, greedy:
+(a) raw: a script doing ``import vllm``, ``LLM(...)`` and one ``LLM.chat`` (the label shape with a
+    structured choice over the 13 sections, the text shape 8 free tokens with ``ignore_eos``);
+(b) project: ``sparkbatch run -f defs.py`` in a fresh job home and Dagster home (shards, labels,
+    metrics, analytics), run under ``start_trace.py``, which records the engine start's phases.
+Rounds alternate the order (A-B, B-A). ``--cold`` wipes vLLM's, Inductor's, Triton's and the
+project's compile caches before each run. Writes ``<card>-fresh-start-<shape>-<rows>[-cold].json``
+with a list ``rounds`` (``project_wall_s``, ``raw_wall_s``, ``project_engine_start_s``, ``raw_init_s``,
+``cold``, the phases) and every run's stderr beside it (``logs/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from results_io import commit_of, emit  # noqa: E402
+
+SECTIONS = ["admin", "devel", "doc", "games", "libs", "net", "python", "science", "sound", "text", "utils", "web",
+            "x11"]
+SYSTEM = "You sort Debian packages into archive sections. Allowed sections: {sections}."
+USER = "Package: {{ package }}\nDescription: {{ description }}\n\nWhich section is this package in?"
+SETTINGS = {"gpu_memory_utilization": 0.9, "max_num_seqs": 1024, "enable_prefix_caching": True,
+            "max_model_len": 2048, "load_format": "dummy"}
+RAW = """
+import json, sys, time
+t0 = time.perf_counter()
+from vllm import LLM, SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
+import_s = time.perf_counter() - t0
+import pyarrow.parquet as pq
+from jinja2 import Template
+src, model, system, user, labels, shape, settings = sys.argv[1:8]
+rows = pq.read_table(src).to_pylist()
+tpl = Template(user)
+convs = [[{"role": "system", "content": system}, {"role": "user", "content": tpl.render(**r)}] for r in rows]
+if __name__ == "__main__":
+    t1 = time.perf_counter()
+    llm = LLM(model=model, **json.loads(settings))
+    init_s = time.perf_counter() - t1
+    if shape == "labels":
+        params = SamplingParams(max_tokens=8, temperature=0.0,
+                                structured_outputs=StructuredOutputsParams(choice=json.loads(labels)))
+    else:
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    t2 = time.perf_counter()
+    outs = llm.chat(convs, params, use_tqdm=False)
+    print(json.dumps({"rows": len(outs), "import_s": round(import_s, 2), "init_s": round(init_s, 2),
+                      "chat_s": round(time.perf_counter() - t2, 2)}))
+"""
+DEFS = """
+from dagster import Definitions
+from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets
+job = build_batch_assets(spec=JobSpec(name="fresh", input={src!r}, id_column="package",
+    text_columns=["package", "description"], system_prompt={system!r}, user_template={user!r},
+    output={output}, sampling=SamplingSpec(max_tokens=8, ignore_eos={ignore_eos}), home={home!r}))
+defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(model={model!r}, gpu_memory_utilization=0.9,
+    max_num_seqs=1024, enable_prefix_caching=True, max_model_len=2048, engine_kwargs={{"load_format": "dummy"}})}})
+"""
+#: What ``--cold`` wipes before each run: vLLM's, Inductor's, Triton's, CUDA's JIT and the project's caches.
+CACHES = ["~/.cache/vllm", "~/.cache/sparkbatch/compile", "~/.triton", "~/.nv/ComputeCache",
+          f"/tmp/torchinductor_{os.environ.get('USER') or 'root'}", "~/.cache/torch/inductor"]
+
+
+def wipe_caches() -> None:
+    for path in CACHES:
+        shutil.rmtree(Path(path).expanduser(), ignore_errors=True)
+
+
+def timed(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> tuple[float, str]:
+    began = time.perf_counter()
+    with open(log, "w") as err:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=900)
+    seconds = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]} failed (rc {proc.returncode}): {log.read_text()[-3000:]}")
+    return seconds, proc.stdout.strip().splitlines()[-1]
+
+
+def run_raw(args: argparse.Namespace, src: Path, work: Path, log: Path) -> dict:
+    system = SYSTEM.format(sections=", ".join(SECTIONS))
+    cmd = [sys.executable, "-c", RAW, str(src), args.model, system, USER, json.dumps(SECTIONS), args.shape,
+           json.dumps(SETTINGS)]
+    seconds, line = timed(cmd, dict(os.environ), work, log)
+    return {"wall_s": round(seconds, 2), **json.loads(line)}
+
+
+def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag: str) -> dict:
+    home = work / f"project-{tag}"
+    home.mkdir()
+    output = f"OutputSpec(kind='label', labels={SECTIONS!r})" if args.shape == "labels" else "OutputSpec(kind='text')"
+    (home / "defs.py").write_text(DEFS.format(src=str(src), system=SYSTEM.format(sections=", ".join(SECTIONS)),
+                                              user=USER, output=output, ignore_eos=args.shape == "text",
+                                              home=str(home / "job"), model=args.model))
+    trace = home / "trace.json"
+    root = Path(args.project_root).resolve()
+    env = {**os.environ, "DAGSTER_HOME": str(home / "dagster"), "SPARKBATCH_START_TRACE": str(trace),
+           "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    (home / "dagster").mkdir()
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "start_trace.py"), "run", "-f", str(home / "defs.py")]
+    seconds, line = timed(cmd, env, home, log)
+    summary = json.loads(line)
+    phases = json.loads(trace.read_text()) if trace.exists() else {}
+    return {"wall_s": round(seconds, 2), "engine_start_s": summary.get("engine_start_s"),
+            "timings_s": summary.get("timings_s"), "rows": summary.get("rows_total") or summary.get("rows"),
+            "phases": phases}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--data", required=True, help="a Parquet of Debian rows (package, section, description)")
+    ap.add_argument("--shape", choices=["labels", "text"], default="labels")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cold", action="store_true", help="wipe every compile cache before each run")
+    ap.add_argument("--card", default="gpu")
+    ap.add_argument("--project-root", default=str(ROOT), help="the checkout whose `sparkbatch run` is timed")
+    ap.add_argument("--code", help="the code's git sha (default: the project root's, when it is a checkout)")
+    ap.add_argument("--label", default="", help="a suffix for the result file's name")
+    ap.add_argument("--out-dir", default=".")
+    args = ap.parse_args()
+    out = Path(args.out_dir)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    src = Path(args.data).resolve()
+    import pyarrow.parquet as pq
+
+    rows = pq.read_metadata(src).num_rows
+    name = f"{args.card}-fresh-start-{args.shape}-{rows}{'-cold' if args.cold else ''}{args.label}"
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            got: dict[str, dict] = {}
+            for side in ("project", "raw") if r % 2 == 0 else ("raw", "project"):
+                if args.cold:
+                    wipe_caches()
+                log = out / "logs" / f"{name}-r{r}-{side}.log"
+                got[side] = (run_project(args, src, Path(tmp), log, f"r{r}") if side == "project"
+                             else run_raw(args, src, Path(tmp), log))
+                print(json.dumps({"round": r, "side": side, **{k: v for k, v in got[side].items() if k != "phases"}}),
+                      file=sys.stderr, flush=True)
+            p, w = got["project"], got["raw"]
+            rounds.append({"round": r, "order": "project-raw" if r % 2 == 0 else "raw-project", "cold": args.cold,
+                           "project_wall_s": p["wall_s"], "raw_wall_s": w["wall_s"],
+                           "project_engine_start_s": p["engine_start_s"], "raw_init_s": w["init_s"],
+                           "raw_import_s": w["import_s"], "raw_chat_s": w["chat_s"],
+                           "raw_over_project": round(w["wall_s"] / p["wall_s"], 3),
+                           "project_timings_s": p["timings_s"], "project_phases": p["phases"]})
+    ratios = [x["raw_over_project"] for x in rounds]
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout.strip()
+    emit({"benchmark": "fresh_start", "machine": f"{gpu or 'no GPU'}, {os.cpu_count()} cores", "shape": args.shape,
+          "rows": rows, "model": Path(args.model).name, "settings": SETTINGS, "cold": args.cold,
+          "code": args.code or commit_of(Path(args.project_root)), "command": " ".join(sys.argv), "rounds": rounds,
+          "raw_over_project_median": statistics.median(ratios)}, str(out / f"{name}.json"))
+
+
+if __name__ == "__main__":
+    main()
