@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, SparkbatchError
-from . import commit_record, pointer
+from . import commit_record, pointer, review_files
 from .lease import BoxLease, Claim
 from .locks import FileLock
 from .partition_lock import PartitionLock
@@ -141,6 +141,12 @@ class JobHome:
         if self.remote is not None:
             self.remote.publish(path)
 
+    def pull_review(self) -> None:
+        """With a bucket home, the calibrations, the review threshold and the reviewers' labels any box
+        published, into the cache (:mod:`.review_files`); a folder home has them already."""
+        if self.remote is not None:
+            review_files.pull(self.remote, self.calibration_dir, self.review_dir)
+
     def commit_path(self, version: str, key: str) -> Path:
         """With a bucket home: the local copy of the shard's commit object."""
         return self.version_dir(version) / "commits" / f"{check_key(key)}.json"
@@ -163,6 +169,7 @@ class JobHome:
         else:
             log.info("a run on this cache is reading its shards: they are not refreshed from %s now", self.location)
         self.remote.fetch(self.current_path)
+        self.pull_review()  # every read on any box sees the same reviewers' labels and calibration
         current = self.read_current()
         for version in dict.fromkeys([*versions, *([current.version] if current else [])]):
             commits = self.remote.pull(self, version)

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import SparkbatchError
 from ..home import atomic_write_text
+from ..home.review_files import tell_once
 from ..spec import fingerprint
 
 Method = Literal["none", "temperature", "platt", "isotonic"]
@@ -104,8 +106,12 @@ def labels_digest(labels: Iterable[str]) -> str:
 
 def calibration_key(model: str, labels: Iterable[str]) -> str:
     """The file name of the calibration of ``model`` on ``labels``: readable, and unique per pair."""
+    return _key(model, labels_digest(labels))
+
+
+def _key(model: str, digest: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.split("@")[0].rsplit("/", 1)[-1])[:40]
-    return f"{slug}-{fingerprint({'model': model, 'labels': labels_digest(labels)})}.json"
+    return f"{slug}-{fingerprint({'model': model, 'labels': digest})}.json"
 
 
 def save(calibration: Calibration, folder: Path, labels: Iterable[str]) -> Path:
@@ -113,41 +119,90 @@ def save(calibration: Calibration, folder: Path, labels: Iterable[str]) -> Path:
     (with a bucket home, publish the path too: ``JobHome.publish``)."""
     if calibration.labels_digest != labels_digest(labels):
         raise SparkbatchError("calibration: saved under a label set it was not fitted on: pass the job's labels")
+    why = problem(calibration)
+    if why is not None:  # a map no reader would use must not be stored either
+        raise SparkbatchError(f"calibration of {calibration.model!r} is out of range ({why}): not stored")
     path = folder / calibration_key(calibration.model, labels)
     atomic_write_text(path, calibration.model_dump_json(indent=1) + "\n")  # a reader never sees half a file
     return path
 
 
+def problem(cal: Calibration) -> str | None:
+    """Why ``cal`` is not a map a confidence may go through (None: it is one): every number finite,
+    every confidence it gives in [0, 1], never decreasing (a falling map would reorder the review
+    queue), scores in [0, 1]."""
+    def bad(*values: float | None) -> bool:
+        return any(v is None or not math.isfinite(v) for v in values)
+
+    scores = [v for v in (cal.ece_before, cal.ece_after, cal.brier_before, cal.brier_after) if v is not None]
+    if cal.rows < 0 or bad(*scores) or not all(0.0 <= v <= 1.0 for v in scores):
+        return "its row count or scores are out of range"
+    if cal.method in ("platt", "temperature"):
+        if bad(cal.slope, cal.intercept):
+            return f"{cal.method} needs a finite slope and intercept"
+        if (cal.slope or 0.0) < 0:
+            return f"slope {cal.slope} < 0: the map would decrease"
+    if cal.method == "isotonic":
+        xs, ys = cal.x, cal.y
+        if not xs or len(xs) != len(ys) or bad(*xs, *ys):
+            return "isotonic breakpoints x and y must be as many, at least one, all finite"
+        if any(b < a for a, b in zip(xs, xs[1:], strict=False)) or any(b < a for a, b in zip(ys, ys[1:], strict=False)):
+            return "isotonic breakpoints must not decrease"
+        if not all(0.0 <= v <= 1.0 for v in (*xs, *ys)):
+            return f"isotonic breakpoints must lie in [0, 1] (y from {min(ys)!r} to {max(ys)!r})"
+    return None
+
+
+def read(path: Path) -> Calibration | str:
+    """The calibration in ``path``, or why it is not one a reader may use: it does not parse, it is
+    out of range (:func:`problem`), or it is not the map its file name says (another model or label
+    set copied over it)."""
+    try:
+        cal = Calibration.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        return f"not a calibration: {exc.errors()[0]['msg']}"
+    why = problem(cal)
+    if why is None and path.name != _key(cal.model, cal.labels_digest):
+        why = f"it holds the calibration of {cal.model!r} on another label set or model than its name says"
+    return why if why is not None else cal
+
+
+def _left_out(path: Path, why: str) -> None:
+    tell_once(path, f"{path} is left out ({why}): its model's confidences are its raw ones until analytics fits "
+                    "a calibration again (`sparkbatch run` sets the file aside)")
+
+
 def load(folder: Path, model: str, labels: Iterable[str]) -> Calibration | None:
-    """The stored calibration of ``model`` on ``labels``, or None when none was saved; a damaged
-    file stops here, naming it and the fix."""
-    labels = list(labels)
-    path = folder / calibration_key(model, labels)
+    """The stored calibration of ``model`` on ``labels``, or None when none was saved, or the file is
+    damaged or out of range (:func:`read`: left out with one warning line, never used)."""
+    path = folder / calibration_key(model, list(labels))
     if not path.exists():
         return None
-    try:
-        cal = Calibration.model_validate_json(path.read_text())
-    except ValidationError as exc:
-        raise SparkbatchError(f"{path} is not a calibration ({exc.errors()[0]['msg']}): delete it; the next "
-                              "calibration on the gold rows writes it again") from None
-    if cal.model != model or cal.labels_digest != labels_digest(labels):
-        raise SparkbatchError(f"{path} holds the calibration of {cal.model!r} on another label set: delete it")
+    cal = read(path)
+    if isinstance(cal, str):
+        _left_out(path, cal)
+        return None
     return cal
 
 
 def stored(folder: Path, labels: Iterable[str]) -> dict[str, Calibration]:
-    """Every stored calibration of ``labels``, by model identity (a cascade's rows come from several)."""
+    """Every stored calibration of ``labels``, by model identity (a cascade's rows come from several);
+    a damaged or out-of-range file is left out (:func:`load`)."""
     digest = labels_digest(labels)
     out: dict[str, Calibration] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            cal = Calibration.model_validate_json(path.read_text())
-        except ValidationError as exc:
-            raise SparkbatchError(f"{path} is not a calibration ({exc.errors()[0]['msg']}): delete it; the next "
-                                  "calibration on the gold rows writes it again") from None
-        if cal.labels_digest == digest and path.name == calibration_key(cal.model, labels):
+        cal = read(path)
+        if isinstance(cal, str):
+            _left_out(path, cal)
+        elif cal.labels_digest == digest:
             out[cal.model] = cal
     return out
+
+
+def damaged(folder: Path) -> list[tuple[Path, str]]:
+    """The calibration files in ``folder`` no reader uses, each with why (for a writer to set aside)."""
+    found = [(p, read(p)) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    return [(p, why) for p, why in found if isinstance(why, str)]
 
 
 def confidence_sql(calibrations: dict[str, Calibration], raw: str = "raw_confidence", model: str = "model") -> str:

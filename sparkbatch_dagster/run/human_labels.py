@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from ..errors import SparkbatchError
 from ..home import JobHome, atomic_write_parquet
+from ..home.review_files import set_aside, set_aside_object, tell_once
 from ..spec import fingerprint
 
 log = logging.getLogger("sparkbatch")
@@ -116,18 +118,87 @@ def pull(home: JobHome) -> int:
 
 
 def _read(home: JobHome) -> tuple[list[HumanLabel], int]:
-    import pyarrow.parquet as pq
-
+    """The labels of every file that is whole (:func:`verify`); a damaged one is fetched again from a
+    bucket home, else left out, with one warning line (a writer sets it aside: :func:`heal`)."""
     found: list[HumanLabel] = []
     files = sorted(labels_folder(home).glob("*.parquet"))
     for path in files:
-        try:
-            table = pq.read_table(path, columns=list(COLUMNS))
-        except Exception as exc:  # a damaged file: say which, and that it can go
-            raise SparkbatchError(f"{path} is not a human-labels file ({str(exc).splitlines()[0]}): delete it and "
-                                  "run `sparkbatch review import` again") from None
-        found += [HumanLabel(**r) for r in table.to_pylist()]
+        got = verify(path)
+        if isinstance(got, str) and _refetch(home, path):
+            got = verify(path)
+        if isinstance(got, str):
+            tell_once(path, f"{path} is left out ({got}): its labels are not read until a good copy comes back "
+                            "(`sparkbatch run` sets the file aside; `sparkbatch review import` adds what it held)")
+            continue
+        found += got
     return found, len(files)
+
+
+def verify(path: Path) -> list[HumanLabel] | str:
+    """The labels in ``path``, or why it is damaged: it does not parse, or its content is not the
+    one its name is the digest of (every file is named by what it holds, :func:`_write`)."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path, columns=list(COLUMNS))
+        found = [HumanLabel(**r) for r in table.to_pylist()]
+    except FileNotFoundError:
+        return "gone"
+    except Exception as exc:  # noqa: BLE001 - pyarrow's many ways of saying the bytes are not Parquet
+        said = (str(exc).replace(f"'{path}'", "").replace(str(path), "").splitlines() or [type(exc).__name__])[0]
+        return f"not a human-labels file: {said.strip()[:160]}"
+    if not found or path.stem != _digest(found):
+        return "its labels are not the ones its name is the digest of"
+    return found
+
+
+def _digest(found: list[HumanLabel]) -> str:
+    return hashlib.sha256(json.dumps([asdict(h) for h in found], sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _refetch(home: JobHome, path: Path) -> bool:
+    """With a bucket home, the bucket's copy of a damaged cache file, if it is whole (then it
+    replaces the cache's); True if it did."""
+    if home.remote is None:
+        return False
+    tmp = path.with_name(f".{path.name}.check")
+    try:
+        home.remote.bucket.get_file(home.remote.rel(path), tmp)
+    except FileNotFoundError:
+        return False
+    if isinstance(verify(tmp), str):
+        tmp.unlink(missing_ok=True)
+        return False
+    os.replace(tmp, path)
+    log.warning("%s was damaged in this cache: fetched again from %s", path, home.location)
+    return True
+
+
+def heal(home: JobHome) -> list[str]:
+    """A writer's repair of the store (``sparkbatch run``, an import, the review assets), after the
+    cache was refreshed: a damaged cache file comes again from the bucket (:func:`_read`); a file whole
+    here and damaged or absent in the bucket is published again (named by its content, the same file);
+    a file with no good copy left is set aside here and in the bucket, kept, and its loss reported.
+    Returns the names of the files lost (their labels stay in Label Studio: import again)."""
+    folder = labels_folder(home)
+    listing = home.remote.bucket.list(home.remote.rel(folder)) if home.remote is not None else {}
+    lost: dict[str, str] = {}
+    for path in sorted(folder.glob("*.parquet")):
+        why = verify(path)
+        if isinstance(why, str) and not _refetch(home, path):
+            lost[path.name] = why
+            continue
+        if home.remote is not None and listing.get(path.name) != path.stat().st_size:
+            log.warning("%s: the bucket's copy is %s: published again from this box's whole copy", path.name,
+                        "missing" if path.name not in listing else "damaged")
+            home.publish(path)
+    then = ("the labels only it held are lost from the store: `sparkbatch review import` adds them again from "
+            "Label Studio (a box whose cache holds a whole copy publishes it again at its next run)")
+    for name, why in lost.items():
+        if home.remote is not None and name in listing:
+            set_aside_object(home.remote.bucket, f"{home.remote.rel(folder)}/{name}")
+        set_aside(folder / name, f"{why}; no whole copy here{' or in the bucket' if home.remote else ''}", then)
+    return sorted(lost)
 
 
 def _latest(found: Iterable[HumanLabel]) -> dict[str, HumanLabel]:
@@ -171,6 +242,7 @@ def merge(home: JobHome, found: Sequence[HumanLabel], labels: Sequence[str]) -> 
     A label outside ``labels`` refuses the whole merge before anything is written."""
     check(found, labels)
     pull(home)
+    heal(home)
     stored, _ = _read(home)
     known = set(stored)
     latest = _latest(stored)
@@ -192,8 +264,7 @@ def merge(home: JobHome, found: Sequence[HumanLabel], labels: Sequence[str]) -> 
 def _write(home: JobHome, new: list[HumanLabel]) -> Path:
     import pyarrow as pa
 
-    body = json.dumps([asdict(h) for h in new], sort_keys=True).encode()
-    path = labels_folder(home) / f"{hashlib.sha256(body).hexdigest()[:32]}.parquet"
+    path = labels_folder(home) / f"{_digest(new)}.parquet"
     names = [f.name for f in fields(HumanLabel)]
     table = pa.Table.from_pydict({n: [getattr(h, n) for h in new] for n in names},
                                  schema=pa.schema([(n, pa.string()) for n in names]))

@@ -30,7 +30,7 @@ from ..spec import JobSpec
 from . import human_labels
 from .calibration_map import Calibration, stored
 from .records import OutputRow
-from .review_queue import threshold_path
+from .review_store import heal
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,11 @@ class Marks:
 
 
 def pull(home: JobHome) -> None:
-    """With a bucket home, bring into the cache what another box learnt or imported: the
-    calibrations, the review threshold and the human labels (each written whole, published when
-    written); a folder home has them already."""
-    if home.remote is None:
-        return
-    human_labels.pull(home)
-    rel = home.remote.rel(home.calibration_dir)
-    for name in sorted(home.remote.bucket.list(rel)):
-        if name.endswith(".json") and "/" not in name:
-            home.remote.fetch(home.calibration_dir / name)
-    home.remote.fetch(threshold_path(home))
+    """For a writer (a run, the review assets): bring into the cache what another box learnt or
+    imported (the calibrations, the review threshold and the human labels, each published when
+    written; a folder home has them already), then set aside what is damaged (:mod:`.review_store`)."""
+    home.pull_review()
+    heal(home)
 
 
 def job_labels(spec: JobSpec) -> list[str]:

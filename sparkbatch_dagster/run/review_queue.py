@@ -21,8 +21,8 @@ from typing import Literal
 
 import msgspec
 
-from ..errors import SparkbatchError
 from ..home import JobHome, atomic_write_text
+from ..home.review_files import tell_once
 from ..spec import JobSpec
 
 
@@ -78,15 +78,34 @@ def save_threshold(home: JobHome, plan: ReviewThreshold) -> Path:
 
 
 def load_threshold(home: JobHome) -> ReviewThreshold | None:
-    """The stored plan, or None; a damaged file stops here, naming it and the fix."""
+    """The stored plan, or None: also when the file is damaged or out of range (:func:`read_threshold`),
+    left out with one warning line (``sparkbatch run`` sets it aside, analytics writes it again)."""
     path = threshold_path(home)
     if not path.exists():
         return None
+    plan = read_threshold(path)
+    if isinstance(plan, str):
+        tell_once(path, f"{path} is left out ({plan}): the review goes on as if no plan were stored until "
+                        "analytics writes it again from the gold rows (`sparkbatch run` sets the file aside)")
+        return None
+    return plan
+
+
+def read_threshold(path: Path) -> ReviewThreshold | str:
+    """The plan in ``path``, or why no reader may use it: it does not parse, or a share, count or
+    threshold in it is out of range."""
     try:
-        return msgspec.json.decode(path.read_bytes(), type=ReviewThreshold)
+        plan = msgspec.json.decode(path.read_bytes(), type=ReviewThreshold)
     except msgspec.DecodeError as exc:  # malformed JSON, or a field of the wrong type (ValidationError)
-        raise SparkbatchError(f"{path} is not a review threshold ({exc}): delete it; the analytics asset writes "
-                              "it again from the gold rows") from None
+        return f"not a review threshold: {exc}"
+    shares = [plan.target, *(v for i in (plan.reviewed, plan.caught) for v in (i.value, i.low, i.high))]
+    counts = [plan.gold_rows, plan.errors, plan.folds,
+              *(n for i in (plan.reviewed, plan.caught) for n in (i.count, i.of))]
+    if not all(0.0 <= v <= 1.0 for v in shares) or plan.target == 0 or min(counts) < 0:
+        return "a share outside [0, 1] or a negative count"
+    if not 0.0 <= plan.threshold <= 1.0 + 1e-9:  # NaN fails too; just above 1 takes in the rows at 1.0
+        return f"threshold {plan.threshold!r} is not a confidence"
+    return plan
 
 
 def asked(spec: JobSpec) -> tuple[Literal["budget", "catch_errors"], float] | None:

@@ -124,12 +124,13 @@ def test_times_are_kept_in_utc_and_a_time_without_a_zone_is_refused():
         hl.utc_iso("yesterday")
 
 
-def test_a_damaged_file_is_named_with_the_fix(tmp_path):
+def test_a_damaged_file_is_left_out_naming_it_and_the_fix(tmp_path, caplog):
     home = JobHome(tmp_path / "home")
-    hl.labels_folder(home).mkdir(parents=True)
+    merge(home, [lab("r1", "fruit")], LABELS)
     (hl.labels_folder(home) / "0000.parquet").write_bytes(b"not parquet")
-    with pytest.raises(SparkbatchError, match=r"0000\.parquet is not a human-labels file .*delete it"):
-        load(home, LABELS)
+    got = load(home, LABELS)
+    assert set(got) == {"r1"} and got.files == 2  # the whole file's labels, and the damaged one counted
+    assert "0000.parquet is left out (not a human-labels file: " in caplog.text and "review import" in caplog.text
 
 
 def test_no_store_yet_loads_empty(tmp_path):
