@@ -1,0 +1,73 @@
+"""A fresh install, timed: `make install` (or `make label-studio`) in a fresh clone, as a newcomer runs it.
+
+    python benchmarks/install_time.py --rev HEAD --out benchmarks/results/install-cpu-uv-lock.json
+    python benchmarks/install_time.py --rev 5c2a0b7 --out ...      # the Makefile before the locks (pip)
+    python benchmarks/install_time.py --cold ...                   # pip's and uv's caches empty too
+
+The clone lives in a temporary folder (the working checkout's venvs are never touched) and is
+removed after. ``--cold`` gives pip and uv empty cache folders, a machine that never installed
+anything; without it they use this user's caches, as a second checkout on the same machine does.
+The load average before and after is in the file: other work on the machine slows an install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from results_io import emit  # noqa: E402
+
+
+def installer(clone: Path) -> str:
+    """uv (from a lock) when the clone's Makefile installs with uv, else pip (resolving)."""
+    return "uv-lock" if "uv pip sync" in (clone / "Makefile").read_text() else "pip-resolve"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rev", default="HEAD", help="the commit whose Makefile installs (default HEAD)")
+    ap.add_argument("--target", default="install", choices=["install", "label-studio"])
+    ap.add_argument("--cold", action="store_true", help="empty pip and uv caches")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.rev], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="sparkbatch-install-") as tmp:
+        clone = Path(tmp) / "clone"
+        subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+        subprocess.run(["git", "-C", str(clone), "checkout", "-q", rev], check=True)
+        env = {**os.environ, "SPARKBATCH_EXTRA": "cpu"}
+        env.pop("VIRTUAL_ENV", None)
+        if args.cold:
+            env.update(PIP_CACHE_DIR=f"{tmp}/pip-cache", UV_CACHE_DIR=f"{tmp}/uv-cache")
+        targets = ["install"] if args.target == "install" else ["install", "label-studio"]
+        seconds = {}
+        load_before = os.getloadavg()
+        for target in targets:
+            started = time.perf_counter()
+            run = subprocess.run(["make", target], cwd=clone, env=env, capture_output=True, text=True)
+            seconds[target] = round(time.perf_counter() - started, 1)
+            if run.returncode != 0:
+                sys.exit(f"make {target} failed ({run.returncode}):\n{run.stderr[-3000:]}")
+        result = {
+            "benchmark": "install_time", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+            "target": args.target, "installer": installer(clone), "cold_caches": args.cold,
+            "seconds": seconds[args.target], "steps_s": seconds, "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in os.getloadavg()], "code": rev,
+            "command": "python benchmarks/install_time.py " + " ".join(sys.argv[1:]),
+        }
+        shutil.rmtree(clone, ignore_errors=True)
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
