@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import time
 from typing import Any
 
 from ..definitions.deploy import pool_limit
 from ..definitions.factory import BatchJob
+from ..definitions.prestart import Prestart
 from ..definitions.resource import VLLMResource
 from ..engines.gpu_lock import wait_for_stops
 from ..engines.platform.spans import Collected, collecting
@@ -98,6 +100,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     from dagster import materialize
 
     clock = _Clock()
+    early = _start_engine_early(job, defs, only)
     inst, assets = shard(job, defs)
     job.home.heal_current()  # a damaged pointer, even when nothing is left to label
     clock.lap("shard")
@@ -124,6 +127,8 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
                 bar.close()
         clock.lap("label")
         clock.laps.update(label_parts(found, began, time.perf_counter(), clock.laps["label"]))
+        if early is not None and not early.in_flight:  # the whole start, begun before sharding
+            clock.laps["engine_start_ahead"] = round(early.seconds, 2)
         # Its own run, as a backfill in the UI runs it: labeled_outputs' run has no end-of-run output.
         materialize(assets, selection=[job.keys["run_metrics"]], resources=resources, instance=inst,
                     run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
@@ -139,6 +144,25 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
         clock.laps["engine_stop_background"] = round(stopped_s, 2)
     done = summary(job, resource, after, sorted(set(missing) - set(after.missing)), result, run_ids)
     return dataclasses.replace(done, timings_s=clock.laps)
+
+
+def _start_engine_early(job: BatchJob, defs: Any, only: tuple[str, str] | None) -> Prestart | None:
+    """Begin the engine's start now, in a thread, when this run will label: sharding, the Dagster
+    run's start and the first shards' reading, rendering and store lookups then run while vLLM
+    loads, not before it (issue 61; ``definitions/prestart.py``). None, and nothing started, for a
+    cascade (its stages start when their rows need them), servers someone else runs, or a job
+    whose shards are all done under this version: a rerun with nothing to label starts no engine
+    (one whose input grew starts its engine at its first prompt, as every run did before)."""
+    resource = defs.resources.get(job.resource_key)
+    if not isinstance(resource, VLLMResource) or job.spec.cascade:
+        return None
+    manifest = job.home.read_manifest()
+    if manifest is not None:
+        done = set(job.done_partitions(resource))
+        if all(k in done or (only and not only[0] <= k <= only[1]) for k in manifest["keys"]):
+            return None
+    resource.use_home(job.home, logging.getLogger("sparkbatch"))  # the compile cache travels with it
+    return resource.prestart()
 
 
 def run_batch(job: BatchJob, defs: Any, out: Any, errors: Any = None) -> dict[str, Any]:
@@ -267,11 +291,14 @@ def summary(job: BatchJob, resource: VLLMResource, st: Status, ran: list[str], r
         wall_s=round(wall, 2), tokens_per_hour=round(tokens / wall * 3600) if wall else 0,
         cost_usd=check.cost_usd, generation_cost_usd=check.generation_cost_usd, engine_start_s=check.engine_start_s,
         engine_start_cost_usd=check.engine_start_cost_usd, accuracy=facts.accuracy,
+        accuracy_rows=facts.accuracy_rows, accuracy_after_review=facts.accuracy_after_review,
         generated=sum(s.generated_requests or 0 for s in this_run), reused=sum(s.reused_rows for s in this_run),
         prediction=check.prediction, attempts=bill.attempts, attempts_cost_usd=bill.attempts_cost_usd,
         wasted_usd=bill.wasted_usd, engine_starts=starts,
         version=version, home=str(job.home.root), success=bool(result.success),
-        review_rows=sure.review_rows if sure else None, review_threshold=sure.review_below if sure else None,
+        review_rows=sure.review_rows if sure else None,
+        review_threshold=sure.review_below if sure and sure.review_share is None else None,
+        review_share=sure.review_share if sure else None, review_note=(sure.review_note or None) if sure else None,
         calibration=calibration_summary(job),
     )
 

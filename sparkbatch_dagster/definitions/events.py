@@ -92,11 +92,17 @@ def confidence_metadata(summary: Confidence | None, table: list[dict[str, Any]] 
     out: dict[str, Any] = {}
     if summary is not None:
         out.update(confidence_mean=summary.mean, review_rows=summary.review_rows, review_below=summary.review_below)
+        if summary.review_share is not None:  # a rank cut: the share is the number; review_below is unused
+            out.update(review_share=summary.review_share, review_cut=summary.review_cut)
+            out.pop("review_below")
+        if summary.review_note:
+            out["review_note"] = MetadataValue.text(summary.review_note)
     if table:
-        cols = ["bucket", "rows", "correct", "accuracy", "mean_confidence"]
-        head = "| confidence | rows | correct | accuracy | mean confidence |\n|---|---|---|---|---|\n"
+        cols = ["bucket", "rows", "truth_rows", "correct", "accuracy", "mean_confidence"]
+        head = ("| confidence | rows | rows with a truth | correct | accuracy (of rows with a truth) | mean confidence "
+                "|\n|---|---|---|---|---|---|\n")
         out["reliability"] = MetadataValue.md(head + "\n".join(
-            "| " + " | ".join(str(b[c]) for c in cols) + " |" for b in table))
+            "| " + " | ".join(str(b.get(c, b["rows"])) for c in cols) + " |" for b in table))
         out["reliability_summary"] = MetadataValue.text("\n".join(describe(table)))
     return out
 

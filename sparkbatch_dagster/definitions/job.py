@@ -115,7 +115,8 @@ class BatchJob:
 
     def read_outputs(self, partitions: list[str] | None = None, require: bool = False) -> Any:
         """The current labeled rows (every committed partition, or ``partitions``) as a pyarrow
-        Table: what a downstream asset reads, without an engine resource. ``require``: each of
+        Table: what a downstream asset reads, without an engine resource, as the ``labeled`` view
+        shows them: reviewers' labels over the model's and the newest calibrated confidence. ``require``: each of
         ``partitions`` must be committed (else an error naming them); without it one that is not
         is left out.
 
@@ -133,11 +134,14 @@ class BatchJob:
         import pyarrow.parquet as pq
 
         from ..run.checkpoint import OUTPUT_SCHEMA
+        from ..run.review_marks import Marks, marked
 
         version, keys = self._committed(partitions, require)
         # With the schema: files written before a column existed read with it null.
         tables = [pq.read_table(self.home.labeled_path(version, k), schema=OUTPUT_SCHEMA) for k in keys]
-        return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
+        # What the views show: reviewers' labels and the newest calibration (run/review_marks.marked).
+        return marked(pa.concat_tables(tables), Marks.of(self.spec, self.home)) if tables \
+            else OUTPUT_SCHEMA.empty_table()
 
     def read_run_metrics(self, partitions: list[str] | None = None, require: bool = False) -> Any:
         """The current version's per-partition statistics (rows, errors, tokens, seconds, cost:

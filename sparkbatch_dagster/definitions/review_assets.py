@@ -36,7 +36,7 @@ from dagster import (
 
 from ..errors import SparkbatchError
 from ..estimate.gold_fit import GoldFit, fit_on_gold
-from ..run import human_labels, metrics, review_marks
+from ..run import human_labels, metrics, review_marks, review_members
 from ..run.query import read_only
 from ..run.review_marks import job_labels
 from ..run.review_queue import threshold_of
@@ -84,9 +84,10 @@ def fit_metadata(fit: GoldFit | None) -> dict[str, Any]:
         other = p.caught if p.asked == "budget" else p.reviewed
         what = "errors caught" if p.asked == "budget" else "rows reviewed"
         out["review_plan"] = MetadataValue.text(
-            f"review {p.asked}={p.target:g} -> confidence under {p.threshold:.4f}: {what} {other.value:.1%} "
-            f"(95% interval {other.low:.1%}-{other.high:.1%}, held out over {p.folds} folds of {p.rows} gold rows)")
-        out["review_threshold"] = round(p.threshold, 6)
+            f"review {p.asked}={p.target:g} -> the least sure {p.share:.1%} of rows: {what} {other.value:.1%} "
+            f"(95% interval {other.low:.1%}-{other.high:.1%}, held out: maps and method chosen without the rows "
+            f"scored, over {p.folds} folds of {p.rows} gold rows)")
+        out["review_share"] = round(p.share, 6)
     elif fit.why:
         out["review_plan"] = MetadataValue.text(fit.why)
     return out
@@ -105,6 +106,7 @@ def build_review_assets(job: BatchJob, io: dict[str, Any], group: str) -> list[A
     def review_queue(context: AssetExecutionContext) -> MaterializeResult:
         home.refresh()
         version = job.current_version()
+        publish_queue(job, version, "review_queue")
         return MaterializeResult(metadata=_queue_metadata(job, version))
 
     @asset(key=job.keys["human_labels"], deps=[review_queue], group_name=group, kinds={"duckdb"}, **io,
@@ -117,6 +119,7 @@ def build_review_assets(job: BatchJob, io: dict[str, Any], group: str) -> list[A
         home.refresh()
         version = job.current_version()
         people = human_labels.load(home, job_labels(spec))
+        publish_queue(job, version, "human_labels")  # what the cut in force queued stays queued after the refit
         fit, _ = refresh(job, version)  # the corrected rows are gold now: calibrate and refresh the views
         queue = _queue_metadata(job, version)
         yield MaterializeResult(metadata={"human_labels": len(people), **_corrections(job, version),
@@ -126,10 +129,22 @@ def build_review_assets(job: BatchJob, io: dict[str, Any], group: str) -> list[A
         yield AssetCheckResult(check_name=REVIEW_COMPLETE, passed=waiting == 0, severity=AssetCheckSeverity.ERROR,
                                metadata={"rows_waiting_for_review": waiting, "human_labels": len(people)},
                                description=None if waiting == 0 else
-                               f"{waiting} row(s) under the review threshold have no reviewer's label: "
+                               f"{waiting} queued row(s) have no reviewer's label and were not dismissed: "
                                "`sparkbatch review export`, review them, `sparkbatch review import`")
 
     return [review_queue, human_labels_asset]
+
+
+def publish_queue(job: BatchJob, version: str, by: str) -> int:
+    """Record every row the cut in force selects as queued (:mod:`..run.review_members`), so a later
+    cut never drops it; returns how many rows the queue holds (waiting, reviewed or dismissed)."""
+    if not job.home.has_commits(version):
+        return 0
+    job.home.pull_review()
+    with read_only(job.spec, job.home, version) as con:
+        ids = [r for (r,) in con.execute("SELECT row_id FROM queued").fetchall()]
+    review_members.remember(job.home, ids, "queued", by=by, note=threshold_of(job.spec, job.home).describe())
+    return len(ids)
 
 
 def _queue_metadata(job: BatchJob, version: str) -> dict[str, Any]:
@@ -138,13 +153,18 @@ def _queue_metadata(job: BatchJob, version: str) -> dict[str, Any]:
         raise SparkbatchError("no partition is labeled yet: materialize labeled_outputs first")
     t = threshold_of(spec, home)
     with read_only(spec, home, version) as con:
-        queued, rows = con.execute("SELECT (SELECT count(*) FROM review), count(*) FROM labeled").fetchone()
+        queued, rows = con.execute("SELECT (SELECT count(*) FROM review), count(confidence) FROM labeled").fetchone()
+        states = dict(con.execute("SELECT review_state, count(*) FROM queued GROUP BY ALL").fetchall())
         first = con.execute("SELECT row_id, output, round(confidence, 4) AS confidence FROM review LIMIT 10").fetchall()
     out: dict[str, Any] = {"queue_rows": int(queued), "queue_share": round(queued / rows, 4) if rows else 0.0,
-                           "queue_threshold": round(t.threshold, 6),
+                           "queue_cut": t.describe(), "queue_reviewed": int(states.get("reviewed", 0)),
+                           "queue_dismissed": int(states.get("dismissed", 0)),
+                           "queue_ever": int(sum(states.values())),
                            "queue_first": MetadataValue.md(md_table(
                                [{"row_id": r, "output": o, "confidence": c} for r, o, c in first],
                                ["row_id", "output", "confidence"]))}
+    if t.share is None:
+        out["queue_threshold"] = round(t.threshold, 6)
     if t.plan is not None:
         out["queue_expected_errors_caught"] = MetadataValue.json(
             {"value": t.plan.caught.value, "low": t.plan.caught.low, "high": t.plan.caught.high})

@@ -6,8 +6,9 @@ right, learnt from gold rows ``(confidence, correct)``. The candidates are ``non
 is), ``temperature`` (``sigmoid(a * logit(c))``), ``platt`` (``sigmoid(a * logit(c) + b)``) and
 ``isotonic`` (a monotone step-wise map), all fitted with scikit-learn; the one with the lowest
 Brier score on held-out folds (k-fold, stratified on right/wrong) wins and is then fitted on every
-gold row. Every figure after calibration is on held-out rows (cross-validated predictions): a map
-fitted and scored on the same rows, isotonic above all, looks better than it is.
+gold row. Every figure after calibration is on held-out rows, nested: in each outer fold the method
+is chosen (inner folds) and fitted on the other rows only. A map fitted and scored on the same rows,
+isotonic above all, looks better than it is, and so does the best of four scored where it was picked.
 
 The fitted map is a frozen :class:`Calibration` of plain numbers (no pickled scikit-learn object),
 stored as JSON per model identity and label set (:func:`calibration_key`, :func:`save`, :func:`load`);
@@ -33,8 +34,8 @@ from ..errors import SparkbatchError
 from ..run.calibration_map import Calibration, Method, calibration_key, labels_digest, load, logit, save
 
 __all__ = ["METHODS", "Calibration", "CalibrationReport", "Candidate", "Method", "ReliabilityBin", "Scores",
-           "brier", "calibrate", "calibration_key", "cross_validated", "ece", "fit", "labels_digest", "load",
-           "reliability_table", "save", "scores", "too_few"]
+           "brier", "calibrate", "calibration_key", "choose", "cross_validated", "ece", "fit", "labels_digest", "load",
+           "nested", "reliability_table", "save", "scores", "too_few"]
 #: Candidates fitted and compared, ``none`` among them: a map must beat the raw confidence to be kept.
 METHODS: tuple[Method, ...] = ("none", "temperature", "platt", "isotonic")
 #: Fewer gold rows than this (or fewer right or wrong answers than :data:`FOLDS`): no map is fitted.
@@ -74,8 +75,8 @@ class Candidate:
 @dataclass(frozen=True)
 class CalibrationReport:
     """The chosen map (fitted on every gold row), the scores before (raw, nothing fitted) and after
-    (the chosen method's held-out predictions), every candidate's held-out scores, and both
-    reliability tables (after: of the held-out predictions)."""
+    (nested held-out predictions: method and map chosen without the row), every candidate's
+    held-out scores, and both reliability tables (after: of the held-out predictions)."""
 
     calibration: Calibration
     folds: int
@@ -84,6 +85,8 @@ class CalibrationReport:
     candidates: tuple[Candidate, ...]
     reliability_before: tuple[ReliabilityBin, ...]
     reliability_after: tuple[ReliabilityBin, ...]
+    #: Each row's calibrated confidence from a map (and a method) chosen without it; raw when no map.
+    held_out: tuple[float, ...] = ()
 
 
 def _arrays(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.int_]]:
@@ -184,24 +187,50 @@ def too_few(correct: ArrayLike, folds: int = FOLDS) -> str:
     return ""
 
 
+def choose(c: NDArray[np.float64], y: NDArray[np.int_], folds: int, seed: int,
+           bins: int = BINS) -> tuple[Method, tuple[Candidate, ...], dict[Method, NDArray[np.float64]]]:
+    """The method with the lowest ``folds``-fold held-out Brier score on these rows (ties: the
+    simpler), every candidate's held-out scores and predictions."""
+    held = {m: cross_validated(m, c, y, folds, seed) for m in METHODS}
+    candidates = tuple(Candidate(m, scores(p, y, bins)) for m, p in held.items())
+    best = min(candidates, key=lambda x: (x.held_out.brier, METHODS.index(x.method)))
+    return best.method, candidates, held
+
+
+def nested(c: NDArray[np.float64], y: NDArray[np.int_], folds: int = FOLDS, seed: int = 0) -> NDArray[np.float64]:
+    """Each row's calibrated confidence from a map that never saw it, the method too chosen without
+    it: per outer fold, :func:`choose` on the other folds' rows (its own inner folds), fitted there.
+    An outer training set too small to compare maps keeps the raw confidence (``none``)."""
+    out = np.empty_like(c)
+    for train, test in _folds(y, folds, seed):
+        method: Method = "none"
+        if not too_few(y[train], folds):
+            method = choose(c[train], y[train], folds, seed)[0]
+        out[test] = fit(method, c[train], y[train], "", ()).apply(c[test])
+    return out
+
+
 def calibrate(confidence: ArrayLike, correct: ArrayLike, model: str, labels: Sequence[str], folds: int = FOLDS,
               seed: int = 0, bins: int = BINS) -> CalibrationReport:
     """Fit every candidate in ``folds``-fold cross-validation, keep the one with the lowest held-out
     Brier score (``none`` when none beats the raw confidence, or when :func:`too_few` says so) and
-    fit it on every row. The report's ``after`` is that method's held-out scores."""
+    fit it on every row. The report's ``after`` is held out all the way (:func:`nested`): the method
+    chosen inside each fold, so picking the best of four on the rows it is scored on flatters nothing;
+    ``held_out`` keeps those predictions, one per row, for the review plan."""
     c, y = _arrays(confidence, correct)
     before = scores(c, y, bins)
     why = too_few(y, folds)
     if why:
         cal = fit("none", c, y, model, labels).model_copy(update={"reason": why})
         table = reliability_table(c, y, bins)
-        return CalibrationReport(cal, folds, before, before, (), table, table)
-    held = {m: cross_validated(m, c, y, folds, seed) for m in METHODS}
-    candidates = tuple(Candidate(m, scores(p, y, bins)) for m, p in held.items())
-    best = min(candidates, key=lambda x: (x.held_out.brier, METHODS.index(x.method)))
-    reason = f"lowest held-out Brier score of {', '.join(METHODS)} in {folds}-fold cross-validation"
-    cal = fit(best.method, c, y, model, labels).model_copy(update={
-        "reason": reason, "ece_before": round(before.ece, 6), "ece_after": round(best.held_out.ece, 6),
-        "brier_before": round(before.brier, 6), "brier_after": round(best.held_out.brier, 6)})
-    return CalibrationReport(cal, folds, before, best.held_out, candidates, reliability_table(c, y, bins),
-                             reliability_table(held[best.method], y, bins))
+        return CalibrationReport(cal, folds, before, before, (), table, table, tuple(map(float, c)))
+    method, candidates, _ = choose(c, y, folds, seed, bins)
+    held = nested(c, y, folds, seed)
+    after = scores(held, y, bins)
+    reason = (f"lowest held-out Brier score of {', '.join(METHODS)} in {folds}-fold cross-validation (figures "
+              "after: nested, the method chosen inside each fold)")
+    cal = fit(method, c, y, model, labels).model_copy(update={
+        "reason": reason, "ece_before": round(before.ece, 6), "ece_after": round(after.ece, 6),
+        "brier_before": round(before.brier, 6), "brier_after": round(after.brier, 6)})
+    return CalibrationReport(cal, folds, before, after, candidates, reliability_table(c, y, bins),
+                             reliability_table(held, y, bins), tuple(map(float, held)))

@@ -6,14 +6,15 @@ a confidence; right means the MODEL's own answer equals the truth, so a correcte
 calibration what the model got wrong. Per model identity (a cascade's rows are each their stage's):
 the calibration chosen by cross-validation (``calibration.calibrate``), stored where runs and views
 read it when a map could be fitted, with ECE and Brier before and after on held-out rows and the
-reliability chart. Over all rows, on the calibrated confidences the ``review`` view compares: the
-budget curve (errors caught at 5, 10 and 20% of rows reviewed) and, when ``JobSpec.review`` asks for
-a budget or an error target, the threshold it becomes (``run/review_queue.py``).
+reliability chart. Over all rows, on each row's calibrated confidence from a map that never saw it
+(nested: ``CalibrationReport.held_out``), ranked as the ``review`` view ranks: the budget curve (errors
+caught at 5, 10 and 20% of rows reviewed) and, when ``JobSpec.review`` asks for a budget or an error
+target, the share of rows it becomes (``run/review_queue.py``), its figures held out.
 
 Example::
 
     fit = fit_on_gold(spec, home, version)
-    fit.models[0].report.after.ece, fit.plan.threshold if fit.plan else None
+    fit.models[0].report.after.ece, fit.plan.share if fit.plan else None
 """
 
 from __future__ import annotations
@@ -86,11 +87,14 @@ def fit_on_gold(spec: JobSpec, home: JobHome, version: str) -> GoldFit:
     labels = job_labels(spec)
     models = tuple(_fit_model(home, m, [(c, ok) for mm, c, ok in rows if mm == m], labels)
                    for m in sorted({m for m, _, _ in rows}))
-    maps = {f.model: f.report.calibration for f in models}
-    conf = np.array([float(maps[m].apply(c)) for m, c, _ in rows])
+    # Each row's confidence from a map (and method) fitted without it: the plan and the curve are
+    # scored on rows their map never saw. Rows keep their row-id order (ties broken by it).
+    held = {f.model: iter(f.report.held_out) for f in models}
+    conf = np.array([next(held[m]) for m, _, _ in rows])
+    raw = np.array([c for _, c, _ in rows])
     right = np.array([ok for _, _, ok in rows])
-    curve = budget_curve(conf, right)
-    plan, why = _plan(spec, home, conf, right)
+    curve = budget_curve(conf, right, raw)
+    plan, why = _plan(spec, home, conf, right, raw)
     return GoldFit(len(rows), models, curve, plan, why)
 
 
@@ -102,21 +106,24 @@ def _fit_model(home: JobHome, model: str, rows: list[tuple[float, bool]], labels
         path = save(cal, home.calibration_dir, labels)
         home.publish(path)
     slug = path.stem if path else model.split("@")[0].rsplit("/", 1)[-1]
-    chart = write_review_chart(report, budget_curve([c for c, _ in rows], [ok for _, ok in rows]),
+    raw = [c for c, _ in rows]
+    chart = write_review_chart(report, budget_curve(report.held_out, [ok for _, ok in rows], raw),
                                home.review_dir / f"calibration-{slug}.png", title=model)
     return ModelFit(model, report, path, chart)
 
 
-def _plan(spec: JobSpec, home: JobHome, conf: np.ndarray, right: np.ndarray) -> tuple[ReviewPlan | None, str]:
+def _plan(spec: JobSpec, home: JobHome, conf: np.ndarray, right: np.ndarray,
+          raw: np.ndarray) -> tuple[ReviewPlan | None, str]:
     want = asked(spec)
     if want is None:
         return None, ""
     try:
-        plan = plan_budget(conf, right, want[1]) if want[0] == "budget" else plan_catch_errors(conf, right, want[1])
+        plan = (plan_budget(conf, right, want[1], raw=raw) if want[0] == "budget"
+                else plan_catch_errors(conf, right, want[1], raw=raw))
     except SparkbatchError as exc:
         return None, str(exc)
-    save_threshold(home, ReviewThreshold(asked=plan.asked, target=plan.target, threshold=plan.threshold,
-                                         reviewed=plan.reviewed.rounded(), caught=plan.caught.rounded(),
-                                         gold_rows=plan.rows, errors=plan.errors, folds=plan.folds))
+    save_threshold(home, ReviewThreshold(asked=plan.asked, target=plan.target, share=plan.share,
+                                         threshold=plan.threshold, reviewed=plan.reviewed.rounded(),
+                                         caught=plan.caught.rounded(), gold_rows=plan.rows, errors=plan.errors,
+                                         folds=plan.folds))
     return plan, ""
-

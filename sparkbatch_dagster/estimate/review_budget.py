@@ -1,22 +1,22 @@
 """A review budget: which rows a person checks, chosen by the errors that catches.
 
 A labeling lead decides "I can review 10% of rows: which 10%, and how many errors does that catch?"
-or "I need 80% of errors caught: how many rows is that?". Rows are reviewed least sure first
-(confidence under a threshold, as the ``review`` view lists them), so from gold rows
-``(confidence, correct)`` follow the curve "share of rows reviewed -> share of errors caught"
-(:func:`budget_curve`) and the threshold of a row budget (:func:`plan_budget`) or of an error target
-(:func:`plan_catch_errors`).
+or "I need 80% of errors caught: how many rows is that?". Rows are reviewed least sure first, as a
+rank cut (:func:`order`: the calibrated confidence, ties broken by the model's raw confidence, then
+by row order), so a share of rows is exactly that many rows even when the calibration is constant
+or stepped and many rows tie on one value. From gold rows ``(confidence, correct)`` follow the curve
+"share of rows reviewed -> share of errors caught" (:func:`budget_curve`) and the plan of a row budget
+(:func:`plan_budget`) or of an error target (:func:`plan_catch_errors`): a share of rows.
 
-The threshold is chosen on every gold row; the figures a plan reports (the share of errors caught, the
-share of rows reviewed) are held out: each fold's rows are scored at the threshold the other folds
-chose, pooled, with a 95% Wilson interval. Chosen and scored on the same rows they would be optimistic.
-
-Pass the confidences the ``review`` view compares: calibrated ones when rows carry calibrated ones.
+The figures a plan reports (the share of errors caught, the share of rows reviewed) are held out:
+pass confidences calibrated by maps that never saw their row (``calibration.CalibrationReport.
+held_out``), and an error target's share is chosen on the other folds than the ones it is scored on,
+pooled, with a 95% Wilson interval. Chosen and scored on the same rows they would be optimistic.
 
 Example::
 
-    plan = plan_budget(conf, correct, budget=0.1)
-    plan.threshold, plan.caught.value, (plan.caught.low, plan.caught.high)
+    plan = plan_budget(held_out, correct, budget=0.1, raw=raw)
+    plan.share, plan.caught.value, (plan.caught.low, plan.caught.high)
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ from ..run.review_queue import Interval
 from .choice import wilson
 
 FOLDS = 5
-#: Fewer gold rows than this: no plan (a fold of one or two rows says nothing of a threshold).
+#: Fewer gold rows than this: no plan (a fold of one or two rows says nothing of a share).
 MIN_ROWS = 20
 
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """Reviewing the rows with confidence under ``threshold``: how many rows, how many errors caught."""
+    """Reviewing the ``reviewed`` least sure rows (the last of them at ``threshold``): how many
+    errors that catches."""
 
     threshold: float
     reviewed: int
@@ -52,24 +53,26 @@ class CurvePoint:
 @dataclass(frozen=True)
 class BudgetCurve:
     """The curve "share of rows reviewed -> share of errors caught" over ``rows`` gold rows with ``errors``
-    wrong answers; a point per distinct threshold, from reviewing nothing to reviewing every row."""
+    wrong answers; a point per row count, from reviewing nothing to reviewing every row."""
 
     rows: int
     errors: int
     points: tuple[CurvePoint, ...]
 
     def caught_at(self, share: float) -> float:
-        """The share of errors caught by reviewing at most ``share`` of the rows, least sure first."""
-        return max((p.caught_share for p in self.points if p.reviewed_share <= share + 1e-12), default=0.0)
+        """The share of errors caught by reviewing :func:`cut` (``share``) of the rows, least sure first."""
+        return self.points[cut(share, self.rows)].caught_share if self.points else 0.0
 
 
 @dataclass(frozen=True)
 class ReviewPlan:
-    """A threshold (review the rows whose confidence is under it) turned from ``asked`` = ``target``,
-    with the held-out share of rows it sends to review and of errors it catches."""
+    """``asked`` = ``target`` turned into ``share`` (review the least sure share of rows; ``threshold``:
+    the confidence where that cut falls on the gold rows), with the held-out share of rows it sends to
+    review and of errors it catches."""
 
     asked: Literal["budget", "catch_errors"]
     target: float
+    share: float
     threshold: float
     reviewed: Interval
     caught: Interval
@@ -78,50 +81,51 @@ class ReviewPlan:
     folds: int
 
 
-def _arrays(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+def cut(share: float, rows: int) -> int:
+    """How many of ``rows`` a share reviews: round half up (the ``review`` view's rule, in SQL too)."""
+    return min(rows, int(math.floor(share * rows + 0.5 + 1e-9)))
+
+
+def order(confidence: ArrayLike, raw: ArrayLike | None = None) -> NDArray[np.int_]:
+    """Row positions least sure first: by confidence, ties by ``raw`` (the model's own), then by position."""
+    c = np.asarray(confidence, dtype=np.float64).ravel()
+    r = c if raw is None else np.asarray(raw, dtype=np.float64).ravel()
+    return np.lexsort((np.arange(c.size), r, c)).astype(int)
+
+
+def _arrays(confidence: ArrayLike, correct: ArrayLike,
+            raw: ArrayLike | None) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.float64]]:
     c = np.asarray(confidence, dtype=np.float64).ravel()
     y = np.asarray(correct, dtype=bool).ravel()
-    if c.shape != y.shape:
-        raise SparkbatchError(f"review budget: {c.size} confidences but {y.size} right/wrong values: pass one of "
-                              "each per gold row")
-    if c.size and not np.all(np.isfinite(c)):
+    r = c if raw is None else np.asarray(raw, dtype=np.float64).ravel()
+    if c.shape != y.shape or c.shape != r.shape:
+        raise SparkbatchError(f"review budget: {c.size} confidences but {y.size} right/wrong values ({r.size} raw): "
+                              "pass one of each per gold row")
+    if c.size and not (np.all(np.isfinite(c)) and np.all(np.isfinite(r))):
         raise SparkbatchError("review budget: a confidence is NaN: pass only rows with a confidence")
-    return c, y
+    return c, y, r
 
 
-def budget_curve(confidence: ArrayLike, correct: ArrayLike) -> BudgetCurve:
-    """The curve of these gold rows, a point per distinct confidence (rows tied on it go to review
-    together) and one past the last (every row reviewed)."""
-    c, y = _arrays(confidence, correct)
+def budget_curve(confidence: ArrayLike, correct: ArrayLike, raw: ArrayLike | None = None) -> BudgetCurve:
+    """The curve of these gold rows, least sure first (:func:`order`): a point per number of rows reviewed."""
+    c, y, r = _arrays(confidence, correct, raw)
     n, errors = c.size, int((~y).sum())
-    edges = [*np.unique(c), float(np.nextafter(c.max(), np.inf))] if n else [1.0]
-    points = []
-    for t in edges:
-        below = c < t
-        reviewed, caught = int(below.sum()), int((below & ~y).sum())
-        points.append(CurvePoint(float(t), reviewed, caught, reviewed / n if n else 0.0,
-                                 caught / errors if errors else 0.0))
-    return BudgetCurve(n, errors, tuple(points))
+    ranked = order(c, r)
+    wrong = np.concatenate([[0], np.cumsum(~y[ranked])])
+    at = np.concatenate([[c[ranked[0]] if n else 0.0], c[ranked]])
+    return BudgetCurve(n, errors, tuple(CurvePoint(float(at[k]), k, int(wrong[k]), k / n if n else 0.0,
+                                                   int(wrong[k]) / errors if errors else 0.0) for k in range(n + 1)))
 
 
-def threshold_for_budget(confidence: ArrayLike, budget: float) -> float:
-    """The highest threshold that sends at most ``budget`` of these rows to review (ties on the
-    boundary stay out: a budget is a ceiling)."""
-    c = np.sort(np.asarray(confidence, dtype=np.float64).ravel())
-    k = math.floor(budget * c.size + 1e-9)
-    return float(c[k]) if k < c.size else float(np.nextafter(c[-1], np.inf))
-
-
-def threshold_for_errors(confidence: ArrayLike, correct: ArrayLike, target: float) -> float:
-    """The lowest threshold under which at least ``target`` of these rows' errors lie."""
-    c, y = _arrays(confidence, correct)
-    wrong = np.sort(c[~y])
-    if not wrong.size:  # nothing to catch: review nothing
-        return float(c.min()) if c.size else 0.0
-    need = max(1, math.ceil(target * wrong.size - 1e-9))
-    last = wrong[need - 1]  # the least sure rows up to this error go to review; the next value above stays out
-    above = c[c > last]
-    return float(above.min()) if above.size else float(np.nextafter(last, np.inf))
+def share_for_errors(confidence: ArrayLike, correct: ArrayLike, target: float, raw: ArrayLike | None = None) -> float:
+    """The smallest share of these rows, least sure first, whose rows hold at least ``target`` of the errors."""
+    c, y, r = _arrays(confidence, correct, raw)
+    wrong = int((~y).sum())
+    if not wrong:  # nothing to catch: review nothing
+        return 0.0
+    need = max(1, math.ceil(target * wrong - 1e-9))
+    k = int(np.searchsorted(np.cumsum(~y[order(c, r)]), need)) + 1
+    return k / c.size
 
 
 def _share(count: int, of: int) -> Interval:
@@ -129,8 +133,16 @@ def _share(count: int, of: int) -> Interval:
     return Interval(value=count / of if of else 0.0, low=low, high=high, count=count, of=of)
 
 
+def _at(c: NDArray[np.float64], r: NDArray[np.float64], share: float) -> float:
+    """The confidence of the last row a share reviews (the first row's when it reviews none)."""
+    ranked = order(c, r)
+    k = cut(share, c.size)
+    return float(c[ranked[max(k - 1, 0)]])
+
+
 def _plan(asked: Literal["budget", "catch_errors"], target: float, c: NDArray[np.float64], y: NDArray[np.bool_],
-          choose: Callable[[NDArray[np.float64], NDArray[np.bool_]], float], folds: int, seed: int) -> ReviewPlan:
+          r: NDArray[np.float64], choose: Callable[..., float],
+          folds: int, seed: int) -> ReviewPlan:
     from sklearn.model_selection import KFold, StratifiedKFold
 
     if c.size < MIN_ROWS:
@@ -140,34 +152,37 @@ def _plan(asked: Literal["budget", "catch_errors"], target: float, c: NDArray[np
     split = (StratifiedKFold if min(y.sum(), (~y).sum()) >= folds else KFold)(folds, shuffle=True, random_state=seed)
     reviewed = caught = 0
     for train, test in split.split(c, y):
-        t = choose(c[train], y[train])
-        below = c[test] < t
-        reviewed += int(below.sum())
-        caught += int((below & ~y[test]).sum())
+        share = choose(c[train], y[train], r[train])
+        sent = order(c[test], r[test])[:cut(share, test.size)]
+        reviewed += int(sent.size)
+        caught += int((~y[test][sent]).sum())
     errors = int((~y).sum())
-    return ReviewPlan(asked=asked, target=target, threshold=choose(c, y), reviewed=_share(reviewed, c.size),
-                      caught=_share(caught, errors), rows=int(c.size), errors=errors, folds=folds)
+    share = choose(c, y, r)
+    return ReviewPlan(asked=asked, target=target, share=share, threshold=_at(c, r, share),
+                      reviewed=_share(reviewed, c.size), caught=_share(caught, errors), rows=int(c.size),
+                      errors=errors, folds=folds)
 
 
-def plan_budget(confidence: ArrayLike, correct: ArrayLike, budget: float, folds: int = FOLDS,
-                seed: int = 0) -> ReviewPlan:
-    """``budget`` (a share of rows, 0 < x <= 1) turned into a threshold, with the held-out share of
-    errors it catches and of rows it reviews."""
+def plan_budget(confidence: ArrayLike, correct: ArrayLike, budget: float, folds: int = FOLDS, seed: int = 0,
+                raw: ArrayLike | None = None) -> ReviewPlan:
+    """``budget`` (a share of rows, 0 < x <= 1): the least sure ``budget`` of rows, with the held-out
+    share of errors that catches (each fold's own least sure ``budget``, pooled)."""
     if not 0.0 < budget <= 1.0:
         raise SparkbatchError(f"review budget={budget!r} must be a share of rows above 0 and at most 1, e.g. 0.1")
-    c, y = _arrays(confidence, correct)
-    return _plan("budget", budget, c, y, lambda cc, _: threshold_for_budget(cc, budget), folds, seed)
+    c, y, r = _arrays(confidence, correct, raw)
+    return _plan("budget", budget, c, y, r, lambda *_: budget, folds, seed)
 
 
 def plan_catch_errors(confidence: ArrayLike, correct: ArrayLike, target: float, folds: int = FOLDS,
-                      seed: int = 0) -> ReviewPlan:
-    """``target`` (a share of errors, 0 < x <= 1) turned into a threshold, with the held-out share of
-    rows it sends to review and of errors it catches."""
+                      seed: int = 0, raw: ArrayLike | None = None) -> ReviewPlan:
+    """``target`` (a share of errors, 0 < x <= 1) turned into a share of rows (:func:`share_for_errors`),
+    with the held-out share of rows it sends to review and of errors it catches."""
     if not 0.0 < target <= 1.0:
         raise SparkbatchError(f"review catch_errors={target!r} must be a share of errors above 0 and at most 1, "
                               "e.g. 0.8")
-    c, y = _arrays(confidence, correct)
+    c, y, r = _arrays(confidence, correct, raw)
     if (~y).sum() < folds:
         raise SparkbatchError(f"review catch_errors: {int((~y).sum())} wrong answers among {c.size} gold rows; "
                               f"a plan needs at least {folds}: set review.budget or review_below instead")
-    return _plan("catch_errors", target, c, y, lambda cc, yy: threshold_for_errors(cc, yy, target), folds, seed)
+    return _plan("catch_errors", target, c, y, r, lambda cc, yy, rr: share_for_errors(cc, yy, target, rr), folds,
+                 seed)

@@ -2,10 +2,9 @@
 (fitted, scored held out, saved for runs), the review budget (errors caught at a few shares of
 rows reviewed) and, with ``JobSpec.review``, the threshold that budget or error target becomes.
 
-The rows a run writes carry the calibrated confidence (the map fitted on every gold row), and the
-review queue compares it with the threshold: so the plan is chosen on those values. The budget
-curve is on the held-out calibrated confidences (each row's from the map fitted on the other
-folds): the fair order of the rows, as a run's unseen rows will be ordered.
+The review queue is a share of rows, least sure first. The budget curve and the plan rank the gold
+rows by their held-out calibrated confidence (each row's from a map, and a method, chosen on the
+other folds: ``CalibrationReport.held_out``): the fair order, as a run's unseen rows will be ordered.
 
 Example::
 
@@ -58,13 +57,13 @@ def judge(sure: Sequence[tuple[float, bool]], model: str, labels: Sequence[str],
                             ece_before=round(report.before.ece, 4), ece_after=round(report.after.ece, 4),
                             brier_before=round(report.before.brier, 4), brier_after=round(report.after.brier, 4),
                             reason=fitted.reason, path=str(path) if path else None)
-    held = held_out(report, conf, right)
-    curve = rb.budget_curve(held, right)
+    held = np.asarray(report.held_out, dtype=np.float64)
+    curve = rb.budget_curve(held, right, conf)
     budget = (ReviewBudget(rows=curve.rows, errors=curve.errors,
                            confidence="raw" if fitted.method == "none" else "calibrated",
                            caught=[Caught(reviewed_share=b, caught_share=round(curve.caught_at(b), 4))
                                    for b in BUDGETS]) if curve.rows else None)
-    plan = _plan(review, fitted.apply(conf), right) if review is not None else None
+    plan = _plan(review, held, right, conf) if review is not None else None
     drawn = None
     if chart is not None and curve.rows:
         from .review_chart import write_review_chart
@@ -73,25 +72,19 @@ def judge(sure: Sequence[tuple[float, bool]], model: str, labels: Sequence[str],
     return Figures(calibrated, budget, plan, drawn, fitted)
 
 
-def held_out(report: cal.CalibrationReport, conf: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """Each row's calibrated confidence from the chosen map fitted on the other folds (the folds
-    ``calibrate`` scored it on); the raw confidence when nothing was fitted."""
-    if report.calibration.method == "none":
-        return conf
-    return cal.cross_validated(report.calibration.method, conf, right, report.folds)
-
-
-def _plan(review: ReviewSpec, conf: np.ndarray, right: np.ndarray) -> ReviewPlan:
-    """``review`` as a threshold on ``conf``, with the held-out shares; ``why`` when it cannot be made."""
+def _plan(review: ReviewSpec, conf: np.ndarray, right: np.ndarray, raw: np.ndarray) -> ReviewPlan:
+    """``review`` as a share of rows ranked by ``conf`` (held out; ties by ``raw``), with the held-out
+    shares; ``why`` when it cannot be made."""
     asked, target = ("budget", review.budget) if review.budget is not None else ("catch_errors", review.catch_errors)
     assert target is not None  # ReviewSpec holds exactly one
     try:
-        plan = (rb.plan_budget(conf, right, target) if asked == "budget"
-                else rb.plan_catch_errors(conf, right, target))
+        plan = (rb.plan_budget(conf, right, target, raw=raw) if asked == "budget"
+                else rb.plan_catch_errors(conf, right, target, raw=raw))
     except SparkbatchError as exc:
         return ReviewPlan(asked=asked, target=target, why=str(exc))
     # The threshold unrounded: a rounded one would move rows across it.
-    return ReviewPlan(asked=asked, target=target, threshold=plan.threshold, reviewed=plan.reviewed.rounded(),
+    return ReviewPlan(asked=asked, target=target, share=plan.share, threshold=plan.threshold,
+                      reviewed=plan.reviewed.rounded(),
                       caught=plan.caught.rounded(), folds=plan.folds)
 
 
@@ -126,5 +119,6 @@ def plan_line(model: str, plan: ReviewPlan) -> str:
     rows = f"{r.value:.1%} of rows reviewed (95% interval {r.low:.1%}-{r.high:.1%})"
     errors = f"{c.value:.1%} of errors caught (95% interval {c.low:.1%}-{c.high:.1%})"
     first, second = (errors, rows) if plan.asked == "budget" else (rows, errors)
-    return (f"{asked} for {model}: review the rows under calibrated confidence {plan.threshold:.4g}: {first}, "
+    share = plan.share if plan.share is not None else r.value
+    return (f"{asked} for {model}: review the least sure {share:.1%} of rows: {first}, "
             f"{second}, held out ({plan.folds}-fold cross-validation on {r.of} gold rows).")

@@ -49,12 +49,14 @@ class ReviewBudget(Record, frozen=True, kw_only=True):
 
 
 class ReviewPlan(Record, frozen=True, kw_only=True):
-    """``JobSpec.review`` turned into a threshold on the calibrated confidence: ``asked`` =
-    ``target`` (a row budget or an error target), the held-out share of rows reviewed and of errors
-    caught. ``why``: no plan (too few gold rows or errors), and the figures are None."""
+    """``JobSpec.review`` turned into a share of rows reviewed least sure first: ``asked`` =
+    ``target`` (a row budget or an error target), ``share`` (``threshold``: the calibrated confidence
+    where that cut fell on the gold rows), the held-out share of rows reviewed and of errors caught.
+    ``why``: no plan (too few gold rows or errors), and the figures are None."""
 
     asked: str
     target: float
+    share: float | None = None
     threshold: float | None = None
     reviewed: Interval | None = None
     caught: Interval | None = None

@@ -60,7 +60,7 @@ def pull(mirror: Mirror, calibration_dir: Path, review_dir: Path) -> None:
         for name, size in sorted(listing.items()):
             if name.endswith(".json") and "/" not in name:
                 fetch_bytes(mirror.bucket, f"{rel}/{name}", folder / name)
-            elif name.startswith("labels/") and name.endswith(".parquet") and name.count("/") == 1:
+            elif name.startswith(("labels/", "queue/")) and name.endswith(".parquet") and name.count("/") == 1:
                 local = folder / name
                 if not local.exists() or local.stat().st_size != size:  # content-named: same size, same file
                     try:

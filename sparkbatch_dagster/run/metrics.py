@@ -233,28 +233,41 @@ def analytics(spec: JobSpec, home: JobHome, version: str) -> Headline:
     return writing(home, lambda con: _headline(con, spec, home, version, sorted(committed)))
 
 
+#: Over the rows with a gold value: the model's own answer right (a reviewer's label does not count
+#: for the model), and the output after review right (the reviewers' corrections count).
+ACCURACY_SQL = ("SELECT count(gold), count(*) FILTER (WHERE gold IS NOT NULL AND model_output_or_none = gold), "
+                "count(*) FILTER (WHERE gold IS NOT NULL AND error IS NULL AND output = gold), "
+                "count(*) FILTER (WHERE gold IS NOT NULL AND reviewed_by IS NOT NULL) "
+                "FROM (SELECT *, CASE WHEN reviewed_by IS NULL THEN output ELSE model_output END "
+                "AS model_output_or_none FROM labeled)")
+
+
 def _headline(con: Any, spec: JobSpec, home: JobHome, version: str, keys: list[str]) -> Headline:
     define_views(con, spec, home, version, keys)
-    rows, errors, correct = con.execute(
-        "SELECT count(*), count(error), count(*) FILTER (WHERE error IS NULL AND output = gold) FROM labeled"
-    ).fetchone()
+    rows, errors = con.execute("SELECT count(*), count(error) FROM labeled").fetchone()
+    gold, model_right, after_right, reviewed = con.execute(ACCURACY_SQL).fetchone()
     dist = dict(con.execute("SELECT label, rows FROM label_distribution").fetchall())
     sure, mean, review = con.execute(
         "SELECT count(confidence), avg(confidence), (SELECT count(*) FROM review) FROM labeled").fetchone()
-    buckets = con.execute("SELECT low, rows, correct, mean_confidence FROM reliability").fetchall()
+    buckets = con.execute("SELECT low, rows, truth_rows, correct, mean_confidence FROM reliability").fetchall()
     cost = con.execute(
         "SELECT sum(cost_usd), sum(rows) FROM run_metrics WHERE version = ?", [version]
     ).fetchone() if _has_table(con, "run_metrics") else (None, None)
+    cut = threshold_of(spec, home)
+    known = bool(spec.gold_column) and gold > 0
     return Headline(
         rows=rows, labeled=rows - errors, errors=errors,
-        accuracy=round(correct / rows, 4) if spec.gold_column and rows else None,
+        accuracy=round(model_right / gold, 4) if known else None,
+        accuracy_rows=gold if spec.gold_column else None,
+        accuracy_after_review=round(after_right / gold, 4) if known else None,
+        reviewed_gold_rows=reviewed if spec.gold_column else None,
         label_distribution=dist,
         cost_per_1k_rows_usd=round(cost[0] / cost[1] * 1000, 6) if cost[0] and cost[1] else None,
-        confidence=Confidence(rows=sure, mean=round(mean, 4), review_below=threshold_of(spec, home).threshold,
-                              review_rows=review)
+        confidence=Confidence(rows=sure, mean=round(mean, 4), review_below=cut.threshold, review_rows=review,
+                              review_share=cut.share, review_cut=cut.describe(), review_note=cut.why)
         if sure else None,
-        reliability=[bucket_row(round(b * BUCKETS), n, c, m) for b, n, c, m in buckets]
-        if spec.gold_column and sure else None,
+        reliability=[bucket_row(round(b * BUCKETS), n, c, m, t) for b, n, t, c, m in buckets]
+        if any(t for _, _, t, _, _ in buckets) and sure else None,
     )
 
 

@@ -10,7 +10,7 @@ Example::
 
     reliability([(0.95, True), (0.97, False), (0.42, True)])
     # [{'bucket': '0.4-0.5', 'low': 0.4, 'high': 0.5, 'rows': 1, 'correct': 1, 'accuracy': 1.0,
-    #   'mean_confidence': 0.42},
+    #   'truth_rows': 1, 'mean_confidence': 0.42},
     #  {'bucket': '0.9-1.0', ..., 'rows': 2, 'correct': 1, 'accuracy': 0.5, 'mean_confidence': 0.96}]
 """
 
@@ -56,15 +56,24 @@ def reliability(pairs: Iterable[tuple[float, bool]]) -> list[dict[str, Any]]:
     return [bucket_row(b, rows[b], right[b], total[b] / rows[b]) for b in range(BUCKETS) if rows[b]]
 
 
-def bucket_row(index: int, rows: int, correct: int | None, mean_confidence: float) -> dict[str, Any]:
-    """One bucket as :func:`reliability` and the ``reliability`` view give it."""
+def bucket_row(index: int, rows: int, correct: int | None, mean_confidence: float,
+               truth_rows: int | None = None) -> dict[str, Any]:
+    """One bucket as :func:`reliability` and the ``reliability`` view give it: ``accuracy`` is
+    ``correct`` over ``truth_rows``, the bucket's rows whose truth is known (default: all of them)."""
+    known = rows if truth_rows is None else truth_rows
     return {"bucket": bucket_name(index), "low": index / BUCKETS, "high": (index + 1) / BUCKETS, "rows": rows,
-            "correct": correct, "accuracy": round(correct / rows, 4) if correct is not None and rows else None,
+            "truth_rows": known, "correct": correct,
+            "accuracy": round(correct / known, 4) if correct is not None and known else None,
             "mean_confidence": round(mean_confidence, 4)}
 
 
 def describe(table: Sequence[dict[str, Any]]) -> list[str]:
     """Each bucket in words, most confident first: 'confidence 0.9-1.0: right 94% of the time
     (120 rows, mean confidence 0.953)'."""
-    return [f"confidence {b['bucket']}: right {b['accuracy']:.0%} of the time ({b['rows']:,} rows, mean confidence "
+    return [f"confidence {b['bucket']}: right {b['accuracy']:.0%} of the time ({_rows(b)}, mean confidence "
             f"{b['mean_confidence']:.3f})" for b in reversed(table) if b.get("accuracy") is not None]
+
+
+def _rows(b: dict[str, Any]) -> str:
+    known = b.get("truth_rows", b["rows"])
+    return f"{b['rows']:,} rows" if known == b["rows"] else f"of {known:,} rows with a truth, {b['rows']:,} in all"

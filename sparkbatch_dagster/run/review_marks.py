@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -58,6 +59,34 @@ class Marks:
             changes.update(output=seen.label, error=None, model_output=out.output, reviewed_by=seen.reviewer,
                            reviewed_at=seen.reviewed_at)
         return msgspec.structs.replace(out, **changes) if changes else out
+
+
+def marked(table: Any, marks: Marks) -> Any:
+    """Committed output rows (a pyarrow Table of ``OUTPUT_SCHEMA``) as the ``labeled`` view shows them,
+    for readers that take the files (``BatchJob.read_outputs``, the IO manager): the confidence by the
+    newest calibration of the model's own (``raw_confidence``), the newest reviewer's label over the
+    model's answer (``model_output`` keeps the model's; ``reviewed_by``, ``reviewed_at``: who and when)."""
+    import pyarrow as pa
+
+    if not marks.calibrations and not marks.human:
+        return table
+    cols = {n: table.column(n).to_pylist() for n in ("row_id", "output", "error", "confidence", "raw_confidence",
+                                                       "model", "model_output", "reviewed_by", "reviewed_at")}
+    for i, rid in enumerate(cols["row_id"]):
+        raw = cols["raw_confidence"][i] if cols["raw_confidence"][i] is not None else cols["confidence"][i]
+        cal = marks.calibrations.get(cols["model"][i])
+        if raw is not None:
+            cols["raw_confidence"][i], cols["confidence"][i] = raw, cal.one(raw) if cal else raw
+        seen = marks.human.get(rid)
+        if seen is not None:
+            if cols["reviewed_by"][i] is None:  # else a run wrote a reviewer's label: model_output is the model's
+                cols["model_output"][i] = cols["output"][i]
+            cols["output"][i], cols["error"][i] = seen.label, None
+            cols["reviewed_by"][i], cols["reviewed_at"][i] = seen.reviewer, seen.reviewed_at
+    for name, values in cols.items():
+        table = table.set_column(table.schema.get_field_index(name), name,
+                                 pa.array(values, table.schema.field(name).type))
+    return table
 
 
 def pull(home: JobHome) -> None:

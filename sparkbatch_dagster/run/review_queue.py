@@ -1,16 +1,22 @@
-"""The review threshold: the confidence under which a row goes to a person (the ``review`` view).
+"""Which rows go to a person (the ``review`` view): the cut in force, and the rows queued so far.
 
-Without ``JobSpec.review`` it is ``review_below``. With it (``budget: 0.1`` or ``catch_errors: 0.8``)
-the analytics asset turns the target into a threshold on the gold rows' calibrated confidences
-(``estimate/review_budget.py``) and stores it here, in ``review/threshold.json``, with what the other
-number will be (held out, with its 95% interval); every reader of the views uses the stored one
-for as long as the spec asks for the same target. Until one is stored, ``review_below`` stands in
-and :func:`threshold_of` says so.
+Without ``JobSpec.review`` the cut is a threshold, ``review_below``: rows whose calibrated confidence
+is under it. With it (``budget: 0.1`` or ``catch_errors: 0.8``) the cut is a share of rows, least sure
+first (calibrated confidence, ties by the raw one, then row id): ``budget: 0.1`` queues exactly
+round(10%) of the rows that have a confidence, however many of them tie. The analytics asset turns
+``catch_errors`` into a share on the gold rows (``estimate/review_budget.py``) and stores the plan
+here, in ``review/threshold.json``, with what the other number will be (held out, with its 95%
+interval). A budget needs no plan to queue its share (without gold rows it ranks by the model's
+own confidence, and :func:`threshold_of` says so); an error target without a plan falls back to
+``review_below``, said too.
+
+A queued row stays queued until a reviewer labels it or dismisses it (:mod:`.review_members`): a
+later cut (a new calibration, a new plan) adds rows, never drops one silently.
 
 Example::
 
-    threshold_of(spec, home).threshold      # what the review view compares
-    save_threshold(home, ReviewThreshold(asked="budget", target=0.1, threshold=0.31, ...))
+    threshold_of(spec, home).share          # the least sure share of rows the review view queues
+    save_threshold(home, ReviewThreshold(asked="budget", target=0.1, share=0.1, threshold=0.31, ...))
 """
 
 from __future__ import annotations
@@ -48,21 +54,32 @@ class ReviewThreshold(msgspec.Struct, frozen=True, kw_only=True):
 
     asked: Literal["budget", "catch_errors"]
     target: float
+    #: The confidence at which the cut fell on the gold rows (what it was; the queue is the share).
     threshold: float
     reviewed: Interval
     caught: Interval
     gold_rows: int
     errors: int
     folds: int
+    #: The least sure share of rows queued (None in files written before shares: the budget itself).
+    share: float | None = None
 
 
 @dataclass(frozen=True)
 class Threshold:
-    """The threshold in force: from a stored plan (``plan``) or ``review_below`` (``why``: why not a plan)."""
+    """The cut in force: ``share`` (the least sure share of rows, a rank cut) or, where it is None,
+    ``threshold`` (rows under it: ``review_below``); the stored ``plan`` it came from, and ``why``
+    when not from a plan (what was used instead)."""
 
     threshold: float
     plan: ReviewThreshold | None = None
     why: str = ""
+    share: float | None = None
+
+    def describe(self) -> str:
+        """The cut in words: 'least sure 10% of rows' or 'confidence under 0.5'."""
+        return (f"least sure {self.share:.4g} of rows" if self.share is not None
+                else f"confidence under {self.threshold:.4g}")
 
 
 def threshold_path(home: JobHome) -> Path:
@@ -98,7 +115,8 @@ def read_threshold(path: Path) -> ReviewThreshold | str:
         plan = msgspec.json.decode(path.read_bytes(), type=ReviewThreshold)
     except msgspec.DecodeError as exc:  # malformed JSON, or a field of the wrong type (ValidationError)
         return f"not a review threshold: {exc}"
-    shares = [plan.target, *(v for i in (plan.reviewed, plan.caught) for v in (i.value, i.low, i.high))]
+    shares = [plan.target, plan.share if plan.share is not None else 0.0,
+              *(v for i in (plan.reviewed, plan.caught) for v in (i.value, i.low, i.high))]
     counts = [plan.gold_rows, plan.errors, plan.folds,
               *(n for i in (plan.reviewed, plan.caught) for n in (i.count, i.of))]
     if not all(0.0 <= v <= 1.0 for v in shares) or plan.target == 0 or min(counts) < 0:
@@ -118,13 +136,18 @@ def asked(spec: JobSpec) -> tuple[Literal["budget", "catch_errors"], float] | No
 
 
 def threshold_of(spec: JobSpec, home: JobHome) -> Threshold:
-    """The threshold the ``review`` view compares calibrated confidences with."""
+    """The cut the ``review`` view applies (see the module)."""
     want = asked(spec)
     if want is None:
         return Threshold(spec.review_below)
     plan = load_threshold(home)
     if plan is not None and (plan.asked, plan.target) == want:
-        return Threshold(plan.threshold, plan)
-    return Threshold(spec.review_below, why=f"review {want[0]}={want[1]:g} has no threshold yet (materialize "
-                                            f"analytics with gold rows): review_below={spec.review_below:g} "
-                                            "stands in")
+        share = plan.share if plan.share is not None else (plan.target if plan.asked == "budget" else None)
+        return Threshold(plan.threshold, plan, share=share)
+    if want[0] == "budget":
+        return Threshold(spec.review_below, share=want[1],
+                         why=f"review budget={want[1]:g} has no plan from gold rows yet: the least sure "
+                             f"{want[1]:g} of rows are queued by confidence (the model's own until a calibration "
+                             "is fitted); errors caught unknown (materialize analytics with gold rows)")
+    return Threshold(spec.review_below, why=f"review catch_errors={want[1]:g} has no plan yet (materialize analytics "
+                                            f"with gold rows): review_below={spec.review_below:g} stands in")

@@ -53,18 +53,29 @@ class Confidence:
     mean: float
     review_below: float
     review_rows: int
+    #: The cut as a share of rows (least sure first; None: ``review_below`` is a threshold), in words,
+    #: and what was used instead of a plan, if anything.
+    review_share: float | None = None
+    review_cut: str = ""
+    review_note: str = ""
 
 
 @dataclass(frozen=True)
 class Headline:
-    """The analytics' headline numbers of a version: rows, error rows, accuracy against the gold
-    column (None without one), rows per label, cost per 1,000 rows, the confidence summary and,
-    with a gold column, the reliability table (a row per non-empty confidence bucket)."""
+    """The analytics' headline numbers of a version: rows, error rows, the model's own accuracy
+    against the gold column over the ``accuracy_rows`` rows that have a gold value (None without
+    one; an error row there counts as wrong), the accuracy after review on those same rows (the
+    reviewers' labels over the model's; ``reviewed_gold_rows`` of them reviewed), rows per label,
+    cost per 1,000 rows, the confidence summary and, where rows have a truth, the reliability table
+    (a row per non-empty confidence bucket, accuracy over its rows with a truth)."""
 
     rows: int = 0
     labeled: int = 0
     errors: int = 0
     accuracy: float | None = None
+    accuracy_rows: int | None = None
+    accuracy_after_review: float | None = None
+    reviewed_gold_rows: int | None = None
     label_distribution: dict[str, int] | None = None
     cost_per_1k_rows_usd: float | None = None
     confidence: Confidence | None = None
@@ -73,12 +84,14 @@ class Headline:
     def numbers(self) -> dict[str, Any]:
         """The plain numbers that are known (``analytics``' metadata)."""
         out = {"rows": self.rows, "labeled": self.labeled, "errors": self.errors, "accuracy": self.accuracy,
-               "cost_per_1k_rows_usd": self.cost_per_1k_rows_usd}
+               "accuracy_rows": self.accuracy_rows, "accuracy_after_review": self.accuracy_after_review,
+               "reviewed_gold_rows": self.reviewed_gold_rows, "cost_per_1k_rows_usd": self.cost_per_1k_rows_usd}
         return {k: v for k, v in out.items() if v is not None}
 
 
 #: RunSummary keys printed only when known.
-_ONLY_KNOWN = ("review_rows", "review_threshold", "calibration", "timings_s")
+_ONLY_KNOWN = ("accuracy_rows", "accuracy_after_review", "review_rows", "review_threshold", "review_share",
+               "review_note", "calibration", "timings_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +115,10 @@ class RunSummary:
     generation_cost_usd: float
     engine_start_s: float
     engine_start_cost_usd: float
+    #: The model's own accuracy over the ``accuracy_rows`` rows with a gold value, and after review.
     accuracy: float | None
+    accuracy_rows: int | None = None
+    accuracy_after_review: float | None = None
     generated: int
     reused: int
     prediction: Prediction | None = None
@@ -116,6 +132,9 @@ class RunSummary:
     #: Rows waiting for a person (the ``review`` view) and the threshold in force; None without confidences.
     review_rows: int | None = None
     review_threshold: float | None = None
+    #: The cut as a share of rows (least sure first) when a review budget sets one; what stood in.
+    review_share: float | None = None
+    review_note: str | None = None
     #: Each model's stored calibration: method, gold rows, ECE and Brier before and after (held out).
     calibration: dict[str, dict[str, Any]] | None = None
     timings_s: dict[str, float] | None = None

@@ -2,7 +2,8 @@
 
 :func:`define_views` makes ``labeled`` (the committed output rows joined with their input, the
 reviewers' labels over the model's, confidences by the newest calibration), ``label_distribution``,
-``review`` (rows under the review threshold no one has reviewed yet) and ``reliability``; :func:`fill`
+``queued`` (every row the review cut selects or ever queued, :mod:`.review_members`), ``review``
+(the queued rows no one has reviewed or dismissed yet) and ``reliability``; :func:`fill`
 a table from records. Used on
 ``metrics.duckdb`` by its writers (:mod:`.metrics`: for dagster-duckdb and other readers of that
 file) and on ``sparkbatch sql``'s in-memory database (:mod:`.query`).
@@ -18,7 +19,7 @@ from ..home import JobHome
 from ..inputs.shard_files import damaged_shards
 from ..inputs.shards import quote_ident
 from ..spec import JobSpec
-from . import human_labels
+from . import human_labels, review_members
 from .calibration_map import confidence_sql, stored
 from .checkpoint import WITH_CONFIDENCE, WITH_REASONING, WITH_REVIEW
 from .reliability import BUCKET_SQL, BUCKETS
@@ -70,24 +71,52 @@ def define_views(con: Any, spec: JobSpec, home: JobHome, version: str, keys: lis
         "CREATE OR REPLACE VIEW label_distribution AS SELECT output AS label, count(*) AS rows "
         "FROM labeled WHERE error IS NULL GROUP BY ALL ORDER BY rows DESC, label"
     )
-    threshold = threshold_of(spec, home).threshold
-    con.execute(
-        f"CREATE OR REPLACE VIEW review AS SELECT * FROM labeled WHERE confidence < {float(threshold)!r} "
-        "AND reviewed_by IS NULL ORDER BY confidence, row_id"
-    )
-    # Right is the model's own answer against the truth (a reviewer's label, else the gold column);
-    # with neither, correct and accuracy are null.
-    known = spec.gold_column or people
-    right = "count(*) FILTER (WHERE model_correct)" if known else "NULL::BIGINT"
+    _queue_views(con, spec, home)
+    # Right is the model's own answer against the truth (a reviewer's label, else the gold column),
+    # counted over the rows that have a truth only (``truth_rows``): a row nobody knows the answer
+    # of is neither right nor wrong.
     con.execute(
         "CREATE OR REPLACE VIEW reliability AS "
         f"SELECT printf('%.1f-%.1f', b / {BUCKETS}, (b + 1) / {BUCKETS}) AS bucket, b / {BUCKETS} AS low, "
-        f"(b + 1) / {BUCKETS} AS high, count(*) AS rows, {right} AS correct, "
-        f"round({right} / count(*), 4) AS accuracy, round(avg(confidence), 4) AS mean_confidence "
+        f"(b + 1) / {BUCKETS} AS high, count(*) AS rows, count(model_correct) AS truth_rows, "
+        "CASE WHEN count(model_correct) > 0 THEN count(*) FILTER (WHERE model_correct) END AS correct, "
+        "round(count(*) FILTER (WHERE model_correct) / nullif(count(model_correct), 0), 4) AS accuracy, "
+        "round(avg(confidence), 4) AS mean_confidence "
         f"FROM (SELECT *, {BUCKET_SQL} AS b FROM labeled WHERE confidence IS NOT NULL) "
         "GROUP BY b ORDER BY b"
     )
     return [*files, *shards]
+
+
+def _queue_views(con: Any, spec: JobSpec, home: JobHome) -> None:
+    """``queued``: every row the cut in force selects (a share of rows least sure first, or a
+    threshold) or that was ever queued (:mod:`.review_members`), with its ``review_rank`` and
+    ``review_state`` (waiting, reviewed, dismissed); ``review``: the waiting ones, least sure first."""
+    import pyarrow as pa
+
+    cut = threshold_of(spec, home)
+    seen = review_members.members(home)
+    for name, ids in (("review_queued", seen.queued), ("review_dismissed", seen.dismissed)):
+        con.register("sb_ids", pa.table({"row_id": pa.array(sorted(ids), pa.string())}))
+        try:
+            con.execute(f"CREATE OR REPLACE TABLE {name} AS FROM sb_ids")
+        finally:
+            con.unregister("sb_ids")
+    # Ties on the calibrated confidence (a constant or stepped map) are broken by the model's own,
+    # then by row id, so a share is that many rows; floor(x + 0.5) is review_budget.cut's rounding.
+    selects = (f"review_rank <= floor({float(cut.share)!r} * sb_rows + 0.5 + 1e-9)" if cut.share is not None
+               else f"confidence < {float(cut.threshold)!r}")
+    con.execute(
+        "CREATE OR REPLACE VIEW queued AS SELECT * EXCLUDE (sb_rows), "
+        "CASE WHEN reviewed_by IS NOT NULL THEN 'reviewed' WHEN row_id IN (FROM review_dismissed) THEN 'dismissed' "
+        "ELSE 'waiting' END AS review_state FROM (SELECT *, row_number() OVER (ORDER BY confidence, raw_confidence, "
+        "row_id) AS review_rank, count(*) OVER () AS sb_rows FROM labeled "
+        f"WHERE confidence IS NOT NULL) WHERE {selects} OR row_id IN (FROM review_queued) ORDER BY review_rank"
+    )
+    con.execute(
+        "CREATE OR REPLACE VIEW review AS SELECT * EXCLUDE (review_state) FROM queued "
+        "WHERE review_state = 'waiting' ORDER BY confidence, raw_confidence, row_id"
+    )
 
 
 def _human_table(con: Any, labels: dict[str, human_labels.HumanLabel]) -> None:

@@ -49,9 +49,8 @@ def test_a_miscalibrated_model_is_calibrated_saved_and_its_budget_reported(tmp_p
     assert plan is not None and plan.why is None and plan.asked == "budget" and plan.target == 0.1
     assert plan.reviewed is not None and plan.caught is not None and plan.reviewed.of == 400
     assert plan.caught.low <= plan.caught.value <= plan.caught.high
-    # The threshold is on the calibrated scale the rows will carry: about a tenth of them fall under it.
-    under = sum(x < plan.threshold for x in f.fitted.apply([s for s, _ in overconfident()]))
-    assert under <= 40 and plan.reviewed.value == pytest.approx(0.1, abs=0.05)
+    # A budget is a share of rows: exactly a tenth of them, in every fold too
+    assert plan.share == 0.1 and plan.reviewed.count == 40
 
 
 def test_too_few_gold_rows_fit_nothing_and_leave_a_stored_map_alone(tmp_path):
@@ -77,7 +76,8 @@ def test_the_advice_says_each_figure_in_words(tmp_path):
     assert f"ECE {c.ece_before:.3f} -> {c.ece_after:.3f}" in lines[0] and "(held out)" in lines[0]
     assert "5% -> " in lines[1] and "20% -> " in lines[1]
     assert f.plan is not None and f.plan.reviewed is not None
-    assert lines[2].startswith("review {catch_errors: 0.8} for smol: review the rows under calibrated confidence")
+    assert lines[2].startswith(f"review {{catch_errors: 0.8}} for smol: review the least sure {f.plan.share:.1%} of "
+                               "rows")
     assert f"{f.plan.reviewed.value:.1%} of rows reviewed (95% interval" in lines[2]
     assert lines[2].index("rows reviewed") < lines[2].index("errors caught")  # the asked-for figure second
 

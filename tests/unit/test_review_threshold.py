@@ -28,13 +28,18 @@ def test_a_budget_uses_the_stored_threshold_of_the_same_target_only(tmp_path):
     spec = make_spec(tmp_path, review={"budget": 0.1})
     home = JobHome(tmp_path / "home")
     before = threshold_of(spec, home)
-    assert before.threshold == spec.review_below and "has no threshold yet" in before.why
+    # No plan yet: a budget still queues its share (ranked by confidence), and says what it used
+    assert before.share == 0.1 and before.plan is None and "has no plan from gold rows yet" in before.why
+    assert before.describe() == "least sure 0.1 of rows"
     save_threshold(home, plan(threshold=0.42))
-    assert threshold_of(spec, home).threshold == 0.42 and threshold_of(spec, home).plan == plan(threshold=0.42)
+    got = threshold_of(spec, home)
+    assert got.share == 0.1 and got.threshold == 0.42 and got.plan == plan(threshold=0.42) and not got.why
     other = make_spec(tmp_path, review={"budget": 0.2})  # the spec changed its mind: the old plan is not its
-    assert threshold_of(other, home).threshold == other.review_below
+    assert threshold_of(other, home).share == 0.2 and threshold_of(other, home).plan is None
     errors = make_spec(tmp_path, review={"catch_errors": 0.1})
-    assert threshold_of(errors, home).plan is None
+    got = threshold_of(errors, home)  # an error target needs a plan: review_below stands in, said
+    assert got.plan is None and got.share is None and got.threshold == errors.review_below
+    assert "review_below=0.5 stands in" in got.why
 
 
 def test_a_damaged_threshold_file_stops_with_its_name_and_the_fix(tmp_path):
