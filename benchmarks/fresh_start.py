@@ -1,9 +1,9 @@
 """`sparkbatch run` against a plain vLLM script, fresh processes, timed from launch to exit (issue 61).
 
-    python benchmarks/fresh_start.py --model /tmp/llama-1b --data .bench/debian-40000.parquet --shape labels \
-        --rounds 3 --card h100 --out-dir $OUT               # warm rounds (after one that fills the caches)
-    python benchmarks/fresh_start.py ... --cold             # every run of every round with the caches wiped
-    python benchmarks/fresh_start.py ... --project-root .bench/before   # another checkout's `sparkbatch run`
+    python benchmarks/fresh_start.py --model /tmp/llama-1b --data .bench/e61/debian-40000.parquet --shape labels \
+        --rounds 3 --card h100 --out-dir $OUT     # warm rounds (the first run of a new machine is cold)
+    python benchmarks/fresh_start.py ... --cold --warm-too   # each round: caches wiped, each side cold, then warm
+    python benchmarks/fresh_start.py ... --before-root .bench/before   # another checkout's `sparkbatch run` too
 
 Both sides get the same engine settings (0.9 memory, 1,024 sequences, prefix caching, ``max_model_len``
 2048, ``load_format="dummy"``), the same chat prompts over the same rows, 8 output tokens, greedy:
@@ -12,9 +12,10 @@ Both sides get the same engine settings (0.9 memory, 1,024 sequences, prefix cac
 (b) project: ``sparkbatch run -f defs.py`` in a fresh job home and Dagster home (shards, labels,
     metrics, analytics), run under ``start_trace.py``, which records the engine start's phases.
 Rounds alternate the order (A-B, B-A). ``--cold`` wipes vLLM's, Inductor's, Triton's and the
-project's compile caches before each run. Writes ``<card>-fresh-start-<shape>-<rows>[-cold].json``
-with a list ``rounds`` (``project_wall_s``, ``raw_wall_s``, ``project_engine_start_s``, ``raw_init_s``,
-``cold``, the phases) and every run's stderr beside it (``logs/``).
+project's compile caches at each round's start (the sides' caches are apart, so each side's run
+is cold). Writes ``<card>-fresh-start-<shape>-<rows><label>.json`` with a list ``rounds``
+(``project_wall_s``, ``raw_wall_s``, ``project_engine_start_s``, ``raw_init_s``, ``cold``, the
+project's phases from the trace) and every run's stderr beside it (``logs/``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def run_raw(args: argparse.Namespace, src: Path, work: Path, log: Path) -> dict:
     return {"wall_s": round(seconds, 2), **json.loads(line)}
 
 
-def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag: str) -> dict:
+def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag: str, root: Path) -> dict:
     home = work / f"project-{tag}"
     home.mkdir()
     output = f"OutputSpec(kind='label', labels={SECTIONS!r})" if args.shape == "labels" else "OutputSpec(kind='text')"
@@ -111,7 +112,6 @@ def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag:
                                               user=USER, output=output, ignore_eos=args.shape == "text",
                                               home=str(home / "job"), model=args.model))
     trace = home / "trace.json"
-    root = Path(args.project_root).resolve()
     env = {**os.environ, "DAGSTER_HOME": str(home / "dagster"), "SPARKBATCH_START_TRACE": str(trace),
            "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     (home / "dagster").mkdir()
@@ -119,9 +119,22 @@ def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag:
     seconds, line = timed(cmd, env, home, log)
     summary = json.loads(line)
     phases = json.loads(trace.read_text()) if trace.exists() else {}
-    return {"wall_s": round(seconds, 2), "engine_start_s": summary.get("engine_start_s"),
+    timings = summary.get("timings_s") or {}
+    spans = {e[0]: e[2] for e in phases.get("events", [])}
+    return {"wall_s": round(seconds, 2),
+            # The whole start (begun ahead of sharding where the code does), else the wait the run saw.
+            "engine_start_s": timings.get("engine_start_ahead") or spans.get("VLLMResource.get_engine")
+            or summary.get("engine_start_s"), "engine_wait_s": summary.get("engine_start_s"),
+            "llm_init_s": spans.get("vllm.LLM(...)"), "import_vllm_s": spans.get("import vllm"),
             "timings_s": summary.get("timings_s"), "rows": summary.get("rows_total") or summary.get("rows"),
             "phases": phases}
+
+
+def one_run(side: str, args: argparse.Namespace, src: Path, work: Path, log: Path, tag: str) -> dict:
+    if side == "raw":
+        return run_raw(args, src, work, log)
+    root = Path(args.before_root if side == "before" else args.project_root).resolve()
+    return run_project(args, src, work, log, f"{side}-{tag}", root)
 
 
 def main() -> None:
@@ -130,9 +143,12 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="a Parquet of Debian rows (package, section, description)")
     ap.add_argument("--shape", choices=["labels", "text"], default="labels")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cold", action="store_true", help="wipe every compile cache before each run")
+    ap.add_argument("--cold", action="store_true", help="each round wipes every compile cache, then runs each side "
+                    "cold (their caches are apart: the project's compile into its own key folder)")
+    ap.add_argument("--warm-too", action="store_true", help="with --cold: each side again, warm, in the same round")
     ap.add_argument("--card", default="gpu")
     ap.add_argument("--project-root", default=str(ROOT), help="the checkout whose `sparkbatch run` is timed")
+    ap.add_argument("--before-root", help="another checkout's `sparkbatch run`, timed as a third side (before)")
     ap.add_argument("--code", help="the code's git sha (default: the project root's, when it is a checkout)")
     ap.add_argument("--label", default="", help="a suffix for the result file's name")
     ap.add_argument("--out-dir", default=".")
@@ -143,33 +159,51 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     rows = pq.read_metadata(src).num_rows
-    name = f"{args.card}-fresh-start-{args.shape}-{rows}{'-cold' if args.cold else ''}{args.label}"
+    name = f"{args.card}-fresh-start-{args.shape}-{rows}{args.label}"
+    sides = ["project", "raw", *(["before"] if args.before_root else [])]
+    passes = [True, False] if args.cold and args.warm_too else [args.cold]
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            got: dict[str, dict] = {}
-            for side in ("project", "raw") if r % 2 == 0 else ("raw", "project"):
-                if args.cold:
-                    wipe_caches()
-                log = out / "logs" / f"{name}-r{r}-{side}.log"
-                got[side] = (run_project(args, src, Path(tmp), log, f"r{r}") if side == "project"
-                             else run_raw(args, src, Path(tmp), log))
-                print(json.dumps({"round": r, "side": side, **{k: v for k, v in got[side].items() if k != "phases"}}),
-                      file=sys.stderr, flush=True)
-            p, w = got["project"], got["raw"]
-            rounds.append({"round": r, "order": "project-raw" if r % 2 == 0 else "raw-project", "cold": args.cold,
-                           "project_wall_s": p["wall_s"], "raw_wall_s": w["wall_s"],
-                           "project_engine_start_s": p["engine_start_s"], "raw_init_s": w["init_s"],
-                           "raw_import_s": w["import_s"], "raw_chat_s": w["chat_s"],
-                           "raw_over_project": round(w["wall_s"] / p["wall_s"], 3),
-                           "project_timings_s": p["timings_s"], "project_phases": p["phases"]})
+            if args.cold:
+                wipe_caches()
+            for cold in passes:
+                got: dict[str, dict] = {}
+                order = sides[r % len(sides):] + sides[:r % len(sides)]
+                for side in order if r % 2 == 0 else order[::-1]:
+                    tag = f"r{r}-{'cold' if cold else 'warm'}"
+                    log = out / "logs" / f"{name}-{tag}-{side}.log"
+                    got[side] = one_run(side, args, src, Path(tmp), log, tag)
+                    print(json.dumps({"round": r, "cold": cold, "side": side,
+                                      **{k: v for k, v in got[side].items() if k not in ("phases", "timings_s")}}),
+                          file=sys.stderr, flush=True)
+                rounds.append(round_record(r, cold, order if r % 2 == 0 else order[::-1], got))
     ratios = [x["raw_over_project"] for x in rounds]
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip()
     emit({"benchmark": "fresh_start", "machine": f"{gpu or 'no GPU'}, {os.cpu_count()} cores", "shape": args.shape,
-          "rows": rows, "model": Path(args.model).name, "settings": SETTINGS, "cold": args.cold,
+          "rows": rows, "model": Path(args.model).name, "settings": SETTINGS,
           "code": args.code or commit_of(Path(args.project_root)), "command": " ".join(sys.argv), "rounds": rounds,
           "raw_over_project_median": statistics.median(ratios)}, str(out / f"{name}.json"))
+
+
+def round_record(r: int, cold: bool, order: list[str], got: dict[str, dict]) -> dict:
+    p, w = got["project"], got["raw"]
+    record = {"round": r, "order": "-".join(order), "cold": cold,
+              "project_wall_s": p["wall_s"], "raw_wall_s": w["wall_s"],
+              "project_engine_start_s": p["engine_start_s"], "raw_init_s": w["init_s"],
+              "project_llm_init_s": p["llm_init_s"], "project_import_vllm_s": p["import_vllm_s"],
+              "project_engine_wait_s": p["engine_wait_s"],
+              "raw_import_s": w["import_s"], "raw_chat_s": w["chat_s"],
+              "raw_over_project": round(w["wall_s"] / p["wall_s"], 3),
+              "project_timings_s": p["timings_s"], "project_phases": p["phases"]}
+    if "before" in got:
+        b = got["before"]
+        record.update(before_wall_s=b["wall_s"], before_engine_start_s=b["engine_start_s"],
+                      before_llm_init_s=b["llm_init_s"], before_import_vllm_s=b["import_vllm_s"],
+                      raw_over_before=round(w["wall_s"] / b["wall_s"], 3), before_timings_s=b["timings_s"],
+                      before_phases=b["phases"])
+    return record
 
 
 if __name__ == "__main__":

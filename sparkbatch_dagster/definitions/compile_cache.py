@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -57,6 +58,7 @@ class CompileCacheRun:
         #: What happened, for a benchmark or a test: bytes moved and seconds spent.
         self.restored_bytes = self.saved_bytes = 0
         self.restore_s = self.save_s = 0.0
+        self._saving: threading.Thread | None = None  # the save begun after the start (starting)
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
@@ -64,10 +66,20 @@ class CompileCacheRun:
         self._guarded("restore", self.restore)
         with settings.environment(cc.cache_env(self.folder)):
             yield
-        self._guarded("save", self.save)
+        # Saved while the engine works, not before it answers: packing the folder took seconds of
+        # every start in a new home, on the run's critical path (issue 61). What the start wrote is
+        # listed here, packed in the thread; finish() waits for it, then saves what came later.
+        files = cc.snapshot(self.folder)
+        self._saving = threading.Thread(target=self._guarded, args=("save", lambda: self.save(files)),
+                                        name="sparkbatch-compile-cache-save")
+        self._saving.start()
 
     def finish(self) -> None:
-        """The run's end: save again only if the compilers wrote more since (never raises)."""
+        """The run's end: the save begun after the start waited for, then a save again only if the
+        compilers wrote more since (never raises)."""
+        if self._saving is not None:
+            self._saving.join()
+            self._saving = None
         self._guarded("save", self.save)
 
     def restore(self) -> None:
@@ -97,15 +109,16 @@ class CompileCacheRun:
         finally:
             into.unlink(missing_ok=True)
 
-    def save(self) -> None:
-        """Pack the key folder into the home, unless it is empty or the home holds it as it is."""
-        local = cc.snapshot(self.folder)
+    def save(self, files: dict[str, int] | None = None) -> None:
+        """Pack the key folder into the home (``files``: as a snapshot listed them; default, as it
+        is now), unless it is empty or the home holds it as it is."""
+        local = cc.snapshot(self.folder) if files is None else files
         if not local or local == self._home_state:
             return
         began = time.perf_counter()
         packed = cc.cache_root() / f".{self.key}.upload-{os.getpid()}.tar.gz"
         try:
-            size = cc.pack(self.folder, packed)
+            size = cc.pack(self.folder, packed, local)
             compile_store.store(self.home, self.key, packed)
         finally:
             packed.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,8 @@ from ..engines.settings import on_cpu
 from ..engines.start import model_identity, start
 from ..errors import ConfigError
 from ..run.progress import tell
-from .compile_cache import for_resource
+from . import prestart
+from .compile_cache import CompileCacheRun, for_resource
 
 __all__ = ["VLLMResource", "close_warm_engines"]
 
@@ -116,16 +118,39 @@ class VLLMResource(ConfigurableResource, EngineConfig):  # type: ignore[misc]
                 held = None
             if held is None:
                 self._cold_starts += 1
-                holder = {"run_id": self._run_id, "model": cfg.model}
-                self._cache_run = for_resource(cfg, *self._cache_home) if self._cache_home else None
-                with self._cache_run.starting() if self._cache_run else contextlib.nullcontext():
-                    held = HeldEngine.start(cfg._lock_devices(), holder, self._say, cfg._start)
+                early = prestart.take(key)  # begun by `sparkbatch run` as it began (prestart())
+                if early is not None:
+                    held, self._cache_run = early.wait()
+                else:
+                    held, self._cache_run = self._start_held(cfg, self._run_id, self._cache_home)
                 if cfg.keep_warm:
                     _WARM[key] = held
             else:
                 held.engine.gpu_wait_s = 0.0
             self._held = held
         return self._held.engine
+
+    def prestart(self) -> prestart.Prestart | None:
+        """Begin this resource's engine start now, in a thread, for the next :meth:`get_engine` of
+        this process with the same settings (a Dagster run's copy of this resource included),
+        which then waits for it instead of starting another: ``sparkbatch run`` calls it first, so
+        sharding and the run's preparation overlap the start (``definitions/prestart.py``). None,
+        and nothing started, for servers someone else runs, a warm engine kept for these settings,
+        or a start already pending. Call :meth:`use_home` first for the compile cache."""
+        cfg = self.resolved()
+        key = cfg._warm_key()
+        if cfg._endpoints() or (cfg.keep_warm and key in _WARM):
+            return None
+        home, holder = self._cache_home, f"sparkbatch run (pid {os.getpid()})"
+        return prestart.begin(key, lambda: cfg._start_held(cfg, holder, home), lambda got: got[0].close())
+
+    def _start_held(self, cfg: Self, run_id: str | None, cache_home: tuple[Any, Any] | None
+                    ) -> tuple[HeldEngine, CompileCacheRun | None]:
+        """``cfg``'s engine started under its GPUs' locks, with its compile cache around the start."""
+        cache = for_resource(cfg, *cache_home) if cache_home else None
+        with cache.starting() if cache else contextlib.nullcontext():
+            held = HeldEngine.start(cfg._lock_devices(), {"run_id": run_id, "model": cfg.model}, self._say, cfg._start)
+        return held, cache
 
     def _say(self, line: str) -> None:
         """The wait for another run's GPU: in this run's log, and above `sparkbatch run`'s progress
@@ -142,14 +167,15 @@ class VLLMResource(ConfigurableResource, EngineConfig):  # type: ignore[misc]
         """End of a run: stop the engine and free its GPUs, unless ``keep_warm`` keeps them. The
         stop runs in the background (``engines/gpu_lock.py``): the GPUs stay locked until vLLM is
         gone, and the next engine start of this process, or its exit, waits for it."""
-        # The compile cache first, in the run (its log is the run's): the engine is idle, so
-        # what it compiled is on disk; a stop writes nothing more.
-        if self._cache_run is not None:
-            self._cache_run.finish()
-            self._cache_run = None
+        # The engine's stop first, in the background: the compile cache's last save (in the run,
+        # whose log is the run's) needs only the files, which the idle engine has written, and the
+        # GPU is not held for it.
         if self._held is not None and not self.keep_warm:
             self._held.close(background=True)
         self._held = None
+        if self._cache_run is not None:
+            self._cache_run.finish()
+            self._cache_run = None
 
     def use_home(self, home: Any, log: Any) -> None:
         """Where this run's compile cache travels (``compile_cache``): the run's job home, and its

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -149,15 +150,19 @@ def snapshot(folder: Path) -> dict[str, int]:
     return files
 
 
-def pack(folder: Path, archive: Path) -> int:
+def pack(folder: Path, archive: Path, files: Mapping[str, int] | None = None) -> int:
     """``folder`` as a ``.tar.gz`` at ``archive`` (written under a temporary name, then renamed):
-    regular files only, in sorted order, without owners. Returns the archive's size in bytes."""
+    regular files only, in sorted order, without owners. ``files``: a :func:`snapshot` taken
+    before, the files packed (one gone since is left out); default, the folder's now. Returns the
+    archive's size in bytes."""
     archive.parent.mkdir(parents=True, exist_ok=True)
-    tmp = archive.with_name(f".{archive.name}.tmp-{os.getpid()}")
+    tmp = archive.with_name(f".{archive.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         # Level 1: compiled objects and generated sources shrink about as much as at 9, in a fraction of the time.
         with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
-            for rel in sorted(snapshot(folder)):
+            for rel in sorted(snapshot(folder) if files is None else files):
+                if not (folder / rel).is_file():
+                    continue
                 info = tar.gettarinfo(str(folder / rel), arcname=rel)
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""

@@ -20,9 +20,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -89,10 +91,14 @@ _PROBE = (
 def device() -> Device | None:
     """GPU 0's name, whether it is integrated, and its total memory; None without a CUDA GPU.
 
-    Asked in a child process: CUDA initialized in this one would make vLLM spawn its engine
-    core instead of forking it, importing vllm again (about 20 s on an H200). Asked once per
-    process (a few seconds: the child imports torch). A name with "GB10" counts as integrated
+    A discrete GPU is read from NVML (:func:`discrete_from_nvml`: milliseconds, no torch). Any
+    other is asked in a child process that imports torch (seconds): CUDA initialized in this
+    one would make vLLM spawn its engine core instead of forking it, importing vllm again
+    (about 20 s on an H200). Asked once per process. A name with "GB10" counts as integrated
     even where torch does not report the attribute."""
+    found = discrete_from_nvml()
+    if found is not None:
+        return found
     try:
         out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120,
                              check=True).stdout.strip().splitlines()
@@ -100,6 +106,56 @@ def device() -> Device | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None  # no torch or no driver: vLLM will say what is missing when it starts
     return device_from(*facts) if facts else None
+
+
+def discrete_from_nvml() -> Device | None:
+    """GPU 0 of this process as NVML sees it, when NVML can tell it is a discrete GPU: it reports
+    memory of its own, its name is no GB10, and this process's GPU 0 is known to be that device
+    (``CUDA_VISIBLE_DEVICES`` unset or naming an index or a ``GPU-`` UUID; one model of GPU on the
+    box, so CUDA's order and NVML's agree). None otherwise (no NVML, no GPU, a unified-memory GPU
+    whose memory NVML reports as not supported, a MIG slice): then the torch probe decides.
+
+    Why not always the probe: it imports torch in a child process, 3 to 5 s of every engine start
+    on a GPU box, to learn what NVML says in milliseconds (issue 61)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver
+        return None
+    try:
+        return _first_discrete(pynvml)
+    except Exception:  # an NVML without these calls, or one that refuses them: the probe decides
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _first_discrete(nvml: Any) -> Device | None:
+    count = int(nvml.nvmlDeviceGetCount())
+    if count == 0:
+        return None
+    names = {_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = visible.split(",")[0].strip() if visible is not None else "0"
+    if first.isdigit():
+        handle = nvml.nvmlDeviceGetHandleByIndex(int(first))
+    elif first.startswith("GPU-"):
+        handle = nvml.nvmlDeviceGetHandleByUUID(first)
+    else:  # empty (no GPU visible), a MIG slice: not for this shortcut
+        return None
+    name = _text(nvml.nvmlDeviceGetName(handle))
+    if len(names) > 1 or "GB10" in name.upper():
+        return None
+    total = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)  # raises on unified memory (not supported)
+    return Device(name, False, total) if total > 0 else None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def device_from(name: str, integrated: bool, total_bytes: int) -> Device:
