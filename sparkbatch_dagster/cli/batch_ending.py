@@ -2,8 +2,9 @@
 ``request_counts``, ``usage`` and ``model``, for either API it was created through.
 
 - An OpenAI batch (``format`` ``openai_batch``): the output and error files are registered as
-  files the client downloads; each request not run (a cancel, an expiry) is an error line of the
-  error file, counted in ``request_counts.failed``.
+  files the client downloads; each request not run (a cancel, an expiry, a failed run) is an
+  error line of the error file, counted in ``request_counts.failed``: every ``custom_id`` is in
+  one file once, and ``completed + failed == total``.
 - An Anthropic Message Batch (``format`` ``anthropic_batch``): one results file,
   ``<batch>/output.jsonl``, served by its ``results_url`` and never listed as a file; each request
   not run is a ``canceled`` / ``expired`` result (an ``errored`` one when the run failed), and how
@@ -28,20 +29,16 @@ def ended(store: Store, bid: str, status: str, counts: ExportSummary | None, err
     output, errors = folder / "output.jsonl", folder / ("output.jsonl" if anthropic else "errors.jsonl")
     fields: dict[str, Any] = {"status": status, f"{status}_at": now()}
     unrun = 0
-    if status in ("cancelled", "expired") or (anthropic and status == "failed"):
+    if status != "completed":  # whatever ended it, each request not answered is a line of its own
         unrun = add_unfinished(store.file_path(batch.get("input_file_id", "")), output, errors, status,
                                batch.get("format", "openai_batch"), error or "")
     if counts is not None:
-        fields["request_counts"] = counts_of(counts.tally, batch)
         fields.update(usage_fields(counts.usage))
     elif not anthropic:
         fields.update(usage_fields(NOTHING_RAN))
-    if unrun:
-        counted = fields.get("request_counts") or batch.get("request_counts") or {}
-        failed = int(counted.get("failed") or 0) + unrun
-        fields["request_counts"] = {"total": max(int(counted.get("total") or 0),
-                                                 int(counted.get("completed") or 0) + failed),
-                                    "completed": int(counted.get("completed") or 0), "failed": failed}
+    written, failed = (counts.written, counts.errors) if counts is not None else (0, 0)
+    # Every request is in one result line: the answers, the error rows, and those not run.
+    fields["request_counts"] = {"total": written + failed + unrun, "completed": written, "failed": failed + unrun}
     if anthropic:
         fields["unrun_requests"] = unrun  # canceled / expired (or errored) results, not the run's errors
     else:

@@ -1,8 +1,13 @@
 """The error lines of a batch's requests that never ran, as OpenAI writes them when a batch ends
-early: expired (its completion window passed, code ``batch_expired``) or cancelled (code
-``batch_cancelled``). Each is ``{"id", "custom_id", "response": null, "error": {"code",
-"message"}}``, so every request of the input appears once in the result files, and the user can
-send the unfinished ones again by their ``custom_id``.
+early: expired (its completion window passed, code ``batch_expired``), cancelled (code
+``batch_cancelled``) or failed (the run stopped, code ``batch_failed``). Each is ``{"id",
+"custom_id", "response": null, "error": {"code", "message"}}``, so every request of the input
+appears once in the result files, and the user can send the unfinished ones again by their
+``custom_id``.
+
+A request is named as the job names its row (:func:`job_row_ids`, the shard query's naming of
+``inputs/ids.py``): a line the job could not read is ``unparsable-line-3`` in the error file, and
+is not listed again under the ``custom_id`` a laxer reader would find in it.
 
 For an Anthropic Message Batch (``fmt`` ``anthropic_batch``, one results file) each is Anthropic's
 result of a request not run, ``{"custom_id", "result": {"type": "canceled"}}`` or ``{"type":
@@ -18,13 +23,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..inputs.files import _SURROGATE, _lines
+
 #: The line's error, by how the batch ended (OpenAI's documented batch_expired message).
 REASONS = {"expired": ("batch_expired", "This request could not be executed before the completion window expired."),
-           "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled first.")}
+           "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled first."),
+           "failed": ("batch_failed", "This request was not executed: the batch's run failed first")}
 #: Anthropic's result ``type`` of a request not run, by how the batch ended.
 ANTHROPIC_TYPES = {"expired": "expired", "cancelled": "canceled"}
 
@@ -33,9 +42,9 @@ def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fm
                    reason: str = "") -> int:
     """Append to ``errors`` (Anthropic's: the results file, ``errors`` == ``output``) a line for
     each request of ``input_path`` that neither result file holds; return how many. ``ending``:
-    ``expired`` or ``cancelled`` (Anthropic's also ``failed``, its lines ``errored`` with ``reason``)."""
+    ``expired``, ``cancelled`` or ``failed`` (``reason``: why the run failed)."""
     done = {cid for path in (output, errors) for cid in _ids_in(path)}
-    missing = [cid for cid in dict.fromkeys(_ids_in(input_path)) if cid not in done]
+    missing = [cid for cid in job_row_ids(input_path) if cid not in done]
     if not missing:
         return 0
     errors.parent.mkdir(parents=True, exist_ok=True)
@@ -45,14 +54,16 @@ def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fm
             out.write(errors.read_text(encoding="utf-8"))
         for cid in missing:
             line = _anthropic_line(cid, ending, reason) if fmt == "anthropic_batch" else \
-                _openai_line(input_path, cid, ending)
+                _openai_line(input_path, cid, ending, reason)
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
     os.replace(tmp, errors)
     return len(missing)
 
 
-def _openai_line(input_path: Path, cid: str, ending: str) -> dict[str, Any]:
+def _openai_line(input_path: Path, cid: str, ending: str, reason: str) -> dict[str, Any]:
     code, message = REASONS[ending]
+    if ending == "failed":
+        message = f"{message} ({reason or 'see the server log'}): send it again in a new batch."
     uid = hashlib.sha256(f"{input_path.name}\x1e{cid}\x1e{ending}".encode()).hexdigest()[:24]
     return {"id": f"batch_req_{uid}", "custom_id": cid, "response": None, "error": {"code": code, "message": message}}
 
@@ -63,6 +74,51 @@ def _anthropic_line(cid: str, ending: str, reason: str) -> dict[str, Any]:
     message = f"The batch's run failed before this request was answered: {reason or 'see the server log'}"
     return {"custom_id": cid, "result": {"type": "errored", "error": {
         "type": "error", "error": {"type": "api_error", "message": message}, "request_id": None}}}
+
+
+def job_row_ids(path: Path) -> list[str]:
+    """The row id the batch-file job gives each request line of ``path``, in order: the line's
+    ``custom_id``; ``unparsable-line-<n>`` for a line whose id the job cannot read (not UTF-8, not
+    strict JSON, no ``custom_id`` string); ``<id>#dup<k>`` for the k-th use of an id; a generated
+    name that a real id holds takes ``~`` signs past the longest such id (``inputs/ids.py``: the
+    shard query, which a property test holds this to)."""
+    raw: list[tuple[str | None, int]] = []
+    if not path.is_file():  # a Message Batch deleted meanwhile: no request left to name
+        return []
+    with path.open("rb") as fh:
+        for n, text in _lines(fh):
+            text = text.strip()  # as the job's reader: a line of Unicode whitespace is blank
+            if text:
+                raw.append((_line_id(text), n))
+    longest: dict[str, int] = {}  # a real id with its '~' signs trimmed -> the longest such real id
+    for cid, _ in raw:
+        if cid is not None:
+            trimmed = cid.rstrip("~")
+            longest[trimmed] = max(longest.get(trimmed, 0), len(cid))
+    real = {cid for cid, _ in raw if cid is not None}
+    uses: Counter[str] = Counter()
+    out: list[str] = []
+    for cid, n in raw:
+        if cid is not None:
+            uses[cid] += 1
+            if uses[cid] == 1:
+                out.append(cid)
+                continue
+        generated = f"unparsable-line-{n}" if cid is None else f"{cid}#dup{uses[cid]}"
+        out.append(generated + "~" * (longest[generated] - len(generated) + 1 if generated in real else 0))
+    return out
+
+
+def _line_id(text: str) -> str | None:
+    """The ``custom_id`` the job reads from a line (``inputs/batch_input.read_line``'s), or None."""
+    if _SURROGATE.search(text):
+        return None
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) and cid else None
 
 
 def _ids_in(path: Path) -> Iterator[str]:

@@ -107,7 +107,9 @@ class Worker:
             if (self.store.batch(bid) or {}).get("status") != "validating":  # cancelled meanwhile
                 return
             if problems:
+                # Nothing of it runs and no result file is written: no request is counted (OpenAI's).
                 self.store.update(bid, status="failed", failed_at=now(), errors={"object": "list", "data": problems},
+                                  request_counts={"total": 0, "completed": 0, "failed": 0},
                                   **usage_fields(NOTHING_RAN))
                 return
             self.store.update(bid, status="in_progress", in_progress_at=now())

@@ -175,7 +175,8 @@ def new_batch(store: Store, body: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"endpoint {body.get('endpoint')!r} is not served here: use {ENDPOINT!r}")
     if body.get("completion_window", "24h") != "24h":
         raise ConfigError(f"completion_window {body.get('completion_window')!r}: use '24h'")
-    lines = sum(1 for line in store.file_path(fid).read_bytes().splitlines() if line.strip())
+    with store.file_path(fid).open("rb") as fh:  # line by line: never the whole file in memory
+        lines = sum(1 for line in fh if line.strip())
     created = now()
     batch = {"id": f"batch_{secrets.token_hex(12)}", "object": "batch", "endpoint": ENDPOINT, "errors": None,
              "input_file_id": fid, "completion_window": "24h", "status": "validating", "output_file_id": None,
