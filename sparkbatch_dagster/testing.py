@@ -27,6 +27,10 @@ from .definitions.resource import VLLMResource
 from .engines.base import Engine
 from .engines.platform.model import answer_settings, model_identity
 from .engines.settings import CPU_DEFAULTS, split_devices, visible_gpus
+from .home import JobHome
+from .run.records import ShardStats
+from .run.runner import ProgressFn, ShardRun
+from .spec import JobSpec
 
 #: /proc/cpuinfo's flags of a 2-core AMD EPYC seen running this project: AVX and FMA, no AVX2, no
 #: AVX-512, no native bf16. ``SPARKBATCH_CPU_FLAGS=<these>`` makes the resource choose as it would there.
@@ -257,3 +261,10 @@ def reasoning_model(out: str | Path, tokenizer: str | Path | None = None) -> Pat
     config["vocab_size"] = max(int(config["vocab_size"]), -(-len(tok) // 64) * 64)  # room for the new ids
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
+                progress: ProgressFn | None = None) -> ShardStats:
+    """Label every row of one shard and finalize it; return the shard's statistics: one
+    :class:`~sparkbatch_dagster.run.runner.ShardRun` over one key, as the tests drive a shard."""
+    return ShardRun(spec, home, version, engine, progress).run([key])[0]

@@ -126,8 +126,3 @@ def info_checksum(info: dict[str, Any]) -> str | None:
             text = value.hex() if isinstance(value, (bytes, bytearray)) else str(value)
             return f"{key}:{text.strip(chr(34))}:{info.get('size')}"  # ETags come quoted
     return None
-
-
-def object_digest(url: str) -> str | None:
-    """Checksum + size of an fsspec URL (s3://, gs://, az://, http(s)://); None when unavailable."""
-    return info_checksum(object_info(url))

@@ -342,9 +342,3 @@ class ShardRun:
         self.home.publish_commit(self.version, key, self.attempt.id if self.attempt else "none", committed,
                                  still_mine=(lambda: claims.still_mine(key)) if claims is not None else None,
                                  not_committed=not_committed)
-
-
-def label_shard(spec: JobSpec, home: JobHome, version: str, key: str, engine: Engine,
-                progress: ProgressFn | None = None) -> ShardStats:
-    """Label every row of one shard and finalize it; return the shard's statistics."""
-    return ShardRun(spec, home, version, engine, progress).run([key])[0]

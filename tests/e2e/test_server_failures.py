@@ -20,8 +20,8 @@ from sparkbatch_dagster.engines.server.endpoints import check_served, served_mod
 from sparkbatch_dagster.engines.server.server_process import free_port
 from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
 from sparkbatch_dagster.errors import ConfigError, EngineError, PendingRowsError
-from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
+from sparkbatch_dagster.testing import label_shard
 from testkit import LABELS, make_rows, make_spec, one_shard, written_parts
 
 V, KEY = "00000000000000aa", "shard-00000"

@@ -15,8 +15,8 @@ from sparkbatch_dagster.engines.gpu_lock import wait_for_stops
 from sparkbatch_dagster.engines.offline.vllm_offline import VLLMOfflineEngine
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
-from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import SamplingSpec
+from sparkbatch_dagster.testing import label_shard
 from testkit import (
     LABELS,
     REAL_SETTINGS,

@@ -14,8 +14,8 @@ import pytest
 from sparkbatch_dagster import ConfigError, OutputSpec, VLLMResource
 from sparkbatch_dagster.engines import EngineRequest
 from sparkbatch_dagster.engines.base import Engine
-from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import SamplingSpec
+from sparkbatch_dagster.testing import label_shard
 from testkit import EAGER, LABELS, make_rows, one_shard
 
 BUDGET = 24

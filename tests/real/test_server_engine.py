@@ -13,7 +13,7 @@ from dagster import DagsterInstance, materialize
 from sparkbatch_dagster import EngineError, VLLMResource, build_batch_assets
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import (
     EAGER,
     REAL_SETTINGS,

@@ -19,7 +19,8 @@ from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run import attempts
 from sparkbatch_dagster.run.result_store import ResultStore
-from sparkbatch_dagster.run.runner import ShardRun, label_shard
+from sparkbatch_dagster.run.runner import ShardRun
+from sparkbatch_dagster.testing import label_shard
 from testkit import fake_resource, make_rows, make_spec, one_shard
 
 V = "00000000000000ab"

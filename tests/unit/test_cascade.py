@@ -10,7 +10,7 @@ from sparkbatch_dagster import ConfigError, EngineError
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.run.cascade import CascadeEngine, Stage
 from sparkbatch_dagster.run.result_store import open_store
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import label_defs_yaml, make_rows, make_spec, one_shard, yaml_job_spec
 
 CASCADE = [{"below": 0.5}, {"model": "big"}]

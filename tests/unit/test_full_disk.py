@@ -21,7 +21,7 @@ from sparkbatch_dagster.errors import StorageError, storage_error, storage_error
 from sparkbatch_dagster.home import JobHome, atomic, atomic_write_parquet, atomic_write_text
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run.attempts import Attempt
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import make_spec, unique_rows, write_parquet
 
 V = "0123456789abcdef"

@@ -9,7 +9,7 @@ import pytest
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.platform import heap
 from sparkbatch_dagster.engines.platform.heap import frozen_heap
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import make_rows, one_shard
 
 

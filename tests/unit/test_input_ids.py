@@ -13,7 +13,7 @@ from sparkbatch_dagster.definitions.events import exactly_once
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import make_spec, write_parquet
 
 V = "0123456789abcdef"

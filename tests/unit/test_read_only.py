@@ -20,7 +20,7 @@ from sparkbatch_dagster.cli.commands import sql
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run import metrics
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import fake_resource, make_spec
 
 N, SHARDS = 40, 2

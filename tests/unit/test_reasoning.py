@@ -13,8 +13,8 @@ from sparkbatch_dagster import ConfigError, OutputSpec
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.answers import reasoning
 from sparkbatch_dagster.run.result_store import ResultStore, prompt_key
-from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.spec import SamplingSpec
+from sparkbatch_dagster.testing import label_shard
 from testkit import LABELS, make_rows, one_shard
 
 MARKS = reasoning.Markers("<think>", "</think>")

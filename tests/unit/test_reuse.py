@@ -13,7 +13,7 @@ from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run.result_store import ResultStore
 from sparkbatch_dagster.run.rows import read_shard
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import make_rows, make_spec, write_parquet
 
 

@@ -17,7 +17,7 @@ from sparkbatch_dagster.run import human_labels, metrics, review_members
 from sparkbatch_dagster.run.calibration_map import Calibration, labels_digest, save
 from sparkbatch_dagster.run.query import read_only
 from sparkbatch_dagster.run.review_queue import Interval, ReviewThreshold, save_threshold
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import LABELS, fake_resource, make_rows, make_spec, write_parquet
 
 N = 90

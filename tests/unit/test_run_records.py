@@ -19,10 +19,10 @@ from sparkbatch_dagster.run.checkpoint import OUTPUT_SCHEMA, rows_table
 from sparkbatch_dagster.run.metrics import prediction_check
 from sparkbatch_dagster.run.records import AttemptRecord, OutputRow, ShardStats
 from sparkbatch_dagster.run.rows import Answer, row
-from sparkbatch_dagster.run.runner import label_shard
 from sparkbatch_dagster.run.shard_stats import ShardTime, ShardWork, read_stats, shard_stats
 from sparkbatch_dagster.run.totals import Prediction, RunSummary
 from sparkbatch_dagster.spec import JobSpec, OutputSpec
+from sparkbatch_dagster.testing import label_shard
 from testkit import make_rows, make_spec, write_parquet
 
 V = "00000000000000aa"

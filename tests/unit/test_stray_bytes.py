@@ -23,7 +23,7 @@ from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.inputs.files import binary_lines
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run.batch_export import export
-from sparkbatch_dagster.run.runner import label_shard
+from sparkbatch_dagster.testing import label_shard
 from testkit import LABELS, make_spec
 
 V = "0123456789abcdef"
