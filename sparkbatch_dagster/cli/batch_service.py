@@ -37,7 +37,6 @@ from .batch_store import ENDPOINT, OPEN, Store, new_batch, now
 from .batch_validate import validate_file
 
 __all__ = ["ENDPOINT", "OPEN", "STOP_GRACE_S", "Store", "Worker", "new_batch"]
-_usage = usage_fields  # the name tests/unit/test_batch_semantics.py imports
 
 #: Seconds a cancelled run gets to stop on its own before its process group is killed.
 STOP_GRACE_S = 60.0

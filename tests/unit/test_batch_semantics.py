@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from sparkbatch_dagster.cli.batch_service import Store, Worker, _usage
+from sparkbatch_dagster.cli.batch_ending import usage_fields
+from sparkbatch_dagster.cli.batch_service import Store, Worker
 from sparkbatch_dagster.cli.batch_validate import validate_file
 from sparkbatch_dagster.cli.serve_batch_app import make_app
 from sparkbatch_dagster.cli.serve_batch_guard import access
@@ -99,7 +100,7 @@ def test_a_batchs_usage_is_what_its_rows_cost():
                                  "reused": 2, "model": "m"}
     batch = Batch.model_validate({"id": "batch_1", "object": "batch", "endpoint": "/v1/chat/completions",
                                   "input_file_id": "file-1", "completion_window": "24h", "status": "completed",
-                                  "created_at": 1, **_usage(summary)})
+                                  "created_at": 1, **usage_fields(summary)})
     assert batch.usage is not None and (batch.usage.input_tokens, batch.usage.total_tokens) == (17, 25)
     assert batch.model == "m" and batch.model_extra == {"reused_requests": 2}
     assert usage_of([]).model is None
