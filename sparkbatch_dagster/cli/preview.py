@@ -23,8 +23,8 @@ import msgspec
 
 from ..engines.answers import reasoning
 from ..errors import ConfigError
-from ..run.result_store import open_store, prompt_key
-from ..run.rows import plan_rows, read_shard
+from ..run.result_store import open_store
+from ..run.rows import in_prefix_order, plan_rows, read_shard, store_key
 from ..spec.prompts import chat_text
 
 
@@ -125,9 +125,8 @@ def preview(job: Any, resource: Any, show: int = 5, home: Any = None) -> Preview
     for key in manifest["keys"]:
         rows = read_shard(home, key, manifest["signature"])
         errors, groups = plan_rows(spec, rows, set())
-        keys = {g: prompt_key(p.system, p.user) for g, (p, _) in groups.items()}
-        stored = store.lookup(list(keys.values()))
-        todo = sorted(g for g in groups if keys[g] not in stored)
+        stored = store.lookup([k for g in groups if (k := store_key(g)) is not None])
+        todo = in_prefix_order({g: v for g, v in groups.items() if store_key(g) not in stored})
         shards.append(ShardPlan(partition=key, rows=len(rows), error_rows=len(errors), distinct_prompts=len(groups),
                                 duplicate_rows=sum(len(ids) - 1 for _, ids in groups.values()),
                                 stored_prompts=len(groups) - len(todo), to_generate=len(todo)))

@@ -35,8 +35,8 @@ from ..engines.base import Engine, request_of
 from ..engines.platform.heap import frozen_heap
 from ..errors import SparkbatchError
 from ..home import JobHome
-from ..run.result_store import ResultStore, prompt_key
-from ..run.rows import parse_output, plan_rows, read_shard
+from ..run.result_store import ResultStore
+from ..run.rows import parse_output, plan_rows, read_shard, store_key
 from ..spec import EstimateSpec, JobSpec
 from .choice import verdict
 
@@ -143,7 +143,7 @@ def draw_sample(spec: JobSpec, home: JobHome, est: EstimateSpec) -> Sample:
 
 def _run(engine: Engine, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str], Any]:
     errors, groups = plan_rows(spec, rows, set())
-    requests = [request_of(key, prompt, prompt_key(prompt.system, prompt.user)) for key, (prompt, _) in groups.items()]
+    requests = [request_of(key, prompt, store_key(key)) for key, (prompt, _) in groups.items()]
     with frozen_heap():  # as the job's run generates (run/runner.py), so the sample times the same
         results = {r.id: r for r in engine.generate(requests, spec.sampling, spec.output)}
     return results, errors, groups
@@ -266,9 +266,9 @@ def fit(merged: Timing, a: Timing, b: Timing) -> Timing:
 
 def _prompt_rows(spec: JobSpec, rows: list[dict[str, Any]]) -> dict[str, int]:
     """Result-store keys of the distinct prompts among ``rows`` (as the run groups them), with
-    how many rows each stands for."""
+    how many rows each stands for (a draw's is none: never stored)."""
     _, groups = plan_rows(spec, rows, set())
-    return {prompt_key(p.system, p.user): len(ids) for p, ids in groups.values()}
+    return {key: len(ids) for g, (_, ids) in groups.items() if (key := store_key(g)) is not None}
 
 
 def count_stored(spec: JobSpec, home: JobHome, sample: Sample, store: ResultStore) -> Stored:

@@ -12,9 +12,9 @@ from ..spec import JobSpec
 from .attempts import Attempt
 from .checkpoint import CheckpointWriter
 from .records import OutputRow
-from .result_store import ResultStore, prompt_key
+from .result_store import ResultStore
 from .review_marks import Marks
-from .rows import STORED_ERRORS, Answer, plan_rows, read_shard, row
+from .rows import STORED_ERRORS, Answer, in_prefix_order, plan_rows, read_shard, row, store_key
 
 
 class OpenShard:
@@ -44,11 +44,11 @@ class OpenShard:
             for rid, reason in errors.items():
                 self._add(row(rid, version, Answer.failed(reason, model)))
         with spans.span("prompt_keys"):
-            self.keys = {k: prompt_key(p.system, p.user) for k, (p, _) in self.groups.items()}
+            # The answer's key, or None for a draw: generated every time, never looked up nor stored.
+            self.keys: dict[str, str | None] = {g: store_key(g) for g in self.groups}
         with spans.span("store_lookup"):
             self._reuse(store)
-        # Sorted prompt keys put rows that share a prefix next to each other (prefix-cache hits).
-        self.order = sorted(self.groups)
+        self.order = in_prefix_order(self.groups)
         self.outstanding = len(self.order)
         self.done = len(self.rows) - sum(len(ids) for _, ids in self.groups.values())  # resumed, reused, errors
         self.pending = 0  # rows whose prompt got only transient failures: nothing written for them
@@ -81,12 +81,12 @@ class OpenShard:
     def _reuse(self, store: ResultStore, only: list[Any] | None = None) -> int:
         """Write the rows whose answer is already stored (of ``only``'s groups, or all); they
         leave the prompts to generate. Returns the rows written."""
-        candidates = list(self.groups) if only is None else only
-        found = store.lookup([self.keys[g] for g in candidates])
+        keyed = {g: k for g in (list(self.groups) if only is None else only) if (k := self.keys[g]) is not None}
+        found = store.lookup(list(keyed.values()))
         written = 0
-        for group in [g for g in candidates if self.keys[g] in found]:
+        for group, key in [(g, k) for g, k in keyed.items() if k in found]:
             # The model that gave it: a cascade's stage (the store of one model holds that model's).
-            answer = Answer.stored(found[self.keys[group]], self.keys[group], self.model)
+            answer = Answer.stored(found[key], key, self.model)
             for i, rid in enumerate(self.groups.pop(group)[1]):
                 self._add(row(rid, self.version, answer, duplicate=i > 0))
                 written += 1

@@ -6,9 +6,10 @@ paying the engine again.
                                                     output_tokens, model, created_at, confidence,
                                                     reasoning
 
-``context`` is :meth:`JobSpec.answer_context`: model identity + sampling + output spec. Within
-it an answer is keyed by 128 bits of sha256 of the rendered prompt (system and user text), as
-two BIGINT columns: a lookup reads 16 bytes a stored row, and DuckDB joins a shard's keys
+``context`` is :meth:`JobSpec.answer_context`: model identity + the job's sampling + output spec.
+Within it an answer is keyed by 128 bits of sha256 of what the engine receives for it
+(:func:`..spec.identity.answer_key`: messages, tools, effective sampling, output), as two BIGINT
+columns: a lookup reads 16 bytes a stored row, and DuckDB joins a shard's keys
 against them. Open it with anything that reads Parquet::
 
     duckdb -c "FROM '.sparkbatch/tickets/results/*/*.parquet' LIMIT 5"
@@ -27,7 +28,6 @@ any one copy of a key.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import struct
@@ -42,6 +42,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..home import Bucket, FileLock, JobHome, atomic_write_parquet
+from ..spec import OutputSpec, SamplingSpec
+from ..spec.prompts import RenderedPrompt
 from .checkpoint import WITH_CONFIDENCE, WITH_EXTRA, WITH_REASONING, WITH_TRUNCATED
 
 log = logging.getLogger("sparkbatch")
@@ -70,9 +72,15 @@ def open_store(spec: Any, home: JobHome, model_id: str) -> ResultStore:
     return ResultStore(root, spec.answer_context(model_id), home.results_remote, later)
 
 
-def prompt_key(system: str, user: str) -> str:
-    """32 hex characters naming a rendered prompt (what the output rows carry as ``prompt_key``)."""
-    return hashlib.sha256(f"{system}\x1e{user}".encode()).hexdigest()[:32]
+def prompt_key(system: str, user: str, sampling: Any = None, output: Any = None) -> str:
+    """32 hex characters naming the answer to a column job's prompt of ``system`` and ``user``
+    text under ``sampling`` / ``output`` (the job's defaults when None): what its output rows carry
+    as ``prompt_key`` (:func:`..spec.identity.answer_key`; a draw has no key, so the sampling
+    given here must not be one)."""
+    key = RenderedPrompt(system, user).answer_key(sampling or SamplingSpec(), output or OutputSpec())
+    if key is None:
+        raise ValueError("a draw (temperature above 0, no seed) has no key in the result store")
+    return key
 
 
 def split_key(key: str) -> tuple[int, int]:

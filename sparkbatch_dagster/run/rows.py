@@ -19,7 +19,7 @@ from ..engines.base import EngineResult
 from ..errors import ConfigError, SparkbatchError
 from ..home import JobHome
 from ..spec import BATCH_INPUTS, JobSpec, OutputSpec
-from ..spec.batch_requests import RequestPrompt, request_prompt
+from ..spec.batch_prompt import RequestPrompt, request_prompt
 from ..spec.prompts import RenderedPrompt, check_text, render
 from .records import OutputRow
 
@@ -157,11 +157,18 @@ def row(row_id: str, version: str, answer: Answer, duplicate: bool = False) -> O
     )
 
 
+#: A draw's group: its row's own (a draw is never shared, see :func:`plan_rows`).
+DRAW = "draw:"
+
+
 def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
               ) -> tuple[dict[str, str], dict[str, tuple[RenderedPrompt | RequestPrompt, list[str]]]]:
-    """Split pending rows into error rows {id: reason} and unique prompts {key: (prompt, ids)}.
-    A batch file's row (``input_format`` openai_batch / anthropic_batch) is its own request:
-    its prompt is its messages, with its own sampling and output, not the job's template."""
+    """Split pending rows into error rows {id: reason} and unique prompts {group: (prompt, ids)}.
+    A group is the answer's key (:func:`store_key`): rows whose engine inputs are identical share
+    it, and one generation. A draw (temperature above 0, no seed) is a group of its own row, so
+    three identical sampled lines are three samples. A batch file's row (``input_format``
+    openai_batch / anthropic_batch) is its own request: its prompt is its messages, with its own
+    sampling and output, not the job's template."""
     errors: dict[str, str] = {}
     groups: dict[str, tuple[RenderedPrompt | RequestPrompt, list[str]]] = {}
     own = spec.input_format in BATCH_INPUTS
@@ -181,8 +188,20 @@ def plan_rows(spec: JobSpec, rows: list[dict[str, Any]], skip: set[str]
         except ConfigError as exc:
             errors[rid] = f"render_error: {exc}"
             continue
-        groups.setdefault(prompt.key, (prompt, []))[1].append(rid)
+        key = prompt.answer_key(spec.sampling, spec.output)
+        groups.setdefault(key or DRAW + rid, (prompt, []))[1].append(rid)
     return errors, groups
+
+
+def store_key(group: str) -> str | None:
+    """The result-store key of a :func:`plan_rows` group; None for a draw (never stored or looked up)."""
+    return None if group.startswith(DRAW) else group
+
+
+def in_prefix_order(groups: dict[str, tuple[Any, list[str]]]) -> list[str]:
+    """The groups in the order they go to the engine: prompts that share a prefix next to each
+    other (prefix-cache hits), ties by key."""
+    return sorted(groups, key=lambda g: (groups[g][0].order, g))
 
 
 def read_shard(home: JobHome, key: str, signature: str | None) -> list[dict[str, Any]]:

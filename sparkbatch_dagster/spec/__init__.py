@@ -12,7 +12,10 @@ Modules:
 - :mod:`.review`: how many rows a person reviews, :class:`ReviewSpec` (a row budget or an error target);
 - :mod:`.checked`: settings errors and the fingerprints that name outputs (:func:`fingerprint`);
 - :mod:`.prompts`: sandboxed Jinja over each row, and the per-row text checks that make bad input error rows;
-- :mod:`.batch_requests`: a provider batch file's request line, checked and normalized, as its row's prompt.
+- :mod:`.batch_requests`: a provider batch file's request line, checked and normalized;
+- :mod:`.batch_prompt`: a staged request read back as the run's prompt;
+- :mod:`.request_fields`: every sampling field of a request declared once (names, type, identity), and the one merge;
+- :mod:`.identity`: an answer's identity, what the engine receives, hashed (a draw has none);
 - :mod:`.batch_tools`: a batch line's tools and tool choice, checked, and a forced call's JSON schema.
 
 May import: ``errors``. The bottom room: everything else builds on it.

@@ -67,10 +67,13 @@ class SamplingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int = Field(default=64, ge=1, le=32768)
+    # No fixed cap: the model's context is the limit (an answer longer than it is the engine's
+    # error row, as the hosted APIs refuse a max_tokens above the model's).
+    max_tokens: int = Field(default=64, ge=1)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int = 0
+    seed: int | None = Field(default=0, description="The sampler's seed; None: none, each sampled answer a draw "
+                             "(generated every time, never reused). Greedy decoding (temperature 0) does not read it.")
     ignore_eos: bool = Field(default=False, description="Always generate max_tokens (benchmarks).")
     reasoning: Literal["off", "auto"] | int = Field(
         default="off", description="A reasoning model's thinking: 'off' (the chat template's default prompt, the "

@@ -6,29 +6,29 @@ sent, and the :class:`BatchRequest` it normalizes to: messages, the sampling fie
 differ from the job's, its output), or :class:`LineError` says why it cannot run (``bad_request:
 ...``, ``unsupported: ...``). What does not map to this product (images, audio, per-line
 reasoning...) is an error naming the field, never dropped silently. A request's canonical
-JSON (:meth:`BatchRequest.to_text`) is the row's one text column and names its prompt in the
-result store; :class:`RequestPrompt` is a normalized request as the run's prompt: its own
-messages, and its own sampling and output when they differ from the job's. Example::
+JSON (:meth:`BatchRequest.to_text`) is the row's one text column; :mod:`.batch_prompt` reads it
+back as the run's prompt. The sampling fields are :mod:`.request_fields`' declaration; a field a
+line leaves out is the job's where the job sets it, else the hosted APIs' default
+(:data:`.request_fields.LINE_DEFAULTS`: temperature 1, no seed). Example::
 
     line = parse_line(obj, "openai_batch", SamplingSpec())   # raises LineError
     text = line.request.to_text()                            # the staged row's ``request``
-    prompt = request_prompt(text, job_sampling)               # in the run
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
-from .answer import OutputSpec, SamplingSpec
+from .answer import SamplingSpec
 from .batch_tools import ToolError, Tools, line_tools
 from .job_spec import BATCH_INPUTS
+from .request_fields import FIELDS_BY_NAME, LINE_DEFAULTS, line_names
 
-__all__ = ["BATCH_INPUTS", "BatchLine", "BatchRequest", "JsonOutput", "LineError", "Message", "RequestPrompt",
-           "normalize", "parse_line", "request_prompt"]
+__all__ = ["BATCH_INPUTS", "BatchLine", "BatchRequest", "JsonOutput", "LineError", "Message", "normalize",
+           "parse_line"]
 Provider = Literal["openai_batch", "anthropic_batch"]
 #: The one endpoint an OpenAI line may name (vLLM's ``run-batch`` also takes ``/v1/embeddings``...).
 CHAT_URLS = ("/v1/chat/completions",)
@@ -47,13 +47,10 @@ _WHY = {"reasoning_effort": "a batch line cannot set its own reasoning: set the 
         "thinking": "a batch line cannot set its own thinking: set the job's sampling.reasoning (a thinking budget, "
                     "docs/reasoning.md)",
         "stream": "a batch answer is never streamed"}
-#: A line's sampling fields, per provider: its name there -> ``SamplingSpec``'s.
-_SAMPLING = {"openai_batch": {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
-                              "temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop", "n": "n",
-                              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-                              "logit_bias": "logit_bias", "logprobs": "logprobs"},
-             "anthropic_batch": {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-                                 "top_k": "top_k", "stop_sequences": "stop"}}
+#: A line's sampling fields, per provider: its name there -> ``SamplingSpec``'s (``top_logprobs``
+#: is read with ``logprobs``).
+_SAMPLING = {fmt: {k: v for k, v in line_names(fmt).items() if k != "top_logprobs"}
+             for fmt in ("openai_batch", "anthropic_batch")}
 _ROLES = {"openai_batch": ("system", "developer", "user", "assistant"), "anthropic_batch": ("user", "assistant")}
 
 
@@ -61,11 +58,13 @@ class LineError(ValueError):
     """Why one request line cannot run: its message is the error row's reason."""
 
 
-class Message(msgspec.Struct, frozen=True):
-    """One chat turn of a normalized request (``developer`` is ``system``; content is text)."""
+class Message(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One chat turn of a normalized request (``developer`` is ``system``; content is text;
+    ``name``: the turn's participant name, given to the chat template as sent)."""
 
     role: str
     content: str
+    name: str | None = None
 
 
 class JsonOutput(msgspec.Struct, frozen=True):
@@ -198,7 +197,10 @@ def _messages(value: Any, fmt: str, where: str) -> list[Message]:
         other = sorted(set(m) - {"role", "content", "name"})
         if other:
             raise LineError(f"unsupported: {where}.messages[{i}].{other[0]} (tool calls and audio are not supported)")
-        out.append(Message(role, _text(m.get("content"), f"{where}.messages[{i}].content")))
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise LineError(f"bad_request: {where}.messages[{i}].name is not a string")
+        out.append(Message(role, _text(m.get("content"), f"{where}.messages[{i}].content"), name))
     if out[-1].role == "assistant":
         raise LineError(f"unsupported: {where}.messages ends with an assistant turn (a prefill): end with a user turn")
     return out
@@ -226,14 +228,24 @@ def _sampling(body: dict[str, Any], fmt: str, job: SamplingSpec, where: str) -> 
         value = body.get(key)
         if value is not None and not (key == "max_tokens" and "max_completion_tokens" in body):
             fields[ours], named[ours] = _value(key, value, body, where), key
+            _check_range(key, ours, fields[ours], fmt, where)
+    # What the line leaves out: the job's where the job sets it, else the hosted APIs' default.
+    unset = {k: v for k, v in LINE_DEFAULTS.items() if k not in fields and k not in job.model_fields_set}
     try:
-        merged = SamplingSpec(**{**job.model_dump(), **fields})
+        merged = SamplingSpec(**{**job.model_dump(), **unset, **fields})
     except ValueError as exc:
         first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": ("?",), "msg": str(exc)}
         field = str(first["loc"][0]) if first["loc"] else "?"
         raise LineError(f"bad_request: {where}.{named.get(field, field)}: {first['msg']}") from None
     # Only what differs from the job's: a line that asks for nothing special shares the job's settings.
     return {k: v for k, v in merged.model_dump().items() if v != getattr(job, k)}
+
+
+def _check_range(key: str, ours: str, value: Any, fmt: str, where: str) -> None:
+    """A provider's own range, where narrower than ours (Anthropic's temperature: 0 to 1)."""
+    bounds = FIELDS_BY_NAME[ours].bounds(fmt)
+    if bounds and isinstance(value, int | float) and not bounds[0] <= value <= bounds[1]:
+        raise LineError(f"bad_request: {where}.{key}={value}: must be between {bounds[0]:g} and {bounds[1]:g}")
 
 
 def _value(key: str, value: Any, body: dict[str, Any], where: str) -> Any:
@@ -267,51 +279,3 @@ def _output(fmt: Any, where: str) -> JsonOutput | None:
         raise LineError(f"unsupported: {where}.response_format {json.dumps(fmt)[:80]}: use json_schema with a "
                         "schema, json_object or text")
     return JsonOutput("json", schema)
-
-
-@dataclass(frozen=True)
-class RequestPrompt:
-    """A batch-file row's request as a prompt: its messages, and the sampling and output it sets
-    (None: the job's). ``system``/``user`` name it in the result store (``prompt_key``); a plain
-    system + user request is named as the column path's prompt of the same text would be."""
-
-    chat: tuple[tuple[str, str], ...]
-    sampling: SamplingSpec | None = None
-    output: OutputSpec | None = None
-    extra: str = ""  # the overrides as canonical JSON: part of the name
-    tools: Tools | None = None  # given to the chat template; a forced call's schema is ``output``
-
-    @property
-    def system(self) -> str:
-        roles = [r for r, _ in self.chat]
-        if not self.extra and roles in (["user"], ["system", "user"]):
-            return self.chat[0][1] if len(self.chat) == 2 else ""
-        return "\x1d" + self.extra + json.dumps(self.chat[:-1], ensure_ascii=False)
-
-    @property
-    def user(self) -> str:
-        return self.chat[-1][1]
-
-    @property
-    def key(self) -> str:
-        return self.system + "\x1e" + self.user
-
-    def messages(self) -> list[dict[str, str]]:
-        return [{"role": r, "content": c} for r, c in self.chat]
-
-
-def request_prompt(request: str, job: SamplingSpec) -> RequestPrompt:
-    """The prompt of one normalized request (:meth:`BatchRequest.to_text`'s JSON)."""
-    req = BatchRequest.from_text(request)
-    chat = tuple((m.role, m.content) for m in req.messages)
-    sampling = SamplingSpec(**{**job.model_dump(), **req.sampling}) if req.sampling else None
-    output = OutputSpec(**msgspec.to_builtins(req.output)) if req.output else None
-    if req.tools is not None and req.tools.forced():  # vLLM's way: the call is JSON under the tools' schema
-        output = OutputSpec(kind="json", json_schema=req.tools.schema())
-    # Part of the prompt's name in the result store: these exact bytes, as releases before wrote them
-    # (the tools only where a line has them).
-    named: dict[str, Any] = {"sampling": req.sampling, "output": msgspec.to_builtins(req.output)}
-    if req.tools is not None:
-        named["tools"] = msgspec.to_builtins(req.tools)
-    extra = json.dumps(named, sort_keys=True) if sampling is not None or output is not None or req.tools else ""
-    return RequestPrompt(chat, sampling, output, extra, req.tools)

@@ -12,6 +12,8 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError
+from .answer import OutputSpec, SamplingSpec
+from .identity import answer_key
 
 # C0 control characters other than tab, newline and carriage return; U+FFFD marks bytes that
 # were not valid UTF-8 when the input was decoded.
@@ -80,18 +82,24 @@ def check_template(template: str, columns: list[str], field: str) -> None:
 
 @dataclass(frozen=True)
 class RenderedPrompt:
-    """Chat messages for one row; ``key`` is what exact-duplicate detection compares."""
+    """Chat messages for one row: a system message only when the system prompt renders to text
+    (a job without one sends none), then the user's."""
 
     system: str
     user: str
 
     @property
-    def key(self) -> str:
+    def order(self) -> str:
+        """Text that sorts prompts sharing a prefix next to each other (ordering only, never a name)."""
         return self.system + "\x1e" + self.user
 
     def messages(self) -> list[dict[str, str]]:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         return msgs + [{"role": "user", "content": self.user}]
+
+    def answer_key(self, sampling: SamplingSpec, output: OutputSpec) -> str | None:
+        """Its answer's name under the job's ``sampling`` and ``output`` (:func:`.identity.answer_key`)."""
+        return answer_key(self.messages(), None, sampling, output)
 
 
 def check_text(value: Any, column: str, max_chars: int) -> str | None:

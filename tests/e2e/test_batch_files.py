@@ -13,7 +13,7 @@ import pytest
 from sparkbatch_dagster.cli import main
 from sparkbatch_dagster.cli.commands import run_batch
 from sparkbatch_dagster.definitions.batch_files import batch_file_job, export_batch
-from sparkbatch_dagster.spec.batch_requests import request_prompt
+from sparkbatch_dagster.spec.batch_prompt import request_prompt
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 URL = "/v1/chat/completions"

@@ -169,7 +169,8 @@ def test_the_server_client_sends_the_tools_and_reads_the_calls_back() -> None:
     from sparkbatch_dagster.engines.config import EngineSettings
     from sparkbatch_dagster.engines.server.vllm_server import VLLMServerEngine
     from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
-    from sparkbatch_dagster.spec.batch_requests import parse_line, request_prompt
+    from sparkbatch_dagster.spec.batch_prompt import request_prompt
+    from sparkbatch_dagster.spec.batch_requests import parse_line
 
     stub = _ToolServer()
     try:

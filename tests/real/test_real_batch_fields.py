@@ -85,7 +85,8 @@ def test_a_forced_tool_call_on_the_real_offline_engine(real_engine: Any) -> None
     from vllm.tool_parsers.utils import get_json_schema_from_tools
 
     from sparkbatch_dagster.engines.base import request_of
-    from sparkbatch_dagster.spec.batch_requests import parse_line, request_prompt
+    from sparkbatch_dagster.spec.batch_prompt import request_prompt
+    from sparkbatch_dagster.spec.batch_requests import parse_line
 
     ask = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
     bodies = {"named": {"messages": ask, "max_tokens": 40, "tools": TOOLS,

