@@ -383,13 +383,75 @@ def review_cascades_table(results: Results) -> str:
                   "each fold's pick", "escalated", "clears", "file"], rows)
 
 
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def fresh_start_table(results: Results) -> str:
+    """One row per round of each fresh_start.py file: the whole job, fresh processes, project against
+    a plain ``LLM(...)`` + ``LLM.chat`` script; the engine start against ``LLM(...)``."""
+    rows = []
+    for name, d in of_kind(results, "fresh_start"):
+        where = machine(d, name) + (f" ({d['note']})" if d.get("note") else "")
+        for r in d["rounds"]:
+            ours_llm = r.get("project_llm_init_s")
+            rows.append([d["date"], where, f"{d['shape']}, {d['rows']:,} rows", "cold" if r["cold"] else "warm",
+                         str(r["round"]), num(r["raw_wall_s"], 1), num(r["project_wall_s"], 1),
+                         f"**{r['raw_over_project']:.2f}x**",
+                         num(r["raw_import_s"], 1) + " + " + num(r["raw_init_s"], 1),
+                         num(r["project_engine_start_s"] or 0, 1) + (f" ({num(ours_llm, 1)})" if ours_llm else ""),
+                         _ratio(ours_llm, r["raw_init_s"]),
+                         num(r["before_wall_s"], 1) if r.get("before_wall_s") else "-", f"`{name}`"])
+    return table(["date", "machine", "job", "caches", "round", "raw script s", "project s", "raw / project",
+                  "raw import + `LLM(...)` s", "project engine start s (its `LLM(...)`)",
+                  "project `LLM(...)` / raw's", "before s", "file"], rows)
+
+
+#: The engine start's steps as benchmarks/start_trace.py names them, in words.
+START_STEPS = {"import vllm": "`import vllm` (torch with it)", "vllm.LLM(...)": "`vllm.LLM(...)`",
+               "device": "device facts (the memory check)", "cache_key": "compile cache key",
+               "CompileCacheRun.restore": "compile cache restore", "CompileCacheRun.save": "compile cache save",
+               "CompileCacheRun.finish": "compile cache save at the end", "model_identity": "model identity (hashes)",
+               "_platform_hint": "platform probe (NVML)", "visible_gpus": "visible GPUs (nvidia-smi)",
+               "HeldEngine.start": "whole start (GPU lock held)", "shard": "sharding (`sparkbatch run`)",
+               "VLLMResource.get_engine": "the run's `get_engine` (its wait)"}
+
+
+def _steps(phases: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Each traced step: (seconds in all, seconds from the process's start to its first begin)."""
+    out: dict[str, tuple[float, float]] = {}
+    for step, began, seconds, _thread in phases.get("events", []):
+        total, first = out.get(step, (0.0, began))
+        out[step] = (total + seconds, min(first, began))
+    return out
+
+
+def start_phases_table(results: Results) -> str:
+    """The engine start's steps, before and after (a warm round of a fresh_start.py file that ran
+    the before checkout too): seconds each, and when it began from the process's start."""
+    rows = []
+    for name, d in of_kind(results, "fresh_start"):
+        for r in d["rounds"]:
+            if "before_phases" not in r:
+                continue
+            before, after = _steps(r["before_phases"]), _steps(r["project_phases"])
+            for step, words in START_STEPS.items():
+                if step not in before and step not in after:
+                    continue
+                cell = [f"{num(x[0], 2)} (at {num(x[1], 1)})" if x else "-"
+                        for x in (before.get(step), after.get(step))]
+                rows.append([f"{machine(d, name)}, {d['shape']}, {'cold' if r['cold'] else 'warm'}", words, *cell,
+                             f"`{name}`"])
+    return table(["run", "step", "before: s (began at s)", "after: s (began at s)", "file"], rows)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
     "throughput": throughput_table, "estimate": estimate_table, "memory": memory_table,
     "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
     "lease_scaling": lease_scaling_table, "table_sink": table_sink_table, "test_tiers": test_tiers_table,
     "batch_migration": batch_migration_table, "label_studio": label_studio_table,
     "calibration": calibration_table, "review_estimate": review_estimate_table,
-    "review_cascades": review_cascades_table}
+    "review_cascades": review_cascades_table, "fresh_start": fresh_start_table, "start_phases": start_phases_table}
 
 
 def render_page(text: str, results: Results, page: str = "page") -> str:

@@ -158,6 +158,7 @@ def main() -> None:
     ap.add_argument("--note", default="", help="what the result file should say about the machine (busy, ...)")
     ap.add_argument("--project-root", default=str(ROOT), help="the checkout whose `sparkbatch run` is timed")
     ap.add_argument("--before-root", help="another checkout's `sparkbatch run`, timed as a third side (before)")
+    ap.add_argument("--before-warm-only", action="store_true", help="the before side in the warm pass alone")
     ap.add_argument("--code", help="the code's git sha (default: the project root's, when it is a checkout)")
     ap.add_argument("--label", default="", help="a suffix for the result file's name")
     ap.add_argument("--out-dir", default=".")
@@ -178,7 +179,8 @@ def main() -> None:
                 wipe_caches()
             for cold in passes:
                 got: dict[str, dict] = {}
-                order = sides[r % len(sides):] + sides[:r % len(sides)]
+                these = [x for x in sides if not (x == "before" and cold and args.before_warm_only)]
+                order = these[r % len(these):] + these[:r % len(these)]
                 for side in order if r % 2 == 0 else order[::-1]:
                     tag = f"r{r}-{'cold' if cold else 'warm'}"
                     log = out / "logs" / f"{name}-{tag}-{side}.log"
