@@ -99,6 +99,8 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     """
     from dagster import materialize
 
+    from ..definitions.review_assets import learns
+
     clock = _Clock()
     early = _start_engine_early(job, defs, only)
     inst, assets = shard(job, defs)
@@ -137,6 +139,12 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
                          run_config=console.run_config())
     clock.lap("analytics")
+    if not after.missing and result.success and learns(job.spec) and "review_queue" in job.keys:
+        # The queue is published once every partition is labeled: a cut of part of the rows would
+        # queue rows for good (a queued row stays until reviewed) that the whole job would not.
+        materialize(assets, selection=[job.keys["review_queue"]], resources=resources, instance=inst,
+                    run_config=console.run_config())
+        clock.lap("review_queue")
     # The labeling run's engine stopped behind metrics and analytics; what is left is waited for.
     stopped_s = wait_for_stops()
     clock.lap("engine_stop_wait")

@@ -9,7 +9,8 @@ pre-annotation with its confidence as score and the model as ``model_version``. 
 prediction updated), and rows a reviewer already labeled are not sent again.
 
 :func:`import_review` reads the project's finished annotations (cancelled and skipped ones left out,
-the latest per task), as :class:`~sparkbatch_dagster.run.human_labels.HumanLabel` (the annotator's
+the latest per task; a skip keeps the row queued, "not now", unless ``--dismiss-skipped`` says the
+skipped rows need no label), as :class:`~sparkbatch_dagster.run.human_labels.HumanLabel` (the annotator's
 email, the annotation's ``updated_at``), and merges them into the job's store: importing again
 changes nothing.
 
@@ -51,7 +52,7 @@ class Server:
 @dataclass(frozen=True)
 class ExportResult:
     """What an export did: tasks ``created``, ``updated`` (the model's answer changed) and
-    ``unchanged``; ``reviewed``: queue rows left out because a reviewer already labeled them."""
+    ``unchanged``; ``reviewed``: queued rows left out because a reviewer already labeled them."""
 
     project_id: int
     project: str
@@ -70,8 +71,9 @@ class ExportResult:
 @dataclass(frozen=True)
 class ImportResult:
     """What an import did: finished annotations read (``annotated``), tasks left out (``cancelled``:
-    skipped or cancelled; ``empty``: no choice), and the merge (``added``, ``changed``, ``unchanged``,
-    the file written or None); ``human_labels``: the rows the store labels now."""
+    skipped or cancelled, their rows still queued unless ``dismissed``; ``empty``: no choice), and the
+    merge (``added``, ``changed``, ``unchanged``, the file written or None); ``human_labels``: the rows
+    the store labels now."""
 
     project_id: int
     project: str
@@ -83,6 +85,8 @@ class ImportResult:
     unchanged: int
     path: str | None
     human_labels: int
+    #: Skipped tasks' rows taken out of the review queue (``--dismiss-skipped``); 0 without it.
+    dismissed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -238,19 +242,23 @@ def picked(annotation: dict[str, Any]) -> str | None:
     return None
 
 
-def read_annotations(client: Any, project_id: int, labels: Sequence[str]) -> tuple[list[HumanLabel], int, int]:
-    """The project's finished annotations as human labels, with the counts of tasks whose every
-    annotation was cancelled or skipped, and of annotations that chose nothing."""
+def read_annotations(client: Any, project_id: int,
+                     labels: Sequence[str]) -> tuple[list[HumanLabel], list[str], int]:
+    """The project's finished annotations as human labels, the rows of tasks whose every annotation
+    was cancelled or skipped, and the count of annotations that chose nothing."""
     names = reviewers(client)
     found: list[HumanLabel] = []
-    cancelled = empty = 0
+    cancelled: list[str] = []
+    empty = 0
     for row_id, task in tasks_by_row(client, project_id).items():
         if not task.get("annotations"):
             continue
         last = finished(task)
         label = picked(last) if last is not None else None
         if last is None or label is None:
-            cancelled, empty = cancelled + (last is None), empty + (last is not None)
+            if last is None:
+                cancelled.append(row_id)
+            empty += last is not None
             continue
         who = last.get("completed_by")
         uid = int((who.get("id") if isinstance(who, dict) else who) or 0)
@@ -260,20 +268,45 @@ def read_annotations(client: Any, project_id: int, labels: Sequence[str]) -> tup
     return found, cancelled, empty
 
 
-def merge_annotations(client: Any, home: Any, project: Any, labels: Sequence[str]) -> ImportResult:
-    """Read ``project``'s finished annotations and merge them into ``home``'s human labels."""
+def outside(found: Sequence[HumanLabel], labels: Sequence[str], show: int = 5) -> str:
+    """Every annotation whose label is not one of ``labels``, in one line (the count and the first
+    ``show`` rows), or '' when there is none: a label set changed since the export names them all."""
+    allowed = set(labels)
+    bad = [h for h in found if h.label not in allowed]
+    if not bad:
+        return ""
+    first = ", ".join(f"row {h.row_id!r}: {h.label!r} ({h.source})" for h in bad[:show])
+    more = f" and {len(bad) - show} more" if len(bad) > show else ""
+    return (f"{len(bad)} annotation(s) chose a label that is not one of the job's labels {sorted(allowed)}: {first}"
+            f"{more}: correct them in Label Studio, or add the labels to output.labels; nothing was imported")
+
+
+def merge_annotations(client: Any, home: Any, project: Any, labels: Sequence[str],
+                      dismiss_skipped: bool = False) -> ImportResult:
+    """Read ``project``'s finished annotations and merge them into ``home``'s human labels; with
+    ``dismiss_skipped``, the rows whose tasks were skipped leave the review queue (dismissed)."""
+    from ..run import review_members
+
     found, cancelled, empty = read_annotations(client, project.id, labels)
+    bad = outside(found, labels)
+    if bad:
+        raise SparkbatchError(bad)
     done = human_labels.merge(home, found, labels)
-    return ImportResult(project_id=project.id, project=project.title, annotated=len(found), cancelled=cancelled,
+    dismissed = 0
+    if dismiss_skipped and cancelled:
+        review_members.remember(home, cancelled, "dismissed", by=f"label-studio:{project.id}", note="skipped")
+        dismissed = len(cancelled)
+    return ImportResult(project_id=project.id, project=project.title, annotated=len(found), cancelled=len(cancelled),
                         empty=empty, added=done.added, changed=done.changed, unchanged=done.unchanged,
                         path=str(done.path) if done.path else None,
-                        human_labels=len(human_labels.load(home, labels)))
+                        human_labels=len(human_labels.load(home, labels)), dismissed=dismissed)
 
 
 def export_review(job: Any, resource: Any, server: Server, project: str | None = None,
                   limit: int | None = None) -> ExportResult:
     """Put ``job``'s review queue (its first ``limit`` rows not yet reviewed) into the Label Studio
     project titled ``project`` (default: the job's name), creating it if needed."""
+    from ..run import review_members
     from .review_queue import read_queue, save_export
 
     labels = list(job.spec.output.labels or [])
@@ -290,12 +323,16 @@ def export_review(job: Any, resource: Any, server: Server, project: str | None =
                           reviewed=reviewed, created=created, updated=updated, unchanged=unchanged,
                           url=f"{server.url.rstrip('/')}/projects/{found.id}/data")
     save_export(job.home, result.to_json(), [r.row_id for r in queue])
+    # Sent to reviewers: queued for good, whatever a later cut selects (run/review_members.py).
+    review_members.remember(job.home, [r.row_id for r in queue], "queued", by="sparkbatch review export")
     return result
 
 
-def import_review(job: Any, server: Server, project: str | None = None) -> ImportResult:
+def import_review(job: Any, server: Server, project: str | None = None,
+                  dismiss_skipped: bool = False) -> ImportResult:
     """Merge the finished annotations of the project titled ``project`` (default: the job's name)
-    into ``job``'s human labels; a project that is not there is refused, naming it."""
+    into ``job``'s human labels (``dismiss_skipped``: a skipped task's row leaves the review queue);
+    a project that is not there is refused, naming it."""
     labels = list(job.spec.output.labels or [])
     title = project or job.spec.name
     client = connect(server)
@@ -304,4 +341,4 @@ def import_review(job: Any, server: Server, project: str | None = None) -> Impor
         if found is None:
             raise SparkbatchError(f"Label Studio at {server.url} has no project titled {title!r}: `sparkbatch review "
                                   "export` makes it, or name the project with --project")
-        return merge_annotations(client, job.home, found, labels)
+        return merge_annotations(client, job.home, found, labels, dismiss_skipped)

@@ -35,6 +35,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         q.add_argument("--project", help="the project's title (default: the job's name)")
         if name == "export":
             q.add_argument("--limit", type=int, help="send at most N rows of the queue, least sure first")
+        else:
+            q.add_argument("--dismiss-skipped", action="store_true",
+                           help="take the rows whose tasks a reviewer skipped out of the review queue (without it a "
+                                "skip means 'not now': the row stays queued and review_complete waits for it)")
 
 
 def server_of(args: argparse.Namespace) -> Server:
@@ -58,8 +62,9 @@ def command(args: argparse.Namespace) -> dict[str, Any]:
     args.job_home = job.home.root
     if args.review_command == "export":
         return export_review(job, defs.resources[job.resource_key], server, args.project, args.limit).to_json()
-    result = import_review(job, server, args.project).to_json()
-    return {**result, **(materialize_human_labels(job, defs) if result["path"] else {"materialized": False})}
+    result = import_review(job, server, args.project, args.dismiss_skipped).to_json()
+    changed = result["path"] or result["dismissed"]
+    return {**result, **(materialize_human_labels(job, defs) if changed else {"materialized": False})}
 
 
 def materialize_human_labels(job: Any, defs: Any) -> dict[str, Any]:

@@ -53,10 +53,10 @@ def text_keys(text_columns: Sequence[str]) -> list[tuple[str, str]]:
 
 def read_queue(job: Any, resource: Any, labels: Sequence[str], limit: int | None) -> tuple[list[QueueRow], int]:
     """The review queue of the resource's version, least sure first, rows with a human label left
-    out, the first ``limit`` of the rest; and how many were left out as reviewed."""
+    out, the first ``limit`` of the rest; and how many queued rows a reviewer has labeled."""
     home: JobHome = job.home
     home.refresh()  # a bucket home: the cache brought in step with what the bucket holds
-    human_labels.pull(home)
+    home.pull_review()
     done = human_labels.load(home, labels)
     version = job.output_version(resource)
     keys = text_keys(job.spec.text_columns)
@@ -70,12 +70,14 @@ def read_queue(job: Any, resource: Any, labels: Sequence[str], limit: int | None
            "WHERE r.output IS NOT NULL AND r.confidence IS NOT NULL ORDER BY r.confidence, r.row_id")
     with read_only(job.spec, home, version) as con:
         rows = con.execute(sql).fetchall()
+        # Queued rows a reviewer labeled already (the review view leaves them out): the export says how many.
+        reviewed = con.execute("SELECT count(*) FROM queued WHERE review_state = 'reviewed'").fetchone()[0]
     allowed = set(labels)
     fresh = [r for r in rows if str(r[0]) not in done and r[1] in allowed]
     queue = [QueueRow(row_id=str(r[0]), output=r[1], score=round(float(r[2]), 6), model=str(r[3] or ""),
                       texts={k: "" if v is None else v for (_, k), v in zip(keys, r[4:], strict=True)})
              for r in fresh[:limit]]
-    return queue, sum(str(r[0]) in done for r in rows)
+    return queue, int(reviewed)
 
 
 def save_export(home: JobHome, result: dict[str, Any], row_ids: list[str]) -> None:

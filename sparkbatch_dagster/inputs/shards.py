@@ -263,7 +263,7 @@ def _write_tmp(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Path, o
     sql = shard_sql(spec, types, order, k, staged is not None, len(files) > 1)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    con.execute(f"COPY ({sql}) TO '{tmp}' (FORMAT parquet, PARTITION_BY (_shard), WRITE_PARTITION_COLUMNS false)")
+    con.execute(f"COPY ({sql}) TO {_lit(tmp)} (FORMAT parquet, PARTITION_BY (_shard), WRITE_PARTITION_COLUMNS false)")
     return rows, k, sql
 
 
@@ -292,9 +292,10 @@ def _move_shards(con: Any, tmp: Path, home: JobHome, keys: list[str], sql: str) 
         if len(parts) == 1:
             os.replace(parts[0], dest)
         elif parts:
-            con.execute(f"COPY (SELECT * FROM read_parquet(?)) TO '{dest}' (FORMAT parquet)", [[str(p) for p in parts]])
+            con.execute(f"COPY (SELECT * FROM read_parquet(?)) TO {_lit(dest)} (FORMAT parquet)",
+                        [[str(p) for p in parts]])
         else:  # no row hashed here: an empty file with the right columns keeps the contract simple
-            con.execute(f"COPY (SELECT * EXCLUDE (_shard) FROM ({sql}) LIMIT 0) TO '{dest}' (FORMAT parquet)")
+            con.execute(f"COPY (SELECT * EXCLUDE (_shard) FROM ({sql}) LIMIT 0) TO {_lit(dest)} (FORMAT parquet)")
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -302,3 +303,8 @@ def _json(obj: Any) -> str:
     import json
 
     return json.dumps(obj, indent=2)
+
+
+def _lit(path: object) -> str:
+    """A path as a DuckDB string literal (COPY ... TO takes no parameter): a ``'`` in a folder name doubled."""
+    return "'" + str(path).replace("'", "''") + "'"

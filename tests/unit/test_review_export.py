@@ -60,3 +60,16 @@ def test_the_address_and_key_come_from_flags_or_the_environment(monkeypatch):
 def test_a_title_label_studio_would_refuse_is_named_with_the_fix(title):
     with pytest.raises(SparkbatchError, match="must be 3 to 50 characters: name one with --project"):
         project_title(title)
+
+
+def test_an_import_after_a_label_set_change_names_every_bad_row():
+    from sparkbatch_dagster.cli.label_studio import outside
+    from sparkbatch_dagster.run.human_labels import HumanLabel
+
+    found = [HumanLabel.of(f"pkg-{i}", "old" if i % 2 else "fruit", "ann@example.com", "2026-12-06T10:00:00Z",
+                           f"label-studio:1/{i}/{i}", ["fruit", "old"]) for i in range(15)]
+    line = outside(found, ["fruit", "animal"])
+    assert line.startswith("7 annotation(s) chose a label that is not one of the job's labels ['animal', 'fruit']")
+    assert all(f"row 'pkg-{i}': 'old'" in line for i in (1, 3, 5, 7, 9)) and "and 2 more" in line
+    assert "nothing was imported" in line and "\n" not in line
+    assert outside(found[::2], ["fruit"]) == ""

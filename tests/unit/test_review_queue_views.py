@@ -141,3 +141,11 @@ def test_what_a_downstream_asset_reads_carries_reviewers_labels_and_calibrated_c
     # the same as the views show
     view = dict(_q(job, version, "SELECT row_id, output FROM labeled"))
     assert view == {r: a["output"] for r, a in after.items()}
+
+
+def test_a_job_folder_with_a_quote_in_its_path_works(tmp_path):
+    job, version = _job(tmp_path / "it's ours", review={"budget": 0.1})
+    head = metrics.analytics(job.spec, job.home, version)
+    assert head.rows == N and head.confidence is not None and head.confidence.review_rows == 9
+    assert publish_queue(job, version, "test") == 9
+    assert _q(job, version, "SELECT count(*) FROM review") == [(9,)]
