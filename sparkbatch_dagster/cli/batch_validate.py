@@ -123,7 +123,7 @@ def _find_repeats(path: Path, hashes: array[int], kept: _Kept) -> None:
     first: dict[str, int] = {}
     for n, obj in _objects(path):
         cid = obj.get("custom_id") if isinstance(obj, dict) else None
-        if not _usable(cid) or _hash(cid) not in twice:
+        if not isinstance(cid, str) or not cid or _hash(cid) not in twice:
             continue
         if cid in first:
             kept.add(n, LineProblem("duplicate_custom_id", f"The custom_id {cid!r} of this line is also line "

@@ -144,12 +144,19 @@ def _uid(*parts: str) -> str:
     return hashlib.sha256("\x1e".join(parts).encode()).hexdigest()[:24]
 
 
+def _call_key(job: str, version: str, rid: str) -> str:
+    """What names a row's tool calls: the batch (its job's home), the output version and the request."""
+    return json.dumps([job, version, rid])
+
+
 def _kind(error: str) -> str:
     return error.split(":", 1)[0].strip() or "error"
 
 
-def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[int, int]) -> OpenAIResultLine:
-    """One line of an OpenAI Batch output file (an answer) or error file (an error row)."""
+def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[int, int],
+                job: str = "") -> OpenAIResultLine:
+    """One line of an OpenAI Batch output file (an answer) or error file (an error row); ``job``
+    names the batch (its home), so its tool calls' ids are its own."""
     rid = row["row_id"]
     req = f"req_{_uid(version, rid, 'request')}"
     line_id = f"batch_req_{_uid(version, rid)}"
@@ -167,14 +174,15 @@ def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[in
     body = ChatCompletion(
         id=f"chatcmpl-{_uid(version, rid, 'completion')}", created=created, model=row["model"],
         system_fingerprint=version,
-        choices=openai_choices(row["output"], cut, row["extra"]),
+        choices=openai_choices(row["output"], cut, row["extra"], _call_key(job, version, rid)),
         usage=CompletionUsage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)))
     return OpenAIResultLine(id=line_id, custom_id=rid, response=Response(status_code=200, request_id=req, body=body),
                             error=None)
 
 
-def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int]) -> AnthropicResultLine:
-    """One line of an Anthropic Message Batches results file (``succeeded`` or ``errored``)."""
+def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int], job: str = "") -> AnthropicResultLine:
+    """One line of an Anthropic Message Batches results file (``succeeded`` or ``errored``);
+    ``job`` as for :func:`openai_line`."""
     rid = row["row_id"]
     if row["error"] is not None:
         client = _kind(row["error"]).startswith(_CLIENT_ERRORS)
@@ -183,7 +191,8 @@ def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int]) ->
     cut = row["truncated"] or row["finish_reason"] == "length"
     stop_reason, stop = anthropic_stop(cut, row["extra"])
     message = Message(id=f"msg_{_uid(version, rid)}", model=row["model"],
-                      content=anthropic_content(row["output"], row["extra"]), stop_reason=stop_reason,
+                      content=anthropic_content(row["output"], row["extra"], _call_key(job, version, rid)),
+                      stop_reason=stop_reason,
                       stop_sequence=stop,
                       usage=MessageUsage(input_tokens=usage[0], output_tokens=usage[1]))
     return AnthropicResultLine(custom_id=rid, result=Succeeded(message=message))
@@ -202,8 +211,8 @@ def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None
         # generation, or an answer reused from the result store, reports zeros (it cost nothing
         # now), so the file's sums are the run's generated tokens.
         used = (int(row["prompt_tokens"] or 0), int(row["output_tokens"] or 0))
-        line: ResultLine = openai_line(row, version, int(when), used) if fmt == "openai_batch" else \
-            anthropic_line(row, version, used)
+        line: ResultLine = openai_line(row, version, int(when), used, str(home.root)) if fmt == "openai_batch" \
+            else anthropic_line(row, version, used, str(home.root))
         (bad if row["error"] is not None else ok).append(line)
     _write(out, ok if errors is not None else ok + bad)
     if errors is not None:

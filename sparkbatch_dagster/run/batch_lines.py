@@ -7,6 +7,7 @@ as written. :mod:`.batch_export` builds them from output rows.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Literal
 
@@ -193,16 +194,26 @@ class AnthropicResultLine(_Line, frozen=True, kw_only=True):
 ResultLine = OpenAIResultLine | AnthropicResultLine
 
 
-def openai_choices(text: str, cut: bool, extra: str | None) -> list[Choice]:
+def call_id(key: str, choice: int, call: int) -> str:
+    """A tool call's id (24 hex digits, before the provider's prefix): named by ``key`` (the batch
+    and the request: :mod:`.batch_export` passes them), the choice and the call's place, so it is
+    unique per call and the same when the same batch's results are written again."""
+    return hashlib.sha256(json.dumps([key, choice, call]).encode()).hexdigest()[:24]
+
+
+def openai_choices(text: str, cut: bool, extra: str | None, key: str = "") -> list[Choice]:
     """An answer's ``choices``: the row's answer first, then the further ones its request asked
-    for (``n``), each with its ``logprobs`` when asked (``extra``: the row's, :mod:`.extras`)."""
+    for (``n``), each with its ``logprobs`` when asked (``extra``: the row's, :mod:`.extras`);
+    ``key`` names its tool calls' ids (:func:`call_id`). A call cut at ``max_tokens`` is a
+    ``length`` choice with the call as far as it went, as OpenAI returns one."""
     more = Extras.decode(extra)
     first = Choice(finish_reason="length" if cut else "stop", logprobs=_logprobs(more.logprobs),
                    message=AssistantMessage(content=text))
     if more.tool_calls:  # the answer is its calls: the text besides them (none for a forced call) is the content
-        first = Choice(finish_reason="tool_calls", logprobs=_logprobs(more.logprobs), message=ToolCallMessage(
-            content=more.content, tool_calls=[ToolCall(id=f"call_{c.id}", function=FunctionCall(
-                name=c.name, arguments=c.arguments)) for c in more.tool_calls]))
+        first = Choice(finish_reason="length" if cut else "tool_calls", logprobs=_logprobs(more.logprobs),
+                       message=ToolCallMessage(content=more.content, tool_calls=[
+                           ToolCall(id=f"call_{call_id(key, 0, i)}", function=FunctionCall(
+                               name=c.name, arguments=c.arguments)) for i, c in enumerate(more.tool_calls)]))
     return [first] + [Choice(index=i, finish_reason="length" if c.finish_reason == "length" else "stop",
                              logprobs=_logprobs(c.logprobs), message=AssistantMessage(content=c.text))
                       for i, c in enumerate(more.choices, start=1)]
@@ -219,22 +230,32 @@ def _logprobs(tokens: list[extras.TokenLogprob] | None) -> ChoiceLogprobs | None
 
 def anthropic_stop(cut: bool, extra: str | None) -> tuple[Literal["end_turn", "max_tokens", "stop_sequence",
                                                                   "tool_use"], str | None]:
-    """A message's ``stop_reason`` and ``stop_sequence``: the stop sequence that ended it, if one
-    did; ``tool_use`` when it calls tools."""
+    """A message's ``stop_reason`` and ``stop_sequence``: ``max_tokens`` when it was cut (a tool
+    call too, as Anthropic's), the stop sequence that ended it if one did; ``tool_use`` when it
+    calls tools."""
     more = Extras.decode(extra)
-    if more.tool_calls:
-        return "tool_use", None
     if cut:
         return "max_tokens", None
+    if more.tool_calls:
+        return "tool_use", None
     return ("stop_sequence", more.stop) if more.stop is not None else ("end_turn", None)
 
 
-def anthropic_content(text: str, extra: str | None) -> list[TextBlock | ToolUseBlock]:
+def anthropic_content(text: str, extra: str | None, key: str = "") -> list[TextBlock | ToolUseBlock]:
     """A message's ``content``: its text, or the text besides its tool calls (if any) and a
-    ``tool_use`` block per call."""
+    ``tool_use`` block per call (ids by ``key``: :func:`call_id`); a call cut short has the
+    ``input`` it got whole, else ``{}`` (its arguments as far as they went are no object)."""
     more = Extras.decode(extra)
     if not more.tool_calls:
         return [TextBlock(text=text)]
     blocks: list[TextBlock | ToolUseBlock] = [TextBlock(text=more.content)] if more.content else []
-    return blocks + [ToolUseBlock(id=f"toolu_{c.id}", name=c.name, input=json.loads(c.arguments))
-                     for c in more.tool_calls]
+    return blocks + [ToolUseBlock(id=f"toolu_{call_id(key, 0, i)}", name=c.name, input=_input(c.arguments))
+                     for i, c in enumerate(more.tool_calls)]
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
