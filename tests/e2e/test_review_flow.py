@@ -1,7 +1,8 @@
 """The review, end to end on the fake engine and a real Dagster instance: analytics calibrates on the
-gold rows and turns ``review: {budget: 0.1}`` into a threshold; ``review_queue`` lists the rows under
-it; ``human_labels``' blocking check holds a downstream asset back until every queued row has a
-reviewer's label; the reviewer's label then overrides the model's in the views (with who and when),
+gold rows and plans ``review: {budget: 0.1}`` (the least sure 10% of rows); ``review_queue`` lists
+them; ``human_labels``' blocking check holds a downstream asset back until every queued row has a
+reviewer's label, and the asset then reads the reviewers' labels through the IO manager; the
+reviewer's label overrides the model's in the views (with who and when),
 is gold for the next calibration, and a later version's run writes it over the answer the result
 store hands back, while the store keeps the model's own. Expected values come from the files."""
 
@@ -15,7 +16,8 @@ from typing import Any
 
 import duckdb
 import pyarrow.parquet as pq
-from dagster import AssetKey, DagsterInstance, asset, materialize
+import pytest
+from dagster import AssetIn, AssetKey, DagsterInstance, asset, materialize
 
 from sparkbatch_dagster import build_batch_assets
 from sparkbatch_dagster.run import human_labels
@@ -62,9 +64,12 @@ def test_budget_queue_check_and_a_reviewers_label_over_the_models(tmp_path: Path
     first = job.current_version()
     gold = {r["id"]: r["gold"] for r in make_rows(150)}
 
-    @asset(deps=[job.keys["human_labels"]])
-    def reviewed_report() -> None:
-        """A downstream asset that must wait for reviewed rows."""
+    seen: dict[str, tuple[str, float]] = {}
+
+    @asset(deps=[job.keys["human_labels"]], ins={"labeled": AssetIn(key=job.keys["labeled_outputs"])})
+    def reviewed_report(labeled: Any) -> None:
+        """A downstream asset that must wait for reviewed rows: the README's pattern, after human_labels."""
+        seen.update({r["row_id"]: (r["output"], r["confidence"]) for r in labeled.to_pylist()})
 
     assets = [*job.assets, reviewed_report]
     result = materialize(assets, selection=[job.keys["analytics"], job.keys["review_queue"]], resources=res,
@@ -83,17 +88,17 @@ def test_budget_queue_check_and_a_reviewers_label_over_the_models(tmp_path: Path
     [shown] = [v for k, v in md.items() if k.startswith("reliability and budget ")]
     inline = base64.b64decode(re.fullmatch(r"!\[[^]]*\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", shown)[1])
     assert inline[:8] == b"\x89PNG\r\n\x1a\n" and inline == chart.read_bytes()
-    # The budget became a threshold on the gold rows: at most 10% of rows go to review.
+    # The budget is a share of rows: exactly 10% of them go to review, least sure first.
     plan = load_threshold(job.home)
-    assert plan is not None and (plan.asked, plan.target) == ("budget", 0.1) and plan.gold_rows == 150
-    assert md["review_threshold"] == round(plan.threshold, 6)
+    assert plan is not None and (plan.asked, plan.target, plan.share) == ("budget", 0.1, 0.1) and plan.gold_rows == 150
+    assert md["review_share"] == 0.1
     assert "errors caught" in md["review_plan"] and "95% interval" in md["review_plan"]
     queued = _query(job, "SELECT row_id, confidence FROM review")
-    assert 0 < len(queued) <= 15
-    assert all(c < plan.threshold for _, c in queued)
-    assert _query(job, f"SELECT count(*) FROM labeled WHERE confidence < {plan.threshold!r}") == [(len(queued),)]
+    assert len(queued) == 15
+    least = _query(job, "SELECT row_id FROM labeled ORDER BY confidence, raw_confidence, row_id LIMIT 15")
+    assert [r for r, _ in queued] == [r for (r,) in least]
     q = _md(result, "things__review_queue")
-    assert q["queue_rows"] == len(queued) and q["queue_threshold"] == round(plan.threshold, 6)
+    assert q["queue_rows"] == len(queued) and q["queue_cut"] == "least sure 0.1 of rows"
 
     # Nothing reviewed yet: the blocking check fails and the downstream asset does not run.
     held = materialize(assets, selection=[job.keys["human_labels"], AssetKey("reviewed_report")], resources=res,
@@ -114,6 +119,10 @@ def test_budget_queue_check_and_a_reviewers_label_over_the_models(tmp_path: Path
                        instance=inst)
     assert [c.passed for c in done.get_asset_check_evaluations()] == [True]
     assert done.asset_materializations_for_node("reviewed_report")
+    # What it read: every reviewer's label, and the confidence the views show (calibrated)
+    assert {r: seen[r][0] for r in ids} == said
+    shown = dict(_query(job, "SELECT row_id, confidence FROM labeled"))
+    assert {r: c for r, (_, c) in seen.items()} == pytest.approx(shown)
     hl = _md(done, "things__human_labels")
     assert hl["human_labels"] == hl["reviewed_rows"] == len(ids)
     assert hl["corrected_rows"] == sum(said[r] != rows[r]["output"] for r in ids)
@@ -180,4 +189,12 @@ def test_sparkbatch_run_says_what_was_calibrated_and_how_many_rows_wait_for_revi
         "method", "rows", "ece_before", "ece_after", "brier_before", "brier_after")}}
     assert stored["rows"] == 120 and stored["ece_after"] < stored["ece_before"]
     plan = json.loads((home / "review" / "threshold.json").read_text())
-    assert line["review_threshold"] == plan["threshold"] and 0 < line["review_rows"] <= 12
+    assert plan["share"] == line["review_share"] == 0.1 and line["review_rows"] == 12
+    assert "review_threshold" not in line  # a share, one number: no threshold that ties could move
+    # Accuracy is the model's own over the rows with a gold value, said with how many
+    assert line["accuracy_rows"] == 120 and line["accuracy_after_review"] == line["accuracy"]
+    # The run published the queue: its 12 rows stay queued until reviewed
+    import pyarrow.parquet as pq
+
+    (queue,) = (home / "review" / "queue").glob("*.parquet")
+    assert pq.read_table(queue).num_rows == 12
