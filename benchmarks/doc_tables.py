@@ -350,6 +350,26 @@ def calibration_table(results: Results) -> str:
     return table(CONFIDENCE_HEADER, rows)
 
 
+def review_queue_table(results: Results) -> str:
+    """The review queue on rows the calibration never saw (calibration.py --unseen): per budget, the rows
+    queued of every row, and the errors caught among the hidden rows against the plan's claim."""
+    rows = []
+    for name, d in of_kind(results, "calibration"):
+        q = d.get("queue_on_unseen")
+        if not q:
+            continue
+        models = ", ".join(m["model"].split("@")[0] for m in d["models"])
+        for b in q["budgets"]:
+            c = b["claimed"]
+            rows.append([d["date"], machine(d, name), models, f"{q['accuracy']:.1%} of {num(q['accuracy_rows'])}",
+                         num(q["gold_rows"]), f"{b['budget']:.0%}", f"{num(b['rows_queued'])} of {num(b['rows'])}",
+                         f"{b['caught_on_hidden_share']:.1%} ({b['caught_on_hidden']} of {b['hidden_errors']})",
+                         f"{c['value']:.1%} ({c['low']:.1%}-{c['high']:.1%})", "yes" if b["inside_claim"] else "no",
+                         f"`{name}`"])
+    return table(["date", "machine", "model", "accuracy (rows with gold)", "gold rows used", "budget", "rows queued",
+                  "errors caught on hidden rows", "claimed (95% interval)", "inside", "file"], rows)
+
+
 def review_estimate_table(results: Results) -> str:
     """The estimate's confidence figures per model (review_estimate.py): the calibration with ECE and
     Brier before and after (held out), and the errors caught at 5/10/20% of rows reviewed against the
@@ -450,7 +470,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "overhead": overhead_table, "roofline": roofline_table, "bucket_home": bucket_home_table,
     "lease_scaling": lease_scaling_table, "table_sink": table_sink_table, "test_tiers": test_tiers_table,
     "batch_migration": batch_migration_table, "label_studio": label_studio_table,
-    "calibration": calibration_table, "review_estimate": review_estimate_table,
+    "calibration": calibration_table, "review_estimate": review_estimate_table, "review_queue": review_queue_table,
     "review_cascades": review_cascades_table, "fresh_start": fresh_start_table, "start_phases": start_phases_table}
 
 

@@ -170,6 +170,10 @@ def _queue_metadata(job: BatchJob, version: str) -> dict[str, Any]:
             {"value": t.plan.caught.value, "low": t.plan.caught.low, "high": t.plan.caught.high})
     if t.why:
         out["queue_note"] = MetadataValue.text(t.why)
+    if spec.cascade:
+        out["queue_cascade_note"] = MetadataValue.text(
+            "the cascade's `below` compared each stage's raw confidence (what the model said, raw_confidence); "
+            "the queue ranks the calibrated confidence the views show")
     return out
 
 
