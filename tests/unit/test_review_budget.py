@@ -1,5 +1,6 @@
 """A review budget from gold rows (estimate/review_budget.py): the errors-caught curve, a row budget or
-an error target turned into a threshold, with held-out shares and their Wilson intervals."""
+an error target turned into a share of rows (a rank cut, ties broken by the raw confidence then row
+order), with held-out shares and their Wilson intervals."""
 
 import numpy as np
 import pytest
@@ -27,48 +28,45 @@ def test_the_curve_runs_from_nothing_to_every_row_and_every_error():
     assert curve.caught_at(0.1) > 0.15
 
 
-def test_tied_confidences_go_to_review_together():
-    curve = rb.budget_curve([0.2, 0.2, 0.2, 0.9], [False, True, False, True])
-    assert [(p.reviewed, p.caught) for p in curve.points] == [(0, 0), (3, 2), (4, 2)]
+def test_ties_are_broken_by_the_raw_confidence_then_row_order_so_a_share_is_that_many_rows():
+    curve = rb.budget_curve([0.2, 0.2, 0.2, 0.9], [False, True, False, True], raw=[0.3, 0.1, 0.2, 0.9])
+    # raw order among the tied: row 1 (0.1, right), row 2 (0.2, wrong), row 0 (0.3, wrong)
+    assert [(p.reviewed, p.caught) for p in curve.points] == [(0, 0), (1, 0), (2, 1), (3, 2), (4, 2)]
+    assert list(rb.order([0.5, 0.5, 0.5])) == [0, 1, 2]  # all tied, raw too: row order
 
 
-@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("shape", ["distinct", "rounded", "constant"])
 @pytest.mark.parametrize("budget", [0.05, 0.1, 0.2, 0.5, 1.0])
-def test_a_budget_threshold_sends_at_most_the_budget_to_review(budget, ties):
+def test_a_budget_plan_reviews_exactly_its_share_whatever_the_ties(budget, shape):
     conf, right = rows()
-    if ties:
-        conf = np.round(conf, 2)  # ties at the boundary
-    t = rb.threshold_for_budget(conf, budget)
-    assert (conf < t).sum() <= budget * conf.size
-    if not ties:  # distinct confidences: exactly the budget
-        assert (conf < t).sum() == round(budget * conf.size)
-    # and it is the highest such threshold: the next distinct value would exceed the budget
-    above = conf[conf >= t]
-    if above.size and budget < 1:
-        assert (conf <= above.min()).sum() > budget * conf.size
+    conf = {"distinct": conf, "rounded": np.round(conf, 1), "constant": np.full(conf.size, 0.347)}[shape]
+    plan = rb.plan_budget(conf, right, budget)
+    assert plan.share == budget
+    # each fold reviews its own round(budget x rows): the pooled count is the budget to a row per fold
+    assert abs(plan.reviewed.count - budget * conf.size) <= rb.FOLDS / 2
+    assert rb.cut(budget, conf.size) == int(budget * conf.size + 0.5)
 
 
 def test_a_budget_plan_reports_held_out_shares_with_intervals_around_them():
     conf, right = rows()
     plan = rb.plan_budget(conf, right, 0.1)
-    assert plan.asked == "budget" and plan.threshold == rb.threshold_for_budget(conf, 0.1)
+    assert plan.asked == "budget" and plan.share == 0.1
     for share in (plan.reviewed, plan.caught):
         assert share.low <= share.value <= share.high
         assert share.value == pytest.approx(share.count / share.of)
     assert plan.caught.of == plan.errors == int((~right).sum())
-    assert 0.07 <= plan.reviewed.value <= 0.13
+    assert plan.reviewed.value == 0.1
     assert plan.caught.value > 0.15
 
 
 @pytest.mark.parametrize("target", [0.5, 0.8, 1.0])
-def test_an_error_target_threshold_catches_at_least_the_target(target):
+def test_an_error_target_share_catches_at_least_the_target_and_no_smaller_share_does(target):
     conf, right = rows(seed=4)
-    t = rb.threshold_for_errors(conf, right, target)
-    caught = ((conf < t) & ~right).sum()
-    assert caught >= target * (~right).sum()
-    lower = conf[conf < t]  # any lower threshold misses the target
-    if lower.size:
-        assert ((conf < lower.max()) & ~right).sum() < target * (~right).sum()
+    share = rb.share_for_errors(conf, right, target)
+    ranked = rb.order(conf)
+    k = round(share * conf.size)
+    assert (~right[ranked[:k]]).sum() >= target * (~right).sum()
+    assert (~right[ranked[:k - 1]]).sum() < target * (~right).sum()
 
 
 def test_an_error_target_plan_says_how_many_rows_it_sends_to_review():
@@ -82,17 +80,16 @@ def test_an_error_target_plan_says_how_many_rows_it_sends_to_review():
     assert plan.reviewed.value < 0.8
 
 
-def test_plan_figures_are_held_out_not_scored_on_the_rows_that_chose_the_threshold():
-    """Confidence unrelated to being right: in-sample, the error-target threshold is tuned to these very
+def test_plan_figures_are_held_out_not_scored_on_the_rows_that_chose_the_share():
+    """Confidence unrelated to being right: in-sample, the error-target share is tuned to these very
     errors; held out it has nothing to go on, and the reported share of errors caught is not the in-sample one."""
     rng = np.random.default_rng(11)
     conf = rng.uniform(0, 1, 60)
     right = rng.random(60) < 0.5
     plan = rb.plan_catch_errors(conf, right, 0.5)
-    in_sample = ((conf < plan.threshold) & ~right).sum() / (~right).sum()
-    held_out_rows = plan.reviewed.value
-    in_sample_rows = (conf < plan.threshold).mean()
-    assert (plan.caught.value, held_out_rows) != (pytest.approx(in_sample), pytest.approx(in_sample_rows))
+    ranked = rb.order(conf)[:rb.cut(plan.share, conf.size)]
+    in_sample = (~right[ranked]).sum() / (~right).sum()
+    assert (plan.caught.value, plan.reviewed.value) != (pytest.approx(in_sample), pytest.approx(plan.share))
 
 
 def test_bad_targets_and_too_few_rows_stop_naming_the_value():
