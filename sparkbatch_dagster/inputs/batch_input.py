@@ -20,8 +20,8 @@ from typing import Any
 
 from ..errors import InputError
 from ..spec.batch_requests import LineError, parse_line
-from .files import _SURROGATE, _lines, diagnose, json_problem, open_binary
-from .staging import Staged, _Writer
+from .files import _SURROGATE, _lines, json_problem, open_binary
+from .staging import RowWriter, Staged
 
 #: The staged file's columns; ``request`` is the job's one text column.
 COLUMNS = ("custom_id", "request")
@@ -53,10 +53,9 @@ def stage_batch(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
     schema = pa.schema([("custom_id", pa.string()), ("request", pa.string()), ("_sb_file", pa.int32()),
                         ("_sb_line", pa.int64()), ("_sb_error", pa.string())])
     path = scratch / "batch.parquet"
-    writer = _Writer(path, schema)
+    writer = RowWriter(path, schema)
     bad = 0
     for i, f in enumerate(files):
-        diagnose(f, "json")
         objects = 0
         with open_binary(f) as fh:
             for n, raw in _lines(fh):

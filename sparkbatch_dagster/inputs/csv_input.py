@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .files import _CANDIDATES, Dialect, _bad_utf8, _lines, diagnose, open_binary, sniff
-from .staging import Staged, _check_values, _Tally, _wanted, _Writer
+from .files import _CANDIDATES, Dialect, _bad_utf8, _lines, csv_options, open_binary, sniff
+from .staging import FastRead, RowWriter, Staged, Tally, _check_values, wanted_columns
 
 _MAX_RECORD_LINES = 10_000  # a quoted field spanning more lines than this is a stray quote
 _MAX_RECORD_CHARS = 8 << 20
@@ -120,19 +120,32 @@ def _guess(con: Any, f: str, delimiter: str | None) -> Dialect:
     return Dialect(delimiter=max(_CANDIDATES, key=score))
 
 
-def stage_csv(con: Any, spec: Any, files: list[str], scratch: Path, delimiter: str | None) -> Staged:
+def csv_reader(con: Any, spec: Any, files: list[str]) -> FastRead:
+    """DuckDB's read of CSV files with the dialect its sniffer finds in the first (a DuckDB error
+    when even the sniffer gives up: the files are then read line by line)."""
+    dialect = sniff(con, files[0], spec.csv_delimiter)
+    if dialect is None:
+        import duckdb
+
+        raise duckdb.InvalidInputException("the CSV sniffer cannot read the first file")
+    options = csv_options(dialect, spec.csv_delimiter)
+    return FastRead(f"read_csv(getvariable('sb_files'), union_by_name = true, filename = true{options}) "
+                    "WITH ORDINALITY", "ordinality", spec.csv_delimiter or dialect.delimiter)
+
+
+def stage_csv(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
+    delimiter = spec.csv_delimiter
     import pyarrow as pa
 
-    wanted = _wanted(spec)
+    wanted = wanted_columns(spec)
     first = _guess(con, files[0], delimiter)
     csv.field_size_limit(max(csv.field_size_limit(), _MAX_RECORD_CHARS))  # DuckDB's limit is larger than 128 KiB
     columns: list[str] = []
     staged: list[str] = []
     bad_rows = 0
     for i, f in enumerate(files):
-        diagnose(f, "csv")
         dialect = first if i == 0 else dataclasses.replace(first, columns=())
-        parser, tally = _CsvParser(dialect), _Tally(f)
+        parser, tally = _CsvParser(dialect), Tally(f)
         out = scratch / f"csv-{i:06d}.parquet"
         with open_binary(f) as fh:
             src = _Pushback(_lines(fh))
@@ -142,7 +155,7 @@ def stage_csv(con: Any, spec: Any, files: list[str], scratch: Path, delimiter: s
             present = {c: names.index(c) for c in wanted if c in names}
             schema = pa.schema([(c, pa.string()) for c in present] + [
                 ("_sb_file", pa.int32()), ("_sb_line", pa.int64()), ("_sb_error", pa.string())])
-            writer = _Writer(out, schema)
+            writer = RowWriter(out, schema)
             data = parser.records(src, len(names))
             if head is not None and not dialect.header:  # no header: the first record is data
                 data = itertools.chain([head], data)

@@ -1,5 +1,5 @@
-"""Input files: the CSV dialect (DuckDB's sniffer, read options, delimiter hints), files that
-cannot be read at all, and physical lines with their UTF-8 checks."""
+"""Input files: the CSV dialect (DuckDB's sniffer, read options, delimiter hints), what a file that
+cannot be read at all looks like, and physical lines with their UTF-8 checks."""
 
 from __future__ import annotations
 
@@ -126,36 +126,9 @@ def empty_files(files: list[str]) -> list[str]:
     return found
 
 
-def diagnose(f: str, fmt: str) -> None:
-    """Raise :class:`InputError` when ``f`` is plainly not a readable ``fmt`` file."""
-    kind = {"csv": "CSV", "json": "JSONL", "parquet": "Parquet"}[fmt]
-    with open_binary(f) as fh:
-        try:
-            head = fh.read(65536)
-        except (OSError, EOFError) as exc:  # e.g. a truncated or fake .gz
-            raise InputError(f"cannot read input file {f}: {exc}: check the file") from None
-    if not head:
-        raise InputError(f"input file {f} is empty (0 bytes): re-export it or remove it from input")
-    if fmt == "parquet":
-        if not head.startswith(b"PAR1"):
-            raise InputError(f"input file {f} is not a Parquet file ({_looks_like(head)}): "
-                             "set input_format to match the file, or give a .parquet file")
-        return
-    if head.startswith(b"PAR1"):
-        raise InputError(f"input file {f} is a Parquet file, not {kind}: set input_format='parquet'")
-    for magic, what, fix in _SIGNATURES:
-        if head.startswith(magic):
-            raise InputError(f"input file {f} is {what}: {fix.format(name=Path(f).name)}")
-    bad = binary_lines(head)
-    if bad is not None:
-        raise InputError(f"input file {f} is binary data, not {kind} text ({_looks_like(head)}; {bad[0]} of the "
-                         f"{bad[1]} lines of its first 64 KiB hold NUL or other bytes no text has): check input and "
-                         "input_format")
-
-
-#: Signatures of what a text file's name may hide, and the fix. Named right (``.gz``, ``.zst``...),
-#: a compressed file is decompressed before it is read, so its head is text again.
-_SIGNATURES = (
+#: Signatures of what a text file's name may hide, and the fix (``formats.diagnose``). Named right
+#: (``.gz``, ``.zst``...), a compressed file is decompressed before it is read, so its head is text again.
+SIGNATURES = (
     (b"\x1f\x8b", "gzip-compressed", "name it {name}.gz so it is decompressed"),
     (b"\x28\xb5\x2f\xfd", "zstd-compressed", "name it {name}.zst so it is decompressed"),
     (b"\xfd7zXZ\x00", "xz-compressed", "name it {name}.xz so it is decompressed"),
@@ -181,14 +154,6 @@ def binary_lines(head: bytes) -> tuple[int, int] | None:
     if 2 * odd > len(head) or (100 * odd > len(head) and 2 * bad > len(lines)):
         return bad, len(lines)
     return None
-
-
-def _looks_like(head: bytes) -> str:
-    if head.startswith(b"PAR1"):
-        return "it is Parquet"
-    if b"\x00" in head[:4096]:
-        return f"it starts with bytes {head[:8].hex(' ')}"
-    return "it starts with text " + repr(head[:40].decode("utf-8", "replace"))
 
 
 def _no_good_rows(f: str, n: int, first: tuple[int, str]) -> InputError:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .files import _SURROGATE, _lines, diagnose, json_problem, lit, open_binary
-from .staging import STAGED_COLUMNS, Staged, _check_values, _Tally, _wanted, _Writer
+from .files import _SURROGATE, _lines, json_problem, lit, open_binary
+from .staging import STAGED_COLUMNS, FastRead, RowWriter, Staged, Tally, _check_values, wanted_columns
 
 
 def _no_constant(name: str) -> Any:
@@ -40,7 +40,7 @@ def json_reader(con: Any, files_var: str, spec: Any, filename: bool = False) -> 
     end = ", filename = true)" if filename else ")"
     types = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM {plain})").fetchall()} \
         if spec.id_column else {}
-    wanted = _wanted(spec)
+    wanted = wanted_columns(spec)
     # Text already (a later non-string value then reads as its text), or a missing column (its
     # error lists every column): as DuckDB reads it.
     if types.get(spec.id_column, "VARCHAR") == "VARCHAR" or any(c not in types for c in wanted):
@@ -50,6 +50,11 @@ def json_reader(con: Any, files_var: str, spec: Any, filename: bool = False) -> 
     keep = [*wanted, *(c for c in STAGED_COLUMNS if c in types)]
     columns = ", ".join(f"{lit(c)}: {lit('VARCHAR' if c == spec.id_column else types[c])}" for c in keep)
     return f"{plain}, columns = {{{columns}}}{end}"
+
+
+def json_file_reader(con: Any, spec: Any, files: list[str]) -> FastRead:
+    """DuckDB's read of JSONL files (:func:`json_reader`), the reader's ordinality the row order."""
+    return FastRead(json_reader(con, "sb_files", spec, filename=True) + " WITH ORDINALITY", "ordinality")
 
 
 def _pairs_hook(doubled: list[tuple[dict[str, Any], list[str]]]) -> Any:
@@ -113,14 +118,13 @@ def stage_json(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
 
     fields = [(spec.id_column, pa.string())] if spec.id_column else []
     schema = pa.schema([*fields, ("_sb_file", pa.int32()), ("_sb_line", pa.int64()), ("_sb_error", pa.string())])
-    wanted = _wanted(spec)
+    wanted = wanted_columns(spec)
     bad_path = scratch / "json-bad.parquet"
-    bad_writer = _Writer(bad_path, schema)
+    bad_writer = RowWriter(bad_path, schema)
     good_files: list[str] = []
     bad_rows = 0
     for i, f in enumerate(files):
-        diagnose(f, "json")
-        tally = _Tally(f)
+        tally = Tally(f)
         good_path = scratch / f"json-{i:06d}.jsonl"
         with open_binary(f) as fh, good_path.open("w", encoding="utf-8", errors="surrogateescape") as out:
             for n, raw in _lines(fh):

@@ -1,45 +1,70 @@
-"""Parquet: :func:`stage_parquet`, string values that are not UTF-8 become error rows."""
+"""Parquet: DuckDB's one-go read (:func:`parquet_reader`) and :func:`stage_parquet`, where string
+values that are not UTF-8 become error rows; :func:`stage_columnar` is that row-by-row read for any
+columnar file pyarrow reads in batches (Arrow IPC too: ``arrow_input.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..errors import InputError
-from .files import diagnose, open_binary
-from .staging import _BATCH, Staged, _Tally, _wanted
+from .files import open_binary
+from .staging import BATCH_ROWS, FastRead, Staged, Tally, wanted_columns
+
+#: ``open(fh)``: a columnar file's schema and a function giving its batches of the named columns.
+Opener = Callable[[IO[bytes]], tuple[Any, Callable[[list[str]], Iterator[Any]]]]
+
+
+def parquet_reader(con: Any, spec: Any, files: list[str]) -> FastRead:
+    """DuckDB's read of Parquet files: exact (file, row) positions give the row order."""
+    return FastRead("read_parquet(getvariable('sb_files'), union_by_name = true, filename = true, "
+                    "file_row_number = true)", "filename, file_row_number")
+
+
+def _open_parquet(fh: IO[bytes]) -> tuple[Any, Callable[[list[str]], Iterator[Any]]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(fh)
+    return pf.schema_arrow, lambda present: pf.iter_batches(columns=present, batch_size=BATCH_ROWS)
 
 
 def stage_parquet(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
     """Copy the wanted columns; a string value that is not UTF-8 becomes NULL and its row an
     ``invalid_text: row N`` error row (DuckDB refuses the whole file otherwise)."""
+    return stage_columnar(con, spec, files, scratch, "Parquet", _open_parquet)
+
+
+def stage_columnar(con: Any, spec: Any, files: list[str], scratch: Path, kind: str, open_file: Opener) -> Staged:
+    """The wanted columns of columnar files (``open_file`` reads one, ``kind`` names the format in
+    errors) staged batch by batch, each string value checked: not UTF-8, it becomes NULL and its
+    row an ``invalid_text: row N`` error row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    wanted = _wanted(spec)
+    wanted = wanted_columns(spec)
     columns: list[str] = []
     staged: list[str] = []
     bad_rows = 0
     for i, f in enumerate(files):
-        diagnose(f, "parquet")
-        tally = _Tally(f)
-        out = scratch / f"parquet-{i:06d}.parquet"
+        tally = Tally(f)
+        out = scratch / f"columnar-{i:06d}.parquet"
         try:
             with open_binary(f) as fh:
-                pf = pq.ParquetFile(fh)
-                names = pf.schema_arrow.names
+                schema_in, batches = open_file(fh)
+                names = schema_in.names
                 columns += [c for c in names if c not in columns]
                 present = [c for c in wanted if c in names]
-                base = pa.schema([pf.schema_arrow.field(c) for c in present])
+                base = pa.schema([schema_in.field(c) for c in present])
                 schema = base.append(pa.field("_sb_file", pa.int32())).append(pa.field("_sb_line", pa.int64())) \
                     .append(pa.field("_sb_error", pa.string()))
                 with pq.ParquetWriter(out, schema) as writer:
                     offset = 0
-                    for batch in pf.iter_batches(columns=present, batch_size=_BATCH):
+                    for batch in batches(present):
                         writer.write_batch(_fix_batch(batch, present, spec, i, offset, tally, schema))
                         offset += batch.num_rows
         except (pa.ArrowException, OSError) as exc:
-            raise InputError(f"cannot read input file {f} as Parquet ({str(exc).splitlines()[0]}): "
+            raise InputError(f"cannot read input file {f} as {kind} ({str(exc).splitlines()[0]}): "
                              "re-export it") from None
         bad_rows += tally.check()
         staged.append(str(out))
@@ -49,7 +74,7 @@ def stage_parquet(con: Any, spec: Any, files: list[str], scratch: Path) -> Stage
     return Staged(columns=columns, bad_rows=bad_rows)
 
 
-def _fix_batch(batch: Any, present: list[str], spec: Any, file_idx: int, offset: int, tally: _Tally,
+def _fix_batch(batch: Any, present: list[str], spec: Any, file_idx: int, offset: int, tally: Tally,
                schema: Any) -> Any:
     import pyarrow as pa
 

@@ -3,10 +3,10 @@ shard by a hash of that id, and writes one Parquet file per shard.
 
 Bad values stay in the shard and become error rows later; only a missing column, or input
 that cannot be read at all, stops the job here. Bad bytes are a row's problem: when DuckDB
-cannot read a CSV/JSONL/Parquet input in one go (bytes that are not UTF-8, a broken line, a
-ragged row, a stray quote), ``inputs`` re-reads it line by line and every line it cannot use
-becomes an error row (``invalid_text: line N``, ``unparsable_row: line N``); a clean input
-never pays for that.
+cannot read an input in one go (bytes that are not UTF-8, a broken line, a ragged row, a stray
+quote), ``inputs`` re-reads it row by row (the format's stager, ``formats.py``) and every row it
+cannot use becomes an error row (``invalid_text: line N``, ``unparsable_row: line N``); a clean
+input never pays for that. Where the input is and its signature: ``sources.py``.
 """
 
 from __future__ import annotations
@@ -20,120 +20,15 @@ from typing import Any
 
 from ..errors import InputError, storage_error, storage_errors
 from ..home import JobHome, atomic_write_text, failpoint, shard_key
-from ..spec import BATCH_INPUTS, JobSpec, fingerprint
-from .batch_input import stage_batch
-from .csv_input import stage_csv
-from .files import csv_options, delimiter_hint, empty_files, sniff
+from ..spec import JobSpec
+from .files import delimiter_hint, empty_files
+from .formats import InputFormat, diagnose, format_of
 from .ids import quote_ident, shard_sql  # noqa: F401 - quote_ident: imported from here by run/, estimate/
-from .json_input import json_reader, stage_json
-from .parquet_input import stage_parquet
 from .shard_files import damaged_shards
+from .sources import connect, input_signature, signature, source_files  # noqa: F401 - imported from here too
 from .staging import STAGED_COLUMNS, Staged
 
 log = logging.getLogger("sparkbatch")
-
-
-def _format(spec: JobSpec) -> str:
-    if spec.input_format != "auto":
-        return spec.input_format
-    name = spec.input.lower().split("?")[0]
-    for suffix, fmt in ((".parquet", "parquet"), (".csv", "csv"), (".tsv", "csv"), (".jsonl", "json"),
-                        (".ndjson", "json"), (".json", "json")):
-        if name.endswith(suffix) or name.endswith(suffix + ".gz"):
-            return fmt
-    raise InputError(f"cannot tell the format of input={spec.input!r}: set input_format to parquet, csv or json")
-
-
-def connect(memory_limit: str = "1GB") -> Any:
-    """A DuckDB connection with bounded memory (large sorts spill to disk instead)."""
-    import duckdb
-
-    con = duckdb.connect()
-    con.execute(f"SET memory_limit = '{memory_limit}'")
-    con.execute("SET preserve_insertion_order = true")
-    return con
-
-
-def _register_fsspec(con: Any, url: str) -> None:
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    if scheme and scheme not in ("file", "http", "https", "s3", "gs", "gcs", "az", "hf"):
-        import fsspec
-
-        con.register_filesystem(fsspec.filesystem(scheme))
-
-
-def source_files(con: Any, spec: JobSpec) -> list[str]:
-    _register_fsspec(con, spec.input)
-    files = [r[0] for r in con.execute("SELECT file FROM glob(?) ORDER BY file", [spec.input]).fetchall()]
-    if not files:
-        raise InputError(f"input={spec.input!r} matches no files: check the path or glob")
-    return files
-
-
-def input_signature(spec: JobSpec) -> str:
-    """The signature a sharding of the input as it is now would carry (its files' digests and
-    the sharding settings), without sharding it: to tell whether a manifest is current."""
-    return _signature(spec, source_files(connect(), spec))
-
-
-def _signature(spec: JobSpec, files: list[str]) -> str:
-    """Fingerprint of the input's CONTENT and how it is sharded. A touched file keeps it (no
-    re-run, no paying twice for the same answers); changed bytes change it. File names stay in,
-    in order: generated row ids follow the file order."""
-    parquet = _format(spec) == "parquet"
-    digests = [[f, _remote_digest(f) if _is_remote(f) else _local_digest(f, parquet)] for f in files]
-    payload = {"files": digests, "id": spec.id_column, "text": spec.text_columns, "gold": spec.gold_column,
-               "shards": (spec.shard_count, spec.shard_size)}
-    if spec.csv_delimiter:  # only when set, so the signatures of existing jobs stay as they are
-        payload["csv_delimiter"] = spec.csv_delimiter
-    if spec.input_format in BATCH_INPUTS:  # the same file read as requests is another input
-        payload["format"] = spec.input_format
-    return fingerprint(payload)
-
-
-def _is_remote(f: str) -> bool:
-    return "://" in f and not f.startswith("file://")
-
-
-def _local_digest(f: str, parquet: bool) -> str | None:
-    from ..home.digests import file_digest, parquet_footer_digest
-
-    path = Path(f.removeprefix("file://"))
-    if not path.exists():  # gone since the glob: DuckDB's read reports it properly
-        return None
-    # Parquet: the footer is enough and costs one seek on a huge file; CSV/JSONL: every byte (cached).
-    return parquet_footer_digest(path) if parquet else file_digest(path)
-
-
-def _remote_digest(url: str) -> str | None:
-    from ..home.digests import info_checksum, object_info
-
-    try:
-        info = object_info(url)
-    except (ImportError, OSError, ValueError) as exc:
-        # DuckDB can read it but fsspec cannot stat it (e.g. s3fs not installed): only the name
-        # is left, so a changed object goes unnoticed. Say so rather than fail a readable input.
-        log.warning("cannot stat %s (%s): changes to it will not start a new output version", url, exc)
-        return None
-    checksum = info_checksum(info)
-    if checksum is not None:
-        return checksum
-    # FALLBACK, NOT CONTENT: this store gives no checksum, so size + modification time stand in.
-    # A touched object starts a new version here; a same-size rewrite with the same time is missed.
-    stamps = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
-    mtime = next((info[k] for k in stamps if info.get(k)), None)
-    return f"size:{info.get('size')}:mtime:{mtime}"
-
-
-def _reader(con: Any, spec: JobSpec, fmt: str, csv_options: str = "") -> str:
-    if fmt == "json":  # the id column read as text, whatever its values' JSON types
-        return json_reader(con, "sb_files", spec, filename=True) + " WITH ORDINALITY"
-    return {
-        "parquet": "read_parquet(getvariable('sb_files'), union_by_name = true, filename = true, "
-        "file_row_number = true)",
-        "csv": f"read_csv(getvariable('sb_files'), union_by_name = true, filename = true{csv_options}) "
-        "WITH ORDINALITY",
-    }[fmt]
 
 
 def build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
@@ -160,9 +55,9 @@ def build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
 def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
     con = connect()
     files = source_files(con, spec)
-    signature = _signature(spec, files)
+    current = signature(spec, files)
     old = home.read_manifest()
-    if old and old.get("signature") == signature:
+    if old and old.get("signature") == current:
         damaged = damaged_shards(home, old["keys"], old.get("rows"))
         if not damaged:
             return {**old, "reused": True}
@@ -171,35 +66,31 @@ def _build_shards(spec: JobSpec, home: JobHome) -> dict[str, Any]:
                     "; ".join(damaged[:3]))
 
     started = time.perf_counter()
-    fmt = _format(spec)
+    fmt = format_of(spec)
     con.execute("SET VARIABLE sb_files = ?", [files])  # file names stay parameters, never SQL text
     tmp = home.shards_dir.with_name(f".shards-tmp-{os.getpid()}")
     scratch = home.shards_dir.with_name(f".input-tmp-{os.getpid()}")
     try:
         try:
-            if fmt in BATCH_INPUTS:  # a provider batch file: always line by line, each line checked
-                scratch.mkdir(parents=True, exist_ok=True)
-                staged = stage_batch(con, spec, files, scratch)
-                rows, k, sql = _write_tmp(con, spec, fmt, files, tmp, staged.order, staged, None)
+            if fmt.reader is None:  # DuckDB does not read it (a provider batch file, Arrow): row by row
+                rows, k, sql = _read_row_by_row(con, spec, fmt, files, tmp, scratch)
             else:
                 rows, k, sql = _read_in_one_go(con, spec, fmt, files, tmp)
         except Exception as exc:
-            if fmt in BATCH_INPUTS or not _input_problem(exc):
+            if fmt.reader is None or not _input_problem(exc):
                 raise
-            # Bad bytes, a broken line, a ragged row, a stray quote: re-read line by line.
+            # Bad bytes, a broken line, a ragged row, a stray quote: re-read row by row.
             log.warning("DuckDB cannot read %s in one go (%s): reading it line by line", spec.input,
                         str(exc).splitlines()[0][:300])
             shutil.rmtree(scratch, ignore_errors=True)
-            scratch.mkdir(parents=True)
-            staged = _stage(con, spec, fmt, files, scratch)
-            rows, k, sql = _write_tmp(con, spec, fmt, files, tmp, staged.order, staged, staged.delimiter)
+            rows, k, sql = _read_row_by_row(con, spec, fmt, files, tmp, scratch)
         keys = [shard_key(i) for i in range(k)]
         _move_shards(con, tmp, home, keys, sql)
     finally:  # on any failure too (a full disk mid-COPY): no half-written folder stays in the home
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
     manifest = {
-        "signature": signature, "input": spec.input, "files": files, "format": fmt, "rows": rows,
+        "signature": current, "input": spec.input, "files": files, "format": fmt.name, "rows": rows,
         "shard_count": k, "keys": keys, "seconds": round(time.perf_counter() - started, 3),
     }
     atomic_write_text(home.manifest_path, _json(manifest), point="write:manifest")
@@ -216,33 +107,31 @@ def _input_problem(exc: Exception) -> bool:
             and storage_error(exc, None) is None)
 
 
-def _read_in_one_go(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Path) -> tuple[int, int, str]:
+def _read_in_one_go(con: Any, spec: JobSpec, fmt: InputFormat, files: list[str], tmp: Path) -> tuple[int, int, str]:
     """The fast path: DuckDB reads the input once, as it is."""
-    options, delimiter = "", spec.csv_delimiter
-    if fmt == "csv":
-        dialect = sniff(con, files[0], delimiter)
-        if dialect is None:
-            import duckdb
-
-            raise duckdb.InvalidInputException("the CSV sniffer cannot read the first file")
-        options = csv_options(dialect, delimiter)
-        delimiter = delimiter or dialect.delimiter
-    con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM {_reader(con, spec, fmt, options)}")
-    # Parquet gives exact (file, row) positions; for CSV/JSON the reader's ordinality is the row order.
-    order = "filename, file_row_number" if fmt == "parquet" else "ordinality"
-    return _write_tmp(con, spec, fmt, files, tmp, order, None, delimiter)
+    assert fmt.reader is not None
+    read = fmt.reader(con, spec, files)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM {read.sql}")
+    return _write_tmp(con, spec, files, tmp, read.order, None, read.delimiter)
 
 
-def _stage(con: Any, spec: JobSpec, fmt: str, files: list[str], scratch: Path) -> Staged:
-    if fmt == "csv":
-        return stage_csv(con, spec, files, scratch, spec.csv_delimiter)
-    if fmt == "json":
-        return stage_json(con, spec, files, scratch)
-    return stage_parquet(con, spec, files, scratch)
+def _read_row_by_row(con: Any, spec: JobSpec, fmt: InputFormat, files: list[str], tmp: Path,
+                     scratch: Path) -> tuple[int, int, str]:
+    """The slow path (the only one for a format DuckDB does not read): each file checked for being
+    of its format at all, then staged row by row, every row a row or an error row."""
+    for f in files:
+        diagnose(f, fmt)
+    scratch.mkdir(parents=True, exist_ok=True)
+    staged = _stage(con, spec, fmt, files, scratch)
+    return _write_tmp(con, spec, files, tmp, staged.order, staged, staged.delimiter)
 
 
-def _write_tmp(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Path, order: str,
-               staged: Staged | None, delimiter: str | None) -> tuple[int, int, str]:
+def _stage(con: Any, spec: JobSpec, fmt: InputFormat, files: list[str], scratch: Path) -> Staged:
+    return fmt.stage(con, spec, files, scratch)
+
+
+def _write_tmp(con: Any, spec: JobSpec, files: list[str], tmp: Path, order: str, staged: Staged | None,
+               delimiter: str | None) -> tuple[int, int, str]:
     """Shard the view ``src`` into ``tmp``; return (rows, shard count, the query)."""
     types = {r[0]: r[1] for r in con.execute("DESCRIBE src").fetchall()}
     wanted = [c for c in [spec.id_column, *spec.text_columns, spec.gold_column] if c]
@@ -253,7 +142,7 @@ def _write_tmp(con: Any, spec: JobSpec, fmt: str, files: list[str], tmp: Path, o
         empty = empty_files(files)
         if empty:
             raise InputError(f"input file {empty[0]} is empty (0 bytes): re-export it or remove it from input")
-        fix = delimiter_hint(shown, missing, delimiter) if fmt == "csv" and delimiter else \
+        fix = delimiter_hint(shown, missing, delimiter) if delimiter else \
             "fix id_column/text_columns/gold_column"
         raise InputError(f"input has no column(s) {missing}; it has {shown}: {fix}")
 

@@ -1,5 +1,7 @@
-"""Staging: the result (:class:`Staged`), the scratch Parquet writer, per-file tallies of good
-and bad rows, and the UTF-8 checks of wanted values."""
+"""Staging, shared by every format's reader: the one-go read (:class:`FastRead`) and the row-by-row
+result (:class:`Staged`), the scratch Parquet writer (:class:`RowWriter`), per-file tallies of good
+and bad rows (:class:`Tally`), the columns a job reads (:func:`wanted_columns`) and the UTF-8 checks
+of their values."""
 
 from __future__ import annotations
 
@@ -16,9 +18,20 @@ log = logging.getLogger("sparkbatch")
 
 #: Columns the staged view adds: which file, which line, and why the row is bad (NULL if good).
 STAGED_COLUMNS = ("_sb_file", "_sb_line", "_sb_error")
-_BATCH = 50_000
+#: Rows a staged file is written (and a columnar file read) in at a time.
+BATCH_ROWS = 50_000
 #: Control characters a text value may not hold: those the prompt check refuses (spec/prompts.py).
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class FastRead:
+    """DuckDB's read of the files in one go: the table expression over ``getvariable('sb_files')``,
+    the columns that give the input's row order, and (CSV) the delimiter it was read with."""
+
+    sql: str
+    order: str
+    delimiter: str | None = None
 
 
 @dataclass
@@ -31,7 +44,7 @@ class Staged:
     delimiter: str | None = None  # CSV: the delimiter the files were read with
 
 
-class _Writer:
+class RowWriter:
     """Rows -> one Parquet file, in batches."""
 
     def __init__(self, path: Path, schema: Any) -> None:
@@ -43,7 +56,7 @@ class _Writer:
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        if len(self.rows) >= _BATCH:
+        if len(self.rows) >= BATCH_ROWS:
             self.flush()
 
     def flush(self) -> None:
@@ -58,7 +71,7 @@ class _Writer:
         self.writer.close()
 
 
-class _Tally:
+class Tally:
     """Good and bad rows of one file; a file without a single good row cannot be read."""
 
     def __init__(self, f: str) -> None:
@@ -81,7 +94,8 @@ class _Tally:
         return self.bad
 
 
-def _wanted(spec: Any) -> list[str]:
+def wanted_columns(spec: Any) -> list[str]:
+    """The columns a job reads (id, text, gold), each once, in that order."""
     return list(dict.fromkeys(c for c in [spec.id_column, *spec.text_columns, spec.gold_column] if c))
 
 

@@ -57,7 +57,7 @@ class JobSpec(Checked):
 
     name: str = Field(description="Job name: lowercase letters, digits, '_'. Used in asset keys.")
     input: str = Field(description="Path, glob or fsspec URL of Parquet, CSV or JSONL files.")
-    input_format: Literal["auto", "parquet", "csv", "json", "openai_batch", "anthropic_batch"] = Field(
+    input_format: Literal["auto", "parquet", "csv", "json", "arrow", "openai_batch", "anthropic_batch"] = Field(
         default="auto", description="auto: from the file name. openai_batch / anthropic_batch: a provider's batch "
         "file, each line its own request (docs/batch-files.md); the job's template is then each row's messages.",
     )

@@ -18,7 +18,8 @@ from sparkbatch_dagster.engines.platform.model import model_identity
 from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.home import digests as digest
 from sparkbatch_dagster.home.digests import file_digest, info_checksum, object_info, parquet_footer_digest
-from sparkbatch_dagster.inputs.shards import _signature, build_shards
+from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.inputs.sources import signature
 from testkit import make_rows, make_spec, write_parquet
 
 
@@ -234,11 +235,11 @@ def test_remote_signature_without_checksum_falls_back_to_size_and_time(tmp_path:
     spec = make_spec(tmp_path, input=url)
     with fsspec.open(url, "wb") as fh:
         fh.write(b"id,text,gold\n1,a car,vehicle\n")
-    first = _signature(spec, [url])
-    assert _signature(spec, [url]) == first
+    first = signature(spec, [url])
+    assert signature(spec, [url]) == first
     with fsspec.open(url, "wb") as fh:
         fh.write(b"id,text,gold\n1,a bicycle,vehicle\n")
-    assert _signature(spec, [url]) != first
+    assert signature(spec, [url]) != first
 
 
 def test_new_weights_or_another_max_model_len_is_a_new_output_version(tmp_path: Path) -> None:
