@@ -1,13 +1,17 @@
-"""A fresh install, timed: `make install` (or `make label-studio`) in a fresh clone, as a newcomer runs it.
+"""A fresh install, timed: `make install` (then `make label-studio` or `make check`) in a fresh clone, as a
+newcomer runs it.
 
     python benchmarks/install_time.py --rev HEAD --out benchmarks/results/install-cpu-uv-lock.json
     python benchmarks/install_time.py --rev 5c2a0b7 --out ...      # the Makefile before the locks (pip)
     python benchmarks/install_time.py --cold ...                   # pip's and uv's caches empty too
+    python benchmarks/install_time.py --target check ...           # then make check, no font or mypy cache
 
 The clone lives in a temporary folder (the working checkout's venvs are never touched) and is
 removed after. ``--cold`` gives pip and uv empty cache folders, a machine that never installed
 anything; without it they use this user's caches, as a second checkout on the same machine does.
 The load average before and after is in the file: other work on the machine slows an install.
+``--target check`` runs ``make check`` after the install with an empty ``MPLCONFIGDIR`` (matplotlib
+has no font cache, as on a new machine) and no mypy or pytest cache (a fresh clone has none).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ def installer(clone: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rev", default="HEAD", help="the commit whose Makefile installs (default HEAD)")
-    ap.add_argument("--target", default="install", choices=["install", "label-studio"])
+    ap.add_argument("--target", default="install", choices=["install", "label-studio", "check"])
     ap.add_argument("--cold", action="store_true", help="empty pip and uv caches")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -49,7 +53,9 @@ def main() -> None:
         env.pop("VIRTUAL_ENV", None)
         if args.cold:
             env.update(PIP_CACHE_DIR=f"{tmp}/pip-cache", UV_CACHE_DIR=f"{tmp}/uv-cache")
-        targets = ["install"] if args.target == "install" else ["install", "label-studio"]
+        targets = ["install"] if args.target == "install" else ["install", args.target]
+        (Path(tmp) / "mpl").mkdir()
+        env["MPLCONFIGDIR"] = f"{tmp}/mpl"  # a machine matplotlib never ran on: no font cache
         seconds = {}
         load_before = os.getloadavg()
         for target in targets:
