@@ -12,38 +12,27 @@ A Message Batch is a batch of the server's one queue, stored as the OpenAI batch
 JSONL file, run as a job by the same worker on the same answer store, one results file
 (:mod:`.batch_ending`). Its requests are checked when it is created, as Anthropic checks them
 (the ``custom_id`` pattern and uniqueness, ``params`` with ``model``, ``max_tokens`` and
-``messages``): a 400 names the request and field. Errors here are Anthropic's shape.
+``messages``), one at a time from the body's bytes (:mod:`.anthropic_create`): a 400 names the
+request and field. Errors here are Anthropic's shape.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from .anthropic_models import (
-    AnthropicErrorResponse,
-    DeletedMessageBatch,
-    MessageBatch,
-    MessageBatchCreate,
-    MessageBatchList,
-)
+from .anthropic_create import FORMAT, new_message_batch
+from .anthropic_models import AnthropicErrorResponse, DeletedMessageBatch, MessageBatch, MessageBatchList
 from .batch_service import OPEN, Store, Worker
-from .batch_store import now
 from .serve_batch_guard import ApiError
 
 __all__ = ["FORMAT", "anthropic_router", "message_batch", "new_message_batch"]
 
-FORMAT = "anthropic_batch"
-#: Seconds from creation to expiry: Anthropic's 24 hours.
-WINDOW_S = 24 * 3600
 #: The results file's media type.
 JSONL = "application/x-jsonl"
 #: How each internal ending counts a request that was not run.
@@ -56,10 +45,17 @@ def anthropic_router(store: Store, worker: Worker) -> APIRouter:
     errors: dict[int | str, dict[str, Any]] = {
         404: {"model": AnthropicErrorResponse, "description": "no such Message Batch"}}
 
-    @router.post("", response_model=MessageBatch, operation_id="message_batches_create")
-    def create(body: MessageBatchCreate, request: Request) -> dict[str, Any]:
-        _check_unique(body)
-        batch = new_message_batch(store, body)
+    @router.post("", response_model=MessageBatch, operation_id="message_batches_create",
+                 openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+                     "$ref": "#/components/schemas/MessageBatchCreate"}}}}})
+    async def create(request: Request) -> dict[str, Any]:
+        # The body as it comes (the guard caps it), then checked and written request by request
+        # in a worker thread: never parsed whole into objects (anthropic_create).
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+        batch = await run_in_threadpool(new_message_batch, store, body)
+        del body
         worker.submit(batch)
         return message_batch(batch, str(request.base_url))
 
@@ -119,27 +115,6 @@ def anthropic_router(store: Store, worker: Worker) -> APIRouter:
     return router
 
 
-def new_message_batch(store: Store, body: MessageBatchCreate) -> dict[str, Any]:
-    """Store a checked create's requests as an ``anthropic_batch`` file, and its batch, ``in_progress``
-    (a Message Batch begins processing when it is created) and queued by the caller."""
-    created = now()
-    # The time first, so that batches created in one second still list newest first by id.
-    bid = f"msgbatch_{time.time_ns():016x}{secrets.token_hex(6)}"
-    fid = f"{bid}-requests"
-    path = store.file_path(fid)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        for item in body.requests:
-            out.write(json.dumps({"custom_id": item.custom_id, "params": item.params.model_dump()},
-                                 ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    batch = {"id": bid, "format": FORMAT, "status": "in_progress", "input_file_id": fid, "created_at": created,
-             "in_progress_at": created, "expires_at": created + WINDOW_S, "cancelling_at": None,
-             "completed_at": None, "cancelled_at": None, "expired_at": None, "failed_at": None,
-             "request_counts": {"total": len(body.requests), "completed": 0, "failed": 0}}
-    return store.save(batch)
-
-
 def message_batch(batch: dict[str, Any], base_url: str) -> dict[str, Any]:
     """The MessageBatch object of a stored batch; ``base_url``: the server's, as the client reached it."""
     status, over = batch["status"], batch["status"] not in OPEN
@@ -174,16 +149,6 @@ def _record(store: Store, bid: str) -> dict[str, Any]:
         raise ApiError(404, f"No Message Batch with id {bid!r} on this server (messages.batches.list lists them)",
                        "not_found")
     return batch
-
-
-def _check_unique(body: MessageBatchCreate) -> None:
-    """A ``custom_id`` used twice is refused, naming both requests (Anthropic: unique in the batch)."""
-    seen: dict[str, int] = {}
-    for n, item in enumerate(body.requests):
-        if item.custom_id in seen:
-            raise ApiError(400, f"requests.{n}.custom_id: {item.custom_id!r} is also requests.{seen[item.custom_id]}'s"
-                           ": each request of a batch needs its own custom_id", "invalid_request")
-        seen[item.custom_id] = n
 
 
 def _page(batches: list[dict[str, Any]], before_id: str | None, after_id: str | None,

@@ -42,7 +42,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                        "<home>/results); an identical request answered there before is not generated again")
         _job_options(p, name)
     p = sub.add_parser("serve-batch", parents=[common],
-                       help="serve the OpenAI Files and Batches endpoints: each batch a job on this box")
+                       help="serve OpenAI's Files and Batches endpoints and Anthropic's Message Batches: each batch a "
+                       "job on this box",
+                       description="Serve the Batch APIs on this box, each batch a job: OpenAI's /v1/files and "
+                       "/v1/batches (for openai.OpenAI(base_url='http://HOST:PORT/v1')) and Anthropic's "
+                       "/v1/messages/batches (for anthropic.Anthropic(base_url='http://HOST:PORT')); the OpenAPI "
+                       "document is /openapi.json. docs/batch-files.md.")
     p.add_argument("--root", default="sparkbatch-batches", help="folder of the files and batches (default "
                    "./sparkbatch-batches); a server started again on it carries on")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; another needs --api-key)")
@@ -114,6 +119,11 @@ def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, A
     from .serve_batch_guard import access
 
     check_bind(args.host, args.api_key)
+    if resource.model is not None:  # a model that cannot load stops here, not every batch later
+        try:
+            resource.model_name()
+        except ConfigError as exc:
+            raise ConfigError(f"serve-batch {'--model' if args.model else '--engine-file'}: {exc}") from None
     door = access(args.host, args.api_key, args.allow_host, args.allow_origin, args.max_upload_mb * 1024 * 1024)
     root = Path(args.root).resolve()
     child = ["--engine-file", str(Path(args.engine_file).resolve())] if args.engine_file else \

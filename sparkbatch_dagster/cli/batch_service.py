@@ -5,9 +5,10 @@ A batch is first ``validating`` (:mod:`.batch_validate`: a file OpenAI would ref
 batch, line by line), then ``in_progress`` until its turn comes and it has run, ``finalizing``
 while its result files are written, then ``completed``. Each batch is a batch-file job
 (:func:`..definitions.batch_files.batch_file_job`) run by a ``sparkbatch run-batch`` child
-process, one batch at a time (one engine on the box). The child is stopped by the kernel if the
-server dies; on the next start every batch that was not over is queued again and its run resumes
-from its checkpoints (rows already answered are not asked again). A cancel interrupts the child,
+process, one batch at a time (one engine on the box). The child is killed by the kernel if the
+server dies (its engine's watchdog ends the engine); on the next start every batch that was not
+over is queued again and its run resumes from its checkpoints (rows already answered are not
+asked again). A cancel interrupts the child,
 then the rows finished so far become the batch's result files (:mod:`.batch_ending`).
 
 An Anthropic Message Batch (:mod:`.anthropic_batches`, ``format`` ``anthropic_batch``) is checked
@@ -190,8 +191,10 @@ class Worker:
 
     def _export(self, bid: str) -> ExportSummary:
         folder, batch = self.store.folder(bid), self.store.batch(bid) or {}
-        errors = None if _format(batch) == "anthropic_batch" else folder / "errors.jsonl"  # one results file
-        return export_batch(self.job(bid), folder / "output.jsonl", errors, self.resource)
+        anthropic = _format(batch) == "anthropic_batch"
+        errors = None if anthropic else folder / "errors.jsonl"  # Anthropic's: one results file
+        # A Message Batch's requests file is the server's own: its errors cite the requests sent.
+        return export_batch(self.job(bid), folder / "output.jsonl", errors, self.resource, cite_requests=anthropic)
 
     def _loop(self) -> None:
         while True:
@@ -223,8 +226,11 @@ class Worker:
                 self._finish(bid, self.stopping[bid])
                 return
             self.store.update(bid, status="in_progress", in_progress_at=batch.get("in_progress_at") or now())
-            with (folder / "run.log").open("ab") as log:  # the child stops when this server dies
-                self.child, self.running = spawn_owned(cmd, stdout=subprocess.DEVNULL, stderr=log,
+            # The child is killed when this server dies (a kill -9 too), not stopped as on Ctrl-C: a
+            # partial export then would outlive the server, its engine with it. Its engine's
+            # watchdog ends the engine; the next start resumes the batch from its checkpoints.
+            with (folder / "run.log").open("ab") as log:
+                self.child, self.running = spawn_owned(cmd, signal.SIGKILL, stdout=subprocess.DEVNULL, stderr=log,
                                                        cwd=str(self.store.root)), bid
         code = self.child.wait()
         with self.store.lock:

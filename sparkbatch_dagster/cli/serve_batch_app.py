@@ -26,7 +26,7 @@ from starlette.responses import Response
 
 from ..errors import ConfigError
 from .anthropic_batches import anthropic_router
-from .anthropic_models import AnthropicErrorResponse
+from .anthropic_models import AnthropicErrorResponse, MessageBatchCreate
 from .batch_service import ENDPOINT, OPEN, Store, Worker, new_batch
 from .serve_batch_guard import Access, ApiError, Guard, is_anthropic, refusal_for
 from .serve_batch_models import Batch, BatchCreate, BatchList, ErrorResponse, FileDeleted, FileList, FileObject
@@ -227,8 +227,13 @@ def _openapi(app: FastAPI, access: Access) -> dict[str, Any]:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
-    for model in (ErrorResponse, AnthropicErrorResponse):
-        schemas.setdefault(model.__name__, model.model_json_schema(ref_template="#/components/schemas/{model}"))
+    # MessageBatchCreate: the create route reads its body itself (anthropic_create), so FastAPI
+    # does not list the schema that its request body names.
+    for model in (ErrorResponse, AnthropicErrorResponse, MessageBatchCreate):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, nested in schema.pop("$defs", {}).items():
+            schemas.setdefault(name, nested)
+        schemas.setdefault(model.__name__, schema)
     errors = {**COMMON_ERRORS, **({"401": "no API key, or a wrong one"} if access.api_key else {})}
     for path, item in doc["paths"].items():
         name = AnthropicErrorResponse.__name__ if is_anthropic(path) else ErrorResponse.__name__

@@ -54,17 +54,17 @@ def batch_file_job(input: str | Path, input_format: str = "auto", *, home: str |
 
 
 def export_batch(job: BatchJob, out: Path, errors: Path | None = None, resource: VLLMResource | None = None,
-                 version: str | None = None) -> ExportSummary:
+                 version: str | None = None, cite_requests: bool = False) -> ExportSummary:
     """Write ``job``'s finished rows as its input format's result files: answers to ``out``, error
     rows to ``errors`` (``None``: to ``out`` too). Which output version: ``version``, else the one
     ``resource`` labels when it has rows (a run's, before its first commit too), else the latest
     committed one. Returns the counts (``written``, ``errors``, ``remaining``, ``complete``: its
     ``tally``) and what the rows cost (its ``usage``: ``input_tokens``, ``output_tokens``, ``reused``,
-    ``model``)."""
+    ``model``). ``cite_requests``: errors cite a Message Batch's requests, not lines (serve-batch's)."""
     if job.spec.input_format not in BATCH_INPUTS:
         raise ConfigError(f"job {job.spec.name!r} reads input_format={job.spec.input_format!r}: only a batch-file job "
                           f"({', '.join(BATCH_INPUTS)}) exports batch result files; use read_outputs() for others")
-    return export(job.home, _version(job, resource, version), job.spec.input_format, out, errors)
+    return export(job.home, _version(job, resource, version), job.spec.input_format, out, errors, cite_requests)
 
 
 def batch_counts(job: BatchJob, resource: VLLMResource | None = None) -> Tally:

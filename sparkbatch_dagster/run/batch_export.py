@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from ..home import JobHome
+from .batch_errors import anthropic_message, is_client_error, openai_error
 from .batch_lines import (
     AnthropicResultLine,
     ApiError,
@@ -49,10 +50,6 @@ from .batch_lines import (
     openai_choices,
 )
 from .checkpoint import OUTPUT_SCHEMA
-
-#: Row errors that are the request's fault: HTTP 400, as the provider answers them.
-_CLIENT_ERRORS = ("bad_request", "unsupported", "unparsable_row", "invalid_text", "duplicate_id", "null_id",
-                  "prompt_too_long", "too_long", "empty_text", "null_text", "bad_type", "render_error")
 
 
 def finished_rows(home: JobHome, version: str, keys: list[str]) -> Iterator[tuple[dict[str, Any], float]]:
@@ -149,10 +146,6 @@ def _call_key(job: str, version: str, rid: str) -> str:
     return json.dumps([job, version, rid])
 
 
-def _kind(error: str) -> str:
-    return error.split(":", 1)[0].strip() or "error"
-
-
 def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[int, int],
                 job: str = "") -> OpenAIResultLine:
     """One line of an OpenAI Batch output file (an answer) or error file (an error row); ``job``
@@ -164,9 +157,9 @@ def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[in
         # The request's own failure is its HTTP answer (400: its fault; 500: the engine's), with the
         # line's ``error`` null: OpenAI keeps that for requests that got no HTTP answer at all
         # (``batch_expired``, ``batch_cancelled``: cli/batch_results.py writes those).
-        kind, status = _kind(row["error"]), 400 if _kind(row["error"]).startswith(_CLIENT_ERRORS) else 500
-        error = ApiError(message=row["error"], type="invalid_request_error" if status == 400 else "server_error",
-                         code=kind)
+        kind, code, param = openai_error(row["error"])
+        status = 400 if kind == "invalid_request_error" else 500
+        error = ApiError(message=row["error"], type=kind, param=param, code=code)
         return OpenAIResultLine(id=line_id, custom_id=rid,
                                 response=Response(status_code=status, request_id=req, body=ErrorBody(error=error)),
                                 error=None)
@@ -180,13 +173,15 @@ def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[in
                             error=None)
 
 
-def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int], job: str = "") -> AnthropicResultLine:
+def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int], job: str = "",
+                   cite_requests: bool = False) -> AnthropicResultLine:
     """One line of an Anthropic Message Batches results file (``succeeded`` or ``errored``);
-    ``job`` as for :func:`openai_line`."""
+    ``job`` as for :func:`openai_line`; ``cite_requests``: an error names the request of a
+    Message Batch (``requests.3.params...``), not a line of the server's file of them."""
     rid = row["row_id"]
     if row["error"] is not None:
-        client = _kind(row["error"]).startswith(_CLIENT_ERRORS)
-        detail = ErrorDetail(type="invalid_request_error" if client else "api_error", message=row["error"])
+        detail = ErrorDetail(type="invalid_request_error" if is_client_error(row["error"]) else "api_error",
+                             message=anthropic_message(row["error"], cite_requests))
         return AnthropicResultLine(custom_id=rid, result=Errored(error=ErrorResponse(error=detail)))
     cut = row["truncated"] or row["finish_reason"] == "length"
     stop_reason, stop = anthropic_stop(cut, row["extra"])
@@ -198,10 +193,12 @@ def anthropic_line(row: dict[str, Any], version: str, usage: tuple[int, int], jo
     return AnthropicResultLine(custom_id=rid, result=Succeeded(message=message))
 
 
-def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None = None) -> ExportSummary:
+def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None = None,
+           cite_requests: bool = False) -> ExportSummary:
     """Write the finished rows of ``version`` as ``fmt``'s result files (each replaced whole);
     return counts: ``written`` answers, ``errors``, ``remaining`` rows not finished yet, and
-    :func:`usage_of` the rows (tokens, ``reused``, ``model``)."""
+    :func:`usage_of` the rows (tokens, ``reused``, ``model``). ``cite_requests``: as
+    :func:`anthropic_line`'s (a Message Batch made through ``serve-batch``)."""
     manifest = home.read_manifest() or {"keys": [], "rows": 0}
     rows = list(finished_rows(home, version, manifest["keys"]))
     ok: list[ResultLine] = []
@@ -212,7 +209,7 @@ def export(home: JobHome, version: str, fmt: str, out: Path, errors: Path | None
         # now), so the file's sums are the run's generated tokens.
         used = (int(row["prompt_tokens"] or 0), int(row["output_tokens"] or 0))
         line: ResultLine = openai_line(row, version, int(when), used, str(home.root)) if fmt == "openai_batch" \
-            else anthropic_line(row, version, used, str(home.root))
+            else anthropic_line(row, version, used, str(home.root), cite_requests)
         (bad if row["error"] is not None else ok).append(line)
     _write(out, ok if errors is not None else ok + bad)
     if errors is not None:

@@ -98,8 +98,8 @@ class ChatCompletion(_Line, frozen=True, kw_only=True):
 class ApiError(_Line, frozen=True, kw_only=True):
     message: str
     type: Literal["invalid_request_error", "server_error"]
-    param: None = None
-    code: str
+    param: str | None = None
+    code: str | None
 
 
 class ErrorBody(_Line, frozen=True, kw_only=True):

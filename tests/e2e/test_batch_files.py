@@ -24,19 +24,22 @@ def openai_line(cid: Any, content: str = "hello", **body: Any) -> str:
                        "body": {"model": "gpt-x", "messages": [{"role": "user", "content": content}], **body}})
 
 
+#: Each hostile line and OpenAI's error code for it (issue 59: OpenAI's codes, not the job's kinds).
 HOSTILE = {
-    "{not json": "unparsable_row",
-    json.dumps({"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}): "unsupported",
-    json.dumps({"custom_id": "get", "method": "GET", "url": URL, "body": {}}): "bad_request",
-    json.dumps({"custom_id": "nobody", "method": "POST", "url": URL}): "bad_request",
-    json.dumps({"method": "POST", "url": URL, "body": {"messages": [{"role": "user", "content": "x"}]}}): "bad_request",
-    openai_line("tools", tools=[{"type": "function", "function": {"name": "f"}}]): "unsupported",
-    openai_line("audio", modalities=["audio"]): "unsupported",
+    "{not json": "invalid_json_line",
+    json.dumps({"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}):
+        "unsupported_value",
+    json.dumps({"custom_id": "get", "method": "GET", "url": URL, "body": {}}): "invalid_value",
+    json.dumps({"custom_id": "nobody", "method": "POST", "url": URL}): "missing_required_parameter",
+    json.dumps({"method": "POST", "url": URL, "body": {"messages": [{"role": "user", "content": "x"}]}}):
+        "missing_required_parameter",
+    openai_line("tools", tools=[{"type": "function", "function": {"name": "f"}}]): "unsupported_value",
+    openai_line("audio", modalities=["audio"]): "unsupported_value",
     json.dumps({"custom_id": "img", "method": "POST", "url": URL, "body": {"messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}}): "unsupported",
-    openai_line("hot", temperature=9): "bad_request",
-    "[1, 2]": "bad_request",
-    openai_line("a", "the same id again"): "duplicate_id",
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}}): "unsupported_value",
+    openai_line("hot", temperature=9): "invalid_value",
+    "[1, 2]": "invalid_value",
+    openai_line("a", "the same id again"): "duplicate_custom_id",
 }
 
 
@@ -77,7 +80,7 @@ def test_openai_file_every_line_once_hostile_lines_as_errors(tmp_path: Path) -> 
     kinds = sorted(x["response"]["body"]["error"]["code"] for x in bad)
     assert kinds == sorted(HOSTILE.values())
     by_id = {x["custom_id"]: x["response"]["body"]["error"] for x in bad}
-    assert by_id["a#dup2"]["code"] == "duplicate_id" and "a" in by_id["a#dup2"]["message"]
+    assert by_id["a#dup2"]["code"] == "duplicate_custom_id" and "a" in by_id["a#dup2"]["message"]
     assert "/v1/embeddings" in by_id["emb"]["message"]
     assert "tools" in by_id["tools"]["message"] and "modalities" in by_id["audio"]["message"]
     assert "image_url" in by_id["img"]["message"] and "temperature" in by_id["hot"]["message"]

@@ -54,8 +54,10 @@ def test_openai_fields_are_honoured_per_line_and_parse_strictly(tmp_path: Path) 
     assert all(x["error"] is None and x["response"]["status_code"] == 400 for x in bad)
     errors = {x["custom_id"]: ErrorObject.model_validate(x["response"]["body"]["error"], strict=True) for x in bad}
     assert sorted(answers) == ["cut", "lp", "lp0", "n3", "pen", "plain", "stop", "stop-str"]
-    assert {k: e.code for k, e in errors.items()} == {"tools": "unsupported", "effort": "unsupported",
-                                                      "top-alone": "bad_request", "too-many-stops": "bad_request"}
+    assert {k: e.code for k, e in errors.items()} == {"tools": "unsupported_value", "effort": "unsupported_value",
+                                                      "top-alone": "invalid_value", "too-many-stops": "invalid_value"}
+    assert {k: e.param for k, e in errors.items()} == {"tools": "tools", "effort": "reasoning_effort",
+                                                       "top-alone": "top_logprobs", "too-many-stops": "stop"}
     assert "body.tools" in (errors["tools"].message or "") and "reasoning_effort" in (errors["effort"].message or "")
     # The fake model answers "answer-<n>": a stop string "-" ends it before the dash.
     assert answers["stop"].choices[0].message.content == "answer" == answers["stop-str"].choices[0].message.content

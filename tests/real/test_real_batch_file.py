@@ -44,7 +44,8 @@ def test_run_batch_on_the_real_engine(real_engine: Any, tmp_path: Path) -> None:
     assert all(x["error"] is None for x in bad)  # their HTTP answers say why: ``error`` is for requests never answered
     errors = {x["custom_id"]: ErrorObject.model_validate(x["response"]["body"]["error"], strict=True) for x in bad}
     assert sorted(answers) == ["dog-json", "short-dog", "short-moon", "short-ship", "warm"]
-    assert sorted(e.code or "" for e in errors.values()) == ["duplicate_id", "unparsable_row", "unsupported"]
+    assert sorted(e.code or "" for e in errors.values()) == ["duplicate_custom_id", "invalid_json_line",
+                                                             "unsupported_value"]
     for w in ("dog", "ship", "moon"):  # each line's own max_tokens went to vLLM
         short = answers[f"short-{w}"]
         assert short.usage is not None and short.usage.completion_tokens <= 3

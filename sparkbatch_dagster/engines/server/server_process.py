@@ -94,13 +94,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent(death_signal: int = signal.SIGTERM) -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6")
         # An ignored signal stays ignored across exec: a parent that ignores SIGTERM (a Dagster
         # worker, a test runner) would hand that on, and the death signal would do nothing.
         libc.signal(signal.SIGTERM, 0)  # SIG_DFL
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, death_signal)  # PR_SET_PDEATHSIG
 
 
 #: The one thread that forks owned children. The kernel's "parent" in PR_SET_PDEATHSIG is the
@@ -109,12 +109,15 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkbatch-spawner")
 
 
-def spawn_owned(cmd: list[str], **popen: Any) -> subprocess.Popen[Any]:
-    """``cmd`` in its own process group, stopped by the kernel when this process dies (not when
-    the calling thread ends), whichever thread asks. ``popen``: more ``subprocess.Popen`` arguments."""
+def spawn_owned(cmd: list[str], death_signal: int = signal.SIGTERM, **popen: Any) -> subprocess.Popen[Any]:
+    """``cmd`` in its own process group, sent ``death_signal`` by the kernel when this process
+    dies (not when the calling thread ends), whichever thread asks. SIGKILL for a child that
+    must not take its parent's death for a stop it cleans up after (a batch's ``run-batch``:
+    its engine's watchdog then ends the rest). ``popen``: more ``subprocess.Popen`` arguments."""
 
     def spawn() -> subprocess.Popen[Any]:
-        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent, **popen)  # noqa: PLW1509
+        return subprocess.Popen(cmd, start_new_session=True,  # noqa: PLW1509
+                                preexec_fn=lambda: die_with_parent(death_signal), **popen)
 
     return _SPAWNER.submit(spawn).result()
 
