@@ -11,6 +11,8 @@ Modules:
 - :mod:`.bucket`: a home in an object store: retried calls and conditional writes;
 - :mod:`.mirror`: the local cache kept in step with the bucket, written by :mod:`.uploader`'s thread;
 - :mod:`.uploader`: the upload thread of a bucket home;
+- :mod:`.review_files`: the review's files (calibrations, threshold, reviewers' labels) pulled from a bucket,
+  and damaged ones set aside;
 - :mod:`.lease`: box leases and shard claims between boxes, renewed by :mod:`.keeper`;
 - :mod:`.keeper`: the thread that renews a box's lease;
 - :mod:`.partition_lock`: a run's lock on one shard;

@@ -10,6 +10,7 @@
     <home>/metrics.duckdb                  run metrics and analytics tables
     <home>/results/<context>/seg-*.parquet the result store (``run/result_store.py``): every answer once
     <home>/compile-cache/<key>.tar.gz      the engine's compile cache, one per key (:mod:`.compile_store`)
+    <home>/calibration/*.json, review/     what the review learnt and was told (:mod:`.review_files`)
     <home>/out/<version>/commits/shard-00003.json   with a bucket home: the commit, as the bucket has it
 
 A home may be an object-store URL (:mod:`.mirror`): then this folder is its local cache, the

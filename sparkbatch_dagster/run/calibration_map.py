@@ -5,7 +5,9 @@ Fitting it takes scikit-learn and gold rows (``estimate/calibration.py``, which 
 analytics asset call); applying it takes only this module: a run writes each row's calibrated
 ``confidence`` beside its ``raw_confidence`` (:meth:`Calibration.apply`), and the DuckDB views
 compute the same map in SQL (:meth:`Calibration.sql`), so the ``review`` view always ranks by the
-newest calibration, even rows written before it was fitted.
+newest calibration, even rows written before it was fitted. A file that does not parse or holds a
+map no confidence may go through (:func:`problem`: out of [0, 1], NaN, decreasing, another label
+set's) is never used: readers leave it out, a writer sets it aside (``run/review_store.py``).
 
 Example::
 

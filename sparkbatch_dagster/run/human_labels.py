@@ -6,7 +6,9 @@ The store is append-only: each merge writes one Parquet file named by the digest
 never lose each other's writes and importing the same annotations again changes nothing. Reading
 is the union of the files, the latest ``reviewed_at`` per row winning (ties broken by source, label
 and reviewer, so every reader picks the same one); a label no longer in the job's label set is
-skipped and counted.
+skipped and counted. A file that does not parse or is not what its name is the digest of is
+damaged: fetched again from a bucket home, else left out by readers; a writer's :func:`heal`
+publishes a whole copy again or sets a lost one aside and says so (``docs/failures.md``).
 
 Example::
 
@@ -134,9 +136,10 @@ def _read(home: JobHome) -> tuple[list[HumanLabel], int]:
     return found, len(files)
 
 
-def verify(path: Path) -> list[HumanLabel] | str:
+def verify(path: Path, name: str | None = None) -> list[HumanLabel] | str:
     """The labels in ``path``, or why it is damaged: it does not parse, or its content is not the
-    one its name is the digest of (every file is named by what it holds, :func:`_write`)."""
+    one its name (``name``, else the file's) is the digest of (every file is named by what it
+    holds, :func:`_write`)."""
     import pyarrow.parquet as pq
 
     try:
@@ -147,7 +150,7 @@ def verify(path: Path) -> list[HumanLabel] | str:
     except Exception as exc:  # noqa: BLE001 - pyarrow's many ways of saying the bytes are not Parquet
         said = (str(exc).replace(f"'{path}'", "").replace(str(path), "").splitlines() or [type(exc).__name__])[0]
         return f"not a human-labels file: {said.strip()[:160]}"
-    if not found or path.stem != _digest(found):
+    if not found or (name or path.name).removesuffix(".parquet") != _digest(found):
         return "its labels are not the ones its name is the digest of"
     return found
 
@@ -166,7 +169,7 @@ def _refetch(home: JobHome, path: Path) -> bool:
         home.remote.bucket.get_file(home.remote.rel(path), tmp)
     except FileNotFoundError:
         return False
-    if isinstance(verify(tmp), str):
+    if isinstance(verify(tmp, path.name), str):
         tmp.unlink(missing_ok=True)
         return False
     os.replace(tmp, path)

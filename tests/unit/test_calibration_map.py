@@ -69,7 +69,7 @@ def test_a_damaged_calibration_file_is_left_out_with_one_line_not_a_stop(tmp_pat
     assert cm.load(tmp_path, "m@1", LABELS) is None and cm.stored(tmp_path, LABELS) == {}
     said = [r.getMessage() for r in caplog.records if "is left out" in r.getMessage()]
     assert len(said) == 1 and str(path) in said[0] and "raw ones" in said[0]  # once, however often it is read
-    assert cm.damaged(tmp_path) == [(path, cm.read(path))]  # for a writer to set aside (tests/unit/test_review_damage.py)
+    assert cm.damaged(tmp_path) == [(path, cm.read(path))]  # for a writer to set aside: test_review_damage.py
 
 
 def _row(rid: str, output: str | None, confidence: float | None, model: str = "a@1", **kw: object) -> OutputRow:

@@ -22,8 +22,13 @@ from sparkbatch_dagster.home import JobHome
 from sparkbatch_dagster.run import calibration_map as cm
 from sparkbatch_dagster.run import human_labels as hl
 from sparkbatch_dagster.run.review_marks import Marks
-from sparkbatch_dagster.run.review_queue import (Interval, ReviewThreshold, load_threshold, save_threshold,
-                                                 threshold_path)
+from sparkbatch_dagster.run.review_queue import (
+    Interval,
+    ReviewThreshold,
+    load_threshold,
+    save_threshold,
+    threshold_path,
+)
 from sparkbatch_dagster.run.review_store import heal
 from testkit import make_spec
 
