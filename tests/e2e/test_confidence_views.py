@@ -141,7 +141,7 @@ def test_reliability_counts_each_bucket_against_the_gold_column(tmp_path):
     assert _query(job, "SELECT bucket, accuracy FROM reliability") == [(b, round(c / n, 4)) for b, n, c, _ in want]
     table = md["reliability"].value
     for bucket, n, correct, _ in want:
-        assert f"| {bucket} | {n} | {correct} | {round(correct / n, 4)} |" in table
+        assert f"| {bucket} | {n} | {n} | {correct} | {round(correct / n, 4)} |" in table  # every row has gold
     top = want[-1]  # the most confident bucket leads the sentence a user reads
     summary = md["reliability_summary"].value.splitlines()
     assert summary[0].startswith(f"confidence {top[0]}: right {top[2] / top[1]:.0%} of the time ({top[1]} rows")
