@@ -88,6 +88,7 @@ REQUIRED = {
     "review_estimate": {"date", "machine", "code", "command", "rows", "sample_rows", "estimate_s", "models",
                         "cascades"},
     "calibration": {"date", "machine", "code", "command", "source", "rows", "folds", "labels", "models"},
+    "upload_memory": {"date", "machine", "code", "command", "mib", "openai", "anthropic"},
 }
 #: Keys of each model and each cascade pair of a review_estimate result.
 REVIEW_MODEL_KEYS = {"model", "accuracy", "calibration_method", "gold_rows", "ece_before", "ece_after_held_out",
