@@ -11,7 +11,7 @@ or stepped and many rows tie on one value. From gold rows ``(confidence, correct
 The figures a plan reports (the share of errors caught, the share of rows reviewed) are held out:
 pass confidences calibrated by maps that never saw their row (``calibration.CalibrationReport.
 held_out``), and an error target's share is chosen on the other folds than the ones it is scored on,
-pooled, with a 95% Wilson interval. Chosen and scored on the same rows they would be optimistic.
+pooled; each with a 95% Wilson interval. Chosen and scored on the same rows they would be optimistic.
 
 Example::
 
@@ -165,12 +165,21 @@ def _plan(asked: Literal["budget", "catch_errors"], target: float, c: NDArray[np
 
 def plan_budget(confidence: ArrayLike, correct: ArrayLike, budget: float, folds: int = FOLDS, seed: int = 0,
                 raw: ArrayLike | None = None) -> ReviewPlan:
-    """``budget`` (a share of rows, 0 < x <= 1): the least sure ``budget`` of rows, with the held-out
-    share of errors that catches (each fold's own least sure ``budget``, pooled)."""
+    """``budget`` (a share of rows, 0 < x <= 1): the least sure ``budget`` of rows, with the share of
+    errors that catches, held out when ``confidence`` is (each row's from a map that never saw it);
+    the same figure as :meth:`BudgetCurve.caught_at` of the budget."""
     if not 0.0 < budget <= 1.0:
         raise SparkbatchError(f"review budget={budget!r} must be a share of rows above 0 and at most 1, e.g. 0.1")
     c, y, r = _arrays(confidence, correct, raw)
-    return _plan("budget", budget, c, y, r, lambda *_: budget, folds, seed)
+    if c.size < MIN_ROWS:
+        return _plan("budget", budget, c, y, r, lambda *_: budget, folds, seed)  # refused there, with the fix
+    # Nothing is chosen: the share is the budget. Held out by the confidences (maps that never saw the
+    # row), and the same cut the curve and the chart mark: one number for the share of errors caught.
+    sent = order(c, r)[:cut(budget, c.size)]
+    errors = int((~y).sum())
+    return ReviewPlan(asked="budget", target=budget, share=budget, threshold=_at(c, r, budget),
+                      reviewed=_share(int(sent.size), int(c.size)), caught=_share(int((~y[sent]).sum()), errors),
+                      rows=int(c.size), errors=errors, folds=folds)
 
 
 def plan_catch_errors(confidence: ArrayLike, correct: ArrayLike, target: float, folds: int = FOLDS,

@@ -116,3 +116,12 @@ def test_the_review_chart_draws_both_panels_to_a_png(tmp_path):
     assert path.exists() and not list(path.parent.glob("*.tmp.png"))
     height, width = imread(path).shape[:2]
     assert width > height > 300
+
+
+def test_a_budget_plan_the_curve_and_the_chart_state_one_number():
+    conf, right = rows(500, seed=9)
+    raw = np.round(conf, 1)  # ties broken the same way everywhere
+    for budget in (0.05, 0.1, 0.2):
+        plan = rb.plan_budget(conf, right, budget, raw=raw)
+        assert plan.caught.value == rb.budget_curve(conf, right, raw).caught_at(budget)
+        assert plan.reviewed.count == rb.cut(budget, conf.size)
