@@ -150,8 +150,8 @@ def problem(cal: Calibration) -> str | None:
             return "isotonic breakpoints x and y must be as many, at least one, all finite"
         if any(b < a for a, b in zip(xs, xs[1:], strict=False)) or any(b < a for a, b in zip(ys, ys[1:], strict=False)):
             return "isotonic breakpoints must not decrease"
-        if not all(0.0 <= v <= 1.0 for v in (*xs, *ys)):
-            return f"isotonic breakpoints must lie in [0, 1] (y from {min(ys)!r} to {max(ys)!r})"
+        if not all(0.0 <= v <= 1.0 for v in ys):  # x is the raw confidence: where it lies changes no output
+            return f"isotonic confidences must lie in [0, 1] (y from {min(ys)!r} to {max(ys)!r})"
     return None
 
 

@@ -225,7 +225,7 @@ def test_seeded_damage_on_a_folder_home_heals(tmp_path, seed):
     assert path is not None and path.exists()
     whole = path.read_bytes()
     _damage(path, how, rng)
-    print(f"seed {seed}: {kind} {path.name} damaged ({how})")
+    print(f"seed {seed}: {kind} {path.name} damaged ({how}); replay: pytest {__file__} -k seed-{seed}")
     out, err = boxes.cli("box", "sql", COUNTS)  # a read goes on, leaving it out
     assert out["rows"][0][0] == N and "is left out" in err and path.exists()
     summary, err = boxes.cli("box", "run")  # the run sets it aside and the analytics makes it again
