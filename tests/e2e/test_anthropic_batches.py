@@ -251,9 +251,11 @@ def test_bad_creates_are_400s_naming_the_request_and_errors_keep_each_apis_shape
 def test_an_openai_batchs_answers_are_reused_by_an_anthropic_batch(tmp_path, servers):
     trace = tmp_path / "trace.txt"
     servers.append(server := Server(tmp_path, f"FakeVLLMResource(trace_path={str(trace)!r})"))
-    requests = message_requests(6, bad=False)
+    # temperature 0: an unseeded sample (both APIs' default temperature is 1) is never reused.
+    requests = [{**r, "params": {**r["params"], "temperature": 0}} for r in message_requests(6, bad=False)]
     lines = [json.dumps({"custom_id": r["custom_id"], "method": "POST", "url": "/v1/chat/completions",
-                         "body": {"model": "any", "messages": r["params"]["messages"], "max_tokens": 8}})
+                         "body": {"model": "any", "messages": r["params"]["messages"], "max_tokens": 8,
+                                  "temperature": 0}})
              for r in requests]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     upload = server.client.files.create(file=(tmp_path / "in.jsonl").open("rb"), purpose="batch")
