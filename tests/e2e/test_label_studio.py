@@ -178,7 +178,8 @@ def test_review_round_trip_through_label_studio(tmp_path, label_studio):
     left = set(now) - set(stored)
     moved = {r for r in left if (now[r][0], round(now[r][1], 6), now[r][2]) != (queue[r][0], round(queue[r][1], 6),
                                                                                queue[r][2])}
-    assert third["reviewed"] == len(set(now) & set(stored))
+    assert third["reviewed"] == len(stored)  # every labeled row was queued: counted, not sent again
+    assert skipped in now  # a skip alone is "not now": the row stays queued
     assert (third["queue_rows"], third["created"], third["updated"], third["unchanged"]) == \
         (len(left), 0, len(moved), len(left) - len(moved))
     tasks = tasks_by_row(client, first["project_id"])
@@ -192,6 +193,9 @@ def test_review_round_trip_through_label_studio(tmp_path, label_studio):
     changed = _cli(tmp_path, "review", "import", "-f", str(defs), env=env)
     assert (changed["added"], changed["changed"], changed["unchanged"]) == (0, 1, 6)
     assert human_labels.load(home, LABELS)[agree[0]].label == LABELS[2]
+    # --dismiss-skipped: the skipped row leaves the queue, said in the line
+    dismissed = _cli(tmp_path, "review", "import", "-f", str(defs), "--dismiss-skipped", env=env)
+    assert dismissed["dismissed"] == 1 and skipped not in _queue(spec)
 
 
 def test_a_changed_model_answer_updates_the_tasks_prediction(tmp_path, label_studio):
