@@ -55,6 +55,8 @@ REQUIRED = {
     "precision": {"date", "machine", "shape", "rows", "rounds", "a", "b", "pipeline_ratio", "labeling_ratio",
                   "raw_ratio"},
     "demo_gpu": {"date", "machine", "make_install", "command", "summary"},
+    "install_time": {"date", "machine", "target", "installer", "cold_caches", "seconds", "steps_s", "load_before",
+                     "code", "command"},
     "roofline": {"date", "machine", "hardware", "efficiency", "command", "jobs"},
     "server_client": {"date", "machine", "rows", "rounds", "token_ids"},  # chat: only when --arms names it
     "frontend_cpu": {"date", "machine", "rows", "rounds", "prompts_per_request", "grouped", "one_each",
