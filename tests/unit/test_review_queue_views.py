@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkbatch_dagster import build_batch_assets
-from sparkbatch_dagster.definitions.review_assets import publish_queue
+from sparkbatch_dagster.definitions.review_assets import _queue_metadata, publish_queue
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.inputs.shards import build_shards
 from sparkbatch_dagster.run import human_labels, metrics, review_members
@@ -120,6 +120,9 @@ def test_a_queued_row_stays_queued_until_labeled_or_dismissed(tmp_path):
     assert left == first[2:]
     states = dict(_q(job, version, "SELECT review_state, count(*) FROM queued GROUP BY ALL"))
     assert states == {"reviewed": 1, "dismissed": 1, "waiting": 16}
+    # review_complete is judged on that queue: 16 rows still wait, whatever the new plan cuts
+    md = _queue_metadata(job, version)
+    assert (md["queue_rows"], md["queue_reviewed"], md["queue_dismissed"], md["queue_ever"]) == (16, 1, 1, 18)
     # The same rows recorded again add no file; the store is the union
     files = sorted(review_members.queue_folder(job.home).glob("*.parquet"))
     publish_queue(job, version, "test")
