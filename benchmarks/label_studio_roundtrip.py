@@ -93,7 +93,8 @@ def _label(src: Path, labels: list[str], texts: list[str], work: Path) -> tuple[
 def _round(job: Any, resource: Any, server: Any, tasks: int, title: str, reviewer: int) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
-    from sparkbatch_dagster.cli.label_studio import choice, connect, export_review, import_review, tasks_by_row
+    from sparkbatch_dagster.cli.label_studio import choice, connect, export_review, tasks_by_row
+    from sparkbatch_dagster.cli.label_studio_import import import_review
     from sparkbatch_dagster.run import human_labels
 
     shutil.rmtree(human_labels.labels_folder(job.home), ignore_errors=True)  # each round reviews afresh

@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import SparkbatchError
 from . import console
-from .label_studio import Server, export_review, import_review
+from .label_studio import Server, export_review
+from .label_studio_import import import_review
 from .locate import instance, load
 
 
