@@ -5,10 +5,11 @@ is set aside when one of those files is found damaged.
     review/threshold.json              the review threshold a budget became (overwritten)
     review/*.json                      the review's other small records (the last export...)
     review/labels/<digest>.parquet     the reviewers' labels, append-only, named by their content
+    review/queue/<event>-<digest>.parquet   the rows queued and dismissed (``run/review_members.py``)
 
 :func:`pull` brings the bucket's copies into the cache (every refresh does it, so every read on any
-box sees the same reviewers' labels, calibration and threshold): a small file whose bytes differ from
-the bucket's is replaced, a label file is fetched when absent (or not the bucket's size). It checks
+box sees the same reviewers' labels, calibration, threshold and queue): a small file whose bytes differ
+from the bucket's is replaced, a label or queue file is fetched when absent (or not the bucket's size). It checks
 nothing: what the bytes mean is the reader's (``run/calibration_map.py``, ``run/review_queue.py``,
 ``run/human_labels.py``), which leaves a damaged file out; a writer then sets it aside with
 :func:`set_aside` (and :func:`set_aside_object` in the bucket): renamed ``<name>.broken-<time>``, kept

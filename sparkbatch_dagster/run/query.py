@@ -9,7 +9,9 @@ locks it before the user's query runs: it may read the files its views read and 
 change no setting (``lock_configuration``). :func:`query` runs one SELECT (``FROM``, ``WITH``,
 ``DESCRIBE``, ``SUMMARIZE``, ``SHOW`` are SELECTs too) and refuses any other statement before it
 runs: ``COPY ... TO`` a file the views read (``USE_TMP_FILE false``) or ``EXPLAIN ANALYZE COPY``
-would write it, whatever the settings say.
+would write it, whatever the settings say. The caller refreshes a bucket home first
+(``JobHome.refresh``: the commits, and the calibrations, threshold and reviewers' labels every box
+published), so every box reads the same; a damaged one of those is left out, said in one line.
 
 Example::
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from sparkbatch_dagster import JobSpec, OutputSpec, build_batch_assets
 from sparkbatch_dagster.home import open_home
 from sparkbatch_dagster.run import human_labels as hl
 from testkit import make_rows, write_parquet
@@ -121,6 +122,15 @@ def test_a_new_box_reads_the_same_labels_calibration_and_queue(reviewed):
     seen_b, said = boxes.views("box-b")  # an empty cache
     assert seen_b == seen_a
     assert "left out" not in said
+    # A downstream asset's read on a third box (read_outputs, as the IO manager reads): the same rows.
+    spec = JobSpec(name="things", input=str(boxes.input), id_column="id", text_columns=["text"],
+                   user_template="What is this? {{ text }}", shard_count=2, gold_column="gold", home=boxes.home,
+                   cache_dir=str(boxes.cache("box-c")), output=OutputSpec(kind="label", labels=LABELS),
+                   review={"budget": 0.1})
+    table = build_batch_assets(spec=spec).read_outputs().sort_by("row_id")
+    rows = table.to_pylist()
+    assert [[r["row_id"], r["output"], r["reviewed_by"]] for r in rows] == [x[:3] for x in seen_a["rows"]]
+    assert [r["confidence"] for r in rows] == pytest.approx([float(x[3]) for x in seen_a["rows"]], abs=2e-6)
 
 
 def _objects(boxes: Boxes, under: str) -> dict[str, bytes]:
