@@ -89,3 +89,22 @@ def merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
             if value is not None or key not in out:
                 out[key] = value
     return out
+
+
+def field_table() -> str:
+    """docs/batch-files.md's table of the sampling fields, rendered from :data:`FIELDS` (a test
+    keeps the docs equal to it)."""
+    def names(values: tuple[str, ...]) -> str:
+        return ", ".join(f"`{v}`" for v in values) or "none"
+
+    rows = ["| here (`sampling.`) | OpenAI `body.` | Anthropic `params.` | type | names the answer | a line that "
+            "leaves it out gets |", "|---|---|---|---|---|---|"]
+    for f in FIELDS:
+        default = LINE_DEFAULTS.get(f.name, "the job's")
+        left_out = "the job's" if default == "the job's" else \
+            f"the job's if the job sets it, else `{'null' if default is None else default}`"
+        ranges = "".join(f" ({'Anthropic' if p == 'anthropic_batch' else 'OpenAI'}: {lo:g} to {hi:g})"
+                         for p, lo, hi in f.ranges)
+        rows.append(f"| `{f.name}` | {names(f.openai)} | {names(f.anthropic)} | {f.kind}{ranges} | "
+                    f"{'yes' if f.identity else 'no'} | {left_out} |")
+    return "\n".join(rows)

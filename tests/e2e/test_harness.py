@@ -175,8 +175,9 @@ def _prompt(text: str) -> str:
     from sparkbatch_dagster.run.result_store import prompt_key
     from sparkbatch_dagster.spec.prompts import render
 
-    p = render("", _spec().user_template, {"text": text})
-    return prompt_key(p.system, p.user)
+    spec = _spec()
+    p = render("", spec.user_template, {"text": text})
+    return prompt_key(p.system, p.user, spec.sampling, spec.output)
 
 
 def _spec():

@@ -93,7 +93,7 @@ def expected_rows(gen: Generation, spec: Any) -> tuple[dict[str, str | None], in
             plain[rid] = None
         else:
             p = render(spec.system_prompt, spec.user_template, {"text": text})
-            plain[rid] = prompt_key(p.system, p.user)
+            plain[rid] = prompt_key(p.system, p.user, spec.sampling, spec.output)
     return plain, others
 
 
