@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import jwt
 import pyarrow.parquet as pq
 import pytest
 
-from label_studio_server import LabelStudioServer, installed
+from label_studio_server import LS_VENV, LabelStudioServer, docs_command, installed
 from sparkbatch_dagster.cli.label_studio import put_queue, tasks_by_row
 from sparkbatch_dagster.cli.locate import load
 from sparkbatch_dagster.cli.review_queue import QueueRow
@@ -100,6 +101,32 @@ def _queue(spec: Any) -> dict[str, tuple[str, float, str]]:
 
 def _choice(label: str) -> list[dict[str, Any]]:
     return [{"from_name": "label", "to_name": "text", "type": "choices", "value": {"choices": [label]}}]
+
+
+def test_the_server_runs_the_command_the_docs_give_from_the_venv_make_built(label_studio):
+    """docs/labels.md's own command started this server (a wrong command or a broken install fails
+    here, not a reader), and the server that answers is the one the lock pins (1.23.2)."""
+    env, argv = docs_command()
+    assert argv[:2] == [str(LS_VENV / "bin" / "label-studio"), "start"], argv
+    assert {"LABEL_STUDIO_USERNAME", "LABEL_STUDIO_PASSWORD"} <= env.keys()
+    started = label_studio.proc.args
+    assert started[started.index("-c") + 2:][:len(argv)] == argv, started
+    ask = urllib.request.Request(f"{label_studio.url}/api/version",
+                                 headers={"Authorization": f"Token {label_studio.token}"})
+    with urllib.request.urlopen(ask, timeout=10) as r:
+        version = json.loads(r.read())
+    assert version["release"] == "1.23.2", version
+
+
+def test_the_docs_command_is_read_from_the_install_block_and_its_absence_named(tmp_path):
+    docs = tmp_path / "labels.md"
+    docs.write_text("Intro\n\n```bash\nmake label-studio\nA=1 B='x y' .ls-venv/bin/label-studio start --no-browser"
+                    " --x=1\n```\n")
+    assert docs_command(docs) == ({"A": "1", "B": "x y"}, [str(LS_VENV / "bin" / "label-studio"), "start",
+                                                          "--no-browser", "--x=1"])
+    docs.write_text("```bash\nmake label-studio\n```\n")
+    with pytest.raises(AssertionError, match="no ```bash block with `make label-studio`"):
+        docs_command(docs)
 
 
 def test_review_round_trip_through_label_studio(tmp_path, label_studio):
