@@ -286,7 +286,8 @@ def test_the_column_path_and_a_plain_line_share_a_key_and_an_empty_system_does_n
     assert plain.messages() == [{"role": "user", "content": "U"}]  # no system prompt: no system message
     line = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
             "body": {"messages": [{"role": "user", "content": "U"}], "temperature": 0}}
-    empty = {**line, "body": {**line["body"], "messages": [{"role": "system", "content": ""}, *line["body"]["messages"]]}}
+    empty = {**line, "body": {**line["body"],
+                              "messages": [{"role": "system", "content": ""}, *line["body"]["messages"]]}}
     keys = [request_prompt(parse_line(x, "openai_batch", job).request.to_text(), job).answer_key(job, JOB_OUTPUT)
             for x in (line, empty)]
     assert keys[0] == plain.answer_key(job, JOB_OUTPUT) and keys[1] != keys[0]
