@@ -13,8 +13,13 @@ top_k, system, temperature, forced tool use; thinking refused) through ``anthrop
 from create to ended, every ``custom_id`` exactly once across the results, every line parsed with
 the SDK's own types in strict mode, and the results' token sums against the batch's ``usage`` and
 against the engine's own counts (the job's shard statistics, the tokens vLLM reported); for the
-resubmission, how many lines were generated again. Prompts are the Debian package records of
-``../shared/data/debian_packages.parquet`` when present, else synthetic package names. One JSON
+resubmission, how many lines were generated again. A draw (a line sampled at a temperature above
+0 with no seed; a line without ``temperature`` samples at 1.0, as the hosted APIs do) must be
+generated in every batch, never reused: ``draws`` counts them per route and how many came back at
+usage 0 (must be 0); seeded and greedy lines are reused on resubmission. ``--fake``: the fake
+engine (fast, no vLLM; the accounting and reuse figures are the same, the timings are not).
+Prompts are the Debian package records of ``../shared/data/debian_packages.parquet`` when
+present, else synthetic package names. One JSON
 object on stdout (``--out``: also a result file).
 """
 
@@ -71,7 +76,7 @@ def openai_body(i: int, rec: dict[str, str]) -> dict[str, Any]:
         {"response_format": {"type": "json_object"}, "max_tokens": 12},
         {"response_format": {"type": "json_schema", "json_schema": {"name": "pkg", "schema": SCHEMA}},
          "max_tokens": 40},
-        {"temperature": 0.7, "top_p": 0.9, "seed": 7}, {"stop": "\n", "max_completion_tokens": 64},
+        {"temperature": 0.7, "top_p": 0.9, "seed": 7}, {"stop": "\n", "max_completion_tokens": 64, "temperature": 0},
     ]
     return {**body, **mixes[mix]}
 
@@ -90,6 +95,24 @@ def anthropic_params(i: int, rec: dict[str, str]) -> dict[str, Any]:
     return {**params, **mixes[i % 5]}
 
 
+def openai_draw(body: dict[str, Any]) -> bool:
+    """Whether an OpenAI line is a draw under serve-batch's jobs (which set no temperature or seed)."""
+    return body.get("temperature", 1.0) > 0 and body.get("seed") is None
+
+
+def anthropic_draw(params: dict[str, Any]) -> bool:
+    return params.get("temperature", 1.0) > 0  # Anthropic has no seed
+
+
+def draws(paid: dict[str, int], drawn: set[str]) -> dict[str, int]:
+    """Of a batch's answered lines (custom_id -> output tokens billed): draws generated, draws that
+    came back at usage 0 (reused: must be none), other lines billed and reused."""
+    return {"draws": sum(1 for c in paid if c in drawn),
+            "draws_at_usage_0": sum(1 for c, n in paid.items() if c in drawn and n == 0),
+            "others_generated": sum(1 for c, n in paid.items() if c not in drawn and n > 0),
+            "others_reused": sum(1 for c, n in paid.items() if c not in drawn and n == 0)}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,7 +120,8 @@ def free_port() -> int:
 
 
 def start(root: Path, engine: str, port: int) -> subprocess.Popen[bytes]:
-    (root / "engine.py").write_text(f"from sparkbatch_dagster import VLLMResource\nresource = {engine}\n")
+    (root / "engine.py").write_text("from sparkbatch_dagster import VLLMResource\n"
+                                    f"from sparkbatch_dagster.testing import FakeVLLMResource\nresource = {engine}\n")
     env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home")}
     (root / "dagster_home").mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "sparkbatch_dagster.cli", "serve-batch", "--root",
@@ -154,6 +178,10 @@ def openai_batch(client: Any, src: Path, root: Path, proc: subprocess.Popen[byte
               if not x["response"] or x["response"]["status_code"] != 200]
     summed = {"input_tokens": sum(a.usage.prompt_tokens for a in answered if a.usage),
               "output_tokens": sum(a.usage.completion_tokens for a in answered if a.usage)}
+    paid = {x["custom_id"]: x["response"]["body"]["usage"]["completion_tokens"] for x in lines
+            if x["response"] and x["response"]["status_code"] == 200}
+    drawn = {json.loads(x)["custom_id"] for x in src.read_text().splitlines()
+             if openai_draw(json.loads(x)["body"])}
     usage = done.usage.model_dump() if done.usage else {}
     return {"status": done.status, "wall_s": round(wall, 1), "lines": len(sent), "answered": len(answered),
             "error_lines": len(errors), "error_codes": sorted({e.code or "" for e in errors}),
@@ -166,7 +194,7 @@ def openai_batch(client: Any, src: Path, root: Path, proc: subprocess.Popen[byte
             "reused_requests": getattr(done, "reused_requests", None) or (raw.get("reused_requests")
                                                                          if isinstance(raw, dict) else None),
             "file_sums": summed, "engine": engine_counts(root, batch.id),
-            "sums_match_usage": summed == {k: usage.get(k) for k in summed}}
+            "sums_match_usage": summed == {k: usage.get(k) for k in summed}, **draws(paid, drawn)}
 
 
 def anthropic_batch(client: Any, requests: list[dict[str, Any]], root: Path,
@@ -183,6 +211,8 @@ def anthropic_batch(client: Any, requests: list[dict[str, Any]], root: Path,
                for r in client.messages.batches.results(batch.id)]
     ids = [r.custom_id for r in results]
     ok = [r.result.message for r in results if r.result.type == "succeeded"]
+    paid = {r.custom_id: r.result.message.usage.output_tokens for r in results if r.result.type == "succeeded"}
+    drawn = {r["custom_id"] for r in requests if anthropic_draw(r["params"])}
     summed = {"input_tokens": sum(m.usage.input_tokens for m in ok), "output_tokens": sum(m.usage.output_tokens
                                                                                         for m in ok)}
     return {"status": done.processing_status, "wall_s": round(wall, 1), "lines": len(requests),
@@ -192,7 +222,7 @@ def anthropic_batch(client: Any, requests: list[dict[str, Any]], root: Path,
             "stop_sequence": sum(1 for m in ok if m.stop_reason == "stop_sequence"),
             "tool_use": sum(1 for m in ok if m.stop_reason == "tool_use"),
             "max_tokens": sum(1 for m in ok if m.stop_reason == "max_tokens"),
-            "file_sums": summed, "engine": engine_counts(root, batch.id)}
+            "file_sums": summed, "engine": engine_counts(root, batch.id), **draws(paid, drawn)}
 
 
 def main() -> None:
@@ -200,6 +230,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=1000)
     parser.add_argument("--engine", default="VLLMResource(max_model_len=1024, engine_kwargs={'enforce_eager': True})",
                         help="the VLLMResource(...) serve-batch runs (default: the embedded SmolLM2)")
+    parser.add_argument("--fake", action="store_true", help="the fake engine instead (no vLLM; figures of "
+                        "accounting and reuse, not of speed)")
     parser.add_argument("--root", default=str(ROOT / ".bench" / "batch-migration"))
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -217,7 +249,8 @@ def main() -> None:
                                        "body": openai_body(i, r)}) + "\n" for i, r in enumerate(recs)))
     requests = [{"custom_id": f"msg-{i:05d}", "params": anthropic_params(i, r)} for i, r in enumerate(recs)]
     port = free_port()
-    proc = start(root, args.engine, port)
+    engine = "FakeVLLMResource()" if args.fake else args.engine
+    proc = start(root, engine, port)
     try:
         oa = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="loopback", max_retries=0)
         an = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="loopback", max_retries=0)
@@ -225,13 +258,15 @@ def main() -> None:
         first = openai_batch(oa, src, root, proc)
         second = anthropic_batch(an, requests, root, proc)
         again = openai_batch(oa, src, root, proc)
+        second_again = anthropic_batch(an, requests, root, proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
     generated_again = again["answered"] - (again["reused_requests"] or 0)
-    emit({"benchmark": "batch_migration", "machine": "cpu", "model": "SmolLM2-135M-Instruct (embedded)",
+    emit({"benchmark": "batch_migration", "machine": "cpu",
+          "model": "fake engine" if args.fake else "SmolLM2-135M-Instruct (embedded)",
           "code": commit_of(ROOT), "lines": args.lines, "data": "debian_packages" if DATA.exists() else "synthetic",
-          "openai": first, "anthropic": second, "openai_resubmitted": again,
+          "openai": first, "anthropic": second, "openai_resubmitted": again, "anthropic_resubmitted": second_again,
           "resubmitted_lines_generated_again": generated_again}, args.out)
 
 

@@ -63,9 +63,21 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     _job_options(p, "serve-batch")
 
 
+def _sampling(args: argparse.Namespace) -> SamplingSpec:
+    """What a line that sets none gets; a temperature only where given (else the APIs' 1.0)."""
+    given = getattr(args, "temperature", None)
+    return SamplingSpec(max_tokens=args.max_tokens, **({"temperature": given} if given is not None else {}))
+
+
 def _job_options(p: argparse.ArgumentParser, name: str) -> None:
     """The engine and the job's options, as each of the three commands takes them."""
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a line that sets none (256)")
+    if name == "run-batch":
+        p.add_argument("--temperature", type=float, help="temperature of a line that sets none (default: 1.0, as "
+                       "the hosted APIs; each such line is then a draw, generated every time; 0: greedy, reusable)")
+    elif name == "serve-batch":
+        p.description = (p.description or "") + " A line without temperature samples at 1.0 with no seed, as " \
+            "the hosted APIs: a draw, generated every time and never reused."
     p.add_argument("--shard-size", type=int, default=10_000, help="requests per partition (10000)")
     p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2)"
                    + ("; the model whose rows to write" if name == "export-batch" else ""))
@@ -104,7 +116,7 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
     if args.result_store:
         extra["result_store"] = str(Path(args.result_store).resolve())
     job, defs = batch_file_job(args.input, args.format, home=args.home, resource=resource, name=args.job_name,
-                               sampling=SamplingSpec(max_tokens=args.max_tokens), shard_size=args.shard_size, **extra)
+                               sampling=_sampling(args), shard_size=args.shard_size, **extra)
     out, errors = Path(args.output), Path(args.errors) if args.errors else None
     if args.command == "export-batch":
         return export_batch(job, out, errors, resource).to_json()

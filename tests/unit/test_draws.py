@@ -80,3 +80,14 @@ def test_a_draws_answer_is_never_stored() -> None:
     assert [r["prompt_key"] is None for r in rows] == [store_key(g) is None for g in groups]
     stored = new_answers(pa.Table.from_pylist(rows))
     assert [r["prompt_key"] for r in stored] == [g for g in groups if store_key(g) is not None]
+
+
+def test_run_batch_takes_a_default_temperature_and_otherwise_leaves_the_apis() -> None:
+    import argparse
+
+    from sparkbatch_dagster.cli.batch import _sampling
+
+    assert "temperature" not in _sampling(argparse.Namespace(max_tokens=9)).model_fields_set  # lines get 1.0
+    zero = _sampling(argparse.Namespace(max_tokens=9, temperature=0.0))
+    spec = JobSpec(name="b", input="x.jsonl", input_format="openai_batch", sampling=zero)
+    assert len(groups_of(spec, [{}] * 2)) == 1  # greedy: one answer for both lines
