@@ -409,22 +409,25 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def fresh_start_table(results: Results) -> str:
     """One row per round of each fresh_start.py file: the whole job, fresh processes, project against
-    a plain ``LLM(...)`` + ``LLM.chat`` script; the engine start against ``LLM(...)``."""
-    rows = []
+    a plain ``LLM(...)`` + ``LLM.chat`` script; ``import vllm`` and ``LLM(...)`` of each; the file's
+    note below the table."""
+    rows, notes = [], []
     for name, d in of_kind(results, "fresh_start"):
-        where = machine(d, name) + (f" ({d['note']})" if d.get("note") else "")
+        if d.get("note"):
+            notes.append(f"- `{name}`: {d['note']}.")
         for r in d["rounds"]:
-            ours_llm = r.get("project_llm_init_s")
-            rows.append([d["date"], where, f"{d['shape']}, {d['rows']:,} rows", "cold" if r["cold"] else "warm",
-                         str(r["round"]), num(r["raw_wall_s"], 1), num(r["project_wall_s"], 1),
-                         f"**{r['raw_over_project']:.2f}x**",
-                         num(r["raw_import_s"], 1) + " + " + num(r["raw_init_s"], 1),
-                         num(r["project_engine_start_s"] or 0, 1) + (f" ({num(ours_llm, 1)})" if ours_llm else ""),
-                         _ratio(ours_llm, r["raw_init_s"]),
-                         num(r["before_wall_s"], 1) if r.get("before_wall_s") else "-", f"`{name}`"])
+            ours, raw = r.get("project_llm_init_s"), r["raw_init_s"]
+            ours_imp = r.get("project_import_vllm_s")
+            rows.append([d["date"], machine(d, name), f"{d['shape']}, {d['rows']:,} rows",
+                         "cold" if r["cold"] else "warm", str(r["round"]), num(r["raw_wall_s"], 1),
+                         num(r["project_wall_s"], 1), f"**{r['raw_over_project']:.2f}x**",
+                         f"{num(r['raw_import_s'], 1)} + {num(raw, 1)}",
+                         f"{num(ours_imp, 1)} + {num(ours, 1)}" if ours is not None and ours_imp is not None else "-",
+                         _ratio(ours, raw), num(r["before_wall_s"], 1) if r.get("before_wall_s") else "-",
+                         f"`{name}`"])
     return table(["date", "machine", "job", "caches", "round", "raw script s", "project s", "raw / project",
-                  "raw import + `LLM(...)` s", "project engine start s (its `LLM(...)`)",
-                  "project `LLM(...)` / raw's", "before s", "file"], rows)
+                  "raw: `import vllm` + `LLM(...)` s", "project: `import vllm` + `LLM(...)` s",
+                  "project `LLM(...)` / raw's", "before (72d3217) s", "file"], rows) + "\n" + "\n".join(notes) + "\n"
 
 
 #: The engine start's steps as benchmarks/start_trace.py names them, in words.

@@ -91,6 +91,7 @@ REQUIRED = {
                         "cascades"},
     "calibration": {"date", "machine", "code", "command", "source", "rows", "folds", "labels", "models"},
     "upload_memory": {"date", "machine", "code", "command", "mib", "openai", "anthropic"},
+    "fresh_start": {"date", "machine", "code", "command", "shape", "rows", "model", "settings", "rounds"},
 }
 #: Keys of each model and each cascade pair of a review_estimate result.
 REVIEW_MODEL_KEYS = {"model", "accuracy", "calibration_method", "gold_rows", "ece_before", "ece_after_held_out",
@@ -209,6 +210,11 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
         assert len(d["rounds_s"]) == d["rounds"], path.name
         for step in ("export_s", "export_again_s", "annotate_s", "import_s", "import_again_s"):
             assert close(d[step], statistics.median(r[step] for r in d["rounds_s"])), (path.name, step)
+    if kind == "fresh_start":  # issue 61: each round's walls, starts and ratio, the ratio from the walls
+        for r in d["rounds"]:
+            need = {"project_wall_s", "raw_wall_s", "project_engine_start_s", "raw_init_s", "cold"}
+            assert r.keys() >= need, path.name
+            assert close(r["raw_over_project"], r["raw_wall_s"] / r["project_wall_s"], rel=0.01), path.name
     if kind == "lease_scaling":  # the per-minute figures are the counts over the hold, and the old design's formula
         assert close(d["renewal_requests_per_min"], d["renewal_requests"] * 60 / d["hold_s"], rel=0.01), path.name
         assert close(d["old_design_requests_per_min"], d["shards"] * 2 * 3 / d["lease_seconds"] * 60), path.name
