@@ -31,9 +31,10 @@ def servers() -> Iterator[list[Server]]:
 
 
 def _line(cid: str, content: str) -> str:
+    # temperature 0: a line without one is a sample at the APIs' 1.0, never shared nor reused.
     return json.dumps({"custom_id": cid, "method": "POST", "url": URL,
                        "body": {"model": "gpt-x", "messages": [{"role": "user", "content": content}],
-                                "max_tokens": 8}})
+                                "max_tokens": 8, "temperature": 0}})
 
 
 # The same prompt in every shard of 2 (and twice in the last): answered once, reused elsewhere.
@@ -124,6 +125,10 @@ def test_a_resubmitted_file_is_answered_from_the_servers_answer_store(tmp_path: 
 
     trace = tmp_path / "trace.txt"
     _requests(tmp_path / "requests.jsonl")
+    lines = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    for line in lines:  # temperature 0 where unset: a sample (the APIs' default 1.0) is never reused
+        line["body"].setdefault("temperature", 0)
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     servers.append(server := Server(tmp_path, f"FakeVLLMResource(trace_path={str(trace)!r})"))
     client = server.client
 
