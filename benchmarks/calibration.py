@@ -171,6 +171,8 @@ def main() -> None:
                     help="also hide the truth of this share of rows (e.g. 0.5; rows need row_id): calibrate and plan "
                          "on the rest, queue every row, count the errors caught on the hidden rows")
     ap.add_argument("--seed", type=int, default=0, help="which rows --unseen hides")
+    ap.add_argument("--run-line", help="the job's `sparkbatch run` stdout: its JSON line's accuracy (over the rows "
+                                       "with a gold value) and review queue are kept in the result")
     args = ap.parse_args()
     import numpy as np
 
@@ -192,6 +194,11 @@ def main() -> None:
               "folds": args.folds, "rows": len(rows), "labels": labels, "models": per_model}
     if args.unseen:
         result["queue_on_unseen"] = queue_on_unseen(rows, labels, budgets, args.unseen, args.folds, args.seed)
+    if args.run_line:
+        line = json.loads(next(t for t in reversed(Path(args.run_line).read_text().splitlines()) if t.startswith("{")))
+        keep = ("rows", "errors", "accuracy", "accuracy_rows", "accuracy_after_review", "review_rows", "review_share",
+                "calibration", "version")
+        result["run"] = {k: line.get(k) for k in keep}
     emit(result, args.out)
 
 

@@ -359,9 +359,10 @@ def review_queue_table(results: Results) -> str:
         if not q:
             continue
         models = ", ".join(m["model"].split("@")[0] for m in d["models"])
+        run = d.get("run") or {"accuracy": q["accuracy"], "accuracy_rows": q["accuracy_rows"]}
         for b in q["budgets"]:
             c = b["claimed"]
-            rows.append([d["date"], machine(d, name), models, f"{q['accuracy']:.1%} of {num(q['accuracy_rows'])}",
+            rows.append([d["date"], machine(d, name), models, f"{run['accuracy']:.1%} of {num(run['accuracy_rows'])}",
                          num(q["gold_rows"]), f"{b['budget']:.0%}", f"{num(b['rows_queued'])} of {num(b['rows'])}",
                          f"{b['caught_on_hidden_share']:.1%} ({b['caught_on_hidden']} of {b['hidden_errors']})",
                          f"{c['value']:.1%} ({c['low']:.1%}-{c['high']:.1%})", "yes" if b["inside_claim"] else "no",
