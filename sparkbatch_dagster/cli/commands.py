@@ -17,7 +17,7 @@ from typing import Any
 
 from ..definitions.deploy import pool_limit
 from ..definitions.factory import BatchJob
-from ..definitions.prestart import Prestart
+from ..definitions.prestart import Prestart, close_untaken
 from ..definitions.resource import VLLMResource
 from ..engines.gpu_lock import wait_for_stops
 from ..engines.platform.spans import Collected, collecting
@@ -146,6 +146,7 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
                     run_config=console.run_config())
         clock.lap("review_queue")
     # The labeling run's engine stopped behind metrics and analytics; what is left is waited for.
+    close_untaken()  # an engine begun ahead that no run took (every answer came from the store)
     stopped_s = wait_for_stops()
     clock.lap("engine_stop_wait")
     if stopped_s:

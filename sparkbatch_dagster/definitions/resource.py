@@ -146,15 +146,12 @@ class VLLMResource(ConfigurableResource, EngineConfig):  # type: ignore[misc]
         return prestart.begin(key, lambda: cfg._start_held(cfg, holder, home), lambda got: got[0].close())
 
     def _import_engine(self) -> None:
-        """``import vllm`` in the caller's thread, before the start's thread begins, for an offline
-        engine in this process (not servers, not data-parallel workers, which import it in their
-        own processes). In the start's thread it ran beside the caller's sharding and each slowed
-        the other: 6.1 s became 11.6 s on an H200, the job 8 s longer (issue 61; the thread switch
-        starves an import, which waits on the GIL after each file it reads). What overlaps the
-        caller's work is then ``vllm.LLM(...)``, whose engine core works in its own process."""
-        if type(self)._start is not VLLMResource._start or self.engine == "server":
-            return  # an engine that is not vLLM's here (a test's fake), or `vllm serve` (its own process)
-        if self.engine_settings().engine_count > 1:
+        """``import vllm`` here, before the start's thread, for an offline engine in this process:
+        beside the caller's sharding, in a thread, both slowed through the GIL (the job 8 s longer
+        on an H200, issue 61). What overlaps the caller's work is then ``vllm.LLM(...)``, whose
+        engine core works in its own process. Not for a fake, `vllm serve` or data-parallel workers."""
+        if type(self)._start is not VLLMResource._start or self.engine == "server" \
+                or self.engine_settings().engine_count > 1:
             return
         with contextlib.suppress(ImportError):  # no vllm: the start says so in its own words
             from vllm import LLM  # noqa: F401
