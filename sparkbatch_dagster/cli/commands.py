@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import sys
 import time
 from typing import Any
 
 from ..definitions.deploy import pool_limit
 from ..definitions.factory import BatchJob
-from ..definitions.prestart import Prestart, close_untaken
+from ..definitions.prestart import close_untaken
 from ..definitions.resource import VLLMResource
 from ..engines.gpu_lock import wait_for_stops
 from ..engines.platform.spans import Collected, collecting
 from ..run.progress import Bar, listening
 from ..run.totals import CostCheck, RunSummary, Status
 from . import batch, console
+from .early_start import start_engine_early
 from .locate import instance
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -95,14 +95,18 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     the definitions: process start to this call), ``shard``, ``label`` (engine start included),
     then ``label``'s parts (:func:`label_parts`), ``metrics``, ``analytics``, and
     ``engine_stop_wait``: the end of the engine's stop, which runs behind metrics and analytics
-    (``engine_stop_background``: the whole stop, overlapped).
+    (``engine_stop_background``: the whole stop, overlapped). When the engine starts ahead of
+    sharding: ``engine_import`` (its ``import vllm``, before ``shard``) and ``engine_start_ahead``
+    (the whole start, begun before sharding; ``label``'s ``engine_start`` is what the run waited).
     """
     from dagster import materialize
 
     from ..definitions.review_assets import learns
 
     clock = _Clock()
-    early = _start_engine_early(job, defs, only)
+    early = start_engine_early(job, defs, only)
+    if early is not None:
+        clock.lap("engine_import")  # `import vllm`, here before the start's thread (definitions/resource.py)
     inst, assets = shard(job, defs)
     job.home.heal_current()  # a damaged pointer, even when nothing is left to label
     clock.lap("shard")
@@ -153,25 +157,6 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
         clock.laps["engine_stop_background"] = round(stopped_s, 2)
     done = summary(job, resource, after, sorted(set(missing) - set(after.missing)), result, run_ids)
     return dataclasses.replace(done, timings_s=clock.laps)
-
-
-def _start_engine_early(job: BatchJob, defs: Any, only: tuple[str, str] | None) -> Prestart | None:
-    """Begin the engine's start now, in a thread, when this run will label: sharding, the Dagster
-    run's start and the first shards' reading, rendering and store lookups then run while vLLM
-    loads, not before it (issue 61; ``definitions/prestart.py``). None, and nothing started, for a
-    cascade (its stages start when their rows need them), servers someone else runs, or a job
-    whose shards are all done under this version: a rerun with nothing to label starts no engine
-    (one whose input grew starts its engine at its first prompt, as every run did before)."""
-    resource = defs.resources.get(job.resource_key)
-    if not isinstance(resource, VLLMResource) or job.spec.cascade:
-        return None
-    manifest = job.home.read_manifest()
-    if manifest is not None:
-        done = set(job.done_partitions(resource))
-        if all(k in done or (only and not only[0] <= k <= only[1]) for k in manifest["keys"]):
-            return None
-    resource.use_home(job.home, logging.getLogger("sparkbatch"))  # the compile cache travels with it
-    return resource.prestart()
 
 
 def run_batch(job: BatchJob, defs: Any, out: Any, errors: Any = None) -> dict[str, Any]:
