@@ -90,7 +90,8 @@ def test_openai_file_every_line_once_hostile_lines_as_errors(tmp_path: Path) -> 
 
 def test_a_line_sets_its_own_sampling_and_output(tmp_path: Path) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}}}
-    lines = [openai_line("short", "tell me", max_tokens=2), openai_line("long", "tell me", max_completion_tokens=50),
+    lines = [openai_line("short", "tell me", max_tokens=2, temperature=0),
+             openai_line("long", "tell me", max_completion_tokens=50, temperature=0),
              openai_line("plain", "tell me more")]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     res = FakeVLLMResource(keep_warm=True, answer="one two three four five")
@@ -101,8 +102,9 @@ def test_a_line_sets_its_own_sampling_and_output(tmp_path: Path) -> None:
     assert got["short"]["message"]["content"] == "one two" and got["short"]["finish_reason"] == "length"
     assert got["long"]["message"]["content"] == "one two three four five" and got["long"]["finish_reason"] == "stop"
     # The same messages under other settings are another prompt: never answered from the other's row.
-    assert request_prompt(_request(job, "short"), job.spec.sampling).key != \
-        request_prompt(_request(job, "long"), job.spec.sampling).key
+    keys = [request_prompt(_request(job, cid), job.spec.sampling).answer_key(job.spec.sampling, job.spec.output)
+            for cid in ("short", "long")]
+    assert None not in keys and keys[0] != keys[1]
 
     (tmp_path / "json.jsonl").write_text(openai_line("js", "a dog", response_format={
         "type": "json_schema", "json_schema": {"name": "animal", "schema": schema}}) + "\n")

@@ -79,10 +79,12 @@ def test_openai_fields_are_honoured_per_line_and_parse_strictly(tmp_path: Path) 
 
 
 def test_each_field_names_the_answer_and_a_reused_answer_keeps_its_extras(tmp_path: Path) -> None:
-    lines = [openai_line("n2", "same prompt", n=2, temperature=0.5), openai_line("n1", "same prompt", temperature=0.5),
-             openai_line("lp", "same prompt", temperature=0.5, logprobs=True, top_logprobs=1),
-             openai_line("st", "same prompt", temperature=0.5, stop=["x"]),
-             openai_line("cut", "same prompt", max_tokens=1, response_format=PAIR)]
+    # Seeded, or at temperature 0: an unseeded sample is never reused (issue 59).
+    lines = [openai_line("n2", "same prompt", n=2, temperature=0.5, seed=7),
+             openai_line("n1", "same prompt", temperature=0.5, seed=7),
+             openai_line("lp", "same prompt", temperature=0.5, seed=7, logprobs=True, top_logprobs=1),
+             openai_line("st", "same prompt", temperature=0.5, seed=7, stop=["x"]),
+             openai_line("cut", "same prompt", max_tokens=1, response_format=PAIR, temperature=0)]
     first, ok, _ = run_file(tmp_path, lines)
     answers = _completions(ok)
     assert first["export"]["reused"] == 0  # five settings: five answers, none shared
