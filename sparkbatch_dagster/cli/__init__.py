@@ -4,6 +4,7 @@ run-batch / export-batch / serve-batch / review / prepare-model``, what a shell 
 Modules:
 
 - :mod:`.commands`: the commands;
+- :mod:`.early_start`: ``run``'s engine, started before it shards;
 - :mod:`.entry`: the shell front end: arguments to a command;
 - :mod:`.__main__`: ``python -m sparkbatch_dagster.cli``;
 - :mod:`.console`: one JSON line on stdout, one-line errors on stderr, ``--debug``;

@@ -12,6 +12,7 @@ Modules:
 - :mod:`.events`: per-partition materializations and checks;
 - :mod:`.resource`: :class:`VLLMResource`, the engine's settings and lifecycle;
 - :mod:`.compile_cache`: the resource's compile cache restored from and saved to the job's home;
+- :mod:`.prestart`: an engine started ahead of the run that takes it (``sparkbatch run``);
 - :mod:`.cascade`: a job's cascade on its ``VLLMResource``: one resource per stage;
 - :mod:`.component`: the ``defs.yaml`` component;
 - :mod:`.scaffold`: its ``dg scaffold``;
