@@ -25,7 +25,8 @@ Modules:
 - :mod:`.batch_results`: the error lines of requests that never ran (expired, cancelled);
 - :mod:`.batch_ending`: what a batch holds once it ends (result files, counts, usage);
 - :mod:`.review`: ``sparkbatch review export`` and ``import``: arguments, Label Studio's address and key;
-- :mod:`.label_studio`: the review queue's round trip through Label Studio (its SDK);
+- :mod:`.label_studio`: the review queue's round trip through Label Studio (its SDK): the export;
+- :mod:`.label_studio_import`: the reviewers' annotations read back as human labels;
 - :mod:`.review_queue`: the rows an export sends, and the note of the last export.
 
 May import: every room; nothing imports it (``python -m sparkbatch_dagster.cli`` runs it).

@@ -24,7 +24,7 @@ Modules:
 - :mod:`.calibration_map`: a fitted confidence calibration, applied to rows and in the views' SQL;
 - :mod:`.human_labels`: the reviewers' labels imported from an annotation tool, append-only in the home;
 - :mod:`.review_marks`: a row's calibrated confidence and a reviewer's label over the model's, as a run writes it;
-- :mod:`.review_queue`: the review threshold: ``review_below``, or the one a review budget became;
+- :mod:`.review_queue`: the review cut: ``review_below``, or the share of rows a review budget queues;
 - :mod:`.review_members`: the rows ever queued for review and those dismissed, append-only;
 - :mod:`.review_store`: a writer's repair of damaged calibration, threshold and label files;
 - :mod:`.cascade`: a cascade of models as one engine;
