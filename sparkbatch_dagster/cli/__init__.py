@@ -18,6 +18,7 @@ Modules:
 - :mod:`.serve_batch_models`: its request and response models;
 - :mod:`.serve_batch_guard`: its Host, Origin, API key and body-size checks;
 - :mod:`.anthropic_batches`: its Anthropic Message Batches routes;
+- :mod:`.anthropic_create`: a Message Batches create checked request by request from the body's bytes;
 - :mod:`.anthropic_models`: their request and response models;
 - :mod:`.batch_service`: the worker that validates and runs the batches;
 - :mod:`.batch_store`: the files and batches on disk;

@@ -30,7 +30,8 @@ Modules:
 - :mod:`.cascade`: a cascade of models as one engine;
 - :mod:`.table_sink`: the committed rows as a Delta Lake table, synced from the commits;
 - :mod:`.batch_export`: a batch-file job's rows as the provider's result and error files;
-- :mod:`.batch_lines`: those files' lines (OpenAI Batch, Anthropic Message Batches) as typed records.
+- :mod:`.batch_lines`: those files' lines (OpenAI Batch, Anthropic Message Batches) as typed records;
+- :mod:`.batch_errors`: a request's error as each provider words it (OpenAI's codes and params).
 
 Knows nothing of Dagster.
 

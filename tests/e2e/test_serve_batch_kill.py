@@ -37,7 +37,7 @@ def kill_mid_batch(tmp_path: Path, server: Server) -> tuple[str, list[psutil.Pro
     return batch.id, children
 
 
-def test_a_killed_servers_run_batch_child_goes_at_once_without_a_partial_export(tmp_path, servers):
+def test_a_killed_servers_run_batch_child_goes_at_once_without_a_partial_export(tmp_path, servers):  # noqa: F811
     gate = tmp_path / "gate"  # never opened: the run holds after 5 answers until it is killed
     servers.append(server := Server(tmp_path, f"FakeVLLMResource(gate_path={str(gate)!r}, gate_after=5)"))
     bid, children = kill_mid_batch(tmp_path, server)
