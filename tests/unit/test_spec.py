@@ -51,11 +51,11 @@ def test_fingerprint_changes_with_prompt_and_sampling():
     ).prompt_fingerprint()
 
 
-def test_readme_lists_every_jobspec_field_with_its_default():
+def test_the_docs_list_every_jobspec_field_with_its_default():
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "job-spec.md").read_text()
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", readme, flags=re.M))
     assert set(JobSpec.model_fields) <= set(rows), set(JobSpec.model_fields) - set(rows)
     for name, field in JobSpec.model_fields.items():
