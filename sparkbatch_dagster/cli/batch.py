@@ -126,9 +126,9 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
 def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, Any]:
     """``serve-batch``: serve until interrupted; each batch runs in a ``run-batch`` child with
     this command's engine and options."""
-    from .batch_service import OPEN, Store, Worker
+    from ..serve.guard import access
+    from ..serve.worker import OPEN, Store, Worker
     from .serve_batch import check_bind, serve
-    from .serve_batch_guard import access
 
     check_bind(args.host, args.api_key)
     if resource.model is not None:  # a model that cannot load stops here, not every batch later

@@ -15,10 +15,10 @@ Served: ``POST /v1/files``, ``GET /v1/files``, ``GET /v1/files/{id}``, ``DELETE 
 ``GET /v1/messages/batches``, ``GET`` and ``DELETE /v1/messages/batches/{id}``, ``POST .../{id}/cancel``,
 ``GET .../{id}/results``, for ``anthropic.Anthropic(base_url="http://127.0.0.1:8400")``); and the OpenAPI
 document ``GET /openapi.json``. The routes are a
-FastAPI app (:mod:`.serve_batch_app`) behind a guard (:mod:`.serve_batch_guard`: Host and Origin
+FastAPI app (:mod:`.app`) behind a guard (:mod:`.guard`: Host and Origin
 allow-lists, the API key, the body cap), run by uvicorn. Bound to loopback unless ``--host`` says
 otherwise, and then only with an API key (``--api-key`` or ``$SPARKBATCH_API_KEY``). Each batch is
-a job (:mod:`.batch_service`).
+a job (:mod:`.worker`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .batch_service import Store, Worker
-from .serve_batch_guard import Access
+from ..serve.guard import Access
+from ..serve.worker import Store, Worker
 
 #: Connections the kernel holds until the server accepts them (capped by net.core.somaxconn):
 #: many clients connecting at once all get in, none reset.
@@ -76,7 +76,7 @@ def serve(root: Path, host: str, port: int, access: Access, worker: Worker, stor
     flight are answered), taking up the batches a previous server left open."""
     import uvicorn
 
-    from .serve_batch_app import make_app
+    from ..serve.app import make_app
 
     check_bind(host, access.api_key)
     sock = listen(host, port)

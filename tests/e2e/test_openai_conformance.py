@@ -32,9 +32,9 @@ import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from sparkbatch_dagster.cli.batch_service import Store, Worker
-from sparkbatch_dagster.cli.serve_batch_app import make_app
-from sparkbatch_dagster.cli.serve_batch_guard import access
+from sparkbatch_dagster.serve.app import make_app
+from sparkbatch_dagster.serve.guard import access
+from sparkbatch_dagster.serve.worker import Store, Worker
 from testkit import wait_until
 
 openai = pytest.importorskip("openai")

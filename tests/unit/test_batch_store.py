@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sparkbatch_dagster import ConfigError
-from sparkbatch_dagster.cli.batch_store import Store, new_batch
-from sparkbatch_dagster.cli.serve_batch_models import FileObject
+from sparkbatch_dagster.serve.openai_models import FileObject
+from sparkbatch_dagster.serve.store import Store, new_batch
 
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
 

@@ -24,6 +24,7 @@ ROOMS: list[set[str]] = [
     {"run"},
     {"estimate"},
     {"definitions"},
+    {"serve", "review"},  # the services: the Batch API over HTTP; the review round trip through Label Studio
     {"cli", "testing"},
     {""},  # the package itself: its public names
 ]

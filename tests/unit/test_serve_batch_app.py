@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from sparkbatch_dagster.cli.batch_service import Store, Worker
-from sparkbatch_dagster.cli.serve_batch_app import make_app
-from sparkbatch_dagster.cli.serve_batch_guard import Access, Guard, access, host_name, origin_allowed
 from sparkbatch_dagster.errors import ConfigError
+from sparkbatch_dagster.serve.app import make_app
+from sparkbatch_dagster.serve.guard import Access, Guard, access, host_name, origin_allowed
+from sparkbatch_dagster.serve.worker import Store, Worker
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
