@@ -1,4 +1,4 @@
-"""``sparkbatch serve-batch``'s store (cli/batch_store.py): a File is a typed record
+"""``sparkbatch serve-batch``'s store (serve/store.py): a File is a typed record
 (``serve_batch_models.FileObject``) whose JSON on disk is the one earlier servers wrote, so an
 old ``--root`` still reads; the store's listeners hear each change of a batch's status once."""
 
