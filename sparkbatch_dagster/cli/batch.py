@@ -71,12 +71,9 @@ def _sampling(args: argparse.Namespace) -> SamplingSpec:
 def _job_options(p: argparse.ArgumentParser, name: str) -> None:
     """The engine and the job's options, as each of the three commands takes them."""
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a line that sets none (256)")
-    if name == "run-batch":
+    if name != "export-batch":
         p.add_argument("--temperature", type=float, help="temperature of a line that sets none (default: 1.0, as "
                        "the hosted APIs; each such line is then a draw, generated every time; 0: greedy, reusable)")
-    elif name == "serve-batch":
-        p.description = (p.description or "") + " A line without temperature samples at 1.0 with no seed, as " \
-            "the hosted APIs: a draw, generated every time and never reused."
     p.add_argument("--shard-size", type=int, default=10_000, help="requests per partition (10000)")
     p.add_argument("--model", help="model path or embedded name (default: VLLMResource's, SmolLM2)"
                    + ("; the model whose rows to write" if name == "export-batch" else ""))
@@ -111,7 +108,7 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
     if args.command == "serve-batch":
         from .serve_batch import serve_batch
 
-        return serve_batch(args, resource)
+        return serve_batch(args, resource, _sampling(args))
     extra: dict[str, Any] = {"hourly_rate_usd": args.hourly_rate} if getattr(args, "hourly_rate", None) is not None \
         else {}
     if args.result_store:

@@ -34,6 +34,7 @@ from ..definitions.resource import VLLMResource
 from ..errors import ConfigError
 from ..serve.guard import Access, access
 from ..serve.worker import OPEN, Store, Worker
+from ..spec import SamplingSpec
 
 #: Connections the kernel holds until the server accepts them (capped by net.core.somaxconn):
 #: many clients connecting at once all get in, none reset.
@@ -49,9 +50,9 @@ LOG_CONFIG: dict[str, Any] = {
     "loggers": {"uvicorn.error": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}}}
 
 
-def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, Any]:
+def serve_batch(args: argparse.Namespace, resource: VLLMResource, sampling: SamplingSpec) -> dict[str, Any]:
     """``serve-batch``: serve until interrupted; each batch runs in a ``run-batch`` child with
-    this command's engine and options."""
+    this command's engine and options (``sampling``: what a line that sets none gets)."""
     check_bind(args.host, args.api_key)
     if resource.model is not None:  # a model that cannot load stops here, not every batch later
         try:
@@ -63,7 +64,7 @@ def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, A
     child = ["--engine-file", str(Path(args.engine_file).resolve())] if args.engine_file else \
         (["--model", args.model] if args.model else [])
     store = Store(root)
-    worker = Worker(store, child, resource, args.max_tokens, args.shard_size, args.hourly_rate)
+    worker = Worker(store, child, resource, sampling, args.shard_size, args.hourly_rate)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: open batches resume at the next start
         serve(root, args.host, args.port, door, worker, store)
     return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches() if b["status"] in OPEN]}

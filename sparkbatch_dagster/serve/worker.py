@@ -49,18 +49,22 @@ class Worker:
     """Runs queued batches one after another in ``sparkbatch run-batch`` children.
 
     ``engine``: the child's engine arguments (``--model M``, ``--engine-file F`` or none), whose
-    settings ``resource`` holds; ``max_tokens``, ``shard_size``, ``hourly_rate``: as for ``run-batch``.
+    settings ``resource`` holds; ``sampling``: what a line that sets none gets (its ``max_tokens``; its
+    ``temperature`` only where given, else the hosted APIs' 1.0); ``shard_size``, ``hourly_rate``: as for
+    ``run-batch``.
     """
 
-    def __init__(self, store: Store, engine: list[str], resource: VLLMResource, max_tokens: int, shard_size: int,
-                 hourly_rate: float) -> None:
+    def __init__(self, store: Store, engine: list[str], resource: VLLMResource, sampling: SamplingSpec,
+                 shard_size: int, hourly_rate: float) -> None:
         self.store, self.engine, self.resource = store, engine, resource
-        self.max_tokens, self.shard_size = max_tokens, shard_size
+        self.sampling, self.shard_size = sampling, shard_size
         # One answer store for every batch: its answers are kept per model identity, sampling and
         # output (the store's context), so a request any earlier batch asked of this model is reused.
         self.answers = store.root / "answers"
-        self.options = ["--max-tokens", str(max_tokens), "--shard-size", str(shard_size),
+        self.options = ["--max-tokens", str(sampling.max_tokens), "--shard-size", str(shard_size),
                         "--hourly-rate", str(hourly_rate), "--result-store", str(self.answers)]
+        if "temperature" in sampling.model_fields_set:  # else the child's default, the APIs' 1.0 too
+            self.options += ["--temperature", str(sampling.temperature)]
         self._jobs: dict[str, Any] = {}  # a batch's job, built once (a poll comes every second)
         self.checks: queue.Queue[str] = queue.Queue()  # batches to validate, then...
         self.queue: queue.Queue[str] = queue.Queue()  # ...to run, one at a time
@@ -160,7 +164,7 @@ class Worker:
             assert batch is not None
             self._jobs[bid], _ = batch_file_job(
                 self.store.file_path(batch["input_file_id"]), _format(batch), home=self.store.folder(bid) / "home",
-                name=_job_name(bid), resource=self.resource, sampling=SamplingSpec(max_tokens=self.max_tokens),
+                name=_job_name(bid), resource=self.resource, sampling=self.sampling,
                 shard_size=self.shard_size, result_store=str(self.answers))
         return self._jobs[bid]
 

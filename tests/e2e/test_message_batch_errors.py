@@ -23,7 +23,8 @@ def test_an_errored_result_names_the_request_and_field(tmp_path: Path):
     from anthropic.types.messages import MessageBatchIndividualResponse
 
     store, resource = Store(tmp_path / "root"), FakeVLLMResource()
-    worker = Worker(store, [], resource, 8, 10, 0.79)  # never started: this test runs the batch
+    # Never started: this test runs the batch.
+    worker = Worker(store, [], resource, SamplingSpec(max_tokens=8), 10, 0.79)
     client = TestClient(make_app(store, worker, access("127.0.0.1", None)), base_url="http://127.0.0.1:8400")
     good = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     prefill = {**good, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]}

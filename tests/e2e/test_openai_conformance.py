@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from sparkbatch_dagster.serve.app import make_app
 from sparkbatch_dagster.serve.guard import access
 from sparkbatch_dagster.serve.worker import Store, Worker
+from sparkbatch_dagster.spec import SamplingSpec
 from testkit import wait_until
 
 openai = pytest.importorskip("openai")
@@ -192,7 +193,8 @@ class Box:
                                        f"resource = {engine}\n")
         resource = runpy.run_path(str(tmp / "engine.py"))["resource"]
         self.store = Store(tmp / "root")
-        self.worker = Worker(self.store, ["--engine-file", str(tmp / "engine.py")], resource, 8, 10, 0.79)
+        self.worker = Worker(self.store, ["--engine-file", str(tmp / "engine.py")], resource,
+                             SamplingSpec(max_tokens=8), 10, 0.79)
         self.moves: dict[str, list[str]] = {}  # batch id -> each status it moved to, as the store wrote it
         # With hold_finalizing, the worker waits at `finalizing` (held set) until release is set.
         self.hold_finalizing, self.held, self.release = False, threading.Event(), threading.Event()

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sparkbatch_dagster.serve.app import make_app
 from sparkbatch_dagster.serve.guard import access
 from sparkbatch_dagster.serve.worker import Store, Worker
+from sparkbatch_dagster.spec import SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 anthropic = pytest.importorskip("anthropic")
@@ -25,7 +26,7 @@ PATH = "/v1/messages/batches"
 @pytest.fixture
 def served(tmp_path: Path) -> tuple[TestClient, Store, Worker]:
     store = Store(tmp_path / "root")
-    worker = Worker(store, [], FakeVLLMResource(), 8, 10, 0.79)  # never started
+    worker = Worker(store, [], FakeVLLMResource(), SamplingSpec(max_tokens=8), 10, 0.79)  # never started
     return TestClient(make_app(store, worker, access("127.0.0.1", None)), base_url="http://127.0.0.1:8400"), \
         store, worker
 

@@ -19,6 +19,7 @@ from sparkbatch_dagster.serve.ending import usage_fields
 from sparkbatch_dagster.serve.guard import access
 from sparkbatch_dagster.serve.validate import validate_file
 from sparkbatch_dagster.serve.worker import Store, Worker
+from sparkbatch_dagster.spec import SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 openai = pytest.importorskip("openai")
@@ -29,7 +30,8 @@ LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completi
 @pytest.fixture
 def served(tmp_path: Path) -> tuple[TestClient, Store]:
     store = Store(tmp_path / "root")
-    worker = Worker(store, [], FakeVLLMResource(), 8, 10, 0.79)  # never started: a batch stays queued
+    # Never started: a batch stays queued.
+    worker = Worker(store, [], FakeVLLMResource(), SamplingSpec(max_tokens=8), 10, 0.79)
     return TestClient(make_app(store, worker, access("127.0.0.1", None)), base_url="http://127.0.0.1:8400"), store
 
 
@@ -133,7 +135,7 @@ def test_the_worker_fails_a_bad_file_and_puts_a_good_one_in_progress(served):
     from openai.types import Batch
 
     client, store = served
-    worker = Worker(store, [], FakeVLLMResource(), 8, 10, 0.79)
+    worker = Worker(store, [], FakeVLLMResource(), SamplingSpec(max_tokens=8), 10, 0.79)
     create = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
 
     def batch_of(data: bytes) -> str:
@@ -155,7 +157,7 @@ def test_a_batch_past_its_completion_window_expires_with_its_requests_as_batch_e
     from openai.types import Batch
 
     client, store = served
-    worker = Worker(store, [], FakeVLLMResource(), 8, 10, 0.79)
+    worker = Worker(store, [], FakeVLLMResource(), SamplingSpec(max_tokens=8), 10, 0.79)
     data = LINE + _request("b").encode() + b"\n"
     fid = client.post("/v1/files", files={"file": ("r.jsonl", data)}, data={"purpose": "batch"}).json()["id"]
     bid = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/chat/completions",

@@ -18,6 +18,7 @@ from sparkbatch_dagster.errors import ConfigError
 from sparkbatch_dagster.serve.app import make_app
 from sparkbatch_dagster.serve.guard import Access, Guard, access, host_name, origin_allowed
 from sparkbatch_dagster.serve.worker import Store, Worker
+from sparkbatch_dagster.spec import SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
@@ -28,7 +29,7 @@ CREATE = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
 def _client(root: Path, door: Access, host: str = "127.0.0.1:8400") -> tuple[TestClient, Store]:
     store = Store(root)
     # A worker that is never started: a created batch stays queued, nothing runs.
-    worker = Worker(store, [], FakeVLLMResource(), 8, 10, 0.79)
+    worker = Worker(store, [], FakeVLLMResource(), SamplingSpec(max_tokens=8), 10, 0.79)
     return TestClient(make_app(store, worker, door), base_url=f"http://{host}"), store
 
 
