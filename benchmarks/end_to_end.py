@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
 
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]
+
 
 SYSTEM = "You sort Debian packages into archive sections. Allowed sections: {sections}."
 USER = "Package: {{ package }}\nDescription: {{ description }}\n\nWhich section is this package in?"

@@ -37,11 +37,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from assets.debian import apt_text, parse_stanzas  # (the demo's own apt reader)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT))
 
-from assets.debian import apt_text, parse_stanzas  # noqa: E402  (the demo's own apt reader)
 
 #: The debtags ``role::`` facet (https://wiki.debian.org/Debtags/FAQ): the allowed labels.
 ROLES = ["program", "shared-lib", "devel-lib", "documentation", "app-data", "plugin", "metapackage", "data",

@@ -27,10 +27,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.results_io import commit_of, emit
+from benchmarks.lib.support import support
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-from results_io import commit_of, emit  # noqa: E402
 
 #: Episodes between two restarts of moto's server: its memory and request log grow with every one.
 SERVER_EPISODES = 50
@@ -46,6 +46,12 @@ def _code() -> str:
     return commit_of(ROOT)
 
 
+def _child_env() -> dict[str, str]:
+    """A worker's environment: this tree (``-m benchmarks...``) and the tests' shared code on its path."""
+    path = [str(ROOT), str(ROOT / "tests" / "support"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
 class Server:
     """moto's S3 server, started when an S3 episode needs it and renewed every SERVER_EPISODES."""
 
@@ -54,7 +60,7 @@ class Server:
         self.used = 0
 
     def get(self) -> Any:
-        from s3_server import S3Server
+        S3Server = support("s3_server").S3Server
 
         if self.server is not None and (self.used >= SERVER_EPISODES or self.server.proc.poll() is not None):
             self.stop()
@@ -71,8 +77,10 @@ class Server:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from harness import replay_command, run_seed
-    from harness_plan import FAULT_KINDS, make_plan
+    replay_command = support("harness").replay_command
+    run_seed = support("harness").run_seed
+    FAULT_KINDS = support("harness_plan").FAULT_KINDS
+    make_plan = support("harness_plan").make_plan
 
     began = time.monotonic()
     result: dict[str, Any] = {
@@ -134,10 +142,11 @@ def run_parallel(args: argparse.Namespace) -> dict[str, Any]:
         if count <= 0:
             break
         files.append(parts / f"part-{w}.json")
-        cmd = [sys.executable, __file__, "--episodes", str(count), "--start-seed", str(first), "--out", str(files[-1])]
+        cmd = [sys.executable, "-m", "benchmarks.fault_harness", "--episodes", str(count), "--start-seed", str(first),
+               "--out", str(files[-1])]
         cmd += ["--home", args.home] if args.home else []
         cmd += ["--time-limit-s", str(args.time_limit_s)] if args.time_limit_s else []
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=_child_env()))
     began = time.monotonic()
     while True:
         done = all(p.poll() is not None for p in procs)

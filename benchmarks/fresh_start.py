@@ -31,9 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.lib.results_io import commit_of, emit
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from results_io import commit_of, emit  # noqa: E402
 
 SECTIONS = ["admin", "devel", "doc", "games", "libs", "net", "python", "science", "sound", "text", "utils", "web",
             "x11"]
@@ -131,7 +131,7 @@ def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag:
     env = {**os.environ, "DAGSTER_HOME": str(home / "dagster"), "SPARKBATCH_START_TRACE": str(trace),
            "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     (home / "dagster").mkdir()
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "start_trace.py"), "run", "-f", str(home / "defs.py")]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "engine" / "start_trace.py"), "run", "-f", str(home / "defs.py")]
     seconds, line = timed(cmd, env, home, log)
     summary = json.loads(line)
     phases = json.loads(trace.read_text()) if trace.exists() else {}

@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.results_io import emit
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import emit  # noqa: E402
 
 PARTS = ("run_start_s", "step_prep_s", "first_shard_s", "metrics_own_s", "middle_s", "last_commit_s",
          "metrics_run_s", "to_first_request_s", "tail_s", "total_s")
@@ -53,8 +53,8 @@ PARTS = ("run_start_s", "step_prep_s", "first_shard_s", "metrics_own_s", "middle
 def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
     """Rounds of the pipeline with an instant engine, in this process (the code on sys.path)."""
     from dagster import DagsterInstance, materialize
-    from throughput import build_spec
 
+    from benchmarks.throughput import build_spec
     from sparkbatch_dagster import build_batch_assets
     from sparkbatch_dagster.definitions import job as job_module
     from sparkbatch_dagster.engines.fake import FakeEngine
@@ -144,7 +144,9 @@ def _checkout(ref: str) -> Path:
 
 
 def _side(code: Path, args: argparse.Namespace) -> list[dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": f"{code}:{code / 'benchmarks'}"}
+    # ``code`` first: its sparkbatch_dagster (and its benchmarks package, where it has one) is the one timed;
+    # this tree after it, for an older commit's namespace-only benchmarks/ folder.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(ROOT)])}
     cmd = [sys.executable, str(code / "benchmarks" / "overhead.py"), "--worker", "--rows", str(args.rows),
            "--shards", str(args.shards), "--rounds", "1"]
     if not (code / "benchmarks" / "overhead.py").exists():  # an older commit: run this script on its code

@@ -39,10 +39,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
 
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+
 
 VARIANTS = ("cold", "restored", "warm")
 CHILD = """

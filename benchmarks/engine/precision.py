@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
 
 SAME = ("mode", "shape", "rows", "max_tokens", "machine", "vllm")
 

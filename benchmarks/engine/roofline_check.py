@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib.results_io import emit
+from sparkbatch_dagster.engines.platform.model import param_count
+from sparkbatch_dagster.estimate.roofline import EFFICIENCY, ModelShape, Workload, project
+from sparkbatch_dagster.spec import PRESETS
+from sparkbatch_dagster.testing import DUMMY_SHAPES
 
-from results_io import emit  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
-from sparkbatch_dagster.engines.platform.model import param_count  # noqa: E402
-from sparkbatch_dagster.estimate.roofline import EFFICIENCY, ModelShape, Workload, project  # noqa: E402
-from sparkbatch_dagster.spec import PRESETS  # noqa: E402
-from sparkbatch_dagster.testing import DUMMY_SHAPES  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = ["h200-1b-synthetic.json", "h200-1b-synthetic-8000.json", "h200-1b-synthetic-16000-2.json",

@@ -36,13 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from results_io import emit  # noqa: E402
-from throughput import arg_parser, build_spec, machine, shape_of, vllm_version  # noqa: E402
-
-from sparkbatch_dagster import VLLMResource, build_batch_assets  # noqa: E402
-from sparkbatch_dagster.engines.settings import on_cpu, visible_gpus  # noqa: E402
+from benchmarks.lib.results_io import emit
+from benchmarks.throughput import arg_parser, build_spec, machine, shape_of, vllm_version
+from sparkbatch_dagster import VLLMResource, build_batch_assets
+from sparkbatch_dagster.engines.settings import on_cpu, visible_gpus
 
 
 def reset_prefix_cache(engine: Any) -> None:

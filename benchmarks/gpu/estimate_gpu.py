@@ -12,17 +12,12 @@ its error against the run.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from results_io import emit  # noqa: E402
-from throughput import arg_parser, machine, set_up, shape_of  # noqa: E402
-
-from sparkbatch_dagster import VLLMResource, build_batch_assets  # noqa: E402
-from sparkbatch_dagster.spec import EstimateSpec  # noqa: E402
+from benchmarks.lib.results_io import emit
+from benchmarks.throughput import arg_parser, machine, set_up, shape_of
+from sparkbatch_dagster import VLLMResource, build_batch_assets
+from sparkbatch_dagster.spec import EstimateSpec
 
 
 def main() -> None:

@@ -32,12 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.lib.results_io import emit
+from benchmarks.throughput import arg_parser, build_spec, machine, vllm_version
 
-from results_io import emit  # noqa: E402
-from throughput import arg_parser, build_spec, machine, vllm_version  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFS = """
 from dagster import Definitions
 from sparkbatch_dagster import VLLMResource, build_batch_assets

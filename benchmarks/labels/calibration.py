@@ -33,10 +33,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from results_io import commit_of, emit  # noqa: E402
+from benchmarks.lib.results_io import commit_of, emit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # The model's own confidence and answer (the views show a calibrated confidence and a reviewer's label
 # over the model's), right against the truth: a reviewer's label, else the gold column.

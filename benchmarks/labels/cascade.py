@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from label_decoding import SECTIONS, machine, rows  # noqa: E402
-from results_io import emit  # noqa: E402
+from benchmarks.labels.label_decoding import SECTIONS, machine, rows
+from benchmarks.lib.results_io import emit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Prefix caching off: a warm engine would otherwise answer a later run's same prompts from the
 #: KV cache the earlier run left, and the runs' generation times would not compare.

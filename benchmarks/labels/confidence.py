@@ -23,11 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from label_decoding import SECTIONS, engine_arguments, machine, rows  # noqa: E402
-from results_io import emit  # noqa: E402
-from switches import no_confidence  # noqa: E402
+from benchmarks.labels.label_decoding import SECTIONS, engine_arguments, machine, rows
+from benchmarks.lib.results_io import emit
+from benchmarks.lib.switches import no_confidence
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA = {"type": "object", "properties": {"section": {"type": "string", "enum": SECTIONS},
                                            "summary": {"type": "string", "maxLength": 60}},

@@ -22,10 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from results_io import emit  # noqa: E402
-from switches import engine_switches  # noqa: E402
+from benchmarks.lib.results_io import emit
+from benchmarks.lib.switches import engine_switches
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The Debian set: ../shared here; on a GPU box, the copy benchmarks/make_bench_dir.sh puts in .bench.
 DEBIAN = next((p for p in (ROOT.parent / "shared" / "data" / "debian_packages.parquet",

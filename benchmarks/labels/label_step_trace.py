@@ -60,10 +60,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
 #: The laps of ``sparkbatch run``'s summary; every other key of its ``timings_s`` is a part of ``label``.
@@ -229,8 +228,11 @@ def _subprocess_round(code: str | None) -> dict[str, Any]:
         if a.split("=")[0] in ("--rounds", "--before", "--out", "--code", "--note"):
             continue
         argv.append(a)
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, *(["--code", code] if code else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cmd = [sys.executable, "-m", "benchmarks.labels.label_step_trace", *argv, *(["--code", code] if code else [])]
+    # ``code``'s tree goes first on the child's path, so its sparkbatch_dagster is the one timed.
+    path = [str(Path(code).resolve())] if code else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"a round failed: {proc.stderr[-3000:]}")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -250,7 +252,11 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def one_round(args: argparse.Namespace) -> dict[str, Any]:
     code = Path(args.code).resolve() if args.code else ROOT
-    sys.path.insert(0, str(code))
+    import sparkbatch_dagster
+
+    if code not in Path(sparkbatch_dagster.__file__).resolve().parents:
+        raise SystemExit(f"--code {code}: its sparkbatch_dagster is not the one imported "
+                         f"({sparkbatch_dagster.__file__}); run with PYTHONPATH={code}")
     with tempfile.TemporaryDirectory(dir=args.home) as tmp:
         home = Path(tmp)
         os.environ["DAGSTER_HOME"] = str(home / "dagster")

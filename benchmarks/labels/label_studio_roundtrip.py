@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests" / "support"))  # the tests' Label Studio server
-from results_io import commit_of, emit  # noqa: E402
+from benchmarks.lib.results_io import commit_of, emit
+from benchmarks.lib.support import support
+
+ROOT = Path(__file__).resolve().parents[2]
 
 STEPS = ("export_s", "export_again_s", "annotate_s", "import_s", "import_again_s")
 
@@ -37,7 +37,7 @@ def _ls_version() -> str:
     """The label-studio release the server runs (its own virtualenv's)."""
     import subprocess
 
-    from label_studio_server import LS_PYTHON
+    LS_PYTHON = support("label_studio_server").LS_PYTHON
 
     return subprocess.run([str(LS_PYTHON), "-c", "import importlib.metadata as m; print(m.version('label-studio'))"],
                           capture_output=True, text=True, check=True).stdout.strip()
@@ -140,7 +140,9 @@ def main() -> None:
 
     from importlib.metadata import version
 
-    from label_studio_server import LabelStudioServer, installed
+    LabelStudioServer = support("label_studio_server").LabelStudioServer
+
+    installed = support("label_studio_server").installed
     from sparkbatch_dagster.cli.label_studio import Server, connect
 
     if not installed():

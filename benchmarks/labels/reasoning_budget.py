@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from label_decoding import machine  # noqa: E402
-from results_io import emit  # noqa: E402
+from benchmarks.labels.label_decoding import machine
+from benchmarks.lib.results_io import emit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LABELS = ["fruit", "vehicle", "animal"]
 

@@ -32,11 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from label_decoding import machine  # noqa: E402
-from results_io import commit_of, emit  # noqa: E402
+from benchmarks.labels.label_decoding import machine
+from benchmarks.lib.results_io import commit_of, emit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def model_figures(m: dict[str, Any]) -> dict[str, Any]:

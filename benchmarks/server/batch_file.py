@@ -24,16 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib.results_io import emit
+from benchmarks.throughput import arg_parser, machine, set_up, shape_of, vllm_version
+from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets
+from sparkbatch_dagster.definitions.batch_files import batch_file_job, export_batch
+from sparkbatch_dagster.spec.prompts import render
 
-from results_io import emit  # noqa: E402
-from throughput import arg_parser, machine, set_up, shape_of, vllm_version  # noqa: E402
-
-from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
-from sparkbatch_dagster.definitions.batch_files import batch_file_job, export_batch  # noqa: E402
-from sparkbatch_dagster.spec.prompts import render  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def text_spec(spec: JobSpec) -> JobSpec:

@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib.results_io import commit_of, emit
 
-from results_io import commit_of, emit  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 DATA = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
 TOOL: dict[str, Any] = {"type": "function", "function": {

@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cpu_by_process(proc: Any) -> dict[str, float]:

@@ -45,12 +45,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
+from sparkbatch_dagster.engines.server.prompt_groups import PROMPTS_PER_REQUEST
 
-from sparkbatch_dagster.engines.server.prompt_groups import PROMPTS_PER_REQUEST  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 STUB = """
 import asyncio
@@ -117,8 +116,7 @@ STDLIB_WIRE = {"_dumps": lambda body: json.dumps(body).encode(), "_loads": json.
 
 
 def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in_flight: int) -> dict:
-    from switches import inline_encoding, unbatched_handoff
-
+    from benchmarks.lib.switches import inline_encoding, unbatched_handoff
     from sparkbatch_dagster.engines.config import EngineSettings
     from sparkbatch_dagster.engines.platform import heap
     from sparkbatch_dagster.engines.server import prompt_groups
@@ -161,8 +159,7 @@ def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in
 
 
 def main() -> None:
-    from throughput import build_spec, conversations, synthetic_rows
-
+    from benchmarks.throughput import build_spec, conversations, synthetic_rows
     from sparkbatch_dagster.engines.base import EngineRequest
     from sparkbatch_dagster.engines.platform.model import DEFAULT_MODEL_NAME, ensure_embedded
     from sparkbatch_dagster.engines.server.server_process import free_port

@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_cpu import cpu_by_process  # noqa: E402
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
+from benchmarks.server.frontend_cpu import cpu_by_process
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Arm: the server's ``disable_log_stats``.
 ARMS = {"stats_off": True, "stats_on": False}

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import commit_of, emit  # noqa: E402
+from benchmarks.lib.results_io import commit_of, emit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MIB = 1024 * 1024
 URL = "/v1/chat/completions"

@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests" / "support"))  # the tests' S3 server (moto on loopback)
-from results_io import emit  # noqa: E402
-from throughput import arg_parser, machine, set_up, shape_of, vllm_version  # noqa: E402
+from benchmarks.lib.results_io import emit
+from benchmarks.lib.support import support
+from benchmarks.throughput import arg_parser, machine, set_up, shape_of, vllm_version
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _requests(server: Any) -> int:
@@ -58,7 +58,7 @@ def main() -> None:
 
     from dagster import DagsterInstance, materialize
 
-    from s3_server import S3Server
+    S3Server = support("s3_server").S3Server
     from sparkbatch_dagster import VLLMResource, build_batch_assets
 
     server = S3Server.start()

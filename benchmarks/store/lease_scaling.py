@@ -38,10 +38,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests" / "support"))  # the tests' S3 server (moto on loopback) and fault proxy
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
+from benchmarks.lib.support import support
+
+ROOT = Path(__file__).resolve().parents[2]
 
 VERSION = "1ea5e5ca1e000000"  # any output fingerprint: no shard is ever labeled here
 
@@ -103,8 +103,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
-    from faults import FaultProxy
-    from s3_server import S3Server
+    FaultProxy = support("faults").FaultProxy
+    S3Server = support("s3_server").S3Server
     from sparkbatch_dagster.home import open_home
     from sparkbatch_dagster.home.bucket import Bucket
     from sparkbatch_dagster.home.layout import shard_key

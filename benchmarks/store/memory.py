@@ -16,17 +16,15 @@ import multiprocessing as mp
 import os
 import platform
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib.results_io import emit
 
-from results_io import emit  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 WRITER_ROWS = 20_000
 SAMPLE_ROWS = 100

@@ -23,16 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-from results_io import emit  # noqa: E402
+import pyarrow.parquet as pq
 
-sys.path.insert(0, str(ROOT))
+from assets.debian import SECTIONS
+from benchmarks.lib.results_io import emit
+from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets
+from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
 
-import pyarrow.parquet as pq  # noqa: E402
-
-from assets.debian import SECTIONS  # noqa: E402
-from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
-from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(src: Path, home: Path, shards: int) -> JobSpec:

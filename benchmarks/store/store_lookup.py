@@ -18,19 +18,16 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
+from sparkbatch_dagster.inputs.shards import connect
+from sparkbatch_dagster.run import result_store as results
+from sparkbatch_dagster.run.result_store import ResultStore, prompt_key, split_key
 
-sys.path.insert(0, str(ROOT))
-
-from sparkbatch_dagster.inputs.shards import connect  # noqa: E402
-from sparkbatch_dagster.run import result_store as results  # noqa: E402
-from sparkbatch_dagster.run.result_store import ResultStore, prompt_key, split_key  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def segment_sizes(stored: int, shard_rows: int) -> list[tuple[int, int]]:

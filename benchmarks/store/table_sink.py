@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests" / "support"))  # the tests' S3 server (moto on loopback)
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
+from benchmarks.lib.support import support
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(data: Path | None, rows: int, shards: int, work: Path) -> Any:
@@ -114,7 +114,7 @@ def main() -> None:
 
     import deltalake
 
-    from s3_server import S3Server
+    S3Server = support("s3_server").S3Server
 
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)

@@ -24,10 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib.results_io import commit_of, emit
 
-from results_io import commit_of, emit  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 #: The engine options whose trail through the package the note follows.
 OPTIONS = ("max_num_seqs", "label_decoding", "server_token_ids")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 #: The pages that may hold tables.
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def installer(clone: Path) -> str:

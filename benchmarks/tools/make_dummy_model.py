@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sparkbatch_dagster.testing import DUMMY_SHAPES, dummy_model  # noqa: E402
+from sparkbatch_dagster.testing import DUMMY_SHAPES, dummy_model
 
 
 def write_weights(folder: Path, std: float, seed: int = 0) -> Path:
