@@ -1,7 +1,8 @@
 """The fault harness's long run: many seeds of tests/support/harness.py, one result file.
 
-    python benchmarks/fault_harness.py --episodes 2000 --start-seed 0 &          # hours, in the background
-    python benchmarks/fault_harness.py --episodes 20 --home folder --out /tmp/f.json
+    export PYTHONPATH=.:tests/support   # the tests' shared code these use (benchmarks/lib/support.py)
+    python -m benchmarks.fault_harness --episodes 2000 --start-seed 0 &          # hours, in the background
+    python -m benchmarks.fault_harness --episodes 20 --home folder --out /tmp/f.json
 
 Each seed is one episode (its own home on moto's S3 server or in a folder, its boxes, its
 faults) checked for every invariant of tests/support/checker.py. The result file is rewritten after
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "fault_harness", "date": datetime.now(timezone.utc).date().isoformat(),
         "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
         "code": _code(), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/fault_harness.py " + " ".join(sys.argv[1:]), "start_seed": args.start_seed,
+        "command": "python -m benchmarks.fault_harness " + " ".join(sys.argv[1:]), "start_seed": args.start_seed,
         "episodes_planned": args.episodes, "episodes": 0, "passed": 0, "homes": {}, "faults": {},
         "invariant_breaks": {}, "failing_seeds": [], "harness_errors": [], "wall_s": 0.0,
     }
@@ -163,7 +164,7 @@ def _merge(results: list[dict[str, Any]], args: argparse.Namespace, wall_s: floa
     """One result from the workers' parts: counts added, failing seeds and errors joined."""
     if not results:
         return None
-    out = {**results[0], "command": "python benchmarks/fault_harness.py " + " ".join(sys.argv[1:]),
+    out = {**results[0], "command": "python -m benchmarks.fault_harness " + " ".join(sys.argv[1:]),
            "start_seed": args.start_seed, "episodes_planned": args.episodes, "workers": len(results),
            "wall_s": round(wall_s, 1)}
     for key in ("episodes", "passed"):

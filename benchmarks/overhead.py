@@ -1,7 +1,7 @@
 """The pipeline's fixed cost per run, measured with an engine that costs nothing.
 
-    python benchmarks/overhead.py                          # 4,000 x 8 shards, the 8B benchmark's job
-    python benchmarks/overhead.py --before 2e666d9 --rounds 4 --out benchmarks/results/cpu-overhead.json
+    python -m benchmarks.overhead                          # 4,000 x 8 shards, the 8B benchmark's job
+    python -m benchmarks.overhead --before 2e666d9 --rounds 4 --out benchmarks/results/cpu-overhead.json
 
 On an H200 the engine does the same work in the pipeline as in raw vLLM (``throughput.py
 --trace``: the same steps, the same tokens per step); what separates them is this process's

@@ -1,8 +1,8 @@
 """Raw vLLM vs the full pipeline, same engine, same prompts, one invocation.
 
-    python benchmarks/throughput.py --mode synthetic --rows 2000            # CPU, embedded SmolLM2
-    python benchmarks/throughput.py --mode debian --rows 8000               # ../shared/data Debian set
-    python benchmarks/throughput.py --mode synthetic --model .bench/llama-1b --load-format dummy \
+    python -m benchmarks.throughput --mode synthetic --rows 2000            # CPU, embedded SmolLM2
+    python -m benchmarks.throughput --mode debian --rows 8000               # ../shared/data Debian set
+    python -m benchmarks.throughput --mode synthetic --model .bench/llama-1b --load-format dummy \
         --rows 40000 --max-tokens 64 --gpu                                  # an H200
 
 (a) raw ``LLM.chat``: one call over every row's messages, as a plain vLLM user would write it;

@@ -3,9 +3,10 @@
 What it saves: an engine start cold, restored from a home's archive, and warm, each in a fresh
 process.
 
-    python benchmarks/compile_cache.py                          # 2 rounds, the embedded SmolLM2
-    python benchmarks/compile_cache.py --rounds 3 --model /models/llama-8b --out benchmarks/results/x.json
-    python benchmarks/compile_cache.py --model /tmp/llama-1b --resource '{"engine_kwargs": {"load_format": "dummy"}}'
+    python -m benchmarks.engine.compile_cache                          # 2 rounds, the embedded SmolLM2
+    python -m benchmarks.engine.compile_cache --rounds 3 --model /models/llama-8b --out benchmarks/results/x.json
+    python -m benchmarks.engine.compile_cache --model /tmp/llama-1b \
+        --resource '{"engine_kwargs": {"load_format": "dummy"}}'
 
 Each measurement is a fresh Python process (as `sparkbatch run` is) that builds ``VLLMResource``
 with ``compile_cache=True``, gives it a folder home (``use_home``, as a labeling run does) and

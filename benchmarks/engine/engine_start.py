@@ -1,7 +1,7 @@
 """Where the CPU engine start goes, and which compile settings cut it without slowing generation.
 
-    python benchmarks/engine_start.py                       # each variant twice, fresh processes
-    python benchmarks/engine_start.py --variants default,no_aot --rounds 2 --out benchmarks/results/x.json
+    python -m benchmarks.engine.engine_start                       # each variant twice, fresh processes
+    python -m benchmarks.engine.engine_start --variants default,no_aot --rounds 2 --out benchmarks/results/x.json
 
 Each measurement is a fresh Python process (as `sparkbatch run` is) that starts the embedded
 SmolLM2 through ``VLLMResource`` with the CPU profile, then labels ``--prompts`` Debian-style chat

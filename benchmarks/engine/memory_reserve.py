@@ -1,8 +1,8 @@
 """What the default ``memory_reserve_gb`` has to cover besides the OS: a ``sparkbatch run``
 process without its engine, and Dagster's own processes.
 
-    python benchmarks/memory_reserve.py --out benchmarks/results/cpu-memory-reserve.json
-    python benchmarks/memory_reserve.py --rows 2000 --no-dagster-dev   # quicker
+    python -m benchmarks.engine.memory_reserve --out benchmarks/results/cpu-memory-reserve.json
+    python -m benchmarks.engine.memory_reserve --rows 2000 --no-dagster-dev   # quicker
 
 (1) ``sparkbatch run -f <defs>`` in a fresh process on a job of ``--rows`` rows with the fake
 engine (``FakeVLLMResource``: no model, no vLLM), as a user runs it: its peak RSS (the largest

@@ -1,7 +1,7 @@
 """bf16 against another precision through the pipeline, from two ``throughput.py`` result files
 of the same job on the same machine (one engine per process: a GPU holds one at 90% memory).
 
-    python3 benchmarks/precision.py A.json B.json --out benchmarks/results/h200-8b-fp8.json
+    python3 -m benchmarks.engine.precision A.json B.json --out benchmarks/results/h200-8b-fp8.json
 
 Prints one JSON object: each file's rates and B/A for the pipeline, the labeling step and raw
 ``LLM.chat``.

@@ -1,7 +1,7 @@
 """Read what ``throughput.py --profile DIR`` wrote: per process and thread, how many samples were
 busy and where (the innermost frames by share, and the functions on most busy stacks).
 
-    python benchmarks/profile_top.py DIR [--top 12] [--match server-r1]
+    python -m benchmarks.engine.profile_top DIR [--top 12] [--match server-r1]
 
 py-spy's raw format is one collapsed stack per line with its sample count; at ``--rate 100``
 100 samples are one second of a thread running (idle threads are not sampled), so a thread's

@@ -1,12 +1,12 @@
 """Check the estimate's roofline model against H200 measurements: project each measured job from
 the h200 preset's hardware figures alone and compare with what one H200 took.
 
-    python benchmarks/roofline_check.py --out benchmarks/results/roofline-h200.json
+    python -m benchmarks.engine.roofline_check --out benchmarks/results/roofline-h200.json
 
 Inputs: the throughput result files of one H200 (``h200-1b-*.json``, ``h200-8b-*.json``: rows,
 ``max_tokens``, ``raw_tokens`` = prompt + output tokens, seconds per round), shapes from
 ``sparkbatch_dagster.testing.DUMMY_SHAPES`` with SmolLM2's 49,152-token vocabulary (what
-``benchmarks/make_dummy_model.py`` wrote). Output tokens are ``rows x max_tokens`` (synthetic jobs
+``benchmarks/tools/make_dummy_model.py`` wrote). Output tokens are ``rows x max_tokens`` (synthetic jobs
 set ``ignore_eos``; a Debian label may stop before its 8 tokens, so there it is an upper bound),
 batch ``max_num_seqs`` = 1024 (the GPU default those runs used), no prefix-cache share (the
 model's default when it is not known). Measured time = tokens / ``raw_tokens_per_s`` (plain
@@ -79,7 +79,7 @@ def main() -> None:
     inside = sum(j["raw_inside_range"] for j in jobs) + sum(j["pipeline_inside_range"] for j in jobs)
     emit({"benchmark": "roofline", "machine": "NVIDIA H200 x1", "hardware": PRESETS["h200"].model_dump(),
           "efficiency": list(EFFICIENCY), "max_num_seqs": MAX_NUM_SEQS, "cached_share": 0.0,
-          "command": "python benchmarks/roofline_check.py --out benchmarks/results/roofline-h200.json",
+          "command": "python -m benchmarks.engine.roofline_check --out benchmarks/results/roofline-h200.json",
           "inside_range": f"{inside} of {2 * len(jobs)}", "jobs": jobs}, args.out)
 
 

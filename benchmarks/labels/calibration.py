@@ -1,10 +1,10 @@
 """Calibration and the review budget on a finished job's gold rows: ECE and Brier score before and
 after (held-out folds), and the share of errors caught at 5, 10 and 20% of rows reviewed.
 
-    python benchmarks/calibration.py -f definitions.py --out benchmarks/results/calibration-cpu-smollm2.json
-    python benchmarks/calibration.py -f definitions.py --job debian_sections --folds 5
-    python benchmarks/calibration.py --rows-file gold.parquet      # columns: confidence, correct (, model)
-    python benchmarks/calibration.py -f definitions.py --unseen 0.5   # the queue on rows the maps never saw
+    python -m benchmarks.labels.calibration -f definitions.py --out benchmarks/results/calibration-cpu-smollm2.json
+    python -m benchmarks.labels.calibration -f definitions.py --job debian_sections --folds 5
+    python -m benchmarks.labels.calibration --rows-file gold.parquet      # columns: confidence, correct (, model)
+    python -m benchmarks.labels.calibration -f definitions.py --unseen 0.5   # the queue on rows the maps never saw
 
 The rows are the committed ``labeled`` rows of the job's current version whose truth is known (a
 reviewer's label, else the gold column) and whose answer had a confidence: the model's own
@@ -188,7 +188,7 @@ def main() -> None:
         chart = Path(args.chart).with_name(f"{Path(args.chart).stem}-{i}.png") if args.chart else None
         per_model.append(judge(conf, right, labels, m, args.folds, budgets, catch, chart))
     result = {"benchmark": "calibration", "machine": args.machine, "code": commit_of(ROOT),
-              "command": " ".join(["benchmarks/calibration.py", *sys.argv[1:]]),
+              "command": " ".join(["benchmarks/labels/calibration.py", *sys.argv[1:]]),
               "source": args.file or args.rows_file, "job": args.job,
               "folds": args.folds, "rows": len(rows), "labels": labels, "models": per_model}
     if args.unseen:

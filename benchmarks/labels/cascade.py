@@ -1,7 +1,7 @@
 """A cascade against each model alone, on the same rows: what the estimate judged, then real runs.
 
-    python benchmarks/cascade.py --rows 240 --sample-rows 120 --out benchmarks/results/cascade-cpu.json
-    python benchmarks/cascade.py --first /tmp/llama-1b --second /tmp/llama-8b --no-estimate --rows 20000 \
+    python -m benchmarks.labels.cascade --rows 240 --sample-rows 120 --out benchmarks/results/cascade-cpu.json
+    python -m benchmarks.labels.cascade --first /tmp/llama-1b --second /tmp/llama-8b --no-estimate --rows 20000 \
         --resource '{"engine_kwargs": {"load_format": "dummy"}, "kv_cache_memory_gb": 24, \
                      "gpu_memory_utilization": 0.3}'
 

@@ -1,8 +1,8 @@
 """What a confidence on every row costs: one engine, the same prompts, with and without it.
 
-    python benchmarks/confidence.py --rows 600 --rounds 2 --out benchmarks/results/confidence-cpu-label.json
-    python benchmarks/confidence.py --kind json --rows 200 --out benchmarks/results/confidence-cpu-json.json
-    python benchmarks/confidence.py --model /models/llama-1b --engine-kwargs '{"load_format": "dummy"}'
+    python -m benchmarks.labels.confidence --rows 600 --rounds 2 --out benchmarks/results/confidence-cpu-label.json
+    python -m benchmarks.labels.confidence --kind json --rows 200 --out benchmarks/results/confidence-cpu-json.json
+    python -m benchmarks.labels.confidence --model /models/llama-1b --engine-kwargs '{"load_format": "dummy"}'
 
 One engine (``VLLMResource``, prefix caching off so every pass prefills in full) answers the same
 Debian package descriptions with the engine's ``confidence`` on (log-probabilities asked per

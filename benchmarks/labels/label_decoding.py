@@ -1,7 +1,7 @@
 """Labels in one step against vLLM's choice grammar: speed and answers, one engine, same prompts.
 
-    python benchmarks/label_decoding.py --rows 600 --rounds 2 --out benchmarks/results/label-decoding-cpu.json
-    python benchmarks/label_decoding.py --model /models/llama-1b --engine-kwargs '{"load_format": "dummy"}'
+    python -m benchmarks.labels.label_decoding --rows 600 --rounds 2 --out benchmarks/results/label-decoding-cpu.json
+    python -m benchmarks.labels.label_decoding --model /models/llama-1b --engine-kwargs '{"load_format": "dummy"}'
 
 One engine (``VLLMResource``, prefix caching off so every pass prefills in full) labels the same
 Debian package descriptions with ``label_decoding="grammar"`` and ``"auto"`` (one decode step over
@@ -27,7 +27,7 @@ from benchmarks.lib.switches import engine_switches
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: The Debian set: ../shared here; on a GPU box, the copy benchmarks/make_bench_dir.sh puts in .bench.
+#: The Debian set: ../shared here; on a GPU box, the copy benchmarks/runners/make_bench_dir.sh puts in .bench.
 DEBIAN = next((p for p in (ROOT.parent / "shared" / "data" / "debian_packages.parquet",
                            ROOT / ".bench" / "debian_packages.parquet") if p.exists()),
               ROOT.parent / "shared" / "data" / "debian_packages.parquet")

@@ -1,12 +1,12 @@
 """Where the labeling step's time goes: `sparkbatch run`'s own code path on N rows, its ``label``
 lap split into named parts.
 
-    python benchmarks/label_step_trace.py                                   # 40,000 Debian rows, fake engine
-    python benchmarks/label_step_trace.py --rows 5000 --synthetic            # no data set needed
-    python benchmarks/label_step_trace.py --input my.parquet --id-column id --text-columns title,body
-    python benchmarks/label_step_trace.py --profile 30                       # + cProfile's top 30 (slower run)
-    python benchmarks/label_step_trace.py --rounds 4 --before /tmp/old       # A-B / B-A against another copy
-    python benchmarks/label_step_trace.py --engine vllm --model /models/llama-1b \\
+    python -m benchmarks.labels.label_step_trace                                   # 40,000 Debian rows, fake engine
+    python -m benchmarks.labels.label_step_trace --rows 5000 --synthetic            # no data set needed
+    python -m benchmarks.labels.label_step_trace --input my.parquet --id-column id --text-columns title,body
+    python -m benchmarks.labels.label_step_trace --profile 30                       # + cProfile's top 30 (slower run)
+    python -m benchmarks.labels.label_step_trace --rounds 4 --before /tmp/old       # A-B / B-A against another copy
+    python -m benchmarks.labels.label_step_trace --engine vllm --model /models/llama-1b \\
         --out benchmarks/results/h200-1b-label-step-40000.json              # the real engine (a GPU box)
 
 It runs what ``sparkbatch run`` runs (``cli.commands.run``: shard, label, metrics, analytics) in

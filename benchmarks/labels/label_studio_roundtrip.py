@@ -2,7 +2,8 @@
 export the review queue's first 200 rows as tasks, export again (nothing to do), annotate every task
 through the API as a reviewer would (the gold label), import, import again (nothing to do).
 
-    python benchmarks/label_studio_roundtrip.py --rounds 3 --out benchmarks/results/cpu-label-studio-roundtrip.json
+    PYTHONPATH=.:tests/support python -m benchmarks.labels.label_studio_roundtrip --rounds 3 \
+        --out benchmarks/results/cpu-label-studio-roundtrip.json
 
 The job is the demo's shape (Debian package descriptions, ``package`` and ``description`` shown, the
 demo's 58 section labels, gold ``section``: ``--data``, ``../shared/data/debian_packages.parquet``,

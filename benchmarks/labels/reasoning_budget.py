@@ -1,6 +1,7 @@
 """A reasoning job's thinking bounded two ways on one engine: vLLM's own budget against two requests.
 
-    python benchmarks/reasoning_budget.py --rows 64 --budget 64 --rounds 2 --out benchmarks/results/reasoning-cpu.json
+    python -m benchmarks.labels.reasoning_budget --rows 64 --budget 64 --rounds 2 \
+        --out benchmarks/results/reasoning-cpu.json
 
 One offline engine of ``testing.reasoning_model()`` (a tiny model with random weights, a
 Qwen3-style template, ``<think>`` / ``</think>`` tokens), started with a reasoning parser, labels

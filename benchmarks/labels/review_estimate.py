@@ -1,7 +1,7 @@
 """The estimate's confidence figures on the demo, as a user types it: `sparkbatch estimate` with the
 embedded SmolLM2 (the demo's model) and Gemma 3 270M, Debian packages against their archive section.
 
-    python benchmarks/review_estimate.py --sample-rows 300 --out benchmarks/results/review-estimate-cpu-300.json
+    python -m benchmarks.labels.review_estimate --sample-rows 300 --out benchmarks/results/review-estimate-cpu-300.json
 
 `sparkbatch estimate -f definitions.py --models gemma-3-270m --sample-rows N` in its own process
 (SmolLM2 is the demo's configured model: naming it again in ``--models`` would time it twice), in a

@@ -4,7 +4,7 @@ switch of their own for it.
 
 Each is a context manager (``unittest.mock`` patches), on for the ``with`` block::
 
-    with switches.no_confidence():      # answers without log-probabilities (benchmarks/confidence.py)
+    with switches.no_confidence():      # answers without log-probabilities (benchmarks/labels/confidence.py)
         list(engine.generate(requests, sampling, output))
 
 A patch reaches only this process: an engine's data-parallel workers (processes of their own)

@@ -3,8 +3,8 @@
 # against a plain vLLM script, fresh processes (benchmarks/fresh_start.py), from a code snapshot carried
 # in $SNAP (git archive of a commit: other people's half-made edits in the working tree stay out).
 #
-#   SNAP=.bench/e61/snap CODE=<sha> bash benchmarks/fresh_start.sh labels "--rounds 3"          # warm
-#   SNAP=.bench/e61/snap CODE=<sha> bash benchmarks/fresh_start.sh labels "--rounds 3 --cold"
+#   SNAP=.bench/e61/snap CODE=<sha> bash benchmarks/runners/fresh_start.sh labels "--rounds 3"          # warm
+#   SNAP=.bench/e61/snap CODE=<sha> bash benchmarks/runners/fresh_start.sh labels "--rounds 3 --cold"
 #
 # with .gpu/common and .bench/e61 carried (.bench/e61/tok: the SmolLM2 tokenizer; .bench/e61/debian-40000.parquet).
 # Results and every run's log land in $OUT. FIRST=1 also fills the caches with one untimed raw run.
@@ -21,7 +21,7 @@ unset PYTHONDONTWRITEBYTECODE
 [ -e /tmp/pyc-warm ] || { python3 -c "import vllm.entrypoints.llm, dagster, sparkbatch_dagster.cli.commands" >/dev/null 2>&1; touch /tmp/pyc-warm; }
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|a100|l40s|gb10' | tr A-Z a-z || echo gpu)
-[ -d /tmp/llama-1b ] || python3 "$snap/benchmarks/make_dummy_model.py" --shape 1b --tokenizer .bench/e61/tok \
+[ -d /tmp/llama-1b ] || python3 "$snap/benchmarks/tools/make_dummy_model.py" --shape 1b --tokenizer .bench/e61/tok \
     --out /tmp/llama-1b >/dev/null
 # shellcheck disable=SC2086
 python3 "$snap/benchmarks/fresh_start.py" --model /tmp/llama-1b --data .bench/e61/debian-40000.parquet \

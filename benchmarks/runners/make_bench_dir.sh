@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Create .bench/, what benchmarks/h200.sh reads on the GPU machine (which has no network and no
+# Create .bench/, what benchmarks/runners/h200.sh reads on the GPU machine (which has no network and no
 # ../shared): run it on your own machine, in the project root, then carry .bench with the command.
 #
-#   bash benchmarks/make_bench_dir.sh        # creates .bench/ (about 6 MB); does nothing when it is whole
+#   bash benchmarks/runners/make_bench_dir.sh        # creates .bench/ (about 6 MB); does nothing when it is whole
 #
 #   .bench/tok/                      the SmolLM2-135M-Instruct tokenizer and config.json (no weights):
 #                                    make_dummy_model.py builds the 1b/8b shapes on it

@@ -1,7 +1,7 @@
 """The batch-file path against the column path: the same prompts, the same engine, one invocation.
 
-    python benchmarks/batch_file.py --rows 400 --max-tokens 16 --repeat 2       # CPU, embedded SmolLM2
-    BENCH=batch_file REPEAT=2 bash benchmarks/h200.sh 1b 16000 64               # an H200 (throughput.py's options)
+    python -m benchmarks.server.batch_file --rows 400 --max-tokens 16 --repeat 2       # CPU, embedded SmolLM2
+    BENCH=batch_file REPEAT=2 bash benchmarks/runners/h200.sh 1b 16000 64   # an H200 (throughput.py's options)
 
 (a) column: the job as a table (an id and a text column) and a template, as ``throughput.py``'s
 pipeline runs it: ``input_shards``, then ``labeled_outputs`` and ``run_metrics`` materialized;

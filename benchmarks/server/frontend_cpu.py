@@ -1,6 +1,6 @@
 """What a real `vllm serve` frontend spends per row, one prompt per request against several.
 
-    python benchmarks/frontend_cpu.py --out benchmarks/results/cpu-frontend-prompts-per-request.json
+    python -m benchmarks.server.frontend_cpu --out benchmarks/results/cpu-frontend-prompts-per-request.json
 
 Starts the server a job starts (CPU here: one frontend in the `vllm serve` process, the engine
 core and its worker in child processes) and runs the same rows through ``VLLMServerEngine`` with

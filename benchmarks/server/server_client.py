@@ -1,7 +1,7 @@
 """Server mode's client alone: how many requests a second this process can send and read back,
 against an OpenAI-compatible server that answers at once (a stub in its own process).
 
-    python benchmarks/server_client.py --out benchmarks/results/cpu-server-client.json
+    python -m benchmarks.server.server_client --out benchmarks/results/cpu-server-client.json
 
 Server mode on an H200 ran at 0.79 of offline (``h200-1b-server.json``). This tells whether our
 side of the socket is what caps it: the client's CPU time per request (the request body, the

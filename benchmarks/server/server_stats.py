@@ -2,7 +2,7 @@
 with stats off (the default now, as offline ``vllm.LLM`` runs) and one with them on (vLLM's
 own default for ``vllm serve``), A-B / B-A.
 
-    python benchmarks/server_stats.py --out benchmarks/results/cpu-server-stats.json
+    python -m benchmarks.server.server_stats --out benchmarks/results/cpu-server-stats.json
 
 With stats on, each frontend times every token of every request for Prometheus (``/metrics``)
 and a log line every 10 s, and the engine core builds its scheduler's stats every step; offline

@@ -4,7 +4,7 @@ Anthropic Message Batches create of as many bytes (issue 59: the server read the
 split it, 3.1 GB more for a 159 MiB file of short lines; a Message Batches create was parsed
 whole before its checks).
 
-    python benchmarks/upload_memory.py --mib 500 --out benchmarks/results/upload-memory-500mib.json
+    python -m benchmarks.server.upload_memory --mib 500 --out benchmarks/results/upload-memory-500mib.json
 
 The server runs as a user starts it, on the fake engine: the file's last line names another url
 and the Message Batch's last request has no ``max_tokens``, so both are read to the end and then

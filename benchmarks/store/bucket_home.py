@@ -2,8 +2,9 @@
 bucket (moto's S3 server on loopback, s3fs the client), on one warm engine, rounds in A-B / B-A
 order.
 
-    python benchmarks/bucket_home.py --rounds 4 --out benchmarks/results/cpu-bucket-home.json
-    python3 benchmarks/bucket_home.py --mode summary --rows 40000 --model /tmp/llama-1b --load-format dummy \\
+    export PYTHONPATH=.:tests/support   # the tests' shared code these use (benchmarks/lib/support.py)
+    python -m benchmarks.store.bucket_home --rounds 4 --out benchmarks/results/cpu-bucket-home.json
+    python3 -m benchmarks.store.bucket_home --mode summary --rows 40000 --model /tmp/llama-1b --load-format dummy \\
         --gpu --rounds 4 --data .bench/debian_packages.parquet --out $OUT/h200-bucket-home.json   # the H200
 
 Each round gets a fresh home (nothing done, nothing stored) and times, as ``throughput.py`` does,

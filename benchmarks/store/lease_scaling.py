@@ -1,8 +1,9 @@
 """Leases at scale: one box holds thousands of shard claims while the store answers slowly, and
 its renewal traffic stays one conditional PUT a third of a lease, whatever the shards it holds.
 
-    python benchmarks/lease_scaling.py --out benchmarks/results/lease-scaling-$(date -u +%F).json
-    python benchmarks/lease_scaling.py --shards 200 --lease-seconds 6     # a quick look
+    export PYTHONPATH=.:tests/support   # the tests' shared code these use (benchmarks/lib/support.py)
+    python -m benchmarks.store.lease_scaling --out benchmarks/results/lease-scaling-$(date -u +%F).json
+    python -m benchmarks.store.lease_scaling --shards 200 --lease-seconds 6     # a quick look
 
 Against moto's S3 server on loopback, each box through its own fault proxy (tests/support/faults.py)
 that holds every request ``--latency-ms`` before forwarding it (so each proxy's log is exactly

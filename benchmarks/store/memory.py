@@ -1,7 +1,7 @@
 """Memory: sharding a 10M-row Parquet input, and the labeled-output writer vs shard count.
 
-    python benchmarks/memory.py --out benchmarks/results/cpu-memory.json   # 10M rows; one JSON line
-    python benchmarks/memory.py --rows 1000000  # quicker
+    python -m benchmarks.store.memory --out benchmarks/results/cpu-memory.json   # 10M rows; one JSON line
+    python -m benchmarks.store.memory --rows 1000000  # quicker
 
 (1) sharding runs in a fresh child process, so its peak RSS (ru_maxrss) is sharding alone; then
 the estimate's stratified sample is drawn from those shards in another fresh child;

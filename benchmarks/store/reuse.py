@@ -1,7 +1,7 @@
 """Rows appended to a finished job: what the rerun costs with the result store, and without it.
 
-    python benchmarks/reuse.py                      # 1,000 Debian rows + 10% appended, 2 rounds, real vLLM
-    python benchmarks/reuse.py --rows 200 --rounds 1 --out benchmarks/results/x.json
+    python -m benchmarks.store.reuse                      # 1,000 Debian rows + 10% appended, 2 rounds, real vLLM
+    python -m benchmarks.store.reuse --rows 200 --rounds 1 --out benchmarks/results/x.json
 
 Each round labels ``rows`` rows into a fresh job home (one engine for the whole benchmark), then
 appends 10% more rows (the input file rewritten, the job re-sharded) and reruns: variant

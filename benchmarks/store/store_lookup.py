@@ -1,8 +1,8 @@
 """The result store at scale: lookup time per shard against a store of 10M answers, next to
 the time the same shard takes to generate on an H200 (from a committed result file).
 
-    python benchmarks/store_lookup.py                     # 10M stored answers, 10k-row shards
-    python benchmarks/store_lookup.py --stored 1000000    # quicker
+    python -m benchmarks.store.store_lookup                     # 10M stored answers, 10k-row shards
+    python -m benchmarks.store.store_lookup --stored 1000000    # quicker
 
 The store is laid out as the runner leaves it after labeling ``stored / shard_rows`` shards
 (merged 16 at a time: a few big segments, a few small ones). Each probe is one shard's prompt

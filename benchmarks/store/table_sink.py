@@ -1,7 +1,8 @@
 """What the table sink costs: syncing a job's committed shards into its Delta Lake table, in a
 folder home and in a bucket home (moto's S3 server on loopback), timed apart from the labeling.
 
-    python benchmarks/table_sink.py --rounds 3 --out benchmarks/results/cpu-table-sink.json
+    export PYTHONPATH=.:tests/support   # the tests' shared code these use (benchmarks/lib/support.py)
+    python -m benchmarks.store.table_sink --rounds 3 --out benchmarks/results/cpu-table-sink.json
 
 The job is labeled once per home with the fake engine (its answers are not what is measured:
 the table holds the same columns whatever the model said), then each round syncs into a fresh

@@ -3,8 +3,8 @@ and import arrows inside ``engines/``, the files one engine option is named in, 
 that return ``dict[str, Any]``, the longest ``generate``, the ``["cost_usd"]`` indexes, and the
 module count with the largest module's lines.
 
-    python benchmarks/code_shape.py                                         # this checkout's package
-    python benchmarks/code_shape.py /tmp/old --name code-shape-before       # another copy (a git worktree)
+    python -m benchmarks.tools.code_shape                                         # this checkout's package
+    python -m benchmarks.tools.code_shape /tmp/old --name code-shape-before       # another copy (a git worktree)
 
 It only parses (``ast``), never imports, the package; the import arrows come from the parse the
 layout test uses (``imports`` of ``tests/unit/test_layout.py``: lazy imports inside functions
@@ -152,7 +152,7 @@ def main() -> None:
     if not package.is_dir():
         raise SystemExit(f"code_shape: {package} is not a folder: name a checkout that holds sparkbatch_dagster/")
     result = {"benchmark": "code_shape", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
-              "code": commit_of(copy), "command": " ".join(["benchmarks/code_shape.py", *sys.argv[1:]]),
+              "code": commit_of(copy), "command": " ".join(["benchmarks/tools/code_shape.py", *sys.argv[1:]]),
               **shape(package)}
     emit(result, str(ROOT / "benchmarks" / "results" / f"{args.name}.json") if args.name else None)
 

@@ -1,9 +1,9 @@
 """The benchmark tables of ``docs/``, rendered from ``benchmarks/results/*.json``: every figure
 in them comes from a result file a benchmark script wrote.
 
-    python benchmarks/doc_tables.py            # print the tables
-    python benchmarks/doc_tables.py --write    # rewrite them in the docs pages that hold them
-    python benchmarks/doc_tables.py --check    # exit 1 when a page's tables differ
+    python -m benchmarks.tools.doc_tables            # print the tables
+    python -m benchmarks.tools.doc_tables --write    # rewrite them in the docs pages that hold them
+    python -m benchmarks.tools.doc_tables --check    # exit 1 when a page's tables differ
 
 In a page (README.md or docs/*.md) each table sits between ``<!-- table:NAME ... -->`` and
 ``<!-- /table -->``; ``tests/unit/test_results_files.py`` fails when one differs from what this script
@@ -431,7 +431,7 @@ def fresh_start_table(results: Results) -> str:
                   "project `LLM(...)` / raw's", "before (72d3217) s", "file"], rows) + "\n" + "\n".join(notes) + "\n"
 
 
-#: The engine start's steps as benchmarks/start_trace.py names them, in words.
+#: The engine start's steps as benchmarks/engine/start_trace.py names them, in words.
 START_STEPS = {"import vllm": "`import vllm` (torch with it)", "vllm.LLM(...)": "`vllm.LLM(...)`",
                "device": "device facts (the memory check)", "cache_key": "compile cache key",
                "CompileCacheRun.restore": "compile cache restore", "CompileCacheRun.save": "compile cache save",
@@ -517,7 +517,7 @@ def main() -> None:
                 page.write_text(rendered)
     if args.check and stale:
         sys.exit(f"{', '.join(stale)}: benchmark tables differ from benchmarks/results: "
-                 "run python benchmarks/doc_tables.py --write")
+                 "run python -m benchmarks.tools.doc_tables --write")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """A fresh install, timed: `make install` (then `make label-studio` or `make check`) in a fresh clone, as a
 newcomer runs it.
 
-    python benchmarks/install_time.py --rev HEAD --out benchmarks/results/install-cpu-uv-lock.json
-    python benchmarks/install_time.py --rev 5c2a0b7 --out ...      # the Makefile before the locks (pip)
-    python benchmarks/install_time.py --cold ...                   # pip's and uv's caches empty too
-    python benchmarks/install_time.py --target check ...           # then make check, no font or mypy cache
+    python -m benchmarks.tools.install_time --rev HEAD --out benchmarks/results/install-cpu-uv-lock.json
+    python -m benchmarks.tools.install_time --rev 5c2a0b7 --out ...      # the Makefile before the locks (pip)
+    python -m benchmarks.tools.install_time --cold ...                   # pip's and uv's caches empty too
+    python -m benchmarks.tools.install_time --target check ...           # then make check, no font or mypy cache
 
 The clone lives in a temporary folder (the working checkout's venvs are never touched) and is
 removed after. ``--cold`` gives pip and uv empty cache folders, a machine that never installed
@@ -75,7 +75,7 @@ def main() -> None:
             "target": args.target, "installer": installer(clone), "cold_caches": args.cold,
             "seconds": seconds[args.target], "steps_s": seconds, "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in os.getloadavg()], "code": rev, **outcome,
-            "command": "python benchmarks/install_time.py " + " ".join(sys.argv[1:]),
+            "command": "python -m benchmarks.tools.install_time " + " ".join(sys.argv[1:]),
         }
         shutil.rmtree(clone, ignore_errors=True)
     emit(result, args.out)

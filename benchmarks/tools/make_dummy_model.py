@@ -1,9 +1,11 @@
 """Write a model folder of a given shape (config + the SmolLM2 tokenizer, no weights), for
 vLLM's ``load_format="dummy"``: realistic throughput on a GPU without downloading weights.
 
-    python benchmarks/make_dummy_model.py --shape 1b --tokenizer ~/.cache/sparkbatch/models/SmolLM2-135M-Instruct \
+    python -m benchmarks.tools.make_dummy_model --shape 1b \
+        --tokenizer ~/.cache/sparkbatch/models/SmolLM2-135M-Instruct \
         --out .bench/llama-1b
-    python benchmarks/make_dummy_model.py --shape 1b --tokenizer .bench/tok --out /tmp/llama-1b-rw --random-weights 0.02
+    python -m benchmarks.tools.make_dummy_model --shape 1b --tokenizer .bench/tok --out /tmp/llama-1b-rw \
+        --random-weights 0.02
 
 The shapes are ``sparkbatch_dagster.testing.DUMMY_SHAPES`` (tiny, 1b, 8b, 70b).
 
