@@ -94,8 +94,8 @@ def _label(src: Path, labels: list[str], texts: list[str], work: Path) -> tuple[
 def _round(job: Any, resource: Any, server: Any, tasks: int, title: str, reviewer: int) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
-    from sparkbatch_dagster.cli.label_studio import choice, connect, export_review, tasks_by_row
-    from sparkbatch_dagster.cli.label_studio_import import import_review
+    from sparkbatch_dagster.review.label_studio import choice, connect, export_review, tasks_by_row
+    from sparkbatch_dagster.review.label_studio_import import import_review
     from sparkbatch_dagster.run import human_labels
 
     shutil.rmtree(human_labels.labels_folder(job.home), ignore_errors=True)  # each round reviews afresh
@@ -141,10 +141,10 @@ def main() -> None:
 
     from importlib.metadata import version
 
-    LabelStudioServer = support("label_studio_server").LabelStudioServer
+    from sparkbatch_dagster.review.label_studio import Server, connect
 
+    LabelStudioServer = support("label_studio_server").LabelStudioServer
     installed = support("label_studio_server").installed
-    from sparkbatch_dagster.cli.label_studio import Server, connect
 
     if not installed():
         sys.exit("Label Studio's virtualenv (.ls-venv) is not installed: run `make label-studio`")

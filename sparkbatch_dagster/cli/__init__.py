@@ -10,25 +10,12 @@ Modules:
 - :mod:`.console`: one JSON line on stdout, one-line errors on stderr, ``--debug``;
 - :mod:`.locate`: finding the jobs of a definitions file and the Dagster instance;
 - :mod:`.preview`: ``sparkbatch preview``: a run's plan and rendered prompts, no engine;
+- :mod:`.early_start`: the engine's start begun before the job is loaded (``sparkbatch run``);
 - :mod:`.budget`: ``run``'s brake flags (``--estimate``, ``--max-cost``, ``--deadline``);
 - :mod:`.batch`: ``sparkbatch run-batch`` and ``export-batch``;
-- :mod:`.serve_batch`: ``sparkbatch serve-batch``, the OpenAI Files and Batches endpoints and Anthropic's
-  Message Batches (uvicorn);
-- :mod:`.serve_batch_app`: its FastAPI routes;
-- :mod:`.serve_batch_models`: its request and response models;
-- :mod:`.serve_batch_guard`: its Host, Origin, API key and body-size checks;
-- :mod:`.anthropic_batches`: its Anthropic Message Batches routes;
-- :mod:`.anthropic_create`: a Message Batches create checked request by request from the body's bytes;
-- :mod:`.anthropic_models`: their request and response models;
-- :mod:`.batch_service`: the worker that validates and runs the batches;
-- :mod:`.batch_store`: the files and batches on disk;
-- :mod:`.batch_validate`: a batch input file's check while it is ``validating``;
-- :mod:`.batch_results`: the error lines of requests that never ran (expired, cancelled);
-- :mod:`.batch_ending`: what a batch holds once it ends (result files, counts, usage);
-- :mod:`.review`: ``sparkbatch review export`` and ``import``: arguments, Label Studio's address and key;
-- :mod:`.label_studio`: the review queue's round trip through Label Studio (its SDK): the export;
-- :mod:`.label_studio_import`: the reviewers' annotations read back as human labels;
-- :mod:`.review_queue`: the rows an export sends, and the note of the last export.
+- :mod:`.serve_batch`: ``sparkbatch serve-batch``: the server's start (uvicorn) on ``..serve``'s app;
+- :mod:`.review`: ``sparkbatch review export`` and ``import``: arguments, Label Studio's address and key
+  (the round trip itself is ``..review``'s).
 
 May import: every room; nothing imports it (``python -m sparkbatch_dagster.cli`` runs it).
 """

@@ -13,7 +13,6 @@ the estimate and the bill; docs/batch-files.md)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -110,6 +109,8 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
     (``export-batch``); return the summary line."""
     resource = engine(args)
     if args.command == "serve-batch":
+        from .serve_batch import serve_batch
+
         return serve_batch(args, resource)
     extra: dict[str, Any] = {"hourly_rate_usd": args.hourly_rate} if getattr(args, "hourly_rate", None) is not None \
         else {}
@@ -121,30 +122,6 @@ def command(args: argparse.Namespace, run: Callable[[Any, Any], dict[str, Any]])
     if args.command == "export-batch":
         return export_batch(job, out, errors, resource).to_json()
     return run_batch(job, defs, out, errors, run)
-
-
-def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, Any]:
-    """``serve-batch``: serve until interrupted; each batch runs in a ``run-batch`` child with
-    this command's engine and options."""
-    from .batch_service import OPEN, Store, Worker
-    from .serve_batch import check_bind, serve
-    from .serve_batch_guard import access
-
-    check_bind(args.host, args.api_key)
-    if resource.model is not None:  # a model that cannot load stops here, not every batch later
-        try:
-            resource.model_name()
-        except ConfigError as exc:
-            raise ConfigError(f"serve-batch {'--model' if args.model else '--engine-file'}: {exc}") from None
-    door = access(args.host, args.api_key, args.allow_host, args.allow_origin, args.max_upload_mb * 1024 * 1024)
-    root = Path(args.root).resolve()
-    child = ["--engine-file", str(Path(args.engine_file).resolve())] if args.engine_file else \
-        (["--model", args.model] if args.model else [])
-    store = Store(root)
-    worker = Worker(store, child, resource, args.max_tokens, args.shard_size, args.hourly_rate)
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: open batches resume at the next start
-        serve(root, args.host, args.port, door, worker, store)
-    return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches() if b["status"] in OPEN]}
 
 
 def run_batch(job: Any, defs: Any, out: Path, errors: Path | None,

@@ -16,9 +16,9 @@ import os
 from typing import Any
 
 from ..errors import SparkbatchError
+from ..review.label_studio import Server, export_review
+from ..review.label_studio_import import import_review
 from . import console
-from .label_studio import Server, export_review
-from .label_studio_import import import_review
 from .locate import instance, load
 
 

@@ -9,20 +9,19 @@ unchanged ``openai`` client runs its batch here (docs/batch-files.md)::
     ...  # client.batches.retrieve(b.id).status == "completed"
     client.files.content(b.output_file_id).text
 
-Served: ``POST /v1/files``, ``GET /v1/files``, ``GET /v1/files/{id}``, ``DELETE /v1/files/{id}``,
-``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET /v1/batches``, ``GET /v1/batches/{id}``,
-``POST /v1/batches/{id}/cancel``; Anthropic's Message Batches (:mod:`.anthropic_batches`: ``POST`` and
-``GET /v1/messages/batches``, ``GET`` and ``DELETE /v1/messages/batches/{id}``, ``POST .../{id}/cancel``,
-``GET .../{id}/results``, for ``anthropic.Anthropic(base_url="http://127.0.0.1:8400")``); and the OpenAPI
-document ``GET /openapi.json``. The routes are a
-FastAPI app (:mod:`.serve_batch_app`) behind a guard (:mod:`.serve_batch_guard`: Host and Origin
-allow-lists, the API key, the body cap), run by uvicorn. Bound to loopback unless ``--host`` says
-otherwise, and then only with an API key (``--api-key`` or ``$SPARKBATCH_API_KEY``). Each batch is
-a job (:mod:`.batch_service`).
+Served: OpenAI's Files and Batches, Anthropic's Message Batches (``anthropic.Anthropic(base_url=
+"http://127.0.0.1:8400")``) and ``GET /healthz``; the routes are listed in the OpenAPI document
+``GET /openapi.json``. The routes are a FastAPI app (``serve.app``) behind a guard
+(``serve.guard``: Host and Origin allow-lists, the API key, the body cap); this module takes the
+arguments and runs the app with uvicorn. Bound to loopback unless ``--host`` says otherwise, and
+then only with an API key (``--api-key`` or ``$SPARKBATCH_API_KEY``). Each batch is a job
+(``serve.worker``).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import ipaddress
 import os
 import signal
@@ -31,9 +30,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..definitions.resource import VLLMResource
 from ..errors import ConfigError
-from .batch_service import Store, Worker
-from .serve_batch_guard import Access
+from ..serve.guard import Access, access
+from ..serve.worker import OPEN, Store, Worker
 
 #: Connections the kernel holds until the server accepts them (capped by net.core.somaxconn):
 #: many clients connecting at once all get in, none reset.
@@ -47,6 +47,26 @@ LOG_CONFIG: dict[str, Any] = {
     "formatters": {"line": {"format": "sparkbatch: serve-batch: %(message)s"}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}},
     "loggers": {"uvicorn.error": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}}}
+
+
+def serve_batch(args: argparse.Namespace, resource: VLLMResource) -> dict[str, Any]:
+    """``serve-batch``: serve until interrupted; each batch runs in a ``run-batch`` child with
+    this command's engine and options."""
+    check_bind(args.host, args.api_key)
+    if resource.model is not None:  # a model that cannot load stops here, not every batch later
+        try:
+            resource.model_name()
+        except ConfigError as exc:
+            raise ConfigError(f"serve-batch {'--model' if args.model else '--engine-file'}: {exc}") from None
+    door = access(args.host, args.api_key, args.allow_host, args.allow_origin, args.max_upload_mb * 1024 * 1024)
+    root = Path(args.root).resolve()
+    child = ["--engine-file", str(Path(args.engine_file).resolve())] if args.engine_file else \
+        (["--model", args.model] if args.model else [])
+    store = Store(root)
+    worker = Worker(store, child, resource, args.max_tokens, args.shard_size, args.hourly_rate)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: open batches resume at the next start
+        serve(root, args.host, args.port, door, worker, store)
+    return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches() if b["status"] in OPEN]}
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -76,7 +96,7 @@ def serve(root: Path, host: str, port: int, access: Access, worker: Worker, stor
     flight are answered), taking up the batches a previous server left open."""
     import uvicorn
 
-    from .serve_batch_app import make_app
+    from ..serve.app import make_app
 
     check_bind(host, access.api_key)
     sock = listen(host, port)

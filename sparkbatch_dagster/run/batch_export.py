@@ -156,7 +156,7 @@ def openai_line(row: dict[str, Any], version: str, created: int, usage: tuple[in
     if row["error"] is not None:
         # The request's own failure is its HTTP answer (400: its fault; 500: the engine's), with the
         # line's ``error`` null: OpenAI keeps that for requests that got no HTTP answer at all
-        # (``batch_expired``, ``batch_cancelled``: cli/batch_results.py writes those).
+        # (``batch_expired``, ``batch_cancelled``: serve/results.py writes those).
         kind, code, param = openai_error(row["error"])
         status = 400 if kind == "invalid_request_error" else 500
         error = ApiError(message=row["error"], type=kind, param=param, code=code)

@@ -162,9 +162,9 @@ def in_process(tmp_path, monkeypatch) -> Iterator[tuple[Any, Any, Path]]:
     worker, the anthropic client, the gate)."""
     import uvicorn
 
-    from sparkbatch_dagster.cli.batch_service import Store, Worker
-    from sparkbatch_dagster.cli.serve_batch_app import make_app
-    from sparkbatch_dagster.cli.serve_batch_guard import access
+    from sparkbatch_dagster.serve.app import make_app
+    from sparkbatch_dagster.serve.guard import access
+    from sparkbatch_dagster.serve.worker import Store, Worker
     from sparkbatch_dagster.testing import FakeVLLMResource
 
     gate = tmp_path / "gate"

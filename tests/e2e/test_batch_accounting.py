@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from accounting import check_ended, random_file, request_line
 
-from sparkbatch_dagster.cli.batch_service import Store, Worker, _job_name
 from sparkbatch_dagster.cli.commands import run_batch
 from sparkbatch_dagster.definitions.batch_files import batch_file_job
+from sparkbatch_dagster.serve.worker import Store, Worker, _job_name
 from sparkbatch_dagster.spec import SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 

@@ -29,10 +29,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from label_studio_server import LS_VENV, LabelStudioServer, docs_command, installed
-from sparkbatch_dagster.cli.label_studio import put_queue, tasks_by_row
 from sparkbatch_dagster.cli.locate import load
-from sparkbatch_dagster.cli.review_queue import QueueRow
 from sparkbatch_dagster.home import JobHome
+from sparkbatch_dagster.review.label_studio import put_queue, tasks_by_row
+from sparkbatch_dagster.review.queue import QueueRow
 from sparkbatch_dagster.run import human_labels
 from sparkbatch_dagster.run.human_labels import utc_iso
 from sparkbatch_dagster.run.query import read_only

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from sparkbatch_dagster.cli.batch_service import Store, Worker, _job_name
 from sparkbatch_dagster.cli.commands import run_batch
-from sparkbatch_dagster.cli.serve_batch_app import make_app
-from sparkbatch_dagster.cli.serve_batch_guard import access
 from sparkbatch_dagster.definitions.batch_files import batch_file_job
+from sparkbatch_dagster.serve.app import make_app
+from sparkbatch_dagster.serve.guard import access
+from sparkbatch_dagster.serve.worker import Store, Worker, _job_name
 from sparkbatch_dagster.spec import SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
 

@@ -32,9 +32,9 @@ import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from sparkbatch_dagster.cli.batch_service import Store, Worker
-from sparkbatch_dagster.cli.serve_batch_app import make_app
-from sparkbatch_dagster.cli.serve_batch_guard import access
+from sparkbatch_dagster.serve.app import make_app
+from sparkbatch_dagster.serve.guard import access
+from sparkbatch_dagster.serve.worker import Store, Worker
 from testkit import wait_until
 
 openai = pytest.importorskip("openai")
@@ -373,7 +373,7 @@ def test_validating_to_failed_with_line_numbered_errors(tmp_path, boxes):
         (4, "missing_required_parameter", "custom_id"), (5, "url_mismatch", "url"), (7, "invalid_json_line", None)]
     assert all(e.message for e in failed.errors.data)
     counts = failed.request_counts
-    assert (counts.total, counts.completed, counts.failed) == (6, 0, 0)  # nothing ran, which cost nothing
+    assert (counts.total, counts.completed, counts.failed) == (0, 0, 0)  # OpenAI counts no request of a file it refused
     assert failed.usage is not None and failed.usage.total_tokens == 0 and failed.model is None
     empty = box.wait(_create(box, tmp_path / "empty.jsonl").id, "failed")
     assert [e.code for e in empty.errors.data] == ["empty_file"]  # type: ignore[union-attr]

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from sparkbatch_dagster.engines.server.server_process import die_with_parent, spawn_owned, stop_group
+from sparkbatch_dagster.engines.platform.processes import die_with_parent, spawn_owned, stop_group
 
 ECHO = [sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line.strip(), flush=True)"]
 
@@ -63,7 +63,7 @@ def test_an_owned_child_dies_with_its_process_even_where_sigterm_is_ignored():
 def _left_behind_by(setup: str) -> bool:
     """Whether a process that ran ``setup`` and started an owned child leaves it running once it exits."""
     code = ("import signal, subprocess; "
-            "from sparkbatch_dagster.engines.server.server_process import spawn_owned; " + setup
+            "from sparkbatch_dagster.engines.platform.processes import spawn_owned; " + setup
             + "p = spawn_owned(['sleep', '600'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
             "print(p.pid, flush=True)")
     parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from sparkbatch_dagster.cli.batch_service import Store, Worker
-from sparkbatch_dagster.cli.serve_batch_app import make_app
-from sparkbatch_dagster.cli.serve_batch_guard import access
+from sparkbatch_dagster.serve.app import make_app
+from sparkbatch_dagster.serve.guard import access
+from sparkbatch_dagster.serve.worker import Store, Worker
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 anthropic = pytest.importorskip("anthropic")

@@ -12,11 +12,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkbatch_dagster.cli.batch_results import job_row_ids
-from sparkbatch_dagster.cli.batch_validate import MAX_ERRORS, validate_file
 from sparkbatch_dagster.definitions.batch_files import batch_file_job
 from sparkbatch_dagster.errors import InputError
 from sparkbatch_dagster.inputs.shards import build_shards
+from sparkbatch_dagster.serve.results import job_row_ids
+from sparkbatch_dagster.serve.validate import MAX_ERRORS, validate_file
 
 IDS = ["r1", "r2", "r1#dup2", "r1#dup2~", "r1#dup3", "unparsable-line-2", "unparsable-line-2~", "é"]
 URL = "/v1/chat/completions"

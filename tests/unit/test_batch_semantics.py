@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from sparkbatch_dagster.cli.batch_ending import usage_fields
-from sparkbatch_dagster.cli.batch_service import Store, Worker
-from sparkbatch_dagster.cli.batch_validate import validate_file
-from sparkbatch_dagster.cli.serve_batch_app import make_app
-from sparkbatch_dagster.cli.serve_batch_guard import access
 from sparkbatch_dagster.run.batch_export import usage_of
+from sparkbatch_dagster.serve.app import make_app
+from sparkbatch_dagster.serve.ending import usage_fields
+from sparkbatch_dagster.serve.guard import access
+from sparkbatch_dagster.serve.validate import validate_file
+from sparkbatch_dagster.serve.worker import Store, Worker
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 openai = pytest.importorskip("openai")

@@ -1,4 +1,4 @@
-"""``sparkbatch serve-batch``'s store (cli/batch_store.py): a File is a typed record
+"""``sparkbatch serve-batch``'s store (serve/store.py): a File is a typed record
 (``serve_batch_models.FileObject``) whose JSON on disk is the one earlier servers wrote, so an
 old ``--root`` still reads; the store's listeners hear each change of a batch's status once."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sparkbatch_dagster import ConfigError
-from sparkbatch_dagster.cli.batch_store import Store, new_batch
-from sparkbatch_dagster.cli.serve_batch_models import FileObject
+from sparkbatch_dagster.serve.openai_models import FileObject
+from sparkbatch_dagster.serve.store import Store, new_batch
 
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
 

@@ -24,6 +24,7 @@ ROOMS: list[set[str]] = [
     {"run"},
     {"estimate"},
     {"definitions"},
+    {"serve", "review"},  # the services: the Batch API over HTTP; the review round trip through Label Studio
     {"cli", "testing"},
     {""},  # the package itself: its public names
 ]
@@ -211,3 +212,11 @@ def test_importing_the_package_from_inside_it_is_upward(tmp_path):
     assert upward(graph) == ["sparkbatch_dagster.engines.start imports sparkbatch_dagster "
                              "(the package is above engines)"]
 
+
+
+def test_the_services_never_import_the_command_line_or_each_other(tmp_path):
+    graph = _plant(tmp_path, "serve/app.py", "from ..cli.console import emit")
+    assert upward(graph) == ["sparkbatch_dagster.serve.app imports sparkbatch_dagster.cli.console (cli is above serve)"]
+    graph = _plant(tmp_path / "2", "review/queue.py", "from ..serve.store import Store")
+    assert upward(graph) == ["sparkbatch_dagster.review.queue imports sparkbatch_dagster.serve.store "
+                             "(serve is above review)"]

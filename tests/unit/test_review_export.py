@@ -8,11 +8,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from sparkbatch_dagster.cli.label_studio import label_config, project_title
-from sparkbatch_dagster.cli.label_studio_import import finished, picked
 from sparkbatch_dagster.cli.review import server_of
-from sparkbatch_dagster.cli.review_queue import QueueRow, text_keys
 from sparkbatch_dagster.errors import SparkbatchError
+from sparkbatch_dagster.review.label_studio import label_config, project_title
+from sparkbatch_dagster.review.label_studio_import import finished, picked
+from sparkbatch_dagster.review.queue import QueueRow, text_keys
 
 
 def test_the_config_is_one_choice_over_the_labels_under_each_text_column():
@@ -64,7 +64,7 @@ def test_a_title_label_studio_would_refuse_is_named_with_the_fix(title):
 
 
 def test_an_import_after_a_label_set_change_names_every_bad_row():
-    from sparkbatch_dagster.cli.label_studio_import import outside
+    from sparkbatch_dagster.review.label_studio_import import outside
     from sparkbatch_dagster.run.human_labels import HumanLabel
 
     found = [HumanLabel.of(f"pkg-{i}", "old" if i % 2 else "fruit", "ann@example.com", "2026-12-06T10:00:00Z",

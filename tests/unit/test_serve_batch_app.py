@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from sparkbatch_dagster.cli.batch_service import Store, Worker
-from sparkbatch_dagster.cli.serve_batch_app import make_app
-from sparkbatch_dagster.cli.serve_batch_guard import Access, Guard, access, host_name, origin_allowed
 from sparkbatch_dagster.errors import ConfigError
+from sparkbatch_dagster.serve.app import make_app
+from sparkbatch_dagster.serve.guard import Access, Guard, access, host_name, origin_allowed
+from sparkbatch_dagster.serve.worker import Store, Worker
 from sparkbatch_dagster.testing import FakeVLLMResource
 
 LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
@@ -197,14 +198,12 @@ def test_the_openapi_document_says_what_is_served(tmp_path):
     client, _ = _client(tmp_path / "root", access("127.0.0.1", "k"))
     doc = client.get("/openapi.json", headers={"Authorization": "Bearer k"}).json()
     operations = {f"{method.upper()} {path}": op for path, item in doc["paths"].items() for method, op in item.items()}
-    assert set(operations) == {"POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}",
-                               "DELETE /v1/files/{file_id}", "GET /v1/files/{file_id}/content",
-                               "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
-                               "POST /v1/batches/{batch_id}/cancel", "POST /v1/messages/batches",
-                               "GET /v1/messages/batches", "GET /v1/messages/batches/{message_batch_id}",
-                               "POST /v1/messages/batches/{message_batch_id}/cancel",
-                               "DELETE /v1/messages/batches/{message_batch_id}",
-                               "GET /v1/messages/batches/{message_batch_id}/results"}
+    # Every route the app serves is in the document, and only those: one router per API, each whole.
+    assert set(operations) == {f"{m} {r.path}" for r in client.app.routes if isinstance(r, APIRoute) for m in r.methods}
+    by_api = {prefix: {name for name in operations if name.split(" ")[1].startswith(prefix)}
+              for prefix in ("/v1/files", "/v1/batches", "/v1/messages/batches", "/healthz")}
+    assert sum(map(len, by_api.values())) == len(operations) and all(by_api.values())
+    assert {"POST", "GET", "DELETE"} <= {name.split(" ")[0] for name in by_api["/v1/files"]}
     for name, op in operations.items():
         assert "422" not in op["responses"] and {"400", "401", "403", "413", "421"} <= set(op["responses"])
         shape = "AnthropicErrorResponse" if "/v1/messages/" in name else "ErrorResponse"  # each API's errors
@@ -213,6 +212,19 @@ def test_the_openapi_document_says_what_is_served(tmp_path):
     assert (limit["minimum"], limit["maximum"]) == (1, 100)
     assert doc["security"] == [{"apiKey": []}] and doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
     assert client.get("/docs", headers={"Authorization": "Bearer k"}).status_code == 404  # no CDN scripts
+
+
+def test_healthz_answers_while_the_server_serves_behind_the_same_guard(tmp_path):
+    """Liveness touches neither the store nor the worker: it answers with the store's folder gone."""
+    client, store = _client(tmp_path / "root", access("127.0.0.1", "k"))
+    import shutil
+
+    shutil.rmtree(store.root)
+    answer = client.get("/healthz", headers={"Authorization": "Bearer k"})
+    assert (answer.status_code, answer.json()) == (200, {"status": "ok"})
+    assert client.get("/healthz").status_code == 401  # the key, as every route
+    assert client.get("/healthz", headers={"Authorization": "Bearer k", "Host": "evil.example"}).status_code == 421
+    assert client.post("/healthz", headers={"Authorization": "Bearer k"}).status_code == 405
 
 
 def test_the_message_batches_routes_refuse_in_anthropics_shape(tmp_path):

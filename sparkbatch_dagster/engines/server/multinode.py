@@ -100,7 +100,7 @@ def serve_worker(cmd: list[str], master: tuple[str, int], once: bool = False,
     stopped (with its worker processes) once the first node's store at ``master`` has been up
     and is gone again, and a fresh one started. Returns when ``cmd`` ends by itself before any
     engine came up (a bad setting, a missing vLLM: its exit code), or after one engine (``once``)."""
-    from .server_process import spawn_owned, stop_group
+    from ..platform.processes import spawn_owned, stop_group
 
     while True:
         log(f"worker node: joins the engine at {master[0]}:{master[1]} when it starts")

@@ -1,5 +1,5 @@
 """The review queue's round trip through Label Studio, with its SDK (``label-studio-sdk``):
-``sparkbatch review export`` and ``sparkbatch review import`` (:mod:`.review` reads the arguments).
+``sparkbatch review export`` and ``sparkbatch review import`` (:mod:`..cli.review` reads the arguments).
 
 :func:`export_review` creates (or finds, by title: the job's name unless given) a project whose
 labeling config is a choice over the job's labels beside the row's text columns, and puts the review
@@ -26,7 +26,7 @@ from typing import Any
 from xml.sax.saxutils import quoteattr
 
 from ..errors import SparkbatchError
-from .review_queue import QueueRow, text_keys
+from .queue import QueueRow, text_keys
 
 #: The labeling config's Choices tag: the name every prediction and annotation result carries.
 FROM_NAME = "label"
@@ -196,7 +196,7 @@ def export_review(job: Any, resource: Any, server: Server, project: str | None =
     """Put ``job``'s review queue (its first ``limit`` rows not yet reviewed) into the Label Studio
     project titled ``project`` (default: the job's name), creating it if needed."""
     from ..run import review_members
-    from .review_queue import read_queue, save_export
+    from .queue import read_queue, save_export
 
     labels = list(job.spec.output.labels or [])
     if job.spec.output.kind != "label" or not labels:

@@ -21,8 +21,8 @@ import msgspec
 from pydantic import ValidationError
 
 from .anthropic_models import MAX_REQUESTS, BatchRequestItem
-from .batch_store import Store, now
-from .serve_batch_guard import ApiError
+from .guard import ApiError
+from .store import Store, now
 
 FORMAT = "anthropic_batch"
 #: Seconds from creation to expiry: Anthropic's 24 hours.

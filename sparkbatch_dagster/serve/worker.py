@@ -1,7 +1,7 @@
 """The worker behind ``sparkbatch serve-batch``: it validates each new batch, then runs the batches
-one after another (:mod:`.serve_batch` is the HTTP side, :mod:`.batch_store` the files on disk).
+one after another (:mod:`.app` is the HTTP side, :mod:`.store` the files on disk).
 
-A batch is first ``validating`` (:mod:`.batch_validate`: a file OpenAI would refuse fails the
+A batch is first ``validating`` (:mod:`.validate`: a file OpenAI would refuse fails the
 batch, line by line), then ``in_progress`` until its turn comes and it has run, ``finalizing``
 while its result files are written, then ``completed``. Each batch is a batch-file job
 (:func:`..definitions.batch_files.batch_file_job`) run by a ``sparkbatch run-batch`` child
@@ -9,7 +9,7 @@ process, one batch at a time (one engine on the box). The child is killed by the
 server dies (its engine's watchdog ends the engine); on the next start every batch that was not
 over is queued again and its run resumes from its checkpoints (rows already answered are not
 asked again). A cancel interrupts the child,
-then the rows finished so far become the batch's result files (:mod:`.batch_ending`).
+then the rows finished so far become the batch's result files (:mod:`.ending`).
 
 An Anthropic Message Batch (:mod:`.anthropic_batches`, ``format`` ``anthropic_batch``) is checked
 when it is created, so it skips ``validating``; it is queued and run as any batch is, on the same
@@ -33,9 +33,9 @@ from ..definitions.batch_files import batch_counts, batch_file_job, export_batch
 from ..definitions.resource import VLLMResource
 from ..run.batch_export import ExportSummary
 from ..spec import SamplingSpec
-from .batch_ending import NOTHING_RAN, counts_of, ended, usage_fields
-from .batch_store import ENDPOINT, OPEN, Store, new_batch, now
-from .batch_validate import validate_file
+from .ending import NOTHING_RAN, counts_of, ended, usage_fields
+from .store import ENDPOINT, OPEN, Store, new_batch, now
+from .validate import validate_file
 
 __all__ = ["ENDPOINT", "OPEN", "STOP_GRACE_S", "Store", "Worker", "new_batch"]
 
@@ -84,7 +84,7 @@ class Worker:
         threading.Thread(target=self._loop, name="sparkbatch-batches", daemon=True).start()
 
     def submit(self, batch: dict[str, Any]) -> None:
-        """Validate a new batch (:func:`.batch_validate.validate_file`), then queue it to run; a
+        """Validate a new batch (:func:`.validate.validate_file`), then queue it to run; a
         Message Batch, checked at create, is queued at once."""
         (self.checks if batch["status"] == "validating" else self.queue).put(batch["id"])
 
@@ -219,7 +219,7 @@ class Worker:
         cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run-batch", "--format", _format(batch),
                "-i", str(self.store.file_path(batch["input_file_id"])), "--home", str(folder / "home"),
                "-o", str(folder / "output.jsonl"), *errors, "--job-name", _job_name(bid), *self.engine, *self.options]
-        from ..engines.server.server_process import spawn_owned
+        from ..engines.platform.processes import spawn_owned
 
         with self.store.lock:
             if bid in self.stopping:

@@ -1,8 +1,8 @@
-"""The request and response models of ``sparkbatch serve-batch`` (:mod:`.serve_batch_app`): the
+"""The request and response models of ``sparkbatch serve-batch`` (:mod:`.app`): the
 shapes of OpenAI's Files and Batches API that the server takes and gives, and so its OpenAPI
 document (``/openapi.json``).
 
-The stored objects (:mod:`.batch_service`) are the source of truth; a response model lists the
+The stored objects (:mod:`.worker`) are the source of truth; a response model lists the
 fields a client may rely on and keeps any other stored field (``extra="allow"``).
 """
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..run.batch_export import ExportSummary, Tally, Usage
-from .batch_results import add_unfinished
-from .batch_store import Store, now
+from .results import add_unfinished
+from .store import Store, now
 
 
 def ended(store: Store, bid: str, status: str, counts: ExportSummary | None, error: str | None) -> dict[str, Any]:

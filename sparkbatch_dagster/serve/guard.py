@@ -1,5 +1,5 @@
 """Who may call ``sparkbatch serve-batch`` and how much one request may send, checked before any
-route runs (:class:`Guard`, an ASGI middleware around :mod:`.serve_batch_app`).
+route runs (:class:`Guard`, an ASGI middleware around :mod:`.app`).
 
 A browser on the box can reach a loopback server too, so loopback alone is no protection:
 

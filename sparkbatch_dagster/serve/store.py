@@ -1,5 +1,5 @@
 """The files and batches of ``sparkbatch serve-batch`` on disk (:class:`Store`), and a new Batch
-object (:func:`new_batch`); :mod:`.batch_service` runs the batches.
+object (:func:`new_batch`); :mod:`.worker` runs the batches.
 
 Everything lives under one folder, so a server killed at any moment and started again on the same
 ``--root`` carries on::
@@ -12,7 +12,7 @@ Everything lives under one folder, so a server killed at any moment and started 
     batches/<batch-id>/output.jsonl, errors.jsonl   its result files, written when it ends
 
 Each object file is replaced whole (:func:`write_json`): a reader never sees half of one. A file
-is a typed record, :class:`.serve_batch_models.FileObject`, written as the JSON earlier servers
+is a typed record, :class:`.openai_models.FileObject`, written as the JSON earlier servers
 wrote (the same fields in the same order), so an old ``--root`` reads; a Batch is still the dict
 of its JSON. Listeners (:attr:`Store.listeners`) hear each change of a batch's status.
 """
@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import ConfigError
-from .serve_batch_models import FileObject
+from .openai_models import FileObject
 
 #: A batch in one of these has not ended: a restarted server takes it up again.
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")

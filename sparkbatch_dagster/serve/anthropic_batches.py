@@ -1,5 +1,5 @@
 """Anthropic's Message Batches API on ``sparkbatch serve-batch`` (:func:`anthropic_router`, included
-by :func:`.serve_batch_app.make_app`), so that an unchanged ``anthropic`` client runs its batches
+by :func:`.app.make_app`), so that an unchanged ``anthropic`` client runs its batches
 on the box::
 
     client = anthropic.Anthropic(base_url="http://127.0.0.1:8400", api_key="unused-on-loopback")
@@ -8,9 +8,9 @@ on the box::
     for line in client.messages.batches.results(batch.id): ...
 
 A Message Batch is a batch of the server's one queue, stored as the OpenAI batches are
-(:mod:`.batch_store`, ``format`` ``anthropic_batch``): its requests become an ``anthropic_batch``
+(:mod:`.store`, ``format`` ``anthropic_batch``): its requests become an ``anthropic_batch``
 JSONL file, run as a job by the same worker on the same answer store, one results file
-(:mod:`.batch_ending`). Its requests are checked when it is created, as Anthropic checks them
+(:mod:`.ending`). Its requests are checked when it is created, as Anthropic checks them
 (the ``custom_id`` pattern and uniqueness, ``params`` with ``model``, ``max_tokens`` and
 ``messages``), one at a time from the body's bytes (:mod:`.anthropic_create`): a 400 names the
 request and field. Errors here are Anthropic's shape.
@@ -28,8 +28,8 @@ from starlette.responses import Response
 
 from .anthropic_create import FORMAT, new_message_batch
 from .anthropic_models import AnthropicErrorResponse, DeletedMessageBatch, MessageBatch, MessageBatchList
-from .batch_service import OPEN, Store, Worker
-from .serve_batch_guard import ApiError
+from .guard import ApiError
+from .worker import OPEN, Store, Worker
 
 __all__ = ["FORMAT", "anthropic_router", "message_batch", "new_message_batch"]
 
