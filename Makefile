@@ -142,7 +142,7 @@ SOAK_EPISODES ?= 200
 SOAK_START ?= 40000
 soak: model
 	SPARKBATCH_SOAK=1 $(BIN)/pytest tests/e2e/test_harness.py -q
-	$(BIN)/python benchmarks/fault_harness.py --episodes $(SOAK_EPISODES) --start-seed $(SOAK_START) --workers 2
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/support $(BIN)/python -m benchmarks.fault_harness --episodes $(SOAK_EPISODES) --start-seed $(SOAK_START) --workers 2
 
 ui: model $(DAGSTER_HOME)
 	$(BIN)/dagster dev -w workspace.yaml

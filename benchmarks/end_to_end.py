@@ -1,8 +1,8 @@
 """`sparkbatch run` end to end against a plain vLLM script on the same small job, side by side.
 
-    python benchmarks/end_to_end.py                  # 600 Debian rows, one shard, 2 rounds A-B / B-A
-    python benchmarks/end_to_end.py --rows 300 --rounds 1 --out benchmarks/results/x.json
-    python benchmarks/end_to_end.py --before f414a2a # also time that commit's `sparkbatch run`, same rounds
+    python -m benchmarks.end_to_end                  # 600 Debian rows, one shard, 2 rounds A-B / B-A
+    python -m benchmarks.end_to_end --rows 300 --rounds 1 --out benchmarks/results/x.json
+    python -m benchmarks.end_to_end --before f414a2a # also time that commit's `sparkbatch run`, same rounds
 
 Both are fresh processes timed from launch to exit, as a user would time them:
 (a) plain: a script that starts ``vllm.LLM`` (embedded SmolLM2, the CPU profile's settings) and
@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-from results_io import emit  # noqa: E402
+from benchmarks.lib.results_io import emit
 
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]
+
 
 SYSTEM = "You sort Debian packages into archive sections. Allowed sections: {sections}."
 USER = "Package: {{ package }}\nDescription: {{ description }}\n\nWhich section is this package in?"

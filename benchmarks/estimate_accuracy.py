@@ -9,8 +9,8 @@ Jobs (both built from this machine's own apt records, no network):
              shared-lib, devel-lib, documentation, ...): another field, short texts, another label;
              packages tagged with exactly one role, every n-th one across the alphabet
 
-    python benchmarks/estimate_accuracy.py --rounds 3                 # both jobs, 2,000 rows each
-    python benchmarks/estimate_accuracy.py --jobs debtags --rounds 1 --rows 500 --name smoke
+    python -m benchmarks.estimate_accuracy --rounds 3                 # both jobs, 2,000 rows each
+    python -m benchmarks.estimate_accuracy --jobs debtags --rounds 1 --rows 500 --name smoke
 
 Per job and round it records predicted vs measured generation time (engine start left out of
 both, over the prompts the run generated: the run's own ``prediction_error_pct``), predicted vs
@@ -37,11 +37,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from assets.debian import apt_text, parse_stanzas  # (the demo's own apt reader)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT))
 
-from assets.debian import apt_text, parse_stanzas  # noqa: E402  (the demo's own apt reader)
 
 #: The debtags ``role::`` facet (https://wiki.debian.org/Debtags/FAQ): the allowed labels.
 ROLES = ["program", "shared-lib", "devel-lib", "documentation", "app-data", "plugin", "metapackage", "data",
@@ -206,7 +206,7 @@ def main() -> None:
     out = {
         "benchmark": "estimate_accuracy", "started": started,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "command": "python benchmarks/estimate_accuracy.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.estimate_accuracy " + " ".join(sys.argv[1:]),
         "jobs": {j: {**summarize(rs), "per_round": rs} for j, rs in results.items()},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

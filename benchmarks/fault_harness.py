@@ -1,7 +1,8 @@
 """The fault harness's long run: many seeds of tests/support/harness.py, one result file.
 
-    python benchmarks/fault_harness.py --episodes 2000 --start-seed 0 &          # hours, in the background
-    python benchmarks/fault_harness.py --episodes 20 --home folder --out /tmp/f.json
+    export PYTHONPATH=.:tests/support   # the tests' shared code these use (benchmarks/lib/support.py)
+    python -m benchmarks.fault_harness --episodes 2000 --start-seed 0 &          # hours, in the background
+    python -m benchmarks.fault_harness --episodes 20 --home folder --out /tmp/f.json
 
 Each seed is one episode (its own home on moto's S3 server or in a folder, its boxes, its
 faults) checked for every invariant of tests/support/checker.py. The result file is rewritten after
@@ -27,10 +28,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.results_io import commit_of, emit
+from benchmarks.lib.support import support
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-from results_io import commit_of, emit  # noqa: E402
 
 #: Episodes between two restarts of moto's server: its memory and request log grow with every one.
 SERVER_EPISODES = 50
@@ -46,6 +47,12 @@ def _code() -> str:
     return commit_of(ROOT)
 
 
+def _child_env() -> dict[str, str]:
+    """A worker's environment: this tree (``-m benchmarks...``) and the tests' shared code on its path."""
+    path = [str(ROOT), str(ROOT / "tests" / "support"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
 class Server:
     """moto's S3 server, started when an S3 episode needs it and renewed every SERVER_EPISODES."""
 
@@ -54,7 +61,7 @@ class Server:
         self.used = 0
 
     def get(self) -> Any:
-        from s3_server import S3Server
+        S3Server = support("s3_server").S3Server
 
         if self.server is not None and (self.used >= SERVER_EPISODES or self.server.proc.poll() is not None):
             self.stop()
@@ -71,15 +78,17 @@ class Server:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from harness import replay_command, run_seed
-    from harness_plan import FAULT_KINDS, make_plan
+    replay_command = support("harness").replay_command
+    run_seed = support("harness").run_seed
+    FAULT_KINDS = support("harness_plan").FAULT_KINDS
+    make_plan = support("harness_plan").make_plan
 
     began = time.monotonic()
     result: dict[str, Any] = {
         "benchmark": "fault_harness", "date": datetime.now(timezone.utc).date().isoformat(),
         "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
         "code": _code(), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/fault_harness.py " + " ".join(sys.argv[1:]), "start_seed": args.start_seed,
+        "command": "python -m benchmarks.fault_harness " + " ".join(sys.argv[1:]), "start_seed": args.start_seed,
         "episodes_planned": args.episodes, "episodes": 0, "passed": 0, "homes": {}, "faults": {},
         "invariant_breaks": {}, "failing_seeds": [], "harness_errors": [], "wall_s": 0.0,
     }
@@ -134,10 +143,11 @@ def run_parallel(args: argparse.Namespace) -> dict[str, Any]:
         if count <= 0:
             break
         files.append(parts / f"part-{w}.json")
-        cmd = [sys.executable, __file__, "--episodes", str(count), "--start-seed", str(first), "--out", str(files[-1])]
+        cmd = [sys.executable, "-m", "benchmarks.fault_harness", "--episodes", str(count), "--start-seed", str(first),
+               "--out", str(files[-1])]
         cmd += ["--home", args.home] if args.home else []
         cmd += ["--time-limit-s", str(args.time_limit_s)] if args.time_limit_s else []
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=_child_env()))
     began = time.monotonic()
     while True:
         done = all(p.poll() is not None for p in procs)
@@ -154,7 +164,7 @@ def _merge(results: list[dict[str, Any]], args: argparse.Namespace, wall_s: floa
     """One result from the workers' parts: counts added, failing seeds and errors joined."""
     if not results:
         return None
-    out = {**results[0], "command": "python benchmarks/fault_harness.py " + " ".join(sys.argv[1:]),
+    out = {**results[0], "command": "python -m benchmarks.fault_harness " + " ".join(sys.argv[1:]),
            "start_seed": args.start_seed, "episodes_planned": args.episodes, "workers": len(results),
            "wall_s": round(wall_s, 1)}
     for key in ("episodes", "passed"):

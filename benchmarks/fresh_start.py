@@ -1,9 +1,9 @@
 """`sparkbatch run` against a plain vLLM script, fresh processes, timed from launch to exit (issue 61).
 
-    python benchmarks/fresh_start.py --model /tmp/llama-1b --data .bench/e61/debian-40000.parquet --shape labels \
+    python -m benchmarks.fresh_start --model /tmp/llama-1b --data .bench/e61/debian-40000.parquet --shape labels \
         --rounds 3 --card h100 --out-dir $OUT     # warm rounds (the first run of a new machine is cold)
-    python benchmarks/fresh_start.py ... --cold --warm-too   # each round: caches wiped, each side cold, then warm
-    python benchmarks/fresh_start.py ... --before-root .bench/before   # another checkout's `sparkbatch run` too
+    python -m benchmarks.fresh_start ... --cold --warm-too   # each round: caches wiped, each side cold, then warm
+    python -m benchmarks.fresh_start ... --before-root .bench/before   # another checkout's `sparkbatch run` too
 
 Both sides get the same engine settings (0.9 memory, 1,024 sequences, prefix caching, ``max_model_len``
 2048, ``load_format="dummy"``), the same chat prompts over the same rows, 8 output tokens, greedy:
@@ -31,9 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.lib.results_io import commit_of, emit
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from results_io import commit_of, emit  # noqa: E402
 
 SECTIONS = ["admin", "devel", "doc", "games", "libs", "net", "python", "science", "sound", "text", "utils", "web",
             "x11"]
@@ -131,7 +131,7 @@ def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag:
     env = {**os.environ, "DAGSTER_HOME": str(home / "dagster"), "SPARKBATCH_START_TRACE": str(trace),
            "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     (home / "dagster").mkdir()
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "start_trace.py"), "run", "-f", str(home / "defs.py")]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "engine" / "start_trace.py"), "run", "-f", str(home / "defs.py")]
     seconds, line = timed(cmd, env, home, log)
     summary = json.loads(line)
     phases = json.loads(trace.read_text()) if trace.exists() else {}

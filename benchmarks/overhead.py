@@ -1,7 +1,7 @@
 """The pipeline's fixed cost per run, measured with an engine that costs nothing.
 
-    python benchmarks/overhead.py                          # 4,000 x 8 shards, the 8B benchmark's job
-    python benchmarks/overhead.py --before 2e666d9 --rounds 4 --out benchmarks/results/cpu-overhead.json
+    python -m benchmarks.overhead                          # 4,000 x 8 shards, the 8B benchmark's job
+    python -m benchmarks.overhead --before 2e666d9 --rounds 4 --out benchmarks/results/cpu-overhead.json
 
 On an H200 the engine does the same work in the pipeline as in raw vLLM (``throughput.py
 --trace``: the same steps, the same tokens per step); what separates them is this process's
@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.results_io import emit
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import emit  # noqa: E402
 
 PARTS = ("run_start_s", "step_prep_s", "first_shard_s", "metrics_own_s", "middle_s", "last_commit_s",
          "metrics_run_s", "to_first_request_s", "tail_s", "total_s")
@@ -53,8 +53,8 @@ PARTS = ("run_start_s", "step_prep_s", "first_shard_s", "metrics_own_s", "middle
 def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
     """Rounds of the pipeline with an instant engine, in this process (the code on sys.path)."""
     from dagster import DagsterInstance, materialize
-    from throughput import build_spec
 
+    from benchmarks.throughput import build_spec
     from sparkbatch_dagster import build_batch_assets
     from sparkbatch_dagster.definitions import job as job_module
     from sparkbatch_dagster.engines.fake import FakeEngine
@@ -144,7 +144,9 @@ def _checkout(ref: str) -> Path:
 
 
 def _side(code: Path, args: argparse.Namespace) -> list[dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": f"{code}:{code / 'benchmarks'}"}
+    # ``code`` first: its sparkbatch_dagster (and its benchmarks package, where it has one) is the one timed;
+    # this tree after it, for an older commit's namespace-only benchmarks/ folder.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(ROOT)])}
     cmd = [sys.executable, str(code / "benchmarks" / "overhead.py"), "--worker", "--rows", str(args.rows),
            "--shards", str(args.shards), "--rounds", "1"]
     if not (code / "benchmarks" / "overhead.py").exists():  # an older commit: run this script on its code

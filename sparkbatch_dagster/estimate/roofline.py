@@ -18,7 +18,7 @@ That is the time at 100% of peak. vLLM reaches part of it, so a projection is a 
 ``[peak / EFFICIENCY[1], peak / EFFICIENCY[0]]``, the slow end with the hardware's low bf16
 figure where its declared one is uncertain (the DGX Spark's). The range's slow end is the number
 the estimate prices and chooses on: a rented box is paid for the hours it takes, and a choice
-that holds at the slow end holds at the fast end too. ``benchmarks/roofline_check.py`` checks the
+that holds at the slow end holds at the fast end too. ``benchmarks/engine/roofline_check.py`` checks the
 model against H200 measurements (``benchmarks/results/roofline-h200.json``).
 """
 

@@ -6,17 +6,15 @@ the file was read whole and split into lines, the create parsed whole into objec
 Measured in the server's own process: its peak resident memory (``VmHWM``, reset before each
 step through ``/proc/<pid>/clear_refs``) less its resident memory before the step. No timing
 decides anything: each step waits for the state the server reports. The same at 500 MiB:
-``benchmarks/upload_memory.py`` (docs/batch-files.md)."""
+``benchmarks/server/upload_memory.py`` (docs/batch-files.md)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from upload_memory import measure  # noqa: E402
+from benchmarks.server.upload_memory import measure
 
 if not Path("/proc/self/clear_refs").exists():  # pragma: no cover - Linux only
     pytest.skip("needs Linux's /proc", allow_module_level=True)

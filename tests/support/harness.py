@@ -5,7 +5,7 @@ from a seed kills, pauses, fails and reads; then a clean run finishes the job an
 
     python tests/support/harness.py --seed 7                 # replay one seed: schedule, events, verdict
     python tests/support/harness.py --seed 7 --home folder   # the same draws on a folder home
-    python benchmarks/fault_harness.py --episodes 500   # the long run, one result file
+    PYTHONPATH=.:tests/support python -m benchmarks.fault_harness --episodes 500   # the long run, one file
 
 The plans (what a seed does) are in tests/support/harness_plan.py; every failure names the one command
 that replays it.

@@ -1,6 +1,6 @@
 """A real Label Studio server on loopback, from the virtualenv ``make label-studio`` installs
 (``.ls-venv``, label-studio 1.23.2): what tests/e2e/test_label_studio.py and
-benchmarks/label_studio_roundtrip.py talk to.
+benchmarks/labels/label_studio_roundtrip.py talk to.
 
 Its data (SQLite database, uploads) lives in a folder of its own; its first user and that user's
 API token are set by Label Studio's own variables (``LABEL_STUDIO_USERNAME``, ``_PASSWORD``,

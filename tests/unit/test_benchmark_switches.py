@@ -1,23 +1,19 @@
-"""benchmarks/switches.py: the measurement-only switches, which live with the benchmarks and
+"""benchmarks/lib/switches.py: the measurement-only switches, which live with the benchmarks and
 reach the engine's modules only inside their ``with`` block."""
 
 import asyncio
 import gc
-import sys
 import types
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import switches  # noqa: E402
-
-from sparkbatch_dagster import OutputSpec, SamplingSpec  # noqa: E402
-from sparkbatch_dagster.engines.answers.plan import plan  # noqa: E402
-from sparkbatch_dagster.engines.config import EngineSettings  # noqa: E402
-from sparkbatch_dagster.engines.offline import vllm_offline  # noqa: E402
-from sparkbatch_dagster.engines.platform import heap  # noqa: E402
-from sparkbatch_dagster.engines.server import vllm_server  # noqa: E402
+from benchmarks.lib import switches
+from sparkbatch_dagster import OutputSpec, SamplingSpec
+from sparkbatch_dagster.engines.answers.plan import plan
+from sparkbatch_dagster.engines.config import EngineSettings
+from sparkbatch_dagster.engines.offline import vllm_offline
+from sparkbatch_dagster.engines.platform import heap
+from sparkbatch_dagster.engines.server import vllm_server
 
 LABEL = OutputSpec(kind="label", labels=["positive", "negative", "neutral"])
 

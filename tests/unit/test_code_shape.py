@@ -1,14 +1,12 @@
-"""benchmarks/code_shape.py counts what issue 50's note reports: checked on a tiny planted package."""
+"""benchmarks/tools/code_shape.py counts what issue 50's note reports: checked on a tiny planted package."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.tools import code_shape
 
-import code_shape  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 FILES = {
     "__init__.py": "",

@@ -403,13 +403,9 @@ Description: no debtags at all
 
 
 def test_the_benchmark_builds_a_second_real_job_that_runs(tmp_path, monkeypatch):
-    import importlib.util
-
+    from benchmarks import estimate_accuracy as bench
     from sparkbatch_dagster.cli import load
 
-    spec_ = importlib.util.spec_from_file_location("estimate_accuracy", ROOT / "benchmarks" / "estimate_accuracy.py")
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
     rows = bench.debtags_rows(APT * 40, 100)  # the same four packages, once each
     assert rows == [
         {"package": "0ad", "summary": "Real-time strategy game of ancient warfare", "role": "program"},

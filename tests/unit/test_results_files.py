@@ -1,6 +1,6 @@
 """benchmarks/results: every file is one JSON object a benchmark script wrote, with the keys its
 kind needs and derived figures that agree with the measurements they come from; the benchmark
-tables of docs/ are exactly what benchmarks/doc_tables.py renders from those files."""
+tables of docs/ are exactly what benchmarks/tools/doc_tables.py renders from those files."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks import throughput
+from benchmarks.lib import server_arms
+from benchmarks.tools import doc_tables
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import doc_tables  # noqa: E402
 
 FILES = sorted(RESULTS.glob("*.json"))
 
@@ -226,8 +226,6 @@ def test_there_are_result_files():
 
 def fake_run(generate: bool, server: bool) -> dict[str, Any]:
     """throughput.py's own result object, from made-up round times (no engine)."""
-    import throughput
-
     args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0)
     times = {"raw": [10.0, 12.0], "pipeline": [9.0, 11.0], "labeling": [8.5, 10.5],
              "generate": [9.5, 11.5] if generate else []}
@@ -259,8 +257,6 @@ def test_throughput_script_writes_every_required_key(generate, server):
 
 def test_thawed_arms_are_summed_against_their_frozen_twins():
     """--thawed server: the server arm again with engines/platform/heap.py off; its figures from its own rounds."""
-    import throughput
-
     args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0, thawed="server",
                               alongside=40)
     times = {"raw": [10.0, 12.0], "pipeline": [9.0, 11.0], "labeling": [8.5, 10.5], "server": [10.0, 10.0],
@@ -279,8 +275,6 @@ def test_thawed_arms_are_summed_against_their_frozen_twins():
 def test_a_server_variant_adds_engine_arguments_to_the_runs_own():
     """--server-variants '{"api4": {"engine_kwargs": {"api_server_count": 4}}}' on dummy weights: the
     variant's server must still get load_format=dummy (replaced, it would look for real weights)."""
-    import server_arms
-
     kw = {"model": "/tmp/llama-1b", "engine_kwargs": {"load_format": "dummy"}, "max_num_seqs": 1024}
     api4 = server_arms.with_variant(kw, {"engine_kwargs": {"api_server_count": 4}, "server_token_ids": True})
     assert api4["engine_kwargs"] == {"load_format": "dummy", "api_server_count": 4}
@@ -297,7 +291,7 @@ def test_the_docs_tables_are_rendered_from_the_result_files():
     for page in doc_tables.PAGES:
         text = page.read_text()
         assert doc_tables.render_page(text, results) == text, \
-            f"{page.name}'s benchmark tables are stale: python benchmarks/doc_tables.py --write"
+            f"{page.name}'s benchmark tables are stale: python -m benchmarks.tools.doc_tables --write"
 
 
 def test_every_table_file_is_rendered_or_left_out_for_a_reason():
@@ -313,8 +307,6 @@ def test_every_table_file_is_rendered_or_left_out_for_a_reason():
 
 def test_a_second_server_is_summed_from_its_own_rounds():
     """--server-b: a second server beside the first, its figures from its own rounds."""
-    import throughput
-
     args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0, alongside=30,
                               server_b={"engine_kwargs": {"api_server_count": 1}})
     times = {"raw": [10.0, 12.0], "pipeline": [9.0, 11.0], "labeling": [8.5, 10.5], "server": [10.0, 10.0],

@@ -8,7 +8,7 @@ Rust part releases the GIL, so encoding on another thread overlaps most of it wi
 Requests are still pulled from the caller's iterable on the caller's thread (a run's feed opens
 shards as it goes, which is not thread-safe): only the encoding moves. Chunks come back in the
 order they were submitted. Without the thread (``threaded=False``) a chunk is encoded when it
-is submitted, as the loop did before (``benchmarks/switches.py``'s ``inline_encoding``, to measure it).
+is submitted, as the loop did before (``benchmarks/lib/switches.py``'s ``inline_encoding``, to measure it).
 What it changed on the H200: ``docs/performance.md``, the labeling step's A-B.
 
 Server mode pulls one request at a time, as a server has room: :class:`Prepared` wraps the

@@ -16,7 +16,7 @@ the young generations reaches a quarter of the oldest one) fires at every tenth 
 pass: 4 and 1.1 s in each 20 s server-mode round on the H200 host. So while frozen, the oldest
 generation's threshold is ``FULL_PASS_SPACING`` times Python's: none in a 6,000-row run, a tenth
 as many in a 40,000-row one; cycles the young passes miss wait that much longer. Against a stub
-server on the 2-core CPU (``benchmarks/server_client.py --arms token_ids,full_passes_unspaced``,
+server on the 2-core CPU (``benchmarks/server/server_client.py --arms token_ids,full_passes_unspaced``,
 6,000 requests): 0 full passes instead of 5 (0.74 to 0.88 s), 0.89 of the client CPU per request.
 
     with frozen_heap():
@@ -73,7 +73,7 @@ def frozen_heap() -> Iterator[None]:
 
 
 def is_frozen() -> bool:
-    """Whether a holder has the heap frozen now (``benchmarks/arm_samples.py`` records it at each
+    """Whether a holder has the heap frozen now (``benchmarks/lib/arm_samples.py`` records it at each
     full collection: one that falls while generating should find it frozen)."""
     with _lock:
         return _frozen

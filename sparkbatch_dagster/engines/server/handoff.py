@@ -6,7 +6,7 @@ asyncio loop on a thread of its own. ``asyncio.run_coroutine_threadsafe`` for ea
 both threads a ``concurrent.futures.Future`` (with its lock and condition), a wake-up of the
 loop and a chained callback. Here up to :data:`BATCH` requests go in one wake-up, and finished
 ones come back on one queue: on the 2-core CPU 1.22 against 1.33 ms of the client's CPU a request
-(``benchmarks/server_client.py``, arm ``one_handoff_each``; ``cpu-server-client-handoff.json``).
+(``benchmarks/server/server_client.py``, arm ``one_handoff_each``; ``cpu-server-client-handoff.json``).
 
     handoff = Handoff(loop)
     token = handoff.add(send(row))      # a coroutine; started at the next flush

@@ -6,7 +6,7 @@ per-request cost is what keeps the server's batch from filling. The completions 
 of prompts (token ids here) and answers one choice per prompt, so requests that start together
 with the same settings go as one, up to ``size`` prompts. A real `vllm serve` frontend on the
 2-core CPU spent 0.52 ms of CPU a row with 16 prompts per request against 1.16 with one
-(``benchmarks/frontend_cpu.py``).
+(``benchmarks/server/frontend_cpu.py``).
 
 The caller still sends row by row (``await groups.post(url, body)``) and gets the row's own
 status and answer, shaped as a one-prompt answer: its choice, its ``usage`` (prompt tokens from
@@ -154,7 +154,7 @@ class PromptGroups:
 #: The wire's JSON. A group's body carries every prompt's token ids, and vLLM's answer sends them
 #: back (``return_token_ids``), so both ways are tens of kilobytes of integers a request, coded
 #: in the client's event-loop thread. With msgspec (a vLLM dependency) instead of the standard
-#: library the client spent 0.93 of the CPU a row (``benchmarks/server_client.py``, arm
+#: library the client spent 0.93 of the CPU a row (``benchmarks/server/server_client.py``, arm
 #: ``stdlib_json``; ``cpu-server-client-msgspec.json``).
 _dumps = msgspec.json.Encoder().encode
 _loads = msgspec.json.Decoder().decode

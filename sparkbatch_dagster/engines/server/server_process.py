@@ -61,7 +61,7 @@ def batch_server_defaults(kwargs: Mapping[str, Any], *, cpu: bool, cores: int, e
     - No stats, as offline ``vllm.LLM`` runs (its default; ``vllm serve``'s is on): with them each
       frontend times every token of every request for ``/metrics`` and its log. A real frontend
       on the 2-core CPU spent 0.65 ms a row without them against 0.88 with, at 32 output tokens
-      (``benchmarks/server_stats.py``).
+      (``benchmarks/server/server_stats.py``).
     - On a GPU, one HTTP frontend per 4 of the machine's cores, up to :data:`MAX_FRONTENDS` (and
       at least one per engine, vLLM's own default with data parallel). The client opens
       thousands of requests at once; one frontend parses, validates and forwards them in turn,

@@ -1,0 +1,1 @@
+"""Several GPUs and the GPU estimate: data parallel, tensor parallel, estimate against a GPU run."""

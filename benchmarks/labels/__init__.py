@@ -1,0 +1,1 @@
+"""Labels and review: label decoding, confidence, cascades, reasoning budgets, calibration, Label Studio."""

@@ -1,0 +1,1 @@
+"""What other benchmark scripts import: the result file writer, the measurement switches, the samplers."""
