@@ -89,9 +89,12 @@ def test_a_forced_tool_call_on_the_real_offline_engine(real_engine: Any) -> None
     from sparkbatch_dagster.spec.batch_requests import parse_line
 
     ask = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
-    bodies = {"named": {"messages": ask, "max_tokens": 40, "tools": TOOLS,
+    # Greedy (temperature 0): a line without one samples at the APIs' 1.0 (issue 59), and a sampled call of
+    # this small model may run past max_tokens.
+    bodies = {"named": {"messages": ask, "max_tokens": 40, "temperature": 0, "tools": TOOLS,
                         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-              "required": {"messages": ask, "max_tokens": 60, "tools": TOOLS, "tool_choice": "required"}}
+              "required": {"messages": ask, "max_tokens": 60, "temperature": 0, "tools": TOOLS,
+                           "tool_choice": "required"}}
     reqs = []
     for name, body in bodies.items():
         line = parse_line({"custom_id": name, "method": "POST", "url": "/v1/chat/completions", "body": body},
