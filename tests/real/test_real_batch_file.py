@@ -27,7 +27,9 @@ def test_run_batch_on_the_real_engine(real_engine: Any, tmp_path: Path) -> None:
     from openai.types.shared import ErrorObject
 
     lines = [line(f"short-{w}", f"Write a long story about a {w}.", max_tokens=3) for w in ("dog", "ship", "moon")]
-    lines += [line("dog-json", "Describe a dog as JSON with name and legs.", max_tokens=60,
+    # dog-json greedy: a line without a temperature samples at the APIs' 1.0 (issue 59), and a sampled
+    # JSON of this small model may run past max_tokens.
+    lines += [line("dog-json", "Describe a dog as JSON with name and legs.", max_tokens=60, temperature=0,
                    response_format={"type": "json_schema", "json_schema": {"name": "animal", "schema": SCHEMA}}),
               line("warm", "Name a colour.", max_tokens=8, temperature=0.7, seed=3),
               line("tools", "x", tools=[{"type": "function", "function": {"name": "f"}}]),
