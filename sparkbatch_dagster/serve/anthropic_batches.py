@@ -29,14 +29,13 @@ from starlette.responses import Response
 from .anthropic_create import FORMAT, new_message_batch
 from .anthropic_models import AnthropicErrorResponse, DeletedMessageBatch, MessageBatch, MessageBatchList
 from .guard import ApiError
+from .results import ANTHROPIC_TYPES
 from .worker import OPEN, Store, Worker
 
 __all__ = ["FORMAT", "anthropic_router", "message_batch", "new_message_batch"]
 
 #: The results file's media type.
 JSONL = "application/x-jsonl"
-#: How each internal ending counts a request that was not run.
-UNRUN_AS = {"cancelled": "canceled", "expired": "expired"}
 
 
 def anthropic_router(store: Store, worker: Worker) -> APIRouter:
@@ -123,7 +122,7 @@ def message_batch(batch: dict[str, Any], base_url: str) -> dict[str, Any]:
     counts = {"processing": total, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
     if over:  # Anthropic's counts move only once the whole batch has ended
         unrun = int(batch.get("unrun_requests") or 0)
-        unrun_as = UNRUN_AS.get(status)
+        unrun_as = ANTHROPIC_TYPES.get(status)  # how the ending counts a request not run, as its result line
         counts = {"processing": 0, "succeeded": int(counted.get("completed") or 0),
                   "errored": int(counted.get("failed") or 0) - (unrun if unrun_as else 0),
                   "canceled": unrun if unrun_as == "canceled" else 0,
