@@ -26,13 +26,14 @@ from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from .anthropic_create import FORMAT, new_message_batch
+from .anthropic_create import new_message_batch
 from .anthropic_models import AnthropicErrorResponse, DeletedMessageBatch, MessageBatch, MessageBatchList
 from .guard import ApiError
 from .results import ANTHROPIC_TYPES
-from .worker import OPEN, Store, Worker
+from .store import MESSAGE_BATCH, OPEN, Store, format_of
+from .worker import Worker
 
-__all__ = ["FORMAT", "anthropic_router", "message_batch", "new_message_batch"]
+__all__ = ["anthropic_router", "message_batch"]
 
 #: The results file's media type.
 JSONL = "application/x-jsonl"
@@ -63,7 +64,7 @@ def anthropic_router(store: Store, worker: Worker) -> APIRouter:
                      before_id: Annotated[str | None, Query(description="the page just before this id")] = None,
                      after_id: Annotated[str | None, Query(description="the page just after this id")] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> dict[str, Any]:
-        batches = [b for b in store.all_batches() if b.get("format") == FORMAT]  # newest first
+        batches = [b for b in store.all_batches() if format_of(b) == MESSAGE_BATCH]  # newest first
         page, more = _page(batches, before_id, after_id, limit)
         data = [message_batch(b, str(request.base_url)) for b in page]
         return {"data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
@@ -144,7 +145,7 @@ def _time(seconds: int | None) -> str | None:
 
 def _record(store: Store, bid: str) -> dict[str, Any]:
     batch = store.batch(bid)
-    if batch is None or batch.get("format") != FORMAT:
+    if batch is None or format_of(batch) != MESSAGE_BATCH:
         raise ApiError(404, f"No Message Batch with id {bid!r} on this server (messages.batches.list lists them)",
                        "not_found")
     return batch

@@ -22,9 +22,8 @@ from pydantic import ValidationError
 
 from .anthropic_models import MAX_REQUESTS, BatchRequestItem
 from .guard import ApiError
-from .store import Store, now
+from .store import MESSAGE_BATCH, Store, now
 
-FORMAT = "anthropic_batch"
 #: Seconds from creation to expiry: Anthropic's 24 hours.
 WINDOW_S = 24 * 3600
 
@@ -69,7 +68,7 @@ def new_message_batch(store: Store, body: bytes | bytearray) -> dict[str, Any]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    batch = {"id": bid, "format": FORMAT, "status": "in_progress", "input_file_id": f"{bid}-requests",
+    batch = {"id": bid, "format": MESSAGE_BATCH, "status": "in_progress", "input_file_id": f"{bid}-requests",
              "created_at": created, "in_progress_at": created, "expires_at": created + WINDOW_S,
              "cancelling_at": None, "completed_at": None, "cancelled_at": None, "expired_at": None,
              "failed_at": None, "request_counts": {"total": len(requests), "completed": 0, "failed": 0}}

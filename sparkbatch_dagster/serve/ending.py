@@ -17,21 +17,21 @@ from typing import Any
 
 from ..run.batch_export import ExportSummary, Tally, Usage
 from .results import add_unfinished
-from .store import Store, now
+from .store import MESSAGE_BATCH, Store, format_of, now
 
 
 def ended(store: Store, bid: str, status: str, counts: ExportSummary | None, error: str | None) -> dict[str, Any]:
     """The fields that end batch ``bid`` as ``status``, after its rows were exported (``counts``;
     None: nothing was sharded); ``error``: why the run failed."""
     batch = store.batch(bid) or {}
-    anthropic = batch.get("format") == "anthropic_batch"
+    anthropic = format_of(batch) == MESSAGE_BATCH
     folder = store.folder(bid)
     output, errors = folder / "output.jsonl", folder / ("output.jsonl" if anthropic else "errors.jsonl")
     fields: dict[str, Any] = {"status": status, f"{status}_at": now()}
     unrun = 0
     if status != "completed":  # whatever ended it, each request not answered is a line of its own
         unrun = add_unfinished(store.file_path(batch.get("input_file_id", "")), output, errors, status,
-                               batch.get("format", "openai_batch"), error or "")
+                               format_of(batch), error or "")
     if counts is not None:
         fields.update(usage_fields(counts.usage))
     elif not anthropic:

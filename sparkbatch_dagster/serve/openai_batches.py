@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from .guard import ApiError
 from .openai_models import Batch, BatchCreate, BatchList, ErrorResponse
 from .paging import links, page
-from .store import OPEN, Store, new_batch
+from .store import OPEN, OPENAI_BATCH, Store, format_of, new_batch
 from .worker import Worker
 
 __all__ = ["batches_router"]
@@ -54,14 +54,13 @@ def batches_router(store: Store, worker: Worker) -> APIRouter:
 
 def _batch(store: Store, bid: str) -> dict[str, Any]:
     batch = store.batch(bid)
-    if batch is None or batch.get("format", "openai_batch") != "openai_batch":  # a Message Batch is not one
+    if batch is None or format_of(batch) != OPENAI_BATCH:  # a Message Batch is not one
         raise ApiError(404, f"No such Batch object: {bid}", "not_found", "batch_id")
     return batch
 
 
 def _listing(store: Store, worker: Worker, after: str | None, limit: int) -> dict[str, Any]:
     """``batches.list``: newest first, ``limit`` of them after the id ``after`` (unknown: none)."""
-    listing = page([b for b in store.all_batches() if b.get("format", "openai_batch") == "openai_batch"], after,
-                   limit)
+    listing = page([b for b in store.all_batches() if format_of(b) == OPENAI_BATCH], after, limit)
     listing["data"] = [worker.progress(b["id"]) if b["status"] in OPEN else b for b in listing["data"]]
     return listing

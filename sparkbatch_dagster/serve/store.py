@@ -37,8 +37,18 @@ from .openai_models import FileObject
 #: A batch in one of these has not ended: a restarted server takes it up again.
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")
 ENDPOINT = "/v1/chat/completions"
+#: A batch's ``format``, its job's input format: a Message Batch's record says so, an OpenAI
+#: batch's says nothing (:func:`format_of`).
+OPENAI_BATCH, MESSAGE_BATCH = "openai_batch", "anthropic_batch"
+
+
 def now() -> int:
     return int(time.time())
+
+
+def format_of(batch: dict[str, Any]) -> str:
+    """The batch's input format: :data:`MESSAGE_BATCH` for a Message Batch, else :data:`OPENAI_BATCH`."""
+    return str(batch.get("format") or OPENAI_BATCH)
 
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -125,7 +135,7 @@ class Store:
             batch = self.batch(bid)
             (self.batches / f"{_safe(bid)}.json").unlink(missing_ok=True)
             shutil.rmtree(self.folder(bid), ignore_errors=True)
-            if batch is not None and batch.get("format") == "anthropic_batch":
+            if batch is not None and format_of(batch) == MESSAGE_BATCH:
                 self.file_path(batch["input_file_id"]).unlink(missing_ok=True)
 
     def folder(self, bid: str) -> Path:

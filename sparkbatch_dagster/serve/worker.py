@@ -34,7 +34,7 @@ from ..definitions.resource import VLLMResource
 from ..run.batch_export import ExportSummary
 from ..spec import SamplingSpec
 from .ending import NOTHING_RAN, counts_of, ended, usage_fields
-from .store import ENDPOINT, OPEN, Store, new_batch, now
+from .store import ENDPOINT, MESSAGE_BATCH, OPEN, Store, format_of, new_batch, now
 from .validate import validate_file
 
 __all__ = ["ENDPOINT", "OPEN", "STOP_GRACE_S", "Store", "Worker", "new_batch"]
@@ -163,7 +163,7 @@ class Worker:
             batch = self.store.batch(bid)
             assert batch is not None
             self._jobs[bid], _ = batch_file_job(
-                self.store.file_path(batch["input_file_id"]), _format(batch), home=self.store.folder(bid) / "home",
+                self.store.file_path(batch["input_file_id"]), format_of(batch), home=self.store.folder(bid) / "home",
                 name=_job_name(bid), resource=self.resource, sampling=self.sampling,
                 shard_size=self.shard_size, result_store=str(self.answers))
         return self._jobs[bid]
@@ -195,7 +195,7 @@ class Worker:
 
     def _export(self, bid: str) -> ExportSummary:
         folder, batch = self.store.folder(bid), self.store.batch(bid) or {}
-        anthropic = _format(batch) == "anthropic_batch"
+        anthropic = format_of(batch) == MESSAGE_BATCH
         errors = None if anthropic else folder / "errors.jsonl"  # Anthropic's: one results file
         # A Message Batch's requests file is the server's own: its errors cite the requests sent.
         return export_batch(self.job(bid), folder / "output.jsonl", errors, self.resource, cite_requests=anthropic)
@@ -219,8 +219,8 @@ class Worker:
         folder.mkdir(exist_ok=True)
         batch = self.store.batch(bid)
         assert batch is not None
-        errors = [] if _format(batch) == "anthropic_batch" else ["--errors", str(folder / "errors.jsonl")]
-        cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run-batch", "--format", _format(batch),
+        errors = [] if format_of(batch) == MESSAGE_BATCH else ["--errors", str(folder / "errors.jsonl")]
+        cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run-batch", "--format", format_of(batch),
                "-i", str(self.store.file_path(batch["input_file_id"])), "--home", str(folder / "home"),
                "-o", str(folder / "output.jsonl"), *errors, "--job-name", _job_name(bid), *self.engine, *self.options]
         from ..engines.platform.processes import spawn_owned
@@ -273,11 +273,6 @@ def _kill_late(child: subprocess.Popen[bytes], grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signal.SIGKILL)
-
-
-def _format(batch: dict[str, Any]) -> str:
-    """The batch's input format: ``anthropic_batch`` for a Message Batch, else ``openai_batch``."""
-    return str(batch.get("format") or "openai_batch")
 
 
 def _job_name(bid: str) -> str:
