@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..spec.batch_requests import LineError, parse_line
-from .files import _SURROGATE, _lines, json_problem, open_binary
+from .files import SURROGATE, json_problem, open_binary, physical_lines
 from .staging import RowWriter, Staged
 
 #: The staged file's columns; ``request`` is the job's one text column.
@@ -29,7 +29,7 @@ COLUMNS = ("custom_id", "request")
 
 def read_line(text: str, n: int, spec: Any) -> tuple[str | None, str | None, str | None]:
     """(custom_id, request, error) of line ``n``; the error starts with its kind and the line."""
-    if _SURROGATE.search(text):
+    if SURROGATE.search(text):
         return None, None, f"invalid_text: line {n}: the line is not valid UTF-8"
     try:
         obj = json.loads(text)
@@ -58,7 +58,7 @@ def stage_batch(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
     for i, f in enumerate(files):
         objects = 0
         with open_binary(f) as fh:
-            for n, raw in _lines(fh):
+            for n, raw in physical_lines(fh):
                 text = raw.strip()
                 if not text:
                     continue
@@ -79,7 +79,7 @@ def sniff_format(f: str) -> str:
     """``openai_batch`` or ``anthropic_batch``, from the first line that is a JSON object: an
     OpenAI line has ``url`` / ``body``, an Anthropic one ``params``."""
     with open_binary(f) as fh:
-        for n, raw in _lines(fh):
+        for n, raw in physical_lines(fh):
             try:
                 obj = json.loads(raw)
             except ValueError:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .files import _CANDIDATES, Dialect, _bad_utf8, _lines, csv_options, open_binary, sniff
-from .staging import FastRead, RowWriter, Staged, Tally, _check_values, wanted_columns
+from .files import DELIMITERS, Dialect, bad_utf8, csv_options, open_binary, physical_lines, sniff
+from .staging import FastRead, RowWriter, Staged, Tally, check_values, wanted_columns
 
 _MAX_RECORD_LINES = 10_000  # a quoted field spanning more lines than this is a stray quote
 _MAX_RECORD_CHARS = 8 << 20
@@ -115,9 +115,9 @@ def _guess(con: Any, f: str, delimiter: str | None) -> Dialect:
 
     def score(c: str) -> tuple[int, int]:
         h = sample[0].count(c) if sample else 0
-        return (sum(1 for s in sample if s.count(c) == h) if h else -1, -_CANDIDATES.index(c))
+        return (sum(1 for s in sample if s.count(c) == h) if h else -1, -DELIMITERS.index(c))
 
-    return Dialect(delimiter=max(_CANDIDATES, key=score))
+    return Dialect(delimiter=max(DELIMITERS, key=score))
 
 
 def csv_reader(con: Any, spec: Any, files: list[str]) -> FastRead:
@@ -148,7 +148,7 @@ def stage_csv(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
         parser, tally = _CsvParser(dialect), Tally(f)
         out = scratch / f"csv-{i:06d}.parquet"
         with open_binary(f) as fh:
-            src = _Pushback(_lines(fh))
+            src = _Pushback(physical_lines(fh))
             head = next(parser.records(src, None), None)
             names = _csv_names(f, head, dialect)
             columns += [c for c in names if c not in columns]
@@ -166,7 +166,7 @@ def stage_csv(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
                     row["_sb_error"] = f"unparsable_row: line {n}: {why}"
                 else:
                     values = {c: (fields[j] if fields[j] != "" else None) for c, j in present.items()}
-                    row["_sb_error"] = _check_values(values, n, spec)
+                    row["_sb_error"] = check_values(values, n, spec)
                     row.update(values)
                 tally.count(n, row["_sb_error"])
                 writer.add(row)
@@ -189,7 +189,7 @@ def _csv_names(f: str, head: tuple[int, list[str] | None, str] | None, d: Dialec
                          "its delimiter")
     if not d.header:
         return list(d.columns) if len(d.columns) == len(fields) else [f"column{i}" for i in range(len(fields))]
-    bad = next((b for v in fields if (b := _bad_utf8(v))), None)
+    bad = next((b for v in fields if (b := bad_utf8(v))), None)
     if bad:
         raise InputError(f"the header of input file {f} is not valid UTF-8 ({bad}): save the file as UTF-8")
     return _names([v.strip() for v in fields])

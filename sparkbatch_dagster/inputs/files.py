@@ -15,8 +15,10 @@ from ..errors import InputError
 
 log = logging.getLogger("sparkbatch")
 
-_SURROGATE = re.compile("[\udc80-\udcff]")
-_CANDIDATES = (",", "\t", ";", "|")
+#: What a byte that is not UTF-8 becomes in a line decoded with ``surrogateescape`` (:func:`physical_lines`).
+SURROGATE = re.compile("[\udc80-\udcff]")
+#: The delimiters a CSV header is tried with, in order of preference.
+DELIMITERS = (",", "\t", ";", "|")
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def csv_options(dialect: Dialect | None, delimiter: str | None) -> str:
 
 def delimiter_hint(columns: list[str], missing: list[str], used: str) -> str:
     """The end of a missing-column message for CSV: which delimiter the header seems to use."""
-    for cand in _CANDIDATES:
+    for cand in DELIMITERS:
         if cand == used:
             continue
         split = {p.strip().strip('"') for c in columns for p in c.split(cand)}
@@ -156,7 +158,8 @@ def binary_lines(head: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _no_good_rows(f: str, n: int, first: tuple[int, str]) -> InputError:
+def no_good_rows(f: str, n: int, first: tuple[int, str]) -> InputError:
+    """The stop for a file none of whose ``n`` rows could be read (``first``: the first bad line and why)."""
     line, reason = first
     if reason.startswith("invalid_text") and "not valid UTF-8" in reason:
         return InputError(f"cannot read input file {f}: none of its {n} rows is valid UTF-8 (line {line}); "
@@ -169,7 +172,7 @@ def _no_good_rows(f: str, n: int, first: tuple[int, str]) -> InputError:
 # Lines and records
 
 
-def _lines(fh: IO[bytes]) -> Iterator[tuple[int, str]]:
+def physical_lines(fh: IO[bytes]) -> Iterator[tuple[int, str]]:
     """(line number, text) for every physical line; bytes that are not UTF-8 become lone
     surrogates (found again per value, so a bad byte is blamed on its column)."""
     for n, raw in enumerate(fh, start=1):
@@ -190,8 +193,10 @@ def json_problem(exc: ValueError | RecursionError, text: str) -> str:
     return f"{exc.msg}: column {exc.colno}"
 
 
-def _bad_utf8(value: str) -> str | None:
-    m = _SURROGATE.search(value)
+def bad_utf8(value: str) -> str | None:
+    """Where ``value`` (read by :func:`physical_lines`) holds a byte that is not UTF-8, for its error
+    row; None where it holds none."""
+    m = SURROGATE.search(value)
     if m is None:
         return None
     return f"byte 0x{ord(m.group()) - 0xDC00:02X} at character {m.start() + 1}"

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .files import _SURROGATE, _lines, json_problem, lit, open_binary
-from .staging import STAGED_COLUMNS, FastRead, RowWriter, Staged, Tally, _check_values, wanted_columns
+from .files import SURROGATE, json_problem, lit, open_binary, physical_lines
+from .staging import STAGED_COLUMNS, FastRead, RowWriter, Staged, Tally, check_values, wanted_columns
 
 
 def _no_constant(name: str) -> Any:
@@ -88,8 +88,8 @@ def _json_line(text: str, n: int, spec: Any, wanted_columns: list[str]
         return None, kept, (f"unparsable_row: line {n}: key {twice[0]!r} appears more than once in the object "
                             "(which value is meant?): keep one")
     wanted = {c: obj[c] for c in wanted_columns if c in obj}
-    if _SURROGATE.search(text):  # bytes that are not UTF-8 somewhere in the line
-        error = _check_values(wanted, n, spec)
+    if SURROGATE.search(text):  # bytes that are not UTF-8 somewhere in the line
+        error = check_values(wanted, n, spec)
         if error:
             return None, {spec.id_column: _id_text(wanted.get(spec.id_column))} if spec.id_column else {}, error
         # The bad bytes sit in a column the job does not use: keep the row without them.
@@ -127,7 +127,7 @@ def stage_json(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
         tally = Tally(f)
         good_path = scratch / f"json-{i:06d}.jsonl"
         with open_binary(f) as fh, good_path.open("w", encoding="utf-8", errors="surrogateescape") as out:
-            for n, raw in _lines(fh):
+            for n, raw in physical_lines(fh):
                 text = raw.strip()
                 if not text:
                     continue

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .files import _bad_utf8, _no_good_rows
+from .files import bad_utf8, no_good_rows
 
 log = logging.getLogger("sparkbatch")
 
@@ -87,7 +87,7 @@ class Tally:
 
     def check(self) -> int:
         if self.bad and not self.good:
-            raise _no_good_rows(self.f, self.bad, self.first or (0, ""))
+            raise no_good_rows(self.f, self.bad, self.first or (0, ""))
         if self.bad:
             log.warning("%s: %d of %d rows unreadable (first: %s); they become error rows",
                         self.f, self.bad, self.good + self.bad, self.first[1] if self.first else "")
@@ -99,14 +99,14 @@ def wanted_columns(spec: Any) -> list[str]:
     return list(dict.fromkeys(c for c in [spec.id_column, *spec.text_columns, spec.gold_column] if c))
 
 
-def _check_values(values: dict[str, Any], line: int, spec: Any) -> str | None:
+def check_values(values: dict[str, Any], line: int, spec: Any) -> str | None:
     """Blame bytes that are not UTF-8 on the first wanted column holding them, else a control
     byte (a NUL...) on the first text column holding one; the text columns become NULL (the id
     stays when it is clean: the error row keeps it)."""
     error = None
     for col in sorted(values, key=lambda c: c not in spec.text_columns):
         v = values[col]
-        bad = _bad_utf8(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) if v is not None else None
+        bad = bad_utf8(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) if v is not None else None
         if bad:
             error = error or f"invalid_text: line {line}: column {col!r} is not valid UTF-8 ({bad})"
             values[col] = None

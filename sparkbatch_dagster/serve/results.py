@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..inputs.files import _SURROGATE, _lines
+from ..inputs.files import SURROGATE, physical_lines
 
 #: The line's error, by how the batch ended (OpenAI's documented batch_expired message).
 REASONS = {"expired": ("batch_expired", "This request could not be executed before the completion window expired."),
@@ -86,7 +86,7 @@ def job_row_ids(path: Path) -> list[str]:
     if not path.is_file():  # a Message Batch deleted meanwhile: no request left to name
         return []
     with path.open("rb") as fh:
-        for n, text in _lines(fh):
+        for n, text in physical_lines(fh):
             text = text.strip()  # as the job's reader: a line of Unicode whitespace is blank
             if text:
                 raw.append((_line_id(text), n))
@@ -111,7 +111,7 @@ def job_row_ids(path: Path) -> list[str]:
 
 def _line_id(text: str) -> str | None:
     """The ``custom_id`` the job reads from a line (``inputs/batch_input.read_line``'s), or None."""
-    if _SURROGATE.search(text):
+    if SURROGATE.search(text):
         return None
     try:
         obj = json.loads(text)
