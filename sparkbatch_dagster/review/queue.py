@@ -20,7 +20,6 @@ from typing import Any
 from ..errors import SparkbatchError
 from ..home import JobHome, atomic_write_text
 from ..inputs.shards import quote_ident
-from ..run import human_labels
 from ..run.metrics import committed_stats
 from ..run.query import read_only
 from ..run.views import sql_path
@@ -52,12 +51,11 @@ def text_keys(text_columns: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def read_queue(job: Any, resource: Any, labels: Sequence[str], limit: int | None) -> tuple[list[QueueRow], int]:
-    """The review queue of the resource's version, least sure first, rows with a human label left
-    out, the first ``limit`` of the rest; and how many queued rows a reviewer has labeled."""
+    """The review queue of the resource's version, least sure first (the ``review`` view: rows with a
+    human label are not in it), the first ``limit`` of its rows whose answer is one of ``labels``; and
+    how many queued rows a reviewer has labeled."""
     home: JobHome = job.home
-    home.refresh()  # a bucket home: the cache brought in step with what the bucket holds
-    home.pull_review()
-    done = human_labels.load(home, labels)
+    home.refresh()  # a bucket home: the cache in step with the bucket, the reviewers' labels included
     version = job.output_version(resource)
     keys = text_keys(job.spec.text_columns)
     shards = [home.shard_path(k) for k in sorted(committed_stats(home, version))]
@@ -73,7 +71,7 @@ def read_queue(job: Any, resource: Any, labels: Sequence[str], limit: int | None
         # Queued rows a reviewer labeled already (the review view leaves them out): the export says how many.
         reviewed = con.execute("SELECT count(*) FROM queued WHERE review_state = 'reviewed'").fetchone()[0]
     allowed = set(labels)
-    fresh = [r for r in rows if str(r[0]) not in done and r[1] in allowed]
+    fresh = [r for r in rows if r[1] in allowed]
     queue = [QueueRow(row_id=str(r[0]), output=r[1], score=round(float(r[2]), 6), model=str(r[3] or ""),
                       texts={k: "" if v is None else v for (_, k), v in zip(keys, r[4:], strict=True)})
              for r in fresh[:limit]]
