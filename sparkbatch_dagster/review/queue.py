@@ -65,7 +65,7 @@ def read_queue(job: Any, resource: Any, labels: Sequence[str], limit: int | None
     texts = ", ".join(f"CAST(s.{quote_ident(c)} AS VARCHAR) AS {quote_ident('t_' + k)}" for c, k in keys)
     sql = (f"SELECT r.row_id, r.output, r.confidence, r.model, {texts} FROM review r "
            f"JOIN read_parquet([{', '.join(map(sql_path, shards))}]) s ON s.row_id = r.row_id "
-           "WHERE r.output IS NOT NULL AND r.confidence IS NOT NULL ORDER BY r.confidence, r.row_id")
+           "WHERE r.output IS NOT NULL ORDER BY r.review_rank")  # the view's order: ties by the raw confidence
     with read_only(job.spec, home, version) as con:
         rows = con.execute(sql).fetchall()
         # Queued rows a reviewer labeled already (the review view leaves them out): the export says how many.
