@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import InputError
 from ..spec.batch_requests import LineError, parse_line
 from .files import SURROGATE, json_problem, open_binary, physical_lines
-from .staging import RowWriter, Staged
+from .staging import RowWriter, Staged, staged_schema
 
 #: The staged file's columns; ``request`` is the job's one text column.
 COLUMNS = ("custom_id", "request")
@@ -50,8 +50,7 @@ def stage_batch(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
     JSON object)."""
     import pyarrow as pa
 
-    schema = pa.schema([("custom_id", pa.string()), ("request", pa.string()), ("_sb_file", pa.int32()),
-                        ("_sb_line", pa.int64()), ("_sb_error", pa.string())])
+    schema = staged_schema([("custom_id", pa.string()), ("request", pa.string())])
     path = scratch / "batch.parquet"
     writer = RowWriter(path, schema)
     bad = 0

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import InputError
 from .files import DELIMITERS, Dialect, bad_utf8, csv_options, open_binary, physical_lines, sniff
-from .staging import FastRead, RowWriter, Staged, Tally, check_values, wanted_columns
+from .staging import FastRead, RowWriter, Staged, Tally, check_values, staged_schema, wanted_columns
 
 _MAX_RECORD_LINES = 10_000  # a quoted field spanning more lines than this is a stray quote
 _MAX_RECORD_CHARS = 8 << 20
@@ -153,8 +153,7 @@ def stage_csv(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
             names = _csv_names(f, head, dialect)
             columns += [c for c in names if c not in columns]
             present = {c: names.index(c) for c in wanted if c in names}
-            schema = pa.schema([(c, pa.string()) for c in present] + [
-                ("_sb_file", pa.int32()), ("_sb_line", pa.int64()), ("_sb_error", pa.string())])
+            schema = staged_schema([(c, pa.string()) for c in present])
             writer = RowWriter(out, schema)
             data = parser.records(src, len(names))
             if head is not None and not dialect.header:  # no header: the first record is data

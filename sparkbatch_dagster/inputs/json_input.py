@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import InputError
 from .files import SURROGATE, json_problem, lit, open_binary, physical_lines
-from .staging import STAGED_COLUMNS, FastRead, RowWriter, Staged, Tally, check_values, wanted_columns
+from .staging import STAGED_COLUMNS, FastRead, RowWriter, Staged, Tally, check_values, staged_schema, wanted_columns
 
 
 def _no_constant(name: str) -> Any:
@@ -117,7 +117,7 @@ def stage_json(con: Any, spec: Any, files: list[str], scratch: Path) -> Staged:
     import pyarrow as pa
 
     fields = [(spec.id_column, pa.string())] if spec.id_column else []
-    schema = pa.schema([*fields, ("_sb_file", pa.int32()), ("_sb_line", pa.int64()), ("_sb_error", pa.string())])
+    schema = staged_schema(fields)
     wanted = wanted_columns(spec)
     bad_path = scratch / "json-bad.parquet"
     bad_writer = RowWriter(bad_path, schema)

@@ -10,7 +10,7 @@ from typing import IO, Any
 
 from ..errors import InputError
 from .files import open_binary
-from .staging import BATCH_ROWS, FastRead, Staged, Tally, wanted_columns
+from .staging import BATCH_ROWS, FastRead, Staged, Tally, staged_schema, wanted_columns
 
 #: ``open(fh)``: a columnar file's schema and a function giving its batches of the named columns.
 Opener = Callable[[IO[bytes]], tuple[Any, Callable[[list[str]], Iterator[Any]]]]
@@ -55,9 +55,7 @@ def stage_columnar(con: Any, spec: Any, files: list[str], scratch: Path, kind: s
                 names = schema_in.names
                 columns += [c for c in names if c not in columns]
                 present = [c for c in wanted if c in names]
-                base = pa.schema([schema_in.field(c) for c in present])
-                schema = base.append(pa.field("_sb_file", pa.int32())).append(pa.field("_sb_line", pa.int64())) \
-                    .append(pa.field("_sb_error", pa.string()))
+                schema = staged_schema([schema_in.field(c) for c in present])
                 with pq.ParquetWriter(out, schema) as writer:
                     offset = 0
                     for batch in batches(present):

@@ -94,6 +94,14 @@ class Tally:
         return self.bad
 
 
+def staged_schema(fields: list[Any]) -> Any:
+    """A staged file's pyarrow schema: ``fields`` (pyarrow fields or ``(name, type)`` pairs), then
+    :data:`STAGED_COLUMNS` (the file's index, the row's line, its error)."""
+    import pyarrow as pa
+
+    return pa.schema([*fields, ("_sb_file", pa.int32()), ("_sb_line", pa.int64()), ("_sb_error", pa.string())])
+
+
 def wanted_columns(spec: Any) -> list[str]:
     """The columns a job reads (id, text, gold), each once, in that order."""
     return list(dict.fromkeys(c for c in [spec.id_column, *spec.text_columns, spec.gold_column] if c))
