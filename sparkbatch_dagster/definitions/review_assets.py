@@ -137,10 +137,10 @@ def build_review_assets(job: BatchJob, io: dict[str, Any], group: str) -> list[A
 
 def publish_queue(job: BatchJob, version: str, by: str) -> int:
     """Record every row the cut in force selects as queued (:mod:`..run.review_members`), so a later
-    cut never drops it; returns how many rows the queue holds (waiting, reviewed or dismissed)."""
+    cut never drops it; returns how many rows the queue holds (waiting, reviewed or dismissed). Reads
+    the cache: the caller refreshes it first (``JobHome.refresh`` pulls the review's files too)."""
     if not job.home.has_commits(version):
         return 0
-    job.home.pull_review()
     with read_only(job.spec, job.home, version) as con:
         ids = [r for (r,) in con.execute("SELECT row_id FROM queued").fetchall()]
     review_members.remember(job.home, ids, "queued", by=by, note=threshold_of(job.spec, job.home).describe())

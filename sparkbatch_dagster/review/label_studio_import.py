@@ -120,6 +120,7 @@ def merge_annotations(client: Any, home: Any, project: Any, labels: Sequence[str
     done = human_labels.merge(home, found, labels)
     dismissed = 0
     if dismiss_skipped and cancelled:
+        home.pull_review()  # the rows other boxes queued and dismissed, so only new dismissals are written
         review_members.remember(home, cancelled, "dismissed", by=f"label-studio:{project.id}", note="skipped")
         dismissed = len(cancelled)
     return ImportResult(project_id=project.id, project=project.title, annotated=len(found), cancelled=len(cancelled),

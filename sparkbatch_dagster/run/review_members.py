@@ -65,11 +65,11 @@ def members(home: JobHome) -> Members:
 
 
 def remember(home: JobHome, row_ids: Iterable[str], event: Event, by: str, note: str = "") -> Path | None:
-    """Append ``row_ids`` as ``event`` (those not recorded so already): one new file, published to a
-    bucket home; None when every row was recorded before."""
+    """Append ``row_ids`` as ``event`` (those not recorded so already in the cache: a caller on a bucket
+    home refreshes it first, and a row another box recorded since is only recorded twice, the union the
+    same): one new file, published to a bucket home; None when every row was recorded before."""
     import pyarrow as pa
 
-    home.pull_review()
     seen = members(home)
     known = seen.queued if event == "queued" else seen.dismissed
     new = sorted(set(map(str, row_ids)) - known)
