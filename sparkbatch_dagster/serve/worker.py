@@ -19,7 +19,6 @@ answer store.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import signal
 import subprocess
@@ -31,6 +30,7 @@ from typing import Any
 
 from ..definitions.batch_files import batch_counts, batch_file_job, export_batch
 from ..definitions.resource import VLLMResource
+from ..engines.platform.processes import kill_group_late, spawn_owned
 from ..run.batch_export import ExportSummary
 from ..spec import SamplingSpec
 from .ending import NOTHING_RAN, counts_of, ended, usage_fields
@@ -155,7 +155,7 @@ class Worker:
         child.send_signal(signal.SIGINT)  # run-batch stops as on Ctrl-C, its finished rows kept
         # A child started with SIGINT ignored (a server run with `&` from a script) never sees
         # it: then its whole process group goes, engine included; its checkpoints stay.
-        threading.Thread(target=_kill_late, args=(child, STOP_GRACE_S), daemon=True).start()
+        threading.Thread(target=kill_group_late, args=(child, STOP_GRACE_S), daemon=True).start()
         return batch
 
     def job(self, bid: str) -> Any:
@@ -223,8 +223,6 @@ class Worker:
         cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run-batch", "--format", format_of(batch),
                "-i", str(self.store.file_path(batch["input_file_id"])), "--home", str(folder / "home"),
                "-o", str(folder / "output.jsonl"), *errors, "--job-name", _job_name(bid), *self.engine, *self.options]
-        from ..engines.platform.processes import spawn_owned
-
         with self.store.lock:
             if bid in self.stopping:
                 self._finish(bid, self.stopping[bid])
@@ -265,14 +263,6 @@ class Worker:
             if status == "failed":
                 error = error or f"{type(exc).__name__}: {exc}"
         self.store.update(bid, **ended(self.store, bid, status, counts, error))
-
-
-def _kill_late(child: subprocess.Popen[bytes], grace_s: float) -> None:
-    try:
-        child.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)
 
 
 def _job_name(bid: str) -> str:

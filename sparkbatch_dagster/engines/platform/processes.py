@@ -1,5 +1,6 @@
 """Child processes this process owns: each in its own process group, sent a signal by the kernel
-when this process dies (:func:`spawn_owned`), and stopped group and all (:func:`stop_group`). The
+when this process dies (:func:`spawn_owned`), and stopped group and all (:func:`stop_group`, or
+:func:`kill_group_late` after the child was asked to stop by itself). The
 engines' servers and ``serve-batch``'s batch children start this way."""
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ def spawn_owned(cmd: list[str], death_signal: int = signal.SIGTERM, **popen: Any
     return _SPAWNER.submit(spawn).result()
 
 
-
 def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
     """SIGTERM the process group that ``proc`` leads (``spawn_owned``), then SIGKILL what is left
     after ``grace_s``; returns once no process of the group is left (or 60 s after the SIGKILL:
@@ -58,6 +58,16 @@ def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
         if not _group_alive(group):
             break
     proc.poll()
+
+
+def kill_group_late(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGKILL the process group that ``proc`` leads (``spawn_owned``) unless ``proc`` exits within
+    ``grace_s``: for a child asked to stop by itself (SIGINT) that may never hear it (started with
+    SIGINT inherited ignored, by a server run with ``&`` from a script)."""
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
 
 
 def _signal_group(group: int, sig: int) -> None:
