@@ -10,7 +10,6 @@ Modules:
 - :mod:`.console`: one JSON line on stdout, one-line errors on stderr, ``--debug``;
 - :mod:`.locate`: finding the jobs of a definitions file and the Dagster instance;
 - :mod:`.preview`: ``sparkbatch preview``: a run's plan and rendered prompts, no engine;
-- :mod:`.early_start`: the engine's start begun before the job is loaded (``sparkbatch run``);
 - :mod:`.budget`: ``run``'s brake flags (``--estimate``, ``--max-cost``, ``--deadline``);
 - :mod:`.batch`: ``sparkbatch run-batch`` and ``export-batch``;
 - :mod:`.serve_batch`: ``sparkbatch serve-batch``: the server's start (uvicorn) on ``..serve``'s app;
