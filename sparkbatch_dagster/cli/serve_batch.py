@@ -33,7 +33,8 @@ from typing import Any
 from ..definitions.resource import VLLMResource
 from ..errors import ConfigError
 from ..serve.guard import Access, access
-from ..serve.worker import OPEN, Store, Worker
+from ..serve.store import OPEN, Store
+from ..serve.worker import Worker
 from ..spec import SamplingSpec
 
 #: Connections the kernel holds until the server accepts them (capped by net.core.somaxconn):

@@ -34,10 +34,10 @@ from ..engines.platform.processes import kill_group_late, spawn_owned
 from ..run.batch_export import ExportSummary
 from ..spec import SamplingSpec
 from .ending import NOTHING_RAN, counts_of, ended, usage_fields
-from .store import ENDPOINT, MESSAGE_BATCH, OPEN, Store, format_of, new_batch, now
+from .store import MESSAGE_BATCH, OPEN, Store, format_of, now
 from .validate import validate_file
 
-__all__ = ["ENDPOINT", "OPEN", "STOP_GRACE_S", "Store", "Worker", "new_batch"]
+__all__ = ["STOP_GRACE_S", "Store", "Worker"]
 
 #: Seconds a cancelled run gets to stop on its own before its process group is killed.
 STOP_GRACE_S = 60.0
