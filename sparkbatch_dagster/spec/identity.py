@@ -53,10 +53,26 @@ def effective(sampling: SamplingSpec) -> dict[str, Any]:
 
 def engine_input(messages: list[dict[str, str]], tools: Any, sampling: SamplingSpec,
                  output: OutputSpec) -> dict[str, Any]:
-    """What the engine receives for one answer, as plain data: what :func:`answer_key` hashes."""
+    """What the engine receives for one answer, as plain data: what :func:`answer_key` hashes
+    (its ``sampling`` and ``output`` are shared between calls: read them, never change them)."""
     return {"messages": [dict(m) for m in messages],
-            "tools": msgspec.to_builtins(tools) if tools is not None else None,
-            "sampling": effective(sampling), "output": output.identity()}
+            "tools": msgspec.to_builtins(tools) if tools is not None else None, **_settings(sampling, output)}
+
+
+#: The last settings part made, with what it was made from. Every row of a job names its answer
+#: under the same two specs, and making their plain data (the merge, pydantic's dump) was most of
+#: a key's cost, once a row; specs are frozen, so the same objects give the same data.
+_made: list[tuple[SamplingSpec, OutputSpec, tuple[str, ...], dict[str, Any]]] = []
+
+
+def _settings(sampling: SamplingSpec, output: OutputSpec) -> dict[str, Any]:
+    """The sampling and output part of :func:`engine_input`, made once per pair of specs (keyed
+    on all it reads: the two specs and the identity's fields)."""
+    last = _made[-1] if _made else None
+    if last is None or last[0] is not sampling or last[1] is not output or last[2] is not _IDENTITY:
+        last = (sampling, output, _IDENTITY, {"sampling": effective(sampling), "output": output.identity()})
+        _made[:] = [last]
+    return last[3]
 
 
 def canonical(value: Any) -> bytes:
