@@ -22,7 +22,6 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -140,25 +139,30 @@ def _at(c: NDArray[np.float64], r: NDArray[np.float64], share: float) -> float:
     return float(c[ranked[max(k - 1, 0)]])
 
 
-def _plan(asked: Literal["budget", "catch_errors"], target: float, c: NDArray[np.float64], y: NDArray[np.bool_],
-          r: NDArray[np.float64], choose: Callable[..., float],
-          folds: int, seed: int) -> ReviewPlan:
-    from sklearn.model_selection import KFold, StratifiedKFold
-
+def _enough(c: NDArray[np.float64]) -> None:
     if c.size < MIN_ROWS:
         raise SparkbatchError(f"review budget: {c.size} gold rows with a confidence; a plan needs at least "
                               f"{MIN_ROWS}: label more gold rows (estimate.max_sample_rows) or set review_below")
+
+
+def _plan_errors(target: float, c: NDArray[np.float64], y: NDArray[np.bool_], r: NDArray[np.float64], folds: int,
+                 seed: int) -> ReviewPlan:
+    """The share of rows that catches ``target`` of the errors, its figures scored on each fold at the
+    share the other folds chose, pooled."""
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    _enough(c)
     # Stratified on right/wrong where both are common enough, so no fold chooses with no errors in view.
     split = (StratifiedKFold if min(y.sum(), (~y).sum()) >= folds else KFold)(folds, shuffle=True, random_state=seed)
     reviewed = caught = 0
     for train, test in split.split(c, y):
-        share = choose(c[train], y[train], r[train])
+        share = share_for_errors(c[train], y[train], target, r[train])
         sent = order(c[test], r[test])[:cut(share, test.size)]
         reviewed += int(sent.size)
         caught += int((~y[test][sent]).sum())
     errors = int((~y).sum())
-    share = choose(c, y, r)
-    return ReviewPlan(asked=asked, target=target, share=share, threshold=_at(c, r, share),
+    share = share_for_errors(c, y, target, r)
+    return ReviewPlan(asked="catch_errors", target=target, share=share, threshold=_at(c, r, share),
                       reviewed=_share(reviewed, c.size), caught=_share(caught, errors), rows=int(c.size),
                       errors=errors, folds=folds)
 
@@ -171,8 +175,7 @@ def plan_budget(confidence: ArrayLike, correct: ArrayLike, budget: float, folds:
     if not 0.0 < budget <= 1.0:
         raise SparkbatchError(f"review budget={budget!r} must be a share of rows above 0 and at most 1, e.g. 0.1")
     c, y, r = _arrays(confidence, correct, raw)
-    if c.size < MIN_ROWS:
-        return _plan("budget", budget, c, y, r, lambda *_: budget, folds, seed)  # refused there, with the fix
+    _enough(c)
     # Nothing is chosen: the share is the budget. Held out by the confidences (maps that never saw the
     # row), and the same cut the curve and the chart mark: one number for the share of errors caught.
     sent = order(c, r)[:cut(budget, c.size)]
@@ -193,5 +196,4 @@ def plan_catch_errors(confidence: ArrayLike, correct: ArrayLike, target: float, 
     if (~y).sum() < folds:
         raise SparkbatchError(f"review catch_errors: {int((~y).sum())} wrong answers among {c.size} gold rows; "
                               f"a plan needs at least {folds}: set review.budget or review_below instead")
-    return _plan("catch_errors", target, c, y, r, lambda cc, yy, rr: share_for_errors(cc, yy, target, rr), folds,
-                 seed)
+    return _plan_errors(target, c, y, r, folds, seed)
