@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import _posixsubprocess
 import contextlib
+import functools
 import os
 import socket
 import subprocess
@@ -81,19 +82,14 @@ def _refuse(what: str) -> Callable[..., Any]:
     return refuse
 
 
-_font_cache_warm = False
-
-
+@functools.cache
 def warm_font_cache() -> None:
     """Have matplotlib build its font cache now, before any unit test's guard is up: on a machine
     where it has none yet (a new machine, a new home, an empty ``MPLCONFIGDIR``) its first import
     runs ``fc-list`` in a subprocess, which the guard would blame on whichever unit test first drew
     a chart. Once per process; the cache it writes serves every later process."""
-    global _font_cache_warm
-    if not _font_cache_warm:
-        _font_cache_warm = True
-        with contextlib.suppress(ImportError):  # no charts without matplotlib: nothing to warm
-            import matplotlib.font_manager  # noqa: F401 - the import is the point: it builds the cache
+    with contextlib.suppress(ImportError):  # no charts without matplotlib: nothing to warm
+        import matplotlib.font_manager  # noqa: F401 - the import is the point: it builds the cache
 
 
 @pytest.hookimpl(hookwrapper=True)
