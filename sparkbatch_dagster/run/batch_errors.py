@@ -14,15 +14,15 @@ from typing import Literal
 
 ErrorType = Literal["invalid_request_error", "server_error"]
 
-#: Row errors that are the request's fault: HTTP 400, as the provider answers them.
-CLIENT_ERRORS = ("bad_request", "unsupported", "unparsable_row", "invalid_text", "duplicate_id", "null_id",
-                 "prompt_too_long", "too_long", "empty_text", "null_text", "bad_type", "render_error")
-#: The job's kinds as OpenAI's codes (``bad_request`` is read from its reason: :func:`_bad_request`).
+#: The job's kinds of row error that are the request's fault, as OpenAI's codes (``bad_request``'s
+#: is read from its reason: :func:`_bad_request`).
 _CODES = {"unsupported": "unsupported_value", "unparsable_row": "invalid_json_line",
           "invalid_text": "invalid_json_line", "duplicate_id": "duplicate_custom_id",
           "null_id": "missing_required_parameter", "prompt_too_long": "context_length_exceeded",
           "too_long": "context_length_exceeded", "empty_text": "invalid_value", "null_text": "invalid_value",
           "bad_type": "invalid_type", "render_error": "invalid_value"}
+#: Row errors that are the request's fault: HTTP 400, as the provider answers them.
+CLIENT_ERRORS = ("bad_request", *_CODES)
 #: The field a kind is always about, when its reason names none.
 _PARAMS = {"duplicate_id": "custom_id", "null_id": "custom_id", "prompt_too_long": "messages",
            "too_long": "messages", "empty_text": "messages", "null_text": "messages"}
