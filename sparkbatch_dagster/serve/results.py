@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs.files import SURROGATE, physical_lines
+from .store import MESSAGE_BATCH, OPENAI_BATCH
 
 #: The line's error, by how the batch ended (OpenAI's documented batch_expired message).
 REASONS = {"expired": ("batch_expired", "This request could not be executed before the completion window expired."),
@@ -38,7 +39,7 @@ REASONS = {"expired": ("batch_expired", "This request could not be executed befo
 ANTHROPIC_TYPES = {"expired": "expired", "cancelled": "canceled"}
 
 
-def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fmt: str = "openai_batch",
+def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fmt: str = OPENAI_BATCH,
                    reason: str = "") -> int:
     """Append to ``errors`` (Anthropic's: the results file, ``errors`` == ``output``) a line for
     each request of ``input_path`` that neither result file holds; return how many. ``ending``:
@@ -53,7 +54,7 @@ def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fm
         if errors.exists():
             out.write(errors.read_text(encoding="utf-8"))
         for cid in missing:
-            line = _anthropic_line(cid, ending, reason) if fmt == "anthropic_batch" else \
+            line = _anthropic_line(cid, ending, reason) if fmt == MESSAGE_BATCH else \
                 _openai_line(input_path, cid, ending, reason)
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
     os.replace(tmp, errors)
