@@ -125,9 +125,7 @@ browser:
 # pytest cache is kept: `make check PYTEST_ARGS="--lf"` reruns what failed, `PYTEST_ARGS="-k bucket"`
 # a few tests, ruff and mypy first either way (docs/testing.md).
 PYTEST_ARGS ?=
-check: $(STAMP)
-	$(BIN)/ruff check sparkbatch_dagster assets resources tests benchmarks requirements definitions.py
-	$(BIN)/mypy
+check: lint
 	$(BIN)/python tests/support/run_tiers.py unit $(if $(strip $(PYTEST_ARGS)),-- $(PYTEST_ARGS))
 
 # Everything, tier by tier (unit, e2e, real, browser: tests/<tier>/), each tier's time at the end;
