@@ -7,8 +7,9 @@ by the run with ``use_home``), :meth:`CompileCacheRun.starting` wraps the start:
    home's archive of the key (``home/compile_store.py``), if the home has one;
 2. the start runs with ``VLLM_CACHE_ROOT`` / ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR``
    pointing at the key's folder, which its processes inherit (engine core, ``vllm serve``);
-3. after it (the compiling is done), the folder is saved to the home unless the home holds it
-   as it is; at the run's end (:meth:`CompileCacheRun.finish`) again, only if it changed.
+3. after it (the compiling is done), the folder is saved to the home, in a thread while the engine
+   works, unless the home holds it as it is; at the run's end (:meth:`CompileCacheRun.finish`),
+   once that save is done, again, only if it changed.
 
 A warm engine (``keep_warm``) and servers someone else runs (``server_url``) do none of this. A
 failure here (a broken archive, a store that says no) is a warning: the engine compiles as on a
