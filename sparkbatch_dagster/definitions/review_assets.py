@@ -36,10 +36,11 @@ from dagster import (
 
 from ..errors import SparkbatchError
 from ..estimate.gold_fit import GoldFit, fit_on_gold
-from ..run import human_labels, metrics, review_marks, review_members
+from ..run import human_labels, metrics, review_members
 from ..run.query import read_only
 from ..run.review_marks import job_labels
 from ..run.review_queue import threshold_of
+from ..run.review_store import heal
 from ..spec import JobSpec
 from .job import BatchJob
 from .metadata import md_table, picture
@@ -54,8 +55,9 @@ def learns(spec: JobSpec) -> bool:
 
 def refresh(job: BatchJob, version: str) -> tuple[GoldFit | None, Any]:
     """Learn from the gold rows (when answers have confidences), then refresh the views with what
-    was learnt: (the fit, the analytics headline)."""
-    review_marks.pull(job.home)  # labels imported and calibrations fitted on another box
+    was learnt: (the fit, the analytics headline). The caller refreshed the home (``JobHome.refresh``
+    brings the labels imported and calibrations fitted on another box): what is damaged is set aside."""
+    heal(job.home)
     fit = fit_on_gold(job.spec, job.home, version) if learns(job.spec) else None
     return fit, metrics.analytics(job.spec, job.home, version)
 
