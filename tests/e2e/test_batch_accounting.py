@@ -53,7 +53,7 @@ def _end_at_random(tmp_path: Path, seed: int) -> None:
     bid = _batch(store, fmt, src)
     stop_after = rng.randint(0, 30) if status != "completed" else None
     resource = FakeVLLMResource(fail_after=stop_after)
-    worker = Worker(store, [], resource, 4, rng.choice([3, 10_000]), 0.79)
+    worker = Worker(store, [], resource, SamplingSpec(max_tokens=4), rng.choice([3, 10_000]), 0.79)
     error = None
     if runs:
         job, defs = batch_file_job(store.file_path(store.batch(bid)["input_file_id"]), fmt,
@@ -88,7 +88,7 @@ def test_an_openai_batch_whose_engine_dies_lists_every_unanswered_request(tmp_pa
     store = Store(tmp_path / "root")
     bid = _batch(store, "openai_batch", src)
     resource = FakeVLLMResource(fail_after=12)
-    worker = Worker(store, [], resource, 4, 10_000, 0.79)
+    worker = Worker(store, [], resource, SamplingSpec(max_tokens=4), 10_000, 0.79)
     job, defs = batch_file_job(src, home=store.folder(bid) / "home", name=_job_name(bid), resource=resource,
                                sampling=SamplingSpec(max_tokens=4), result_store=str(worker.answers))
     worker._jobs[bid] = job
@@ -115,7 +115,7 @@ def test_a_cancelled_line_the_job_could_not_read_is_listed_once(tmp_path: Path):
     store = Store(tmp_path / "root")
     bid = _batch(store, "openai_batch", src)
     resource = FakeVLLMResource(fail_after=5)
-    worker = Worker(store, [], resource, 4, 10_000, 0.79)
+    worker = Worker(store, [], resource, SamplingSpec(max_tokens=4), 10_000, 0.79)
     job, defs = batch_file_job(src, home=store.folder(bid) / "home", name=_job_name(bid), resource=resource,
                                sampling=SamplingSpec(max_tokens=4), result_store=str(worker.answers))
     worker._jobs[bid] = job
