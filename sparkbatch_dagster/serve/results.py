@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,15 +45,16 @@ def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fm
     """Append to ``errors`` (Anthropic's: the results file, ``errors`` == ``output``) a line for
     each request of ``input_path`` that neither result file holds; return how many. ``ending``:
     ``expired``, ``cancelled`` or ``failed`` (``reason``: why the run failed)."""
-    done = {cid for path in (output, errors) for cid in _ids_in(path)}
+    done = {cid for path in dict.fromkeys((output, errors)) for cid in _ids_in(path)}  # Anthropic's: one file
     missing = [cid for cid in job_row_ids(input_path) if cid not in done]
     if not missing:
         return 0
     errors.parent.mkdir(parents=True, exist_ok=True)
     tmp = errors.with_name(f".{errors.name}.tmp-{os.getpid()}")
     with tmp.open("w", encoding="utf-8") as out:
-        if errors.exists():
-            out.write(errors.read_text(encoding="utf-8"))
+        if errors.exists():  # copied as it is read: an error file may be as long as the batch
+            with errors.open(encoding="utf-8") as old:
+                shutil.copyfileobj(old, out)
         for cid in missing:
             line = _anthropic_line(cid, ending, reason) if fmt == MESSAGE_BATCH else \
                 _openai_line(input_path, cid, ending, reason)
