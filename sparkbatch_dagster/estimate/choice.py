@@ -133,7 +133,7 @@ def hosted_line(m: ModelForecast) -> list[str]:
 
 def _interval(m: ModelForecast) -> str:
     return (f"{m.accuracy:.3f}, 95% interval {m.accuracy_low:.3f}-{m.accuracy_high:.3f} "
-            f"on {m.sample_rows} rows")
+            f"on {m.scored_rows} rows")  # the rows with a truth
 
 
 def tradeoff(m: ModelForecast, ref: ModelForecast, has_gold: bool) -> str | None:
@@ -154,8 +154,8 @@ def tradeoff(m: ModelForecast, ref: ModelForecast, has_gold: bool) -> str | None
     (m_low, m_high), (ref_low, ref_high) = _bounds(m), _bounds(ref)
     noise = ("" if m_low > ref_high or ref_low > m_high
              else "; the intervals overlap, so the accuracy gap is within the samples' noise")
-    detail = (f"({money}; accuracy {m.accuracy:.3f} vs {ref.accuracy:.3f} on {m.sample_rows} and "
-              f"{ref.sample_rows} rows{noise if acc else ''})")
+    detail = (f"({money}; accuracy {m.accuracy:.3f} vs {ref.accuracy:.3f} on {m.scored_rows} and "
+              f"{ref.scored_rows} rows{noise if acc else ''})")
     if cost and acc:
         same_way = (pct < 0) == (points > 0)  # cheaper and more accurate, or dearer and less accurate
         return f"{m.model} is {cost} {'and' if same_way else 'but'} {acc} than {ref.model} {detail}."
@@ -167,14 +167,15 @@ def tradeoff(m: ModelForecast, ref: ModelForecast, has_gold: bool) -> str | None
 
 
 def _widened(m: ModelForecast, bar: float, cap: int) -> str:
-    first_rows, first_correct = m.sample_steps[0]
-    lo, hi = wilson(first_correct, first_rows)
-    state = verdict(m.sample_correct, m.sample_rows, bar)
+    first_rows, first_correct, *truth = m.sample_steps[0]  # (rows, correct, rows with a truth)
+    first_scored = truth[0] if truth else first_rows
+    lo, hi = wilson(first_correct, first_scored)
+    state = verdict(m.sample_correct, m.scored_rows, bar)
     outcome = {"clears": "it clears the bar", "fails": "it falls short of the bar"}.get(
         state or "", f"it still straddles the bar at the cap (estimate.max_sample_rows={cap})")
     return (f"Sampled {m.extra_rows} more rows of {m.model} because its interval straddled the bar "
-            f"{bar} ({lo:.3f}-{hi:.3f} on {first_rows} rows); now {m.accuracy_low:.3f}-{m.accuracy_high:.3f} "
-            f"on {m.sample_rows} rows: {outcome}.")
+            f"{bar} ({lo:.3f}-{hi:.3f} on {first_scored} rows); now {m.accuracy_low:.3f}-{m.accuracy_high:.3f} "
+            f"on {m.scored_rows} rows: {outcome}.")
 
 
 def advise(primary: ModelForecast, chosen: ModelForecast | None, est: EstimateSpec, sample_rows: int,
@@ -249,9 +250,9 @@ def advise(primary: ModelForecast, chosen: ModelForecast | None, est: EstimateSp
         closest = max(scored, key=lambda m: _bounds(m)[0], default=None)
         text = f"No model's 95% accuracy interval clears {bar}"
         if closest is not None:
-            if verdict(closest.sample_correct, closest.sample_rows, bar) == "fails":
+            if verdict(closest.sample_correct, closest.scored_rows, bar) == "fails":
                 then = "its whole interval is under the bar"
-            elif (need := rows_to_decide(closest.accuracy or 0.0, bar, closest.sample_rows)) is None:
+            elif (need := rows_to_decide(closest.accuracy or 0.0, bar, closest.scored_rows)) is None:
                 then = "its interval straddles the bar and no sample size decides it (its accuracy sits on the bar)"
             else:
                 outcome = "clears" if (closest.accuracy or 0.0) > bar else "falls short"
@@ -262,7 +263,7 @@ def advise(primary: ModelForecast, chosen: ModelForecast | None, est: EstimateSp
     if has_gold:
         for m in models:
             if m is not chosen and m.accuracy_low is not None and not clears(m, bar):
-                state = verdict(m.sample_correct, m.sample_rows, bar)
+                state = verdict(m.sample_correct, m.scored_rows, bar)
                 why = "still straddles the bar" if state == "straddles" else "falls short of the bar"
                 out.append(f"{m.model} does not clear {bar}: {why} ({_interval(m)}).")
     for m in models:

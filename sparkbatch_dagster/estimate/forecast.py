@@ -53,9 +53,9 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
         wall = timing.fill_s + predicted_tokens * timing.s_per_token if stored.to_generate else 0.0
     start = timing.engine_start_s if stored.to_generate else 0.0
     accuracy = low = high = None
-    if timing.correct is not None and timing.rows:
-        accuracy = timing.correct / timing.rows
-        low, high = wilson(timing.correct, timing.rows)
+    if timing.correct is not None and timing.scored:  # over the rows with a truth only
+        accuracy = timing.correct / timing.scored
+        low, high = wilson(timing.correct, timing.scored)
     scale = stored.to_generate / requests
     work = Workload(stored.to_generate, timing.prompt_tokens * scale, timing.output_tokens * scale, concurrency)
     priced = price_options(options, wall=wall, engines=engines, start=start, weights_gb=weights_gb,
@@ -67,7 +67,8 @@ def predict(sample: Sample, timing: Timing, options: list[NodeOption], weights_g
         model=timing.model, weights_gb=round(weights_gb, 3) if weights_gb is not None else None,
         engine_start_s=round(timing.engine_start_s, 1), sample_rows=timing.rows,
         extra_rows=timing.rows - first_rows, sample_steps=[list(s) for s in timing.steps],
-        sample_correct=timing.correct, sample_s=round(timing.seconds, 2), sample_tokens=tokens,
+        sample_correct=timing.correct, sample_truth_rows=timing.truth_rows, sample_s=round(timing.seconds, 2),
+        sample_tokens=tokens,
         sample_errors=timing.errors,
         accuracy=round(accuracy, 4) if accuracy is not None else None,
         accuracy_low=round(low, 4) if low is not None else None,

@@ -124,10 +124,18 @@ class ModelForecast(Record, frozen=True, kw_only=True):
     review_budget: ReviewBudget | None = None
     review_plan: ReviewPlan | None = None
     review_chart: str | None = None
+    #: The sample's rows with a truth (a gold value that says something, ``run/truth.py``): the
+    #: accuracy's rows. None without a gold column (and in records written before it: every row).
+    sample_truth_rows: int | None = None
 
     def option(self, name: str) -> OptionPrice | None:
         """The priced option called ``name``, or None."""
         return next((o for o in self.options if o.name == name), None)
+
+    @property
+    def scored_rows(self) -> int:
+        """The sample rows its accuracy is over: those with a truth."""
+        return self.sample_rows if self.sample_truth_rows is None else self.sample_truth_rows
 
 
 class CascadeOption(Record, frozen=True, kw_only=True):

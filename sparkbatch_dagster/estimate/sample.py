@@ -37,6 +37,7 @@ from ..errors import SparkbatchError
 from ..home import JobHome
 from ..run.result_store import ResultStore
 from ..run.rows import parse_output, plan_rows, read_shard, store_key
+from ..run.truth import truth
 from ..spec import EstimateSpec, JobSpec
 from .choice import verdict
 
@@ -68,7 +69,11 @@ class Timing:
     errors: int
     correct: int | None  # None without a gold column
     requests: int | None = None  # distinct prompts generated (None: one per row)
-    steps: list[tuple[int, int]] = field(default_factory=list)  # (rows, correct) after each draw
+    #: (rows, correct, truth rows) after each draw
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
+    #: Rows with a truth (``run/truth.py``: a gold value that says something), the accuracy's rows;
+    #: None without a gold column. A row without one is neither right nor wrong.
+    truth_rows: int | None = None
     #: Time = fill_s + s_per_token x tokens, fitted from two draws of different sizes (see
     #: :func:`fit`); 0 when the sample was one draw.
     fill_s: float = 0.0
@@ -76,6 +81,11 @@ class Timing:
     #: Each scored row's (confidence, right): None where its answer had none (an error row). Two
     #: models' rows in common make a cascade's accuracy on the sample (``estimate/cascades.py``).
     by_row: dict[str, tuple[float | None, bool]] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> int:
+        """The rows the accuracy is over: those with a truth (every row for a record without the count)."""
+        return self.rows if self.truth_rows is None else self.truth_rows
 
     @property
     def sure(self) -> list[tuple[float, bool]]:
@@ -162,18 +172,19 @@ def time_rows(spec: JobSpec, rows: list[dict[str, Any]], engine: Engine) -> Timi
         out = parse_output(res.text, spec, own)[0] if res.error is None and res.text is not None else None
         outputs.update(dict.fromkeys(ids, out))
         confidence.update(dict.fromkeys(ids, res.confidence))
-    correct = None
+    correct = truth_rows = None
     right: dict[str, bool] = {}
     if spec.gold_column:
-        right = {r["row_id"]: outputs.get(r["row_id"]) is not None and outputs[r["row_id"]] == r.get(spec.gold_column)
-                 for r in rows}
-        correct = sum(right.values())
+        known = {r["row_id"]: t for r in rows if (t := truth(r.get(spec.gold_column))) is not None}
+        right = {i: outputs.get(i) is not None and outputs[i] == t for i, t in known.items()}
+        correct, truth_rows = sum(right.values()), len(right)
     return Timing(
         model=engine.model_id, engine_start_s=engine.start_seconds, seconds=seconds, rows=len(rows),
         prompt_tokens=sum(r.prompt_tokens for r in results.values()),
         output_tokens=sum(r.output_tokens for r in results.values()),
         errors=len(errors) + sum(1 for v in outputs.values() if v is None), correct=correct,
-        requests=len(groups), steps=[(len(rows), correct or 0)] if correct is not None else [],
+        requests=len(groups), truth_rows=truth_rows,
+        steps=[(len(rows), correct, truth_rows)] if correct is not None and truth_rows is not None else [],
         # As in the labeled rows: an answer's confidence, none on an error row.
         by_row={i: (confidence.get(i) if outputs.get(i) is not None else None, ok) for i, ok in right.items()},
     )
@@ -192,14 +203,16 @@ def merge(a: Timing, b: Timing, first_rows: int) -> Timing:
     ``fill_batch``): a smaller draw runs a part-empty batch, slower per token than the run's
     full one, and would bias the prediction high."""
     correct = None if a.correct is None or b.correct is None else a.correct + b.correct
+    truth_rows = None if a.truth_rows is None or b.truth_rows is None else a.truth_rows + b.truth_rows
     fast = b.rows >= first_rows
     return replace(
-        a, rows=a.rows + b.rows, errors=a.errors + b.errors, correct=correct,
+        a, rows=a.rows + b.rows, errors=a.errors + b.errors, correct=correct, truth_rows=truth_rows,
         seconds=a.seconds + (b.seconds if fast else 0.0),
         prompt_tokens=a.prompt_tokens + (b.prompt_tokens if fast else 0),
         output_tokens=a.output_tokens + (b.output_tokens if fast else 0),
         requests=(a.requests or a.rows) + ((b.requests or b.rows) if fast else 0),
-        steps=[*a.steps, (a.rows + b.rows, correct)] if correct is not None else [],
+        steps=[*a.steps, (a.rows + b.rows, correct, truth_rows)] if correct is not None and truth_rows is not None
+        else [],
         by_row={**a.by_row, **b.by_row},
     )
 
@@ -235,7 +248,7 @@ def sample_model(spec: JobSpec, home: JobHome, est: EstimateSpec, sample: Sample
 def _grown(timing: Timing, est: EstimateSpec, size: int, total: int) -> int | None:
     """The sample's next size while the accuracy interval straddles the bar (doubled, up to
     ``max_sample_rows``), or None when it is decided."""
-    if verdict(timing.correct, timing.rows, est.accuracy_bar) == "straddles" and size < min(est.max_sample_rows,
+    if verdict(timing.correct, timing.scored, est.accuracy_bar) == "straddles" and size < min(est.max_sample_rows,
                                                                                              total):
         return min(size * 2, est.max_sample_rows)
     return None

@@ -21,6 +21,7 @@ Modules:
 - :mod:`.views`: the analytics views and tables, on any connection;
 - :mod:`.query`: the locked in-memory database ``sparkbatch sql`` reads;
 - :mod:`.reliability`: confidence buckets, shared with the estimate;
+- :mod:`.truth`: what counts as a row's truth (a gold value that says something), in Python and SQL;
 - :mod:`.calibration_map`: a fitted confidence calibration, applied to rows and in the views' SQL;
 - :mod:`.human_labels`: the reviewers' labels imported from an annotation tool, append-only in the home;
 - :mod:`.review_marks`: a row's calibrated confidence and a reviewer's label over the model's, as a run writes it;

@@ -24,10 +24,10 @@ REPORT_KEYS = [
     "options", "predicted_input_tokens", "predicted_output_tokens", "hosted", "measured_on", "measured_kind",
     "measured_tokens_per_s", "best_speed_basis", "best_option", "best_cost_usd", "reliability", "configured_as",
     "engine_kwargs", "identity", "dtype", "dtype_reason", "calibration", "review_budget", "review_plan",
-    "review_chart", "accuracy_bar", "max_sample_rows", "chosen_model",
+    "review_chart", "sample_truth_rows", "accuracy_bar", "max_sample_rows", "chosen_model",
     "chosen_configured_as", "chosen_cost_usd", "models", "failed_models", "unrunnable_models", "advice", "cascades",
     "best_buy", "cascade_chart", "json", "chart"]
-MODEL_KEYS = REPORT_KEYS[5:45]
+MODEL_KEYS = REPORT_KEYS[5:46]
 MODEL_KEYS.insert(3, "sample_rows")  # a model's own sample_rows sits after engine_start_s
 OPTION_KEYS = ["name", "nodes", "gpus_per_node", "hourly_usd", "hardware", "speed_basis", "projection", "why",
                "tensor_parallel_size", "fits", "engines", "settings", "how", "wall_s", "wall_low_s", "cost_usd",
