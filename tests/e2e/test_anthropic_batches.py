@@ -165,6 +165,7 @@ def in_process(tmp_path, monkeypatch) -> Iterator[tuple[Any, Any, Path]]:
     from sparkbatch_dagster.serve.app import make_app
     from sparkbatch_dagster.serve.guard import access
     from sparkbatch_dagster.serve.worker import Store, Worker
+    from sparkbatch_dagster.spec import SamplingSpec
     from sparkbatch_dagster.testing import FakeVLLMResource
 
     gate = tmp_path / "gate"
@@ -174,7 +175,7 @@ def in_process(tmp_path, monkeypatch) -> Iterator[tuple[Any, Any, Path]]:
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     store = Store(tmp_path / "root")
     worker = Worker(store, ["--engine-file", str(tmp_path / "engine.py")],
-                    FakeVLLMResource(gate_path=str(gate), gate_after=15), 256, 10, 0.79)
+                    FakeVLLMResource(gate_path=str(gate), gate_after=15), SamplingSpec(max_tokens=256), 10, 0.79)
     worker.start()
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(make_app(store, worker, access("127.0.0.1", None)), host="127.0.0.1",
