@@ -95,12 +95,12 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(root: Path, host: str, port: int, access: Access, worker: Worker, store: Store) -> None:
     """Serve until interrupted (KeyboardInterrupt on SIGINT or SIGTERM, once the requests in
-    flight are answered), taking up the batches a previous server left open."""
+    flight are answered), taking up the batches a previous server left open; the bind was
+    checked by :func:`serve_batch` (:func:`check_bind`)."""
     import uvicorn
 
     from ..serve.app import make_app
 
-    check_bind(host, access.api_key)
     sock = listen(host, port)
     config = uvicorn.Config(make_app(store, worker, access), lifespan="off", backlog=BACKLOG, access_log=False,
                             log_config=LOG_CONFIG, timeout_graceful_shutdown=GRACE_S, server_header=False)
