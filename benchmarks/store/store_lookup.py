@@ -25,9 +25,7 @@ from pathlib import Path
 from benchmarks.lib.results_io import emit
 from sparkbatch_dagster.inputs.shards import connect
 from sparkbatch_dagster.run import result_store as results
-from sparkbatch_dagster.run.result_store import ResultStore, split_key
-from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
-from sparkbatch_dagster.spec.prompts import RenderedPrompt
+from sparkbatch_dagster.run.result_store import ResultStore, prompt_key, split_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,9 +72,7 @@ def main() -> None:
     ap.add_argument("--gpu-result", default=str(ROOT / "benchmarks/results/h200-1b-debian.json"))
     ap.add_argument("--out")
     args = ap.parse_args()
-    job = SamplingSpec(), OutputSpec()
-    probe = [RenderedPrompt("You sort Debian packages.", f"Package: p{i}\nWhich section?").answer_key(*job)
-             for i in range(args.shard_rows)]
+    probe = [prompt_key("You sort Debian packages.", f"Package: p{i}\nWhich section?") for i in range(args.shard_rows)]
     with tempfile.TemporaryDirectory() as tmp:
         store = ResultStore(Path(tmp), "0123456789abcdef")
         t = time.perf_counter()

@@ -21,8 +21,8 @@ from .platform.spans import Spans
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """One prompt to generate; ``id`` comes back on its result. ``key``: its answer's name
-    in the result store (``spec.identity.answer_key``), when the caller has it (a draw has none).
+    """One prompt to generate; ``id`` comes back on its result. ``key``: the rendered prompt's
+    name in the result store (``run.result_store.prompt_key``), when the caller has it.
     ``sampling`` / ``output``: this request's own settings, where they differ from the ones
     ``generate`` got (a batch file's line sets its own ``max_tokens`` or ``response_format``);
     None: those. ``tools``: a batch line's tools (given to the chat template; a forced call's

@@ -42,6 +42,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..home import Bucket, FileLock, JobHome, atomic_write_parquet
+from ..spec import OutputSpec, SamplingSpec
+from ..spec.prompts import RenderedPrompt
 from .checkpoint import WITH_CONFIDENCE, WITH_EXTRA, WITH_REASONING, WITH_TRUNCATED
 
 log = logging.getLogger("sparkbatch")
@@ -68,6 +70,17 @@ def open_store(spec: Any, home: JobHome, model_id: str) -> ResultStore:
     root = home.results or spec.result_store_path
     later = home.remote.uploader.do if home.remote is not None else None
     return ResultStore(root, spec.answer_context(model_id), home.results_remote, later)
+
+
+def prompt_key(system: str, user: str, sampling: Any = None, output: Any = None) -> str:
+    """32 hex characters naming the answer to a column job's prompt of ``system`` and ``user``
+    text under ``sampling`` / ``output`` (the job's defaults when None): what its output rows carry
+    as ``prompt_key`` (:func:`..spec.identity.answer_key`; a draw has no key, so the sampling
+    given here must not be one)."""
+    key = RenderedPrompt(system, user).answer_key(sampling or SamplingSpec(), output or OutputSpec())
+    if key is None:
+        raise ValueError("a draw (temperature above 0, no seed) has no key in the result store")
+    return key
 
 
 def split_key(key: str) -> tuple[int, int]:

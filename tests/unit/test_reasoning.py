@@ -12,9 +12,8 @@ import pytest
 from sparkbatch_dagster import ConfigError, OutputSpec
 from sparkbatch_dagster.engines import FakeEngine
 from sparkbatch_dagster.engines.answers import reasoning
-from sparkbatch_dagster.run.result_store import ResultStore
+from sparkbatch_dagster.run.result_store import ResultStore, prompt_key
 from sparkbatch_dagster.spec import SamplingSpec
-from sparkbatch_dagster.spec.prompts import RenderedPrompt
 from sparkbatch_dagster.testing import label_shard
 from testkit import LABELS, make_rows, one_shard
 
@@ -113,7 +112,7 @@ def test_a_reused_answer_keeps_its_thinking(tmp_path: Path) -> None:
 
 def test_store_segments_written_before_reasoning_read_null(tmp_path: Path) -> None:
     store = ResultStore(tmp_path / "results", "ctx")
-    key = RenderedPrompt("s", "u").answer_key(SamplingSpec(), OutputSpec())
+    key = prompt_key("s", "u")
     store.dir.mkdir(parents=True)
     k1, k2 = (int.from_bytes(bytes.fromhex(key)[i:i + 8], "big", signed=True) for i in (0, 8))
     old = pa.table({"k1": [k1], "k2": [k2], "output": ["fruit"], "error": pa.array([None], pa.string()),
