@@ -21,7 +21,6 @@ from typing import Protocol
 from ..engines.base import Engine, EngineRequest, request_of
 from .open_shard import OpenShard
 from .result_store import ResultStore
-from .rows import store_key
 
 log = logging.getLogger("sparkbatch")
 
@@ -70,7 +69,7 @@ class Feed:
                         break
                 shard.first_sent = shard.first_sent or time.perf_counter()
                 group = shard.order[n]
-                yield request_of(f"{idx}:{n}", shard.groups[group][0], store_key(group))
+                yield request_of(f"{idx}:{n}", shard.groups[group][0], shard.keys[group])
                 n += 1
 
     def meanwhile(self) -> bool:

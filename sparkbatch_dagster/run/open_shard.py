@@ -43,7 +43,9 @@ class OpenShard:
             errors, self.groups = plan_rows(spec, self.rows, done)
             for rid, reason in errors.items():
                 self._add(row(rid, version, Answer.failed(reason, model)))
-        # A group names its answer's key (:func:`.rows.store_key`; a draw's none: never looked up nor stored).
+        with spans.span("prompt_keys"):
+            # The answer's key, or None for a draw: generated every time, never looked up nor stored.
+            self.keys: dict[str, str | None] = {g: store_key(g) for g in self.groups}
         with spans.span("store_lookup"):
             self._reuse(store)
         self.order = in_prefix_order(self.groups)
@@ -66,7 +68,7 @@ class OpenShard:
         if res.retryable:
             self.pending += len(ids)
             return 0
-        answer = Answer.of_engine(res, spec, prompt, store_key(group), self.model)
+        answer = Answer.of_engine(res, spec, prompt, self.keys[group], self.model)
         for i, rid in enumerate(ids):
             self._add(row(rid, self.version, answer, duplicate=i > 0))
         self.done += len(ids)
@@ -79,7 +81,7 @@ class OpenShard:
     def _reuse(self, store: ResultStore, only: list[Any] | None = None) -> int:
         """Write the rows whose answer is already stored (of ``only``'s groups, or all); they
         leave the prompts to generate. Returns the rows written."""
-        keyed = {g: k for g in (list(self.groups) if only is None else only) if (k := store_key(g)) is not None}
+        keyed = {g: k for g in (list(self.groups) if only is None else only) if (k := self.keys[g]) is not None}
         found = store.lookup(list(keyed.values()))
         written = 0
         for group, key in [(g, k) for g, k in keyed.items() if k in found]:
@@ -113,7 +115,7 @@ class OpenShard:
 
     def release(self) -> None:
         """Drop the rows once committed, so a run's memory does not grow with its shard count."""
-        self.rows, self.groups, self.order = [], {}, []
+        self.rows, self.groups, self.order, self.keys = [], {}, [], {}
         self.writer.tables.clear()
 
 
