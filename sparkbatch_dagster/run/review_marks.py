@@ -50,40 +50,46 @@ class Marks:
 
     def apply(self, out: OutputRow) -> OutputRow:
         """``out`` with its confidence calibrated and a reviewer's label over the model's."""
-        changes: dict[str, object] = {}
-        if out.confidence is not None and out.raw_confidence is None:
-            cal = self.calibrations.get(out.model)
-            changes.update(raw_confidence=out.confidence, confidence=cal.one(out.confidence) if cal else out.confidence)
-        seen = self.human.get(out.row_id)
-        if seen is not None:
-            changes.update(output=seen.label, error=None, model_output=out.output, reviewed_by=seen.reviewer,
-                           reviewed_at=seen.reviewed_at)
+        changes = self.changes(out.row_id, out.model, out.output, out.confidence, out.raw_confidence,
+                               out.reviewed_by, out.model_output)
         return msgspec.structs.replace(out, **changes) if changes else out
+
+    def changes(self, row_id: str, model: str, output: str | None, confidence: float | None,
+                raw_confidence: float | None, reviewed_by: str | None, model_output: str | None) -> dict[str, Any]:
+        """What marking a row changes, by field: the confidence by its model's calibration of the
+        model's own (``raw_confidence``, else ``confidence``: a row a run has not marked yet); where a
+        reviewer labeled the row, their label over the model's answer (``model_output`` keeps the
+        model's: the row's ``output``, or its ``model_output`` when a run wrote a reviewer's label)."""
+        out: dict[str, Any] = {}
+        raw = raw_confidence if raw_confidence is not None else confidence
+        if raw is not None:
+            cal = self.calibrations.get(model)
+            out.update(raw_confidence=raw, confidence=cal.one(raw) if cal else raw)
+        seen = self.human.get(row_id)
+        if seen is not None:
+            out.update(output=seen.label, error=None, model_output=output if reviewed_by is None else model_output,
+                       reviewed_by=seen.reviewer, reviewed_at=seen.reviewed_at)
+        return out
+
+
+#: The columns :meth:`Marks.changes` reads, in its arguments' order, and the ones it may change.
+_READS = ("row_id", "model", "output", "confidence", "raw_confidence", "reviewed_by", "model_output")
+_WRITES = ("output", "error", "confidence", "raw_confidence", "model_output", "reviewed_by", "reviewed_at")
 
 
 def marked(table: Any, marks: Marks) -> Any:
     """Committed output rows (a pyarrow Table of ``OUTPUT_SCHEMA``) as the ``labeled`` view shows them,
-    for readers that take the files (``BatchJob.read_outputs``, the IO manager): the confidence by the
-    newest calibration of the model's own (``raw_confidence``), the newest reviewer's label over the
-    model's answer (``model_output`` keeps the model's; ``reviewed_by``, ``reviewed_at``: who and when)."""
+    for readers that take the files (``BatchJob.read_outputs``, the IO manager): each row as a run
+    would mark it now (:meth:`Marks.changes`), by the newest calibrations and reviewers' labels."""
     import pyarrow as pa
 
     if not marks.calibrations and not marks.human:
         return table
-    cols = {n: table.column(n).to_pylist() for n in ("row_id", "output", "error", "confidence", "raw_confidence",
-                                                       "model", "model_output", "reviewed_by", "reviewed_at")}
-    for i, rid in enumerate(cols["row_id"]):
-        raw = cols["raw_confidence"][i] if cols["raw_confidence"][i] is not None else cols["confidence"][i]
-        cal = marks.calibrations.get(cols["model"][i])
-        if raw is not None:
-            cols["raw_confidence"][i], cols["confidence"][i] = raw, cal.one(raw) if cal else raw
-        seen = marks.human.get(rid)
-        if seen is not None:
-            if cols["reviewed_by"][i] is None:  # else a run wrote a reviewer's label: model_output is the model's
-                cols["model_output"][i] = cols["output"][i]
-            cols["output"][i], cols["error"][i] = seen.label, None
-            cols["reviewed_by"][i], cols["reviewed_at"][i] = seen.reviewer, seen.reviewed_at
-    for name, values in cols.items():
+    cols = {n: table.column(n).to_pylist() for n in dict.fromkeys(_READS + _WRITES)}
+    for i, row in enumerate(zip(*(cols[n] for n in _READS), strict=True)):
+        for name, value in marks.changes(*row).items():
+            cols[name][i] = value
+    for name, values in ((n, cols[n]) for n in _WRITES):
         table = table.set_column(table.schema.get_field_index(name), name,
                                  pa.array(values, table.schema.field(name).type))
     return table
