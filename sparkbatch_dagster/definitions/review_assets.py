@@ -5,12 +5,13 @@ for "reviewed" rather than "labeled".
     analytics -> review_queue -> human_labels (check: review_complete, blocking)
 
 ``analytics`` first learns from the gold rows (``estimate/gold_fit.py``: each model's calibration,
-the review budget turned into a threshold) and then refreshes the views with them. ``review_queue``
-reports the queue under that threshold. ``human_labels`` reads the reviewers' labels imported from the
-annotation tool (``sparkbatch review import``, which materializes it), learns from them again (a
-corrected row is gold for the next calibration) and refreshes the views; its blocking check
-``review_complete`` passes once every queued row has a reviewer's label, so an asset that depends
-on ``human_labels`` runs on reviewed rows only.
+an error target turned into a share of rows) and then refreshes the views with them. ``review_queue``
+records the rows the cut in force selects as queued for good (``run/review_members.py``) and reports
+the queue. ``human_labels`` reads the reviewers' labels imported from the annotation tool (``sparkbatch
+review import``, which materializes it), learns from them again (a corrected row is gold for the next
+calibration) and refreshes the views; its blocking check ``review_complete`` passes once every queued
+row has a reviewer's label or was dismissed, so an asset that depends on ``human_labels`` runs on
+reviewed rows only.
 
 Example::
 
@@ -101,10 +102,10 @@ def build_review_assets(job: BatchJob, io: dict[str, Any], group: str) -> list[A
 
     @asset(key=job.keys["review_queue"], deps=[job.keys["analytics"]], group_name=group, kinds={"duckdb"}, **io,
            automation_condition=AutomationCondition.eager(),
-           description="The rows a person should check: confidence (calibrated) under the review threshold "
-                       "(review.budget / review.catch_errors turned into one on the gold rows, else "
-                       "review_below), least sure first, not yet reviewed. `sparkbatch review export` sends "
-                       "them to Label Studio.")
+           description="The rows a person should check: the least sure share of rows (review.budget, or "
+                       "review.catch_errors turned into one on the gold rows; calibrated confidence), else "
+                       "confidence under review_below; a queued row stays until reviewed or dismissed. "
+                       "`sparkbatch review export` sends them to Label Studio.")
     def review_queue(context: AssetExecutionContext) -> MaterializeResult:
         home.refresh()
         version = job.current_version()
