@@ -213,13 +213,12 @@ def too_few(correct: ArrayLike, folds: int = FOLDS) -> str:
 
 
 def choose(c: NDArray[np.float64], y: NDArray[np.int_], folds: int, seed: int,
-           bins: int = BINS) -> tuple[Method, tuple[Candidate, ...], dict[Method, NDArray[np.float64]]]:
+           bins: int = BINS) -> tuple[Method, tuple[Candidate, ...]]:
     """The method with the lowest ``folds``-fold held-out Brier score on these rows (ties: the
-    simpler), every candidate's held-out scores and predictions."""
-    held = {m: cross_validated(m, c, y, folds, seed) for m in METHODS}
-    candidates = tuple(Candidate(m, scores(p, y, bins)) for m, p in held.items())
+    simpler), and every candidate's held-out scores."""
+    candidates = tuple(Candidate(m, scores(cross_validated(m, c, y, folds, seed), y, bins)) for m in METHODS)
     best = min(candidates, key=lambda x: (x.held_out.brier, METHODS.index(x.method)))
-    return best.method, candidates, held
+    return best.method, candidates
 
 
 def nested(c: NDArray[np.float64], y: NDArray[np.int_], folds: int = FOLDS, seed: int = 0) -> NDArray[np.float64]:
@@ -249,7 +248,7 @@ def calibrate(confidence: ArrayLike, correct: ArrayLike, model: str, labels: Seq
         cal = fit("none", c, y, model, labels).model_copy(update={"reason": why})
         table = reliability_table(c, y, bins)
         return CalibrationReport(cal, folds, before, before, (), table, table, tuple(map(float, c)))
-    method, candidates, _ = choose(c, y, folds, seed, bins)
+    method, candidates = choose(c, y, folds, seed, bins)
     held = nested(c, y, folds, seed)
     after = scores(held, y, bins)
     reason = (f"lowest held-out Brier score of {', '.join(METHODS)} in {folds}-fold cross-validation (figures "
