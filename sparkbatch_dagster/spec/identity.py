@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from .answer import OutputSpec, SamplingSpec
-from .request_fields import FIELDS
+from .request_fields import FIELDS, plain
 
 #: The fields that name an answer (:data:`.request_fields.FIELDS`' ``identity``).
 _IDENTITY = tuple(f.name for f in FIELDS if f.identity)
@@ -37,18 +37,12 @@ def is_draw(sampling: SamplingSpec) -> bool:
 
 
 def effective(sampling: SamplingSpec) -> dict[str, Any]:
-    """The sampling an answer is generated under, as plain data: every identity field, unset as
-    None. Greedy decoding (temperature 0) does not read the seed, so its seed is None: a job's
-    seed 0 and a line without one get the same greedy answer."""
-    data = {f.name: getattr(sampling, f.name) for f in FIELDS}
-    data["stop"] = list(data["stop"]) if data["stop"] else None
-    # No bias is none; JSON keys are text, as the OpenAI API spells token ids.
-    data["logit_bias"] = {str(k): v + 0.0 for k, v in sorted(data["logit_bias"].items())} \
-        if data["logit_bias"] else None
-    if not data["temperature"]:
-        data["seed"] = None
+    """The sampling an answer is generated under, as plain data (:func:`.request_fields.plain`,
+    as the engine gets it): every identity field, unset as None. Greedy decoding (temperature 0)
+    does not read the seed, so its seed is None: a job's seed 0 and a line without one get the
+    same greedy answer."""
     # -0.0 samples as 0.0 does: one spelling of each number.
-    return {k: v + 0.0 if isinstance(v, float) else v for k, v in data.items() if k in _IDENTITY}
+    return {k: v + 0.0 if isinstance(v, float) else v for k, v in plain(sampling).items() if k in _IDENTITY}
 
 
 def engine_input(messages: list[dict[str, str]], tools: Any, sampling: SamplingSpec,

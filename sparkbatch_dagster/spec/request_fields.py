@@ -79,6 +79,20 @@ def line_names(provider: str) -> dict[str, str]:
     return {alias: f.name for f in FIELDS for alias in f.names(provider)}
 
 
+def plain(sampling: Any) -> dict[str, Any]:
+    """Every field of ``sampling`` (a ``SamplingSpec``) as plain data, as the engines send it and
+    so as the answer identity names it (one rule for both): ``stop`` a list and ``logit_bias``
+    keyed by token id as text (as the API's JSON has it), None when empty; no seed under greedy
+    decoding (temperature 0), which reads none."""
+    data = {f.name: getattr(sampling, f.name) for f in FIELDS}
+    data["stop"] = list(data["stop"]) if data["stop"] else None
+    # -0.0 biases as 0.0 does: one spelling of each number.
+    data["logit_bias"] = {str(k): v + 0.0 for k, v in data["logit_bias"].items()} if data["logit_bias"] else None
+    if not data["temperature"]:
+        data["seed"] = None
+    return data
+
+
 def merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
     """The one merge: for every key any layer names, the first layer's value that is not None
     (layers in precedence order: request, job, model, API default). A key every layer leaves

@@ -27,7 +27,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from ...spec import OutputSpec, SamplingSpec
-from ...spec.request_fields import FIELDS, merged
+from ...spec.request_fields import FIELDS_BY_NAME, merged, plain
 from ..base import EngineRequest, settings_key, structured_outputs
 from ..config import EngineSettings
 from . import confidence, label_tokens, reasoning
@@ -47,24 +47,20 @@ def sampling_fields(sampling: SamplingSpec, cpu: bool = False, defaults: Mapping
     above 0) request goes unseeded: vLLM 0.32 rewinds a seeded request's generator when its
     prefill is split across steps, which a CPU generator cannot do ("CPU Generator does not use
     offset"), and the engine dies. Its answers then vary from run to run, as unseeded sampling
-    does; greedy ones do not. Greedy decoding reads no seed: none is sent."""
-    ours = {f.name: getattr(sampling, f.name) for f in FIELDS if f.engine}
-    if not sampling.temperature or cpu:
+    does; greedy ones do not. Greedy decoding reads no seed: none is sent (the plain data the
+    answer identity names too, :func:`...spec.request_fields.plain`)."""
+    ours = {k: v for k, v in plain(sampling).items() if FIELDS_BY_NAME[k].engine}
+    if cpu:
         ours["seed"] = None
     # A request field at its neutral value is left out: a job that sets none sends what it always sent.
     ours.update({k: None for k, neutral in _NEUTRAL.items() if ours[k] == neutral})
-    if ours["stop"] is not None:
-        ours["stop"] = list(ours["stop"])
-    if ours["logit_bias"]:  # keyed by token id as text, as the API's JSON has it
-        ours["logit_bias"] = {str(k): v for k, v in ours["logit_bias"].items()}
     fields = merged(ours, defaults or {})
     # temperature, top_p, ignore_eos are always sent (the engine's defaults are not the job's).
     return {k: v for k, v in fields.items() if v is not None or k in ("temperature", "top_p", "seed", "ignore_eos")}
 
 
 #: Request fields left out at these values (the engine's own defaults), as before they could be set.
-_NEUTRAL: dict[str, Any] = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": (),
-                            "logit_bias": {}}
+_NEUTRAL: dict[str, Any] = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def sampling_params(sampling: SamplingSpec, output: OutputSpec | None, defaults: Mapping[str, Any] | None = None,
