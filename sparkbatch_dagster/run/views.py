@@ -97,11 +97,7 @@ def _queue_views(con: Any, spec: JobSpec, home: JobHome) -> None:
     cut = threshold_of(spec, home)
     seen = review_members.members(home)
     for name, ids in (("review_queued", seen.queued), ("review_dismissed", seen.dismissed)):
-        con.register("sb_ids", pa.table({"row_id": pa.array(sorted(ids), pa.string())}))
-        try:
-            con.execute(f"CREATE OR REPLACE TABLE {name} AS FROM sb_ids")
-        finally:
-            con.unregister("sb_ids")
+        _table(con, name, pa.table({"row_id": pa.array(sorted(ids), pa.string())}))
     # Ties on the calibrated confidence (a constant or stepped map) are broken by the model's own,
     # then by row id, so a share is that many rows; floor(x + 0.5) is review_budget.cut's rounding.
     selects = (f"review_rank <= floor({float(cut.share)!r} * sb_rows + 0.5 + 1e-9)" if cut.share is not None
@@ -127,11 +123,17 @@ def _human_table(con: Any, labels: dict[str, human_labels.HumanLabel]) -> None:
     table = pa.table({"row_id": [h.row_id for h in rows], "label": [h.label for h in rows],
                       "reviewed_by": [h.reviewer for h in rows], "reviewed_at": [h.reviewed_at for h in rows]},
                      schema=pa.schema([(n, pa.string()) for n in ("row_id", "label", "reviewed_by", "reviewed_at")]))
-    con.register("sb_human_labels", table)
+    _table(con, "human_labels", table)
+
+
+def _table(con: Any, name: str, table: Any) -> None:
+    """``table`` (pyarrow) as the database's table ``name``, replaced: a copy, so the views that read
+    it stay valid once the Arrow data is gone."""
+    con.register("sb_arrow", table)
     try:
-        con.execute("CREATE OR REPLACE TABLE human_labels AS FROM sb_human_labels")
+        con.execute(f"CREATE OR REPLACE TABLE {name} AS FROM sb_arrow")
     finally:
-        con.unregister("sb_human_labels")
+        con.unregister("sb_arrow")
 
 
 def fill(con: Any, table: str, columns: list[tuple[str, str]], key: tuple[str, ...],
