@@ -23,6 +23,7 @@ from . import human_labels, review_members
 from .calibration_map import confidence_sql, stored
 from .checkpoint import WITH_CONFIDENCE, WITH_REASONING, WITH_REVIEW
 from .reliability import BUCKET_SQL, BUCKETS
+from .truth import truth_sql
 from .review_marks import job_labels
 from .review_queue import threshold_of
 
@@ -41,7 +42,9 @@ def define_views(con: Any, spec: JobSpec, home: JobHome, version: str, keys: lis
                               "again from the input")
     files = [home.labeled_path(version, k) for k in keys]
     shards = [home.shard_path(k) for k in keys]
-    gold = f"s.{quote_ident(spec.gold_column)}" if spec.gold_column else "NULL::VARCHAR"
+    # A blank or null gold cell is no truth, and a gold column of another type is compared as text
+    # (run/truth.py: the estimate's sample reads gold the same way).
+    gold = truth_sql(f"s.{quote_ident(spec.gold_column)}") if spec.gold_column else "NULL::VARCHAR"
     people = human_labels.load(home, job_labels(spec))
     _human_table(con, people)
     raw = "coalesce(o.raw_confidence, o.confidence)"  # files written before calibration: the model's own

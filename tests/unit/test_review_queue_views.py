@@ -17,6 +17,7 @@ from sparkbatch_dagster.run import human_labels, metrics, review_members
 from sparkbatch_dagster.run.calibration_map import Calibration, labels_digest, save
 from sparkbatch_dagster.run.query import read_only
 from sparkbatch_dagster.run.review_queue import Interval, ReviewThreshold, save_threshold
+from sparkbatch_dagster.run.truth import truth
 from sparkbatch_dagster.testing import label_shard
 from testkit import LABELS, fake_resource, make_rows, make_spec, write_parquet
 
@@ -74,6 +75,33 @@ def test_accuracy_counts_only_rows_with_a_truth_and_a_review_does_not_lift_the_m
     after = metrics.analytics(job.spec, job.home, version)
     assert after.accuracy == want and after.reviewed_gold_rows == 1
     assert after.accuracy_after_review == round((sum(o == g for _, o, g in gold) + 1) / len(gold), 4)
+
+
+def test_a_blank_or_padded_gold_cell_is_read_as_the_estimate_reads_it(tmp_path):
+    """A CSV's empty cell or a spreadsheet's blank is no truth (not a wrong answer), and a padded gold
+    value is its trimmed text: the views count accuracy as ``run/truth.py`` says, as the estimate does."""
+    rows = make_rows(N)
+    blanks = ("", " ", "\t", None)
+    for i, r in enumerate(rows):
+        r["gold"] = blanks[i % 4] if i % 3 == 0 else f" {r['gold']} " if i % 3 == 1 else r["gold"]
+    src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
+    job = build_batch_assets(spec=make_spec(tmp_path, input=str(src), shards=2))
+    engine = FakeEngine(knows=KNOWS)
+    build_shards(job.spec, job.home)
+    res, _ = fake_resource(knows=KNOWS)
+    version = job.output_version(res)
+    for key in ("shard-00000", "shard-00001"):
+        label_shard(job.spec, job.home, version, key, engine)
+    assert job.home.advance_current(version, engine.model_id, (job.home.read_manifest() or {}).get("signature"))
+    said = dict(_q(job, version, "SELECT row_id, output FROM labeled"))
+    known = {r["id"]: t for r in rows if (t := truth(r["gold"]))}
+    assert 0 < len(known) < N
+    head = metrics.analytics(job.spec, job.home, version)
+    assert head.accuracy_rows == len(known)
+    assert head.accuracy == round(sum(said[i] == t for i, t in known.items()) / len(known), 4)
+    padded = [r["id"] for r in rows if isinstance(r["gold"], str) and r["gold"] != r["gold"].strip() != ""]
+    assert any(said[i] == known[i] for i in padded)  # so a padded gold read untrimmed would lower it
+    assert dict(_q(job, version, "SELECT row_id, gold FROM labeled WHERE gold IS NOT NULL")) == known
 
 
 def _constant_map(job, value: float = 0.347) -> None:
