@@ -23,9 +23,9 @@ from . import human_labels, review_members
 from .calibration_map import confidence_sql, stored
 from .checkpoint import WITH_CONFIDENCE, WITH_REASONING, WITH_REVIEW
 from .reliability import BUCKET_SQL, BUCKETS
-from .truth import truth_sql
 from .review_marks import job_labels
 from .review_queue import threshold_of
+from .truth import truth_sql
 
 
 def sql_path(p: Path) -> str:
