@@ -33,7 +33,7 @@ from typing import Any
 from ..definitions.resource import VLLMResource
 from ..errors import ConfigError
 from ..serve.guard import Access, access
-from ..serve.store import OPEN, Store
+from ..serve.store import Store
 from ..serve.worker import Worker
 from ..spec import SamplingSpec
 
@@ -68,7 +68,7 @@ def serve_batch(args: argparse.Namespace, resource: VLLMResource, sampling: Samp
     worker = Worker(store, child, resource, sampling, args.shard_size, args.hourly_rate)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: open batches resume at the next start
         serve(root, args.host, args.port, door, worker, store)
-    return {"stopped": True, "root": str(root), "open": [b["id"] for b in store.all_batches() if b["status"] in OPEN]}
+    return {"stopped": True, "root": str(root), "open": [b.id for b in store.all_batches() if b.is_open]}
 
 
 def check_bind(host: str, api_key: str | None) -> None:

@@ -16,6 +16,7 @@ Modules:
 - :mod:`.guard`: the Host, Origin, API key and body-size checks before any route;
 - :mod:`.worker`: the worker that validates and runs the batches;
 - :mod:`.store`: the files and batches on disk;
+- :mod:`.record`: a batch as the store keeps it, one typed record for both APIs;
 - :mod:`.validate`: a batch input file's check while it is ``validating``;
 - :mod:`.results`: the error lines of requests that never ran (expired, cancelled);
 - :mod:`.ending`: what a batch holds once it ends (result files, counts, usage).

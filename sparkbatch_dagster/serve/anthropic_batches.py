@@ -8,7 +8,8 @@ on the box::
     for line in client.messages.batches.results(batch.id): ...
 
 A Message Batch is a batch of the server's one queue, stored as the OpenAI batches are
-(:mod:`.store`, ``format`` ``anthropic_batch``): its requests become an ``anthropic_batch``
+(:class:`.record.BatchRecord`, ``format`` ``anthropic_batch``, rendered as Anthropic's
+MessageBatch object by :func:`message_batch`): its requests become an ``anthropic_batch``
 JSONL file, run as a job by the same worker on the same answer store, one results file
 (:mod:`.ending`). Its requests are checked when it is created, as Anthropic checks them
 (the ``custom_id`` pattern and uniqueness, ``params`` with ``model``, ``max_tokens`` and
@@ -27,10 +28,17 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from .anthropic_create import new_message_batch
-from .anthropic_models import AnthropicErrorResponse, DeletedMessageBatch, MessageBatch, MessageBatchList
+from .anthropic_models import (
+    AnthropicErrorResponse,
+    DeletedMessageBatch,
+    MessageBatch,
+    MessageBatchList,
+    MessageBatchRequestCounts,
+)
 from .guard import ApiError
+from .record import MESSAGE_BATCH, BatchRecord
 from .results import ANTHROPIC_TYPES
-from .store import MESSAGE_BATCH, OPEN, Store, format_of
+from .store import Store
 from .worker import Worker
 
 __all__ = ["anthropic_router", "message_batch"]
@@ -48,7 +56,7 @@ def anthropic_router(store: Store, worker: Worker) -> APIRouter:
     @router.post("", response_model=MessageBatch, operation_id="message_batches_create",
                  openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
                      "$ref": "#/components/schemas/MessageBatchCreate"}}}}})
-    async def create(request: Request) -> dict[str, Any]:
+    async def create(request: Request) -> MessageBatch:
         # The body as it comes (the guard caps it), then checked and written request by request
         # in a worker thread: never parsed whole into objects (anthropic_create).
         body = bytearray()
@@ -63,48 +71,46 @@ def anthropic_router(store: Store, worker: Worker) -> APIRouter:
     def list_batches(request: Request,
                      before_id: Annotated[str | None, Query(description="the page just before this id")] = None,
                      after_id: Annotated[str | None, Query(description="the page just after this id")] = None,
-                     limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> dict[str, Any]:
-        batches = [b for b in store.all_batches() if format_of(b) == MESSAGE_BATCH]  # newest first
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> MessageBatchList:
+        batches = [b for b in store.all_batches() if b.format == MESSAGE_BATCH]  # newest first
         page, more = _page(batches, before_id, after_id, limit)
         data = [message_batch(b, str(request.base_url)) for b in page]
-        return {"data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None}
+        return MessageBatchList(data=data, has_more=more, first_id=data[0].id if data else None,
+                                last_id=data[-1].id if data else None)
 
     @router.get("/{message_batch_id}", response_model=MessageBatch, responses=errors,
                 operation_id="message_batches_retrieve")
-    def retrieve(message_batch_id: str, request: Request) -> dict[str, Any]:
-        _record(store, message_batch_id)
+    def retrieve(message_batch_id: str, request: Request) -> MessageBatch:
+        batch = _record(store, message_batch_id)
         # The stored counts follow the finished rows (as an OpenAI batch's do), though Anthropic's
         # object shows them only once the batch has ended.
-        batch = worker.progress(message_batch_id) or _record(store, message_batch_id)
-        return message_batch(batch, str(request.base_url))
+        return message_batch(worker.progress(message_batch_id) or batch, str(request.base_url))
 
     @router.post("/{message_batch_id}/cancel", response_model=MessageBatch, responses=errors,
                  operation_id="message_batches_cancel")
-    def cancel(message_batch_id: str, request: Request) -> dict[str, Any]:
+    def cancel(message_batch_id: str, request: Request) -> MessageBatch:
         _record(store, message_batch_id)
         return message_batch(worker.cancel(message_batch_id), str(request.base_url))
 
     @router.delete("/{message_batch_id}", response_model=DeletedMessageBatch, operation_id="message_batches_delete",
                    responses={**errors, 400: {"model": AnthropicErrorResponse,
                                               "description": "the batch has not ended: cancel it first"}})
-    def delete(message_batch_id: str) -> dict[str, Any]:
+    def delete(message_batch_id: str) -> DeletedMessageBatch:
         with store.lock:
             batch = _record(store, message_batch_id)
-            if batch["status"] in OPEN:
+            if batch.is_open:
                 raise ApiError(400, f"Message Batch {message_batch_id} is still processing: only an ended batch "
                                "can be deleted; cancel it (messages.batches.cancel), wait until its processing_status "
                                "is 'ended', then delete it", "invalid_request")
             store.delete_batch(message_batch_id)
-        return {"id": message_batch_id, "type": "message_batch_deleted"}
+        return DeletedMessageBatch(id=message_batch_id)
 
     @router.get("/{message_batch_id}/results", response_class=FileResponse, operation_id="message_batches_results",
                 responses={**errors, 200: {"content": {JSONL: {"schema": {"type": "string"}}},
                                            "description": "one result line per request, every custom_id once"},
                            400: {"model": AnthropicErrorResponse, "description": "the batch has not ended yet"}})
     def results(message_batch_id: str) -> Response:
-        batch = _record(store, message_batch_id)
-        if batch["status"] in OPEN:
+        if _record(store, message_batch_id).is_open:
             raise ApiError(400, f"Message Batch {message_batch_id} has no results yet: they are served once its "
                            "processing_status is 'ended' (its results_url is set then)", "invalid_request")
         path = store.folder(message_batch_id) / "output.jsonl"
@@ -115,53 +121,53 @@ def anthropic_router(store: Store, worker: Worker) -> APIRouter:
     return router
 
 
-def message_batch(batch: dict[str, Any], base_url: str) -> dict[str, Any]:
+def message_batch(batch: BatchRecord, base_url: str) -> MessageBatch:
     """The MessageBatch object of a stored batch; ``base_url``: the server's, as the client reached it."""
-    status, over = batch["status"], batch["status"] not in OPEN
-    counted = batch.get("request_counts") or {}
-    total = int(counted.get("total") or 0)
-    counts = {"processing": total, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+    status, over, counted = batch.status, not batch.is_open, batch.request_counts
+    counts = MessageBatchRequestCounts(processing=counted.total, succeeded=0, errored=0, canceled=0, expired=0)
     if over:  # Anthropic's counts move only once the whole batch has ended
-        unrun = int(batch.get("unrun_requests") or 0)
+        unrun = batch.unrun_requests
         unrun_as = ANTHROPIC_TYPES.get(status)  # how the ending counts a request not run, as its result line
-        counts = {"processing": 0, "succeeded": int(counted.get("completed") or 0),
-                  "errored": int(counted.get("failed") or 0) - (unrun if unrun_as else 0),
-                  "canceled": unrun if unrun_as == "canceled" else 0,
-                  "expired": unrun if unrun_as == "expired" else 0}
-    return {"id": batch["id"], "type": "message_batch",
-            "processing_status": "canceling" if status == "cancelling" else "ended" if over else "in_progress",
-            "request_counts": counts, "ended_at": _time(batch.get(f"{status}_at")) if over else None,
-            "created_at": _time(batch["created_at"]), "expires_at": _time(batch["expires_at"]), "archived_at": None,
-            "cancel_initiated_at": _time(batch.get("cancelling_at")),
-            "results_url": f"{base_url.rstrip('/')}/v1/messages/batches/{batch['id']}/results" if over else None}
+        counts = MessageBatchRequestCounts(processing=0, succeeded=counted.completed,
+                                           errored=counted.failed - (unrun if unrun_as else 0),
+                                           canceled=unrun if unrun_as == "canceled" else 0,
+                                           expired=unrun if unrun_as == "expired" else 0)
+    return MessageBatch(
+        id=batch.id, processing_status="canceling" if status == "cancelling" else "ended" if over else "in_progress",
+        request_counts=counts, ended_at=_time(batch.at(status)) if over else None,
+        created_at=_rfc3339(batch.created_at), expires_at=_rfc3339(batch.expires_at), archived_at=None,
+        cancel_initiated_at=_time(batch.cancelling_at),
+        results_url=f"{base_url.rstrip('/')}/v1/messages/batches/{batch.id}/results" if over else None)
 
 
 def _time(seconds: int | None) -> str | None:
-    """A stored time (epoch seconds) as the RFC 3339 string Anthropic's objects carry."""
-    if seconds is None:
-        return None
+    """A stored time (epoch seconds), if any, as the RFC 3339 string Anthropic's objects carry."""
+    return None if seconds is None else _rfc3339(seconds)
+
+
+def _rfc3339(seconds: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _record(store: Store, bid: str) -> dict[str, Any]:
+def _record(store: Store, bid: str) -> BatchRecord:
     batch = store.batch(bid)
-    if batch is None or format_of(batch) != MESSAGE_BATCH:
+    if batch is None or batch.format != MESSAGE_BATCH:
         raise ApiError(404, f"No Message Batch with id {bid!r} on this server (messages.batches.list lists them)",
                        "not_found")
     return batch
 
 
-def _page(batches: list[dict[str, Any]], before_id: str | None, after_id: str | None,
-          limit: int) -> tuple[list[dict[str, Any]], bool]:
+def _page(batches: list[BatchRecord], before_id: str | None, after_id: str | None,
+          limit: int) -> tuple[list[BatchRecord], bool]:
     """A page of ``batches`` (newest first) strictly between the cursors (an unknown one: none),
     ``limit`` long: the last of that window before ``before_id`` (the page just before it), else
     its first; and whether more lie beyond the page in that direction."""
-    ids = [b["id"] for b in batches]
+    ids = [b.id for b in batches]
     window = batches
     if after_id is not None:
         window = window[ids.index(after_id) + 1:] if after_id in ids else []
     if before_id is not None:
-        inside = [b["id"] for b in window]
+        inside = [b.id for b in window]
         window = window[:inside.index(before_id)] if before_id in inside else []
         return window[-limit:], len(window) > limit
     return window[:limit], len(window) > limit

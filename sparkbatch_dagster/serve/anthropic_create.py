@@ -22,7 +22,9 @@ from pydantic import ValidationError
 
 from .anthropic_models import MAX_REQUESTS, BatchRequestItem
 from .guard import ApiError
-from .store import MESSAGE_BATCH, Store, now
+from .openai_models import RequestCounts
+from .record import MESSAGE_BATCH, BatchRecord
+from .store import Store, now
 
 #: Seconds from creation to expiry: Anthropic's 24 hours.
 WINDOW_S = 24 * 3600
@@ -52,7 +54,7 @@ def read_requests(body: bytes | bytearray) -> list[msgspec.Raw]:
     return requests
 
 
-def new_message_batch(store: Store, body: bytes | bytearray) -> dict[str, Any]:
+def new_message_batch(store: Store, body: bytes | bytearray) -> BatchRecord:
     """Check a create's requests one by one, store them as an ``anthropic_batch`` file, and its
     batch, ``in_progress`` (a Message Batch begins processing when it is created), to be queued
     by the caller."""
@@ -68,11 +70,10 @@ def new_message_batch(store: Store, body: bytes | bytearray) -> dict[str, Any]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    batch = {"id": bid, "format": MESSAGE_BATCH, "status": "in_progress", "input_file_id": f"{bid}-requests",
-             "created_at": created, "in_progress_at": created, "expires_at": created + WINDOW_S,
-             "cancelling_at": None, "completed_at": None, "cancelled_at": None, "expired_at": None,
-             "failed_at": None, "request_counts": {"total": len(requests), "completed": 0, "failed": 0}}
-    return store.save(batch)
+    return store.save(BatchRecord(
+        id=bid, format=MESSAGE_BATCH, status="in_progress", input_file_id=f"{bid}-requests", created_at=created,
+        in_progress_at=created, expires_at=created + WINDOW_S,
+        request_counts=RequestCounts(total=len(requests), completed=0, failed=0)))
 
 
 def _write(requests: list[msgspec.Raw], out: Any) -> None:

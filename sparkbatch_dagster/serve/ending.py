@@ -1,5 +1,6 @@
-"""What a batch of ``sparkbatch serve-batch`` holds once it ends (:func:`ended`): its result files,
-``request_counts``, ``usage`` and ``model``, for either API it was created through.
+"""What a batch of ``sparkbatch serve-batch`` holds once it ends (:func:`ended`, the
+:class:`.record.Changes` the worker writes): its result files, ``request_counts``, ``usage`` and
+``model``, for either API it was created through.
 
 - An OpenAI batch (``format`` ``openai_batch``): the output and error files are registered as
   files the client downloads; each request not run (a cancel, an expiry, a failed run) is an
@@ -13,46 +14,47 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 from ..run.batch_export import ExportSummary, Tally, Usage
+from .openai_models import BatchError, BatchErrors, BatchUsage, InputTokensDetails, OutputTokensDetails, RequestCounts
+from .record import MESSAGE_BATCH, BatchRecord, Changes, Ending, moved
 from .results import add_unfinished
-from .store import MESSAGE_BATCH, Store, format_of, now
+from .store import Store, now
 
 
-def ended(store: Store, bid: str, status: str, counts: ExportSummary | None, error: str | None) -> dict[str, Any]:
-    """The fields that end batch ``bid`` as ``status``, after its rows were exported (``counts``;
-    None: nothing was sharded); ``error``: why the run failed."""
-    batch = store.batch(bid) or {}
-    anthropic = format_of(batch) == MESSAGE_BATCH
-    folder = store.folder(bid)
+def ended(store: Store, batch: BatchRecord, status: Ending, counts: ExportSummary | None,
+          error: str | None) -> Changes:
+    """What ends ``batch`` as ``status``, after its rows were exported (``counts``; None: nothing
+    was sharded); ``error``: why the run failed."""
+    anthropic = batch.format == MESSAGE_BATCH
+    folder = store.folder(batch.id)
     output, errors = folder / "output.jsonl", folder / ("output.jsonl" if anthropic else "errors.jsonl")
-    fields: dict[str, Any] = {"status": status, f"{status}_at": now()}
+    fields = moved(status, now())
     unrun = 0
     if status != "completed":  # whatever ended it, each request not answered is a line of its own
-        unrun = add_unfinished(store.file_path(batch.get("input_file_id", "")), output, errors, status,
-                               format_of(batch), error or "")
+        unrun = add_unfinished(store.file_path(batch.input_file_id), output, errors, status, batch.format,
+                               error or "")
     if counts is not None:
         fields.update(usage_fields(counts.usage))
     elif not anthropic:
         fields.update(usage_fields(NOTHING_RAN))
     written, failed = (counts.written, counts.errors) if counts is not None else (0, 0)
     # Every request is in one result line: the answers, the error rows, and those not run.
-    fields["request_counts"] = {"total": written + failed + unrun, "completed": written, "failed": failed + unrun}
+    fields["request_counts"] = RequestCounts(total=written + failed + unrun, completed=written, failed=failed + unrun)
     if anthropic:
         fields["unrun_requests"] = unrun  # canceled / expired (or errored) results, not the run's errors
     else:
         fields.update(_result_files(store, output, errors, status, counts, unrun))
     if error is not None:
-        fields["errors"] = {"object": "list", "data": [{"code": "run_failed", "message": error, "param": None,
-                                                        "line": None}]}
+        fields["errors"] = BatchErrors(data=(BatchError(code="run_failed", message=error),))
     return fields
 
 
-def _result_files(store: Store, output: Any, errors: Any, status: str, counts: ExportSummary | None,
-                  unrun: int) -> dict[str, Any]:
+def _result_files(store: Store, output: Path, errors: Path, status: Ending, counts: ExportSummary | None,
+                  unrun: int) -> Changes:
     """An OpenAI batch's result files, registered as files (``output_file_id``, ``error_file_id``)."""
-    fields: dict[str, Any] = {}
+    fields: Changes = {}
     if counts is not None and (counts.written or status == "completed"):
         fields["output_file_id"] = store.add_file(output, "output.jsonl", "batch_output").id
     if (counts is not None and counts.errors) or unrun:
@@ -65,18 +67,17 @@ def _result_files(store: Store, output: Any, errors: Any, status: str, counts: E
 NOTHING_RAN = Usage(input_tokens=0, output_tokens=0, cached_tokens=0, reasoning_tokens=0, reused=0, model=None)
 
 
-def counts_of(tally: Tally, batch: dict[str, Any]) -> dict[str, int]:
+def counts_of(tally: Tally, batch: BatchRecord) -> RequestCounts:
     """``request_counts`` from an export's tally; before the job is sharded (no rows yet), the
     total stays the input's line count."""
-    total = tally.rows or int((batch.get("request_counts") or {}).get("total") or 0)
-    return {"total": total, "completed": tally.written, "failed": tally.errors}
+    return RequestCounts(total=tally.rows or batch.request_counts.total, completed=tally.written, failed=tally.errors)
 
 
-def usage_fields(usage: Usage) -> dict[str, Any]:
-    """The Batch's fields for ``usage`` (OpenAI's shape: the tokens spent, a reused answer's none),
+def usage_fields(usage: Usage) -> Changes:
+    """The batch's fields for ``usage`` (OpenAI's shape: the tokens spent, a reused answer's none),
     ``model``, and how many answers were reused rather than generated (a field of this server's)."""
     return {"model": usage.model, "reused_requests": usage.reused,
-            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-                      "total_tokens": usage.input_tokens + usage.output_tokens,
-                      "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-                      "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}}
+            "usage": BatchUsage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                                total_tokens=usage.input_tokens + usage.output_tokens,
+                                input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
+                                output_tokens_details=OutputTokensDetails(reasoning_tokens=usage.reasoning_tokens))}

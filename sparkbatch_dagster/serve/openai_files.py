@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse
 from .guard import ApiError
 from .openai_models import ErrorResponse, FileDeleted, FileList, FileObject
 from .paging import links, page
-from .store import OPEN, Store
+from .store import Store
 
 __all__ = ["files_router"]
 
@@ -37,15 +37,15 @@ def files_router(store: Store) -> APIRouter:
                    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
                    after: Annotated[str | None, Query(description="the last id of the previous page")] = None,
                    order: Annotated[Literal["asc", "desc"], Query(description="by created_at")] = "desc",
-                   ) -> dict[str, Any]:
-        files = [f.model_dump() for f in store.all_files() if purpose is None or f.purpose == purpose]
-        return page(files[::-1] if order == "desc" else files, after, limit)
+                   ) -> FileList:
+        files = [f for f in store.all_files() if purpose is None or f.purpose == purpose]
+        return FileList.of(*page(files[::-1] if order == "desc" else files, after, limit))
 
     @router.delete("/{file_id}", response_model=FileDeleted, responses=not_found, operation_id="files_delete")
     def delete_file(file_id: str) -> dict[str, Any]:
         fid = _file(store, file_id).id
         with store.lock:
-            using = [b["id"] for b in store.all_batches() if b["status"] in OPEN and b["input_file_id"] == fid]
+            using = [b.id for b in store.all_batches() if b.is_open and b.input_file_id == fid]
             if using:
                 raise ApiError(400, f"File {fid} is the input of batch {using[0]}, which has not ended: cancel it "
                                "(batches.cancel) or let it finish, then delete the file", "file_in_use", "file_id")

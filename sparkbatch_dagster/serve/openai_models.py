@@ -2,13 +2,15 @@
 shapes of OpenAI's Files and Batches API that the server takes and gives, and so its OpenAPI
 document (``/openapi.json``).
 
-The stored objects (:mod:`.worker`) are the source of truth; a response model lists the
-fields a client may rely on and keeps any other stored field (``extra="allow"``).
+A stored batch is a :class:`.record.BatchRecord`, rendered as a :class:`Batch` by
+:func:`.openai_batches.openai_batch`; the parts of a Batch the record holds as they are
+(``request_counts``, ``errors``, ``usage``) are frozen, as the record is.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -54,6 +56,12 @@ class _Page(BaseModel):
     last_id: str | None = None
     has_more: bool
 
+    @classmethod
+    def of(cls, data: Sequence[Any], has_more: bool) -> Self:
+        """The page of ``data`` (objects with an ``id``, :func:`.paging.page`'s), its cursors their first and last."""
+        return cls.model_validate({"data": list(data), "first_id": data[0].id if data else None,
+                                   "last_id": data[-1].id if data else None, "has_more": has_more})
+
 
 class FileList(_Page):
     """``files.list``: a page of files, in the ``order`` asked."""
@@ -83,33 +91,39 @@ class BatchCreate(BaseModel):
     metadata: Metadata | None = Field(None, max_length=16, description="up to 16 pairs of strings, as OpenAI's")
 
 
-class RequestCounts(BaseModel):
+class _Frozen(BaseModel):
+    """A part of a Batch that a stored record holds too: it never changes in place."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+class RequestCounts(_Frozen):
     total: int
     completed: int
     failed: int
 
 
-class BatchError(BaseModel):
+class BatchError(_Frozen):
     code: str | None = None
     message: str | None = None
     param: str | None = None
     line: int | None = None
 
 
-class BatchErrors(BaseModel):
+class BatchErrors(_Frozen):
     object: str = "list"
-    data: list[BatchError] = []
+    data: tuple[BatchError, ...] = ()
 
 
-class InputTokensDetails(BaseModel):
+class InputTokensDetails(_Frozen):
     cached_tokens: int = 0
 
 
-class OutputTokensDetails(BaseModel):
+class OutputTokensDetails(_Frozen):
     reasoning_tokens: int = 0
 
 
-class BatchUsage(BaseModel):
+class BatchUsage(_Frozen):
     """The tokens the batch's answers cost: an answer reused (an identical request answered
     before, not generated again) counts none, so the sums equal what the engine generated."""
 
@@ -123,7 +137,6 @@ class BatchUsage(BaseModel):
 class Batch(BaseModel):
     """A Batch object as OpenAI's client parses it; ``request_counts`` follow the run's finished rows."""
 
-    model_config = ConfigDict(extra="allow")
     id: str
     object: Literal["batch"] = "batch"
     endpoint: str

@@ -3,19 +3,27 @@ OpenAPI links from an answer's fields to the operations that take them (:func:`l
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
-from .store import ENDPOINT
+from .record import ENDPOINT
 
 
-def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-    """A cursor page, as OpenAI's lists: ``limit`` items after the id ``after`` (unknown: none)."""
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Identified)
+
+
+def page(items: Sequence[T], after: str | None, limit: int) -> tuple[list[T], bool]:
+    """A cursor page, as OpenAI's lists: ``limit`` items after the id ``after`` (unknown: none),
+    and whether more follow (the list model's ``of`` makes the page's object)."""
     if after is not None:
-        ids = [item["id"] for item in items]
+        ids = [item.id for item in items]
         items = items[ids.index(after) + 1:] if after in ids else []
-    chosen = items[:limit]
-    return {"object": "list", "data": chosen, "first_id": chosen[0]["id"] if chosen else None,
-            "last_id": chosen[-1]["id"] if chosen else None, "has_more": len(items) > limit}
+    return list(items[:limit]), len(items) > limit
 
 
 def links(targets: dict[str, tuple[str, dict[str, str]]]) -> dict[int | str, dict[str, Any]]:

@@ -30,17 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs.files import SURROGATE, physical_lines
-from .store import MESSAGE_BATCH, OPENAI_BATCH
+from .record import MESSAGE_BATCH, OPENAI_BATCH, Format
 
 #: The line's error, by how the batch ended (OpenAI's documented batch_expired message).
 REASONS = {"expired": ("batch_expired", "This request could not be executed before the completion window expired."),
            "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled first."),
            "failed": ("batch_failed", "This request was not executed: the batch's run failed first")}
 #: Anthropic's result ``type`` of a request not run, by how the batch ended.
-ANTHROPIC_TYPES = {"expired": "expired", "cancelled": "canceled"}
+ANTHROPIC_TYPES: dict[str, str] = {"expired": "expired", "cancelled": "canceled"}
 
 
-def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fmt: str = OPENAI_BATCH,
+def add_unfinished(input_path: Path, output: Path, errors: Path, ending: str, fmt: Format = OPENAI_BATCH,
                    reason: str = "") -> int:
     """Append to ``errors`` (Anthropic's: the results file, ``errors`` == ``output``) a line for
     each request of ``input_path`` that neither result file holds; return how many. ``ending``:

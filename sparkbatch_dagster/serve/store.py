@@ -1,20 +1,23 @@
-"""The files and batches of ``sparkbatch serve-batch`` on disk (:class:`Store`), and a new Batch
-object (:func:`new_batch`); :mod:`.worker` runs the batches.
+"""The files and batches of ``sparkbatch serve-batch`` on disk (:class:`Store`), and a new OpenAI
+batch (:func:`new_batch`); :mod:`.worker` runs the batches.
 
 Everything lives under one folder, so a server killed at any moment and started again on the same
 ``--root`` carries on::
 
     files/<file-id>.jsonl, files/<file-id>.json     an uploaded file and its FileObject
     files/<msgbatch-id>-requests.jsonl              a Message Batch's requests (no FileObject: not listed)
-    batches/<batch-id>.json                         the Batch object (status, file ids, times); a Message
-                                                    Batch's record is the same, its "format" anthropic_batch
+    batches/<batch-id>.json                         the batch's record (status, file ids, times); a Message
+                                                    Batch's is the same, its "format" anthropic_batch
     batches/<batch-id>/home/                        the batch's job: shards, checkpoints, commits
     batches/<batch-id>/output.jsonl, errors.jsonl   its result files, written when it ends
 
 Each object file is replaced whole (:func:`write_json`): a reader never sees half of one. A file
 is a typed record, :class:`.openai_models.FileObject`, written as the JSON earlier servers
-wrote (the same fields in the same order), so an old ``--root`` reads; a Batch is still the dict
-of its JSON. Listeners (:attr:`Store.listeners`) hear each change of a batch's status.
+wrote (the same fields in the same order), so an old ``--root`` reads; a batch is a
+:class:`.record.BatchRecord`, whose JSON an old ``--root`` holds too. A batch changes only by
+:meth:`Store.update`, under the store's lock: a read, the change, a write, so two threads
+changing one batch never lose each other's fields. Listeners (:attr:`Store.listeners`) hear each
+change of a batch's status.
 """
 
 from __future__ import annotations
@@ -27,28 +30,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, Unpack
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
-from .openai_models import FileObject
+from .openai_models import FileObject, RequestCounts
+from .record import ENDPOINT, MESSAGE_BATCH, BatchRecord, Changes
 
-#: A batch in one of these has not ended: a restarted server takes it up again.
-OPEN = ("validating", "in_progress", "finalizing", "cancelling")
-ENDPOINT = "/v1/chat/completions"
-#: A batch's ``format``, its job's input format: a Message Batch's record says so, an OpenAI
-#: batch's says nothing (:func:`format_of`).
-OPENAI_BATCH, MESSAGE_BATCH = "openai_batch", "anthropic_batch"
+M = TypeVar("M", bound=BaseModel)
 
 
 def now() -> int:
     return int(time.time())
-
-
-def format_of(batch: dict[str, Any]) -> str:
-    """The batch's input format: :data:`MESSAGE_BATCH` for a Message Batch, else :data:`OPENAI_BATCH`."""
-    return str(batch.get("format") or OPENAI_BATCH)
 
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -70,7 +64,7 @@ class Store:
         #: Called with the Batch after each change of its status, after the write, in the thread
         #: that made it (outside the store's lock unless that caller holds it): what follows a
         #: batch's statuses (a test holds the worker at ``finalizing`` with one).
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.listeners: list[Callable[[BatchRecord], None]] = []
 
     def add_file(self, data: bytes | Path, filename: str, purpose: str) -> FileObject:
         """Keep an uploaded file (or move a result file in); return its FileObject."""
@@ -86,7 +80,7 @@ class Store:
         return meta
 
     def file(self, fid: str) -> FileObject | None:
-        return _file_at(self.files / f"{_safe(fid)}.json")
+        return _record_at(self.files / f"{_safe(fid)}.json", FileObject)
 
     def file_path(self, fid: str) -> Path:
         return self.files / f"{_safe(fid)}.jsonl"
@@ -94,7 +88,7 @@ class Store:
     def all_files(self) -> list[FileObject]:
         """Every FileObject, oldest first (``files.list`` pages them either way): by ``created_at``,
         then by when its object was written (files made in the same second keep their order)."""
-        found = [(f, _mtime(p)) for p in self.files.glob("file-*.json") if (f := _file_at(p)) is not None]
+        found = [(f, _mtime(p)) for p in self.files.glob("file-*.json") if (f := _record_at(p, FileObject)) is not None]
         return [f for f, _ in sorted(found, key=lambda fw: (fw[0].created_at, fw[1], fw[0].id))]
 
     def delete_file(self, fid: str) -> None:
@@ -103,30 +97,33 @@ class Store:
             (self.files / f"{_safe(fid)}.json").unlink(missing_ok=True)
             self.file_path(fid).unlink(missing_ok=True)
 
-    def batch(self, bid: str) -> dict[str, Any] | None:
-        return _read(self.batches / f"{_safe(bid)}.json")
+    def batch(self, bid: str) -> BatchRecord | None:
+        """Batch ``bid`` (None: no such batch, or a damaged record, which is not listed either)."""
+        return _record_at(self.batches / f"{_safe(bid)}.json", BatchRecord)
 
-    def save(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def save(self, batch: BatchRecord) -> BatchRecord:
+        """Write a new batch (a create's); a stored one changes by :meth:`update`."""
         with self.lock:
-            write_json(self.batches / f"{batch['id']}.json", batch)
+            write_json(self.batches / f"{_safe(batch.id)}.json", batch.model_dump(mode="json"))
         return batch
 
-    def update(self, bid: str, **fields: Any) -> dict[str, Any]:
+    def update(self, bid: str, **changes: Unpack[Changes]) -> BatchRecord:
+        """Batch ``bid`` (stored) with ``changes``, written; the listeners hear a change of status."""
         with self.lock:
             batch = self.batch(bid)
             assert batch is not None, bid
-            saved = self.save({**batch, **fields})
-        if saved["status"] != batch["status"]:
+            saved = self.save(batch.changed(**changes))
+        if saved.status != batch.status:
             for listener in self.listeners:
                 listener(saved)
         return saved
 
-    def all_batches(self) -> list[dict[str, Any]]:
+    def all_batches(self) -> list[BatchRecord]:
         """Newest first, as the Batches API lists them: OpenAI's batches and Anthropic's Message
         Batches (``format`` ``anthropic_batch``) alike, one queue for the worker."""
         found = [b for pattern in ("batch_*.json", "msgbatch_*.json") for p in self.batches.glob(pattern)
-                 if (b := _read(p)) is not None]
-        return sorted(found, key=lambda b: (b["created_at"], b["id"]), reverse=True)
+                 if (b := _record_at(p, BatchRecord)) is not None]
+        return sorted(found, key=lambda b: (b.created_at, b.id), reverse=True)
 
     def delete_batch(self, bid: str) -> None:
         """Forget an ended batch: its object first (gone for every reader), then its job's folder
@@ -135,8 +132,8 @@ class Store:
             batch = self.batch(bid)
             (self.batches / f"{_safe(bid)}.json").unlink(missing_ok=True)
             shutil.rmtree(self.folder(bid), ignore_errors=True)
-            if batch is not None and format_of(batch) == MESSAGE_BATCH:
-                self.file_path(batch["input_file_id"]).unlink(missing_ok=True)
+            if batch is not None and batch.format == MESSAGE_BATCH:
+                self.file_path(batch.input_file_id).unlink(missing_ok=True)
 
     def folder(self, bid: str) -> Path:
         return self.batches / _safe(bid)
@@ -156,24 +153,14 @@ def _mtime(path: Path) -> int:
         return 0
 
 
-def _file_at(path: Path) -> FileObject | None:
-    """The FileObject stored at ``path`` (None: gone, or not one: a damaged record is not listed)."""
-    found = _read(path)
+def _record_at(path: Path, kind: type[M]) -> M | None:
+    """The ``kind`` stored at ``path`` (None: gone, or not one: a damaged record is not listed)."""
     try:
-        return None if found is None else FileObject.model_validate(found)
-    except ValidationError:
+        return kind.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
         return None
 
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return None
-
-
-
-def new_batch(store: Store, body: dict[str, Any]) -> dict[str, Any]:
+def new_batch(store: Store, body: dict[str, Any]) -> BatchRecord:
     """A Batch object for ``body`` (``batches.create``'s), checked: a ConfigError names what is wrong."""
     fid = body.get("input_file_id")
     if not isinstance(fid, str) or (meta := store.file(fid)) is None:
@@ -188,10 +175,7 @@ def new_batch(store: Store, body: dict[str, Any]) -> dict[str, Any]:
     with store.file_path(fid).open("rb") as fh:  # line by line: never the whole file in memory
         lines = sum(1 for line in fh if line.strip())
     created = now()
-    batch = {"id": f"batch_{secrets.token_hex(12)}", "object": "batch", "endpoint": ENDPOINT, "errors": None,
-             "input_file_id": fid, "completion_window": "24h", "status": "validating", "output_file_id": None,
-             "error_file_id": None, "created_at": created, "in_progress_at": None, "expires_at": created + 86400,
-             "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
-             "cancelling_at": None, "cancelled_at": None, "metadata": body.get("metadata"), "model": None,
-             "request_counts": {"total": lines, "completed": 0, "failed": 0}, "usage": None}
-    return store.save(batch)
+    return store.save(BatchRecord(
+        id=f"batch_{secrets.token_hex(12)}", input_file_id=fid, status="validating", created_at=created,
+        expires_at=created + 86400, metadata=body.get("metadata"),
+        request_counts=RequestCounts(total=lines, completed=0, failed=0)))

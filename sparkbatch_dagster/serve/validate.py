@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .openai_models import BatchError
+
 #: The errors a failed batch lists at most (OpenAI's ``errors.data``); the message of the last says how many more.
 MAX_ERRORS = 1000
 
@@ -62,7 +64,7 @@ class _Kept:
             del self.by_line[-heapq.heappop(self._lines)]
 
 
-def validate_file(path: Path, endpoint: str) -> list[dict[str, Any]]:
+def validate_file(path: Path, endpoint: str) -> list[BatchError]:
     """The problems that fail a batch over ``path`` (``[]``: it may run), as ``errors.data`` entries."""
     kept = _Kept()
     hashes = array("q")  # each usable custom_id's hash, in line order
@@ -84,7 +86,7 @@ def validate_file(path: Path, endpoint: str) -> list[dict[str, Any]]:
         rest = kept.count - MAX_ERRORS + 1
         problems = [*problems[:MAX_ERRORS - 1], LineProblem("too_many_errors", f"{rest} more lines have problems "
                                                             "like those above: fix them and upload the file again")]
-    return [asdict(p) for p in problems]
+    return [BatchError(**asdict(p)) for p in problems]
 
 
 def _objects(path: Path) -> Iterator[tuple[int, Any]]:

@@ -34,7 +34,9 @@ from ..engines.platform.processes import kill_group_late, spawn_owned
 from ..run.batch_export import ExportSummary
 from ..spec import SamplingSpec
 from .ending import NOTHING_RAN, counts_of, ended, usage_fields
-from .store import MESSAGE_BATCH, OPEN, Store, format_of, now
+from .openai_models import BatchErrors, RequestCounts
+from .record import MESSAGE_BATCH, BatchRecord, Changes, Ending
+from .store import Store, now
 from .validate import validate_file
 
 __all__ = ["STOP_GRACE_S", "Store", "Worker"]
@@ -70,27 +72,27 @@ class Worker:
         self.queue: queue.Queue[str] = queue.Queue()  # ...to run, one at a time
         self.child: subprocess.Popen[bytes] | None = None
         self.running: str | None = None
-        self.stopping: dict[str, str] = {}  # a batch being stopped -> how it ends: cancelled or expired
+        self.stopping: dict[str, Ending] = {}  # a batch being stopped -> how it ends: cancelled or expired
         self._progress: dict[str, float] = {}
         self._finishing = threading.Lock()
 
     def start(self) -> None:
         """Take up the batches a previous server left open, then serve the queues."""
-        for batch in sorted(self.store.all_batches(), key=lambda b: b["created_at"]):
-            if batch["status"] == "cancelling":
-                self._finish(batch["id"], "cancelled")
-            elif batch["status"] == "validating":
-                self.checks.put(batch["id"])
-            elif batch["status"] in OPEN:
-                self.queue.put(batch["id"])
+        for batch in sorted(self.store.all_batches(), key=lambda b: b.created_at):
+            if batch.status == "cancelling":
+                self._finish(batch.id, "cancelled")
+            elif batch.status == "validating":
+                self.checks.put(batch.id)
+            elif batch.is_open:
+                self.queue.put(batch.id)
         threading.Thread(target=self._validate_loop, name="sparkbatch-validate", daemon=True).start()
         threading.Thread(target=self._expire_loop, name="sparkbatch-expire", daemon=True).start()
         threading.Thread(target=self._loop, name="sparkbatch-batches", daemon=True).start()
 
-    def submit(self, batch: dict[str, Any]) -> None:
+    def submit(self, batch: BatchRecord) -> None:
         """Validate a new batch (:func:`.validate.validate_file`), then queue it to run; a
         Message Batch, checked at create, is queued at once."""
-        (self.checks if batch["status"] == "validating" else self.queue).put(batch["id"])
+        (self.checks if batch.status == "validating" else self.queue).put(batch.id)
 
     def _validate_loop(self) -> None:
         while True:
@@ -104,22 +106,23 @@ class Worker:
         """``validating`` -> ``failed`` with the file's problems line by line, or -> ``in_progress``
         (OpenAI's: a validated batch is in progress, whether or not its turn to run has come)."""
         batch = self.store.batch(bid)
-        if batch is None or batch["status"] != "validating":
+        if batch is None or batch.status != "validating":
             return
-        problems = validate_file(self.store.file_path(batch["input_file_id"]), batch["endpoint"])
+        problems = validate_file(self.store.file_path(batch.input_file_id), batch.endpoint)
         with self.store.lock:
-            if (self.store.batch(bid) or {}).get("status") != "validating":  # cancelled meanwhile
+            if (current := self.store.batch(bid)) is None or current.status != "validating":  # cancelled meanwhile
                 return
             if problems:
                 # Nothing of it runs and no result file is written: no request is counted (OpenAI's).
-                self.store.update(bid, status="failed", failed_at=now(), errors={"object": "list", "data": problems},
-                                  request_counts={"total": 0, "completed": 0, "failed": 0},
-                                  **usage_fields(NOTHING_RAN))
+                failed: Changes = {**usage_fields(NOTHING_RAN), "status": "failed", "failed_at": now(),
+                                   "errors": BatchErrors(data=tuple(problems)),
+                                   "request_counts": RequestCounts(total=0, completed=0, failed=0)}
+                self.store.update(bid, **failed)
                 return
             self.store.update(bid, status="in_progress", in_progress_at=now())
         self.queue.put(bid)
 
-    def cancel(self, bid: str) -> dict[str, Any]:
+    def cancel(self, bid: str) -> BatchRecord:
         """``cancelling``, then ``cancelled``: a queued batch at once, a running one when its child
         has stopped; its requests not run become ``batch_cancelled`` error lines."""
         return self._stop(bid, "cancelled")
@@ -127,8 +130,8 @@ class Worker:
     def expire_due(self, at: int | None = None) -> list[str]:
         """End every open batch whose ``expires_at`` has passed (``at``: now) as ``expired``: its
         finished rows are its results, the rest ``batch_expired`` error lines. Returns their ids."""
-        due = [b["id"] for b in self.store.all_batches() if b["status"] in OPEN and b["status"] != "cancelling"
-               and b["id"] not in self.stopping and (b.get("expires_at") or 0) <= (at if at is not None else now())]
+        due = [b.id for b in self.store.all_batches() if b.is_open and b.status != "cancelling"
+               and b.id not in self.stopping and b.expires_at <= (at if at is not None else now())]
         for bid in due:
             self._stop(bid, "expired")
         return due
@@ -139,11 +142,11 @@ class Worker:
                 self.expire_due()
             time.sleep(EXPIRY_CHECK_S)
 
-    def _stop(self, bid: str, ending: str) -> dict[str, Any]:
+    def _stop(self, bid: str, ending: Ending) -> BatchRecord:
         with self.store.lock:
             batch = self.store.batch(bid)
             assert batch is not None
-            if batch["status"] not in OPEN or batch["status"] == "cancelling" or bid in self.stopping:
+            if not batch.is_open or batch.status == "cancelling" or bid in self.stopping:
                 return batch
             self.stopping[bid] = ending
             if ending == "cancelled":
@@ -163,17 +166,17 @@ class Worker:
             batch = self.store.batch(bid)
             assert batch is not None
             self._jobs[bid], _ = batch_file_job(
-                self.store.file_path(batch["input_file_id"]), format_of(batch), home=self.store.folder(bid) / "home",
+                self.store.file_path(batch.input_file_id), batch.format, home=self.store.folder(bid) / "home",
                 name=_job_name(bid), resource=self.resource, sampling=self.sampling,
                 shard_size=self.shard_size, result_store=str(self.answers))
         return self._jobs[bid]
 
-    def progress(self, bid: str) -> dict[str, Any]:
-        """The batch as stored, with ``request_counts`` from its finished rows (counted at most
-        once a second while it runs)."""
+    def progress(self, bid: str) -> BatchRecord | None:
+        """The batch as stored (None: gone), with ``request_counts`` from its finished rows
+        (counted at most once a second while it runs)."""
         batch = self.store.batch(bid)
-        if batch is None or batch["status"] != "in_progress" or time.monotonic() - self._progress.get(bid, 0) < 1:
-            return batch or {}
+        if batch is None or batch.status != "in_progress" or time.monotonic() - self._progress.get(bid, 0) < 1:
+            return batch
         self._progress[bid] = time.monotonic()
         try:
             counts = batch_counts(self.job(bid), self.resource)
@@ -181,32 +184,32 @@ class Worker:
             return batch
         with self.store.lock:
             batch = self.store.batch(bid) or batch
-            if batch["status"] != "in_progress":
+            if batch.status != "in_progress":
                 return batch
             return self.store.update(bid, request_counts=counts_of(counts, batch))
 
-    def _final_counts(self, bid: str) -> dict[str, Any]:
+    def _final_counts(self, batch: BatchRecord) -> Changes:
         """``request_counts`` from the finished rows, read now (none if they cannot be read)."""
         try:
-            counts = batch_counts(self.job(bid), self.resource)
-            return {"request_counts": counts_of(counts, self.store.batch(bid) or {})}
+            return {"request_counts": counts_of(batch_counts(self.job(batch.id), self.resource), batch)}
         except Exception:  # noqa: BLE001 - the export that follows says what is wrong
             return {}
 
-    def _export(self, bid: str) -> ExportSummary:
-        folder, batch = self.store.folder(bid), self.store.batch(bid) or {}
-        anthropic = format_of(batch) == MESSAGE_BATCH
+    def _export(self, batch: BatchRecord) -> ExportSummary:
+        folder = self.store.folder(batch.id)
+        anthropic = batch.format == MESSAGE_BATCH
         errors = None if anthropic else folder / "errors.jsonl"  # Anthropic's: one results file
         # A Message Batch's requests file is the server's own: its errors cite the requests sent.
-        return export_batch(self.job(bid), folder / "output.jsonl", errors, self.resource, cite_requests=anthropic)
+        return export_batch(self.job(batch.id), folder / "output.jsonl", errors, self.resource,
+                            cite_requests=anthropic)
 
     def _loop(self) -> None:
         while True:
             bid = self.queue.get()
             batch = self.store.batch(bid)
-            if batch is None or batch["status"] not in OPEN:
+            if batch is None or not batch.is_open:
                 continue
-            if bid in self.stopping or batch["status"] == "cancelling":
+            if bid in self.stopping or batch.status == "cancelling":
                 self._finish(bid, self.stopping.get(bid, "cancelled"))
                 continue
             try:
@@ -219,15 +222,15 @@ class Worker:
         folder.mkdir(exist_ok=True)
         batch = self.store.batch(bid)
         assert batch is not None
-        errors = [] if format_of(batch) == MESSAGE_BATCH else ["--errors", str(folder / "errors.jsonl")]
-        cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run-batch", "--format", format_of(batch),
-               "-i", str(self.store.file_path(batch["input_file_id"])), "--home", str(folder / "home"),
+        errors = [] if batch.format == MESSAGE_BATCH else ["--errors", str(folder / "errors.jsonl")]
+        cmd = [sys.executable, "-m", "sparkbatch_dagster.cli", "run-batch", "--format", batch.format,
+               "-i", str(self.store.file_path(batch.input_file_id)), "--home", str(folder / "home"),
                "-o", str(folder / "output.jsonl"), *errors, "--job-name", _job_name(bid), *self.engine, *self.options]
         with self.store.lock:
             if bid in self.stopping:
                 self._finish(bid, self.stopping[bid])
                 return
-            self.store.update(bid, status="in_progress", in_progress_at=batch.get("in_progress_at") or now())
+            self.store.update(bid, status="in_progress", in_progress_at=batch.in_progress_at or now())
             # The child is killed when this server dies (a kill -9 too), not stopped as on Ctrl-C: a
             # partial export then would outlive the server, its engine with it. Its engine's
             # watchdog ends the engine; the next start resumes the batch from its checkpoints.
@@ -241,28 +244,30 @@ class Worker:
             self._finish(bid, self.stopping[bid])
         elif code == 0:
             # The run is over, so its counts are final: a client polling ``finalizing`` sees them.
-            self.store.update(bid, status="finalizing", finalizing_at=now(), **self._final_counts(bid))
+            final: Changes = {"status": "finalizing", "finalizing_at": now(),
+                              **self._final_counts(self.store.batch(bid) or batch)}
+            self.store.update(bid, **final)
             self._finish(bid, "completed")
         else:
             self._finish(bid, "failed", _last_line(folder / "run.log") or f"run-batch exited with code {code}")
 
-    def _finish(self, bid: str, status: str, error: str | None = None) -> None:
+    def _finish(self, bid: str, status: Ending, error: str | None = None) -> None:
         """End a batch: its finished rows become result files (all of them when completed, those
         done so far when cancelled, expired or failed; for the first two, each request not run is
         an error line too), registered as files the client can download."""
         with self._finishing:  # once: a cancel and the worker may both end a queued batch
             batch = self.store.batch(bid)
-            if batch is not None and batch["status"] in OPEN:
-                self._end(bid, status, error)
+            if batch is not None and batch.is_open:
+                self._end(batch, status, error)
 
-    def _end(self, bid: str, status: str, error: str | None) -> None:
+    def _end(self, batch: BatchRecord, status: Ending, error: str | None) -> None:
         try:
-            counts: ExportSummary | None = self._export(bid)
+            counts: ExportSummary | None = self._export(batch)
         except Exception as exc:  # noqa: BLE001 - nothing was sharded: no result files
             counts = None
             if status == "failed":
                 error = error or f"{type(exc).__name__}: {exc}"
-        self.store.update(bid, **ended(self.store, bid, status, counts, error))
+        self.store.update(batch.id, **ended(self.store, batch, status, counts, error))
 
 
 def _job_name(bid: str) -> str:

@@ -199,9 +199,9 @@ def test_batches_past_their_window_expire_through_the_clock_hook(tmp_path, in_pr
     running = _create(client, requests)
     wait_until("a shard answered", lambda: _answered(tmp_path / "root", client, running.id, 10), deadline_s=300)
     queued = _create(client, message_requests(3, "queued", bad=False))
-    window = worker.store.batch(queued.id)["expires_at"]
-    assert int(running.expires_at.timestamp()) == worker.store.batch(running.id)["expires_at"]
-    assert worker.expire_due(at=worker.store.batch(running.id)["expires_at"] - 1) == []  # not yet
+    window = worker.store.batch(queued.id).expires_at
+    assert int(running.expires_at.timestamp()) == worker.store.batch(running.id).expires_at
+    assert worker.expire_due(at=worker.store.batch(running.id).expires_at - 1) == []  # not yet
     assert set(worker.expire_due(at=window)) == {running.id, queued.id}
     gone = _ended(client, queued.id)  # it never ran: every request expired
     assert gone.request_counts.expired == 3 and gone.cancel_initiated_at is None

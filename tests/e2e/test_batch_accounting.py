@@ -22,6 +22,8 @@ from accounting import check_ended, random_file, request_line
 
 from sparkbatch_dagster.cli.commands import run_batch
 from sparkbatch_dagster.definitions.batch_files import batch_file_job
+from sparkbatch_dagster.serve.openai_batches import openai_batch
+from sparkbatch_dagster.serve.record import BatchRecord
 from sparkbatch_dagster.serve.worker import Store, Worker, _job_name
 from sparkbatch_dagster.spec import SamplingSpec
 from sparkbatch_dagster.testing import FakeVLLMResource
@@ -36,10 +38,7 @@ def _batch(store: Store, fmt: str, src: Path) -> str:
     """A batch of ``src`` in the store, as the create routes leave it (the worker not started)."""
     fid = store.add_file(src.read_bytes(), "in.jsonl", "batch").id
     bid = f"{'msgbatch' if fmt == 'anthropic_batch' else 'batch'}_{os.urandom(6).hex()}"
-    store.save({"id": bid, "object": "batch", "format": fmt, "endpoint": "/v1/chat/completions",
-                "input_file_id": fid, "completion_window": "24h", "status": "in_progress", "created_at": 1,
-                "expires_at": 2,
-                "request_counts": {"total": 0, "completed": 0, "failed": 0}})
+    store.save(BatchRecord(id=bid, format=fmt, input_file_id=fid, status="in_progress", created_at=1, expires_at=2))
     return bid
 
 
@@ -56,7 +55,7 @@ def _end_at_random(tmp_path: Path, seed: int) -> None:
     worker = Worker(store, [], resource, SamplingSpec(max_tokens=4), rng.choice([3, 10_000]), 0.79)
     error = None
     if runs:
-        job, defs = batch_file_job(store.file_path(store.batch(bid)["input_file_id"]), fmt,
+        job, defs = batch_file_job(store.file_path(store.batch(bid).input_file_id), fmt,
                                    home=store.folder(bid) / "home", name=_job_name(bid), resource=resource,
                                    sampling=SamplingSpec(max_tokens=4), shard_size=worker.shard_size,
                                    result_store=str(worker.answers))
@@ -66,7 +65,7 @@ def _end_at_random(tmp_path: Path, seed: int) -> None:
         except Exception as exc:  # noqa: BLE001 - the ending below is what is tested
             error = f"{type(exc).__name__}: {exc}"
     worker._finish(bid, status, error if status == "failed" else None)
-    assert store.batch(bid)["status"] == status
+    assert store.batch(bid).status == status
     check_ended(store, bid)
 
 
@@ -95,7 +94,7 @@ def test_an_openai_batch_whose_engine_dies_lists_every_unanswered_request(tmp_pa
     with pytest.raises(Exception):  # noqa: B017 - the fake engine's crash, whatever its type
         run_batch(job, defs, tmp_path / "out.jsonl", None)
     worker._finish(bid, "failed", "EngineError: the engine died")
-    batch = Batch.model_validate(store.batch(bid))
+    batch = Batch.model_validate(openai_batch(store.batch(bid)).model_dump())
     assert batch.status == "failed" and batch.error_file_id is not None
     assert batch.request_counts is not None and batch.request_counts.total == 30
     assert batch.request_counts.completed + batch.request_counts.failed == 30 and batch.request_counts.failed >= 18
@@ -123,8 +122,8 @@ def test_a_cancelled_line_the_job_could_not_read_is_listed_once(tmp_path: Path):
         run_batch(job, defs, tmp_path / "out.jsonl", None)
     worker._finish(bid, "cancelled")
     batch = store.batch(bid)
-    ids = [json.loads(x)["custom_id"] for fid in (batch["output_file_id"], batch["error_file_id"]) if fid
+    ids = [json.loads(x)["custom_id"] for fid in (batch.output_file_id, batch.error_file_id) if fid
            for x in store.file_path(fid).read_text().splitlines()]
     assert "unparsable-line-3" in ids and "r002" not in ids and len(ids) == 60
-    assert batch["request_counts"]["total"] == 60
+    assert batch.request_counts.total == 60
     check_ended(store, bid)

@@ -32,7 +32,7 @@ def test_an_errored_result_names_the_request_and_field(tmp_path: Path):
                                                                      {"custom_id": "bad", "params": prefill}]})
     assert created.status_code == 200, created.text
     bid = created.json()["id"]
-    job, defs = batch_file_job(store.file_path(store.batch(bid)["input_file_id"]), "anthropic_batch",
+    job, defs = batch_file_job(store.file_path(store.batch(bid).input_file_id), "anthropic_batch",
                                home=store.folder(bid) / "home", name=_job_name(bid), resource=resource,
                                sampling=SamplingSpec(max_tokens=8), shard_size=10, result_store=str(worker.answers))
     worker._jobs[bid] = job

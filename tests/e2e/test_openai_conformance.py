@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sparkbatch_dagster.serve.app import make_app
 from sparkbatch_dagster.serve.guard import access
+from sparkbatch_dagster.serve.record import BatchRecord
 from sparkbatch_dagster.serve.worker import Store, Worker
 from sparkbatch_dagster.spec import SamplingSpec
 from testkit import wait_until
@@ -210,9 +211,9 @@ class Box:
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="none",
                                     max_retries=0, http_client=httpx.Client(event_hooks={"response": [self.check]}))
 
-    def _moved(self, batch: dict[str, Any]) -> None:
-        self.moves.setdefault(batch["id"], []).append(batch["status"])
-        if batch["status"] == "finalizing" and self.hold_finalizing:
+    def _moved(self, batch: BatchRecord) -> None:
+        self.moves.setdefault(batch.id, []).append(batch.status)
+        if batch.status == "finalizing" and self.hold_finalizing:
             self.held.set()
             assert self.release.wait(120)  # until the test has seen it; the deadline only bounds a hang
 

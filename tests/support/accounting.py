@@ -66,10 +66,10 @@ def requests_in(path: Path) -> tuple[int, list[str]]:
     return count, ids
 
 
-def result_lines(store: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
+def result_lines(store: Any, batch: Any) -> list[dict[str, Any]]:
     """Every result line of an ended batch: its output and error files (a Message Batch: its one file)."""
-    paths = [store.folder(batch["id"]) / "output.jsonl"] if batch.get("format") == "anthropic_batch" else \
-        [store.file_path(fid) for fid in (batch.get("output_file_id"), batch.get("error_file_id")) if fid]
+    paths = [store.folder(batch.id) / "output.jsonl"] if batch.format == "anthropic_batch" else \
+        [store.file_path(fid) for fid in (batch.output_file_id, batch.error_file_id) if fid]
     return [json.loads(x) for p in paths if p.exists() for x in p.read_text(encoding="utf-8").splitlines()]
 
 
@@ -84,12 +84,12 @@ def check_ended(store: Any, bid: str) -> None:
     """Assert the invariant on batch ``bid`` of ``store`` (ended): one result line per request,
     under distinct ids, every id a strict reader finds among them, ``request_counts`` the lines'."""
     batch = store.batch(bid)
-    count, ids = requests_in(store.file_path(batch["input_file_id"]))
+    count, ids = requests_in(store.file_path(batch.input_file_id))
     lines = result_lines(store, batch)
     got = [line["custom_id"] for line in lines]
     assert len(got) == len(set(got)), f"a custom_id in two result lines: {sorted(got)}"
     assert len(got) == count, f"{count} requests, {len(got)} result lines: {sorted(got)}"
     assert set(ids) <= set(got), f"requests in no result line: {sorted(set(ids) - set(got))}"
-    counts = batch["request_counts"]
+    counts = batch.request_counts
     ok = sum(answered(line) for line in lines)
-    assert counts == {"total": count, "completed": ok, "failed": count - ok}, (counts, count, ok)
+    assert (counts.total, counts.completed, counts.failed) == (count, ok, count - ok), (counts, count, ok)

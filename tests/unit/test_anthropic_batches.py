@@ -82,14 +82,14 @@ def test_a_delete_removes_the_batch_its_requests_and_its_results(served):
     client, store, worker = served
     batch = _create(client, "a")
     record = store.batch(batch.id)
-    assert record is not None and store.file_path(record["input_file_id"]).is_file()
-    assert json.loads(store.file_path(record["input_file_id"]).read_text())["custom_id"] == "a"
+    assert record is not None and store.file_path(record.input_file_id).is_file()
+    assert json.loads(store.file_path(record.input_file_id).read_text())["custom_id"] == "a"
     assert client.delete(f"{PATH}/{batch.id}").status_code == 400  # in progress: cancel first
     assert client.get(f"{PATH}/{batch.id}/results").status_code == 400  # no results before it ends
     assert client.post(f"{PATH}/{batch.id}/cancel").json()["processing_status"] == "ended"  # queued: at once
     assert client.delete(f"{PATH}/{batch.id}").json() == {"id": batch.id, "type": "message_batch_deleted"}
     assert store.batch(batch.id) is None and not store.folder(batch.id).exists()
-    assert not store.file_path(record["input_file_id"]).exists()
+    assert not store.file_path(record.input_file_id).exists()
     assert client.get(f"{PATH}/{batch.id}").status_code == 404
     assert client.get("/v1/files").json()["data"] == []  # a Message Batch's requests were never a File
 
@@ -106,4 +106,4 @@ def test_the_two_apis_batches_are_kept_apart(served):
     assert [b["id"] for b in client.get(PATH).json()["data"]] == [message_batch.id]
     assert client.get(f"/v1/batches/{message_batch.id}").json()["error"]["code"] == "not_found"
     assert client.get(f"{PATH}/{openai_batch['id']}").json()["error"]["type"] == "not_found_error"
-    assert {b["id"] for b in store.all_batches()} == {message_batch.id, openai_batch["id"]}  # one queue
+    assert {b.id for b in store.all_batches()} == {message_batch.id, openai_batch["id"]}  # one queue

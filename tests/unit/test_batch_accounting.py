@@ -61,10 +61,10 @@ def test_validation_finds_repeats_without_keeping_every_id(tmp_path: Path):
     lines[2600] = json.dumps({"custom_id": "z", "url": "/v1/embeddings"})  # and line 2601's url is wrong
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     problems = validate_file(tmp_path / "in.jsonl", URL)
-    assert [(p["line"], p["code"]) for p in problems] == [(2501, "duplicate_custom_id"), (2601, "url_mismatch")]
-    assert "line 8" in problems[0]["message"] and problems[0]["param"] == "custom_id"
+    assert [(p.line, p.code) for p in problems] == [(2501, "duplicate_custom_id"), (2601, "url_mismatch")]
+    assert "line 8" in (problems[0].message or "") and problems[0].param == "custom_id"
     bad = [json.dumps({"custom_id": "same", "url": URL})] * (MAX_ERRORS + 5)
     (tmp_path / "bad.jsonl").write_text("\n".join(bad) + "\n")
     problems = validate_file(tmp_path / "bad.jsonl", URL)
-    assert len(problems) == MAX_ERRORS and problems[0]["line"] == 2 and problems[-1]["code"] == "too_many_errors"
-    assert problems[-1]["message"].startswith("5 more lines")
+    assert len(problems) == MAX_ERRORS and problems[0].line == 2 and problems[-1].code == "too_many_errors"
+    assert (problems[-1].message or "").startswith("5 more lines")

@@ -17,6 +17,8 @@ from sparkbatch_dagster.run.batch_export import usage_of
 from sparkbatch_dagster.serve.app import make_app
 from sparkbatch_dagster.serve.ending import usage_fields
 from sparkbatch_dagster.serve.guard import access
+from sparkbatch_dagster.serve.openai_batches import openai_batch
+from sparkbatch_dagster.serve.record import BatchRecord
 from sparkbatch_dagster.serve.validate import validate_file
 from sparkbatch_dagster.serve.worker import Store, Worker
 from sparkbatch_dagster.spec import SamplingSpec
@@ -100,9 +102,9 @@ def test_a_batchs_usage_is_what_its_rows_cost():
     summary = usage_of(rows)
     assert summary.to_json() == {"input_tokens": 17, "output_tokens": 8, "cached_tokens": 0, "reasoning_tokens": 0,
                                  "reused": 2, "model": "m"}
-    batch = Batch.model_validate({"id": "batch_1", "object": "batch", "endpoint": "/v1/chat/completions",
-                                  "input_file_id": "file-1", "completion_window": "24h", "status": "completed",
-                                  "created_at": 1, **usage_fields(summary)})
+    record = BatchRecord(id="batch_1", input_file_id="file-1", status="completed", created_at=1, expires_at=2,
+                         **usage_fields(summary))
+    batch = Batch.model_validate(openai_batch(record).model_dump())
     assert batch.usage is not None and (batch.usage.input_tokens, batch.usage.total_tokens) == (17, 25)
     assert batch.model == "m" and batch.model_extra == {"reused_requests": 2}
     assert usage_of([]).model is None
@@ -120,20 +122,28 @@ def test_a_file_openai_would_refuse_fails_validation_line_by_line(tmp_path: Path
              "[1, 2]", _request(None), json.dumps({"custom_id": "nul\x00", "url": "/v1/chat/completions"}),
              b'{"custom_id": "raw", "url": "/v1/chat/completions", "body": {"x": "a\x00b"}}'.decode()]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
-    problems = [BatchError.model_validate(p) for p in validate_file(tmp_path / "in.jsonl", "/v1/chat/completions")]
+    found = validate_file(tmp_path / "in.jsonl", "/v1/chat/completions")
+    problems = [BatchError.model_validate(p.model_dump()) for p in found]  # OpenAI's own type
     assert [(p.line, p.code) for p in problems] == [
         (3, "invalid_json_line"), (5, "duplicate_custom_id"), (6, "url_mismatch"), (7, "invalid_json_line"),
         (8, "missing_required_parameter")]  # line 10's raw NUL: that request's own error line, as issue 49 has it
     assert "line 1" in problems[1].message and problems[2].param == "url"
     (tmp_path / "empty.jsonl").write_text("\n\n")
-    assert [p["code"] for p in validate_file(tmp_path / "empty.jsonl", "/v1/chat/completions")] == ["empty_file"]
+    assert [p.code for p in validate_file(tmp_path / "empty.jsonl", "/v1/chat/completions")] == ["empty_file"]
     (tmp_path / "good.jsonl").write_text(_request("a") + "\n" + _request("b") + "\n")
     assert validate_file(tmp_path / "good.jsonl", "/v1/chat/completions") == []
 
 
-def test_the_worker_fails_a_bad_file_and_puts_a_good_one_in_progress(served):
+def _wire(store: Store, bid: str) -> Any:
+    """Stored batch ``bid`` as OpenAI's client parses it (the route's rendering, the SDK's type)."""
     from openai.types import Batch
 
+    record = store.batch(bid)
+    assert record is not None
+    return Batch.model_validate(openai_batch(record).model_dump())
+
+
+def test_the_worker_fails_a_bad_file_and_puts_a_good_one_in_progress(served):
     client, store = served
     worker = Worker(store, [], FakeVLLMResource(), SamplingSpec(max_tokens=8), 10, 0.79)
     create = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
@@ -145,7 +155,7 @@ def test_the_worker_fails_a_bad_file_and_puts_a_good_one_in_progress(served):
     bad, good = batch_of(LINE + b"{oops\n" + LINE), batch_of(LINE)
     worker._validate(bad)
     worker._validate(good)
-    failed, started = Batch.model_validate(store.batch(bad)), Batch.model_validate(store.batch(good))
+    failed, started = _wire(store, bad), _wire(store, good)
     assert failed.status == "failed" and failed.failed_at and failed.errors and failed.in_progress_at is None
     assert [(e.line, e.code) for e in failed.errors.data] == [(2, "invalid_json_line"), (3, "duplicate_custom_id")]
     assert failed.output_file_id is None and failed.error_file_id is None
@@ -163,9 +173,9 @@ def test_a_batch_past_its_completion_window_expires_with_its_requests_as_batch_e
     bid = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/chat/completions",
                                            "completion_window": "24h"}).json()["id"]
     worker._validate(bid)  # in progress, waiting for its turn
-    created = Batch.model_validate(store.batch(bid))
+    created = _wire(store, bid)
     assert created.expires_at == created.created_at + 24 * 3600
-    assert worker.expire_due(at=created.expires_at - 1) == [] and store.batch(bid)["status"] == "in_progress"
+    assert worker.expire_due(at=created.expires_at - 1) == [] and _wire(store, bid).status == "in_progress"
     assert worker.expire_due(at=created.expires_at) == [bid]
     expired = Batch.model_validate(client.get(f"/v1/batches/{bid}").json())
     assert expired.status == "expired" and expired.expired_at and expired.output_file_id is None

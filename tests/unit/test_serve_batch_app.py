@@ -57,7 +57,7 @@ def test_the_openai_flow_in_process(served):
     assert client.get(f"/v1/files/{fid}/content").content == LINE
     ids = [client.post("/v1/batches", json={"input_file_id": fid, **CREATE}).json()["id"] for _ in range(3)]
     page = client.get("/v1/batches", params={"limit": 2}).json()
-    assert [b["id"] for b in page["data"]] == [b["id"] for b in store.all_batches()][:2] and page["has_more"]
+    assert [b["id"] for b in page["data"]] == [b.id for b in store.all_batches()][:2] and page["has_more"]
     rest = client.get("/v1/batches", params={"limit": 2, "after": page["last_id"]}).json()
     assert len(rest["data"]) == 1 and not rest["has_more"]
     assert {b["id"] for b in page["data"] + rest["data"]} == set(ids)
