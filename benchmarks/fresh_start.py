@@ -150,8 +150,8 @@ def one_run(side: str, args: argparse.Namespace, src: Path, work: Path, log: Pat
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--data", required=True, help="a Parquet of Debian rows (package, section, description)")
+    ap.add_argument("--model", help="a model folder (required unless --merge)")
+    ap.add_argument("--data", help="a Parquet of Debian rows (package, section, description)")
     ap.add_argument("--shape", choices=["labels", "text"], default="labels")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--first-round", type=int, default=0, help="the first round's number: rounds split over "
@@ -178,6 +178,8 @@ def main() -> None:
     if args.merge:
         merge(args.merge, Path(args.out))
         return
+    if not (args.model and args.data):
+        ap.error("--model and --data are required (unless --merge)")
     out = Path(args.out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     src = Path(args.data).resolve()
