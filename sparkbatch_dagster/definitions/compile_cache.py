@@ -22,7 +22,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ..engines import settings
@@ -62,9 +62,14 @@ class CompileCacheRun:
         self._saving: threading.Thread | None = None  # the save begun after the start (starting)
 
     @contextlib.contextmanager
-    def starting(self) -> Iterator[None]:
-        """Around the engine's start: restore, the environment, then save what it compiled."""
+    def starting(self, ready: Callable[[], object] | None = None) -> Iterator[None]:
+        """Around the engine's start: restore, the environment, then save what it compiled.
+        ``ready``, called after the restore, waits for what else the start needs (`sparkbatch run`'s
+        ``import vllm`` in the caller's thread: the restore, a download from a bucket on a new
+        machine, runs beside it instead of after it)."""
         self._guarded("restore", self.restore)
+        if ready is not None:
+            ready()
         with settings.environment(cc.cache_env(self.folder)):
             yield
         # Saved while the engine works, not before it answers: packing the folder took seconds of

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -141,26 +142,45 @@ class VLLMResource(ConfigurableResource, EngineConfig):  # type: ignore[misc]
         key = cfg._warm_key()
         if cfg._endpoints() or (cfg.keep_warm and key in _WARM) or prestart.pending(key):
             return None
-        cfg._import_engine()
         home, holder = self._cache_home, f"sparkbatch run (pid {os.getpid()})"
-        return prestart.begin(key, lambda: cfg._start_held(cfg, holder, home), lambda got: got[0].close())
+        # The thread restores the compile cache while this one imports vllm, then starts the engine.
+        imported, failed = threading.Event(), list[BaseException]()
+
+        def ready() -> None:
+            imported.wait()
+            if failed:
+                raise RuntimeError("import vllm failed in the caller's thread") from failed[0]
+
+        found = prestart.begin(key, lambda: cfg._start_held(cfg, holder, home, ready), lambda got: got[0].close())
+        try:
+            cfg._import_engine()
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        finally:
+            imported.set()
+        return found
 
     def _import_engine(self) -> None:
-        """``import vllm`` here, before the start's thread, for an offline engine in this process:
-        beside the caller's sharding, in a thread, both slowed through the GIL (the job 8 s longer
-        on an H200, issue 61). What overlaps the caller's work is then ``vllm.LLM(...)``, whose
-        engine core works in its own process. Not for a fake, `vllm serve` or data-parallel workers."""
+        """``import vllm`` here, in the caller's thread, for an offline engine in this process (the
+        start's thread restores the compile cache meanwhile, then waits for it): beside the caller's
+        sharding, in a thread, both slowed through the GIL (the job 8 s longer on an H200, issue 61).
+        What overlaps the caller's work is then ``vllm.LLM(...)``, whose engine core works in its own
+        process. Not for a fake, `vllm serve` or data-parallel workers."""
         if type(self)._start is not VLLMResource._start or self.engine == "server" \
                 or self.engine_settings().engine_count > 1:
             return
         with contextlib.suppress(ImportError):  # no vllm: the start says so in its own words
             from vllm import LLM  # noqa: F401
 
-    def _start_held(self, cfg: Self, run_id: str | None, cache_home: tuple[Any, Any] | None
-                    ) -> tuple[HeldEngine, CompileCacheRun | None]:
-        """``cfg``'s engine started under its GPUs' locks, with its compile cache around the start."""
+    def _start_held(self, cfg: Self, run_id: str | None, cache_home: tuple[Any, Any] | None,
+                    ready: Callable[[], object] | None = None) -> tuple[HeldEngine, CompileCacheRun | None]:
+        """``cfg``'s engine started under its GPUs' locks, with its compile cache around the start;
+        ``ready`` waits, after the cache's restore, for what else the start needs (:meth:`prestart`)."""
         cache = for_resource(cfg, *cache_home) if cache_home else None
-        with cache.starting() if cache else contextlib.nullcontext():
+        if cache is None and ready is not None:
+            ready()
+        with cache.starting(ready) if cache else contextlib.nullcontext():
             held = HeldEngine.start(cfg._lock_devices(), {"run_id": run_id, "model": cfg.model}, self._say, cfg._start)
         return held, cache
 

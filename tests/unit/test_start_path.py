@@ -279,3 +279,65 @@ def test_vllm_is_imported_in_the_callers_thread_before_the_start_thread_begins(
     assert ("LLM", threading.current_thread(), False) in seen  # here, and before the start began
     assert early.wait()[0].engine.model_id == res.model_identity()
     assert prestart.close_untaken() == 1
+
+
+def test_the_compile_cache_is_restored_while_the_caller_imports_vllm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restore (a download and an unpack from a bucket on a new machine) runs in the start's
+    thread beside the caller's ``import vllm``, and ``vllm.LLM`` begins only after both."""
+    from sparkbatch_dagster import VLLMResource
+    from sparkbatch_dagster.definitions import compile_cache as dcc
+    from sparkbatch_dagster.engines import FakeEngine
+    from sparkbatch_dagster.home import JobHome
+    from sparkbatch_dagster.testing import dummy_model
+
+    restoring, imported = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    class Vllm(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            order.append(f"import sees the restore: {restoring.wait(60)}")  # a barrier, not a sleep
+            imported.set()
+            return object
+
+    def restore(self: Any) -> None:
+        restoring.set()
+        order.append("restore")
+
+    def start(self: Any) -> Any:
+        order.append(f"start after the import: {imported.is_set()}")
+        return FakeEngine(model_id=self.model_identity())
+
+    monkeypatch.setenv("SPARKBATCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(dcc.cc, "device", lambda: "cpu Test CPU [avx2]")
+    monkeypatch.setattr(dcc.CompileCacheRun, "restore", restore)
+    monkeypatch.setitem(sys.modules, "vllm", Vllm("vllm"))
+    monkeypatch.setattr(VLLMResource, "_start", start)
+    monkeypatch.setattr(VLLMResource, "_lock_devices", lambda self: [])
+    res = VLLMResource(model=str(dummy_model("tiny", tmp_path / "m")), compile_cache=True)
+    res.use_home(JobHome(tmp_path / "home"), logging.getLogger("test"))
+    early = res.prestart()
+    assert early is not None
+    early.wait()[1].finish()
+    assert order == ["restore", "import sees the restore: True", "start after the import: True"]
+    assert prestart.close_untaken() == 1
+
+
+def test_a_failed_import_starts_no_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparkbatch_dagster import VLLMResource
+    from sparkbatch_dagster.testing import dummy_model
+
+    starts: list[int] = []
+
+    def broken(self: Any) -> None:
+        raise OSError("libcudart.so: cannot open shared object file")
+
+    monkeypatch.setattr(VLLMResource, "_import_engine", broken)
+    monkeypatch.setattr(VLLMResource, "_start", lambda self: starts.append(1))
+    res = VLLMResource(model=str(dummy_model("tiny", tmp_path / "m")), compile_cache=False)
+    with pytest.raises(OSError, match="libcudart"):
+        res.prestart()
+    assert prestart.close_untaken() == 1  # the begun start ended in the import's error, not an engine
+    assert starts == []
