@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def main() -> None:
                 runs[side].append(round(seconds, 1))
                 print(json.dumps({"round": r, "side": side, "seconds": round(seconds, 1)}), file=sys.stderr, flush=True)
     plain, ours = statistics.median(runs["plain"]), statistics.median(runs["sparkbatch"])
-    result = {"benchmark": "end_to_end", "machine": f"{os.cpu_count()}-core CPU", "rows": args.rows, "shards": 1,
+    result = {"benchmark": "end_to_end", "machine": machine(), "rows": args.rows, "shards": 1,
               "model": "SmolLM2-135M-Instruct", "rounds": args.rounds, "plain_s": runs["plain"],
               "sparkbatch_s": runs["sparkbatch"], "plain_median_s": plain, "sparkbatch_median_s": ours,
               "sparkbatch_over_plain": round(ours / plain, 3),

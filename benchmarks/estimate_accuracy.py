@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from assets.debian import apt_text, parse_stanzas  # (the demo's own apt reader)
+from benchmarks.lib.machine import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -205,7 +205,7 @@ def main() -> None:
     name = args.name or f"cpu-estimate-accuracy-{args.rows}"
     out = {
         "benchmark": "estimate_accuracy", "started": started,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "command": "python -m benchmarks.estimate_accuracy " + " ".join(sys.argv[1:]),
         "jobs": {j: {**summarize(rs), "per_round": rs} for j, rs in results.items()},
     }

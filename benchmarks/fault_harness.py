@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import commit_of, emit
 from benchmarks.lib.support import support
 
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     began = time.monotonic()
     result: dict[str, Any] = {
         "benchmark": "fault_harness", "date": datetime.now(timezone.utc).date().isoformat(),
-        "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        "machine": machine(cpu_only=True),
         "code": _code(), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m benchmarks.fault_harness " + " ".join(sys.argv[1:]), "start_seed": args.start_seed,
         "episodes_planned": args.episodes, "episodes": 0, "passed": 0, "homes": {}, "faults": {},

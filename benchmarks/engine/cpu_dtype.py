@@ -25,6 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit, fresh_process
 from sparkbatch_dagster.testing import NO_AVX2
 
@@ -105,7 +106,7 @@ def main() -> None:
         return statistics.median(float(x[key]) for x in runs[arm])  # type: ignore[arg-type]
 
     summary = {
-        "benchmark": "cpu_dtype", "machine": f"{os.cpu_count()}-core CPU", "model": "SmolLM2-135M-Instruct",
+        "benchmark": "cpu_dtype", "machine": machine(cpu_only=True), "model": "SmolLM2-135M-Instruct",
         "prompts": args.prompts, "data": "debian" if DEBIAN.exists() else "synthetic", "rounds": args.rounds,
         "simulated_no_avx2": SIMULATED if args.simulate_no_avx2 else None, "first_start": first,
         "arms": {a: {"flags_injected": bool(ARMS[a]), "loaded": runs[a][0]["loaded"], "reason": runs[a][0]["reason"],

@@ -19,6 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit, fresh_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ def main() -> None:
             runs[v].append(measure(v, args.prompts))
             print(json.dumps({"round": r, "variant": v, **runs[v][-1]}), file=sys.stderr, flush=True)
     summary = {
-        "benchmark": "engine_start", "machine": f"{os.cpu_count()}-core CPU", "model": "SmolLM2-135M-Instruct",
+        "benchmark": "engine_start", "machine": machine(), "model": "SmolLM2-135M-Instruct",
         "prompts": args.prompts, "rounds": args.rounds, "first_start": warm,
         "variants": {v: {"env": VARIANTS[v],
                          "start_s": statistics.median(x["start_s"] for x in runs[v]),

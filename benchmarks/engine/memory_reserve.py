@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
 import resource
 import socket
 import subprocess
@@ -26,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ def main() -> None:
     defs.write_text(DEFS.format(root=str(tmp), rows=args.rows, home=str(tmp / "home")))
     env = {**os.environ, "DAGSTER_HOME": str(tmp / "dagster_home"), "PYTHONPATH": str(ROOT)}
     (tmp / "dagster_home").mkdir()
-    result = {"benchmark": "memory_reserve", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+    result = {"benchmark": "memory_reserve", "machine": machine(cpu_only=True),
               "rows": args.rows, "engine": "fake (FakeVLLMResource)", **run_process(defs, env)}
     if not args.no_dagster_dev:
         result.update(dagster_dev(defs, env, args.settle_s))

@@ -50,7 +50,6 @@ import cProfile
 import io
 import json
 import os
-import platform
 import pstats
 import random
 import subprocess
@@ -60,6 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,18 +125,6 @@ def resource(args: argparse.Namespace) -> Any:
     if args.load_format:
         fields["engine_kwargs"] = {**fields.get("engine_kwargs", {}), "load_format": args.load_format}
     return VLLMResource(**fields)
-
-
-def machine() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20)
-        gpus = [g for g in out.stdout.splitlines() if g.strip()]
-        if gpus:
-            return f"{gpus[0].strip()} x{len(gpus)}"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return f"{platform.machine()} CPU, {os.cpu_count()} cores"
 
 
 def profile_top(prof: cProfile.Profile, n: int) -> list[dict[str, Any]]:

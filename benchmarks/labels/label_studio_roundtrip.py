@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import commit_of, emit
 from benchmarks.lib.support import support
 
@@ -165,7 +165,7 @@ def main() -> None:
                                                 password="reviewer-password-1").id
         runs = [_round(job, resource, server, args.tasks, f"debian-review-{i}", reviewer) for i in range(args.rounds)]
     medians = {k: round(statistics.median(r[k] for r in runs), 3) for k in STEPS}
-    emit({"benchmark": "label_studio_roundtrip", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+    emit({"benchmark": "label_studio_roundtrip", "machine": machine(cpu_only=True),
           "label_studio": _ls_version(), "label_studio_sdk": version("label-studio-sdk"), "job": what,
           "engine": "fake (sparkbatch_dagster.testing.FakeVLLMResource)", "labels": len(labels),
           "tasks": args.tasks, "rounds": args.rounds, **medians,

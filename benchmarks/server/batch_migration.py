@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import commit_of, emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +264,7 @@ def main() -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
     generated_again = again["answered"] - (again["reused_requests"] or 0)
-    emit({"benchmark": "batch_migration", "machine": "cpu",
+    emit({"benchmark": "batch_migration", "machine": machine(cpu_only=args.fake),
           "model": "fake engine" if args.fake else "SmolLM2-135M-Instruct (embedded)",
           "code": commit_of(ROOT), "lines": args.lines, "data": "debian_packages" if DATA.exists() else "synthetic",
           "openai": first, "anthropic": second, "openai_resubmitted": again, "anthropic_resubmitted": second_again,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import commit_of, emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,7 +172,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(Path(tmp), args.mib * MIB, args.requests)
-    emit({"benchmark": "upload_memory", "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    emit({"benchmark": "upload_memory", "machine": machine(cpu_only=True),
           "code": commit_of(ROOT), "command": "python " + " ".join(sys.argv), "mib": args.mib, **result}, args.out)
 
 

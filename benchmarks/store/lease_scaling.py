@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import random
 import shutil
 import sys
@@ -39,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 from benchmarks.lib.support import support
 
@@ -230,7 +230,7 @@ def main() -> None:
         "leases_left_after": len(left_under_leases(server, bucket)),
         "ok": len(got_b) == len(sample) and not renewed and lost == len(sample)}
     out["said_renewal_failed"] = sum(line.startswith("renewing ") for line in said.lines)
-    out["machine"] = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    out["machine"] = machine(cpu_only=True)
     out["load_avg_1m_at_start"] = round(load_at_start, 1)  # the box is shared: other work ran alongside
     out["store"] = "moto S3 server on loopback, s3fs client, one FaultProxy per box"
     out["command"] = " ".join(["python", *sys.argv])

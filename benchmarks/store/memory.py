@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
-import platform
 import resource
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +111,7 @@ def main() -> None:
     few = in_child(_label_child, str(small), str(tmp / "few"), 4)
     many = in_child(_label_child, str(small), str(tmp / "many"), 64)
     emit({
-        "benchmark": "memory", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        "benchmark": "memory", "machine": machine(cpu_only=True),
         "rows": sharding["rows"], "shards": args.shards, "sharding_s": sharding["seconds"],
         "sharding_peak_rss_mb": sharding["peak_rss_mb"], "sharding_target_mb": 1536,
         "estimate_sample_rows": SAMPLE_ROWS, "estimate_sample_s": sampling["seconds"],

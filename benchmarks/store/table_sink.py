@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 from benchmarks.lib.support import support
 
@@ -141,7 +141,7 @@ def main() -> None:
         bucket = _arm(bucket_job, [f"{home}/tables/round-{i}" for i in range(args.rounds)], {"AWS_ALLOW_HTTP": "true"})
     finally:
         server.stop()
-    emit({"benchmark": "table_sink", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+    emit({"benchmark": "table_sink", "machine": machine(cpu_only=True),
           "deltalake": deltalake.__version__, "input": data.name if data.exists() else "generated", "rows": rows,
           "shards": args.shards, "rounds": args.rounds, "fake_engine_label_s": round(label_s, 2),
           "local": local, "bucket": bucket, "command": " ".join(["python", *sys.argv])}, args.out)

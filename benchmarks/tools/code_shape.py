@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-import os
-import platform
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import commit_of, emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +150,7 @@ def main() -> None:
     package = copy / "sparkbatch_dagster"
     if not package.is_dir():
         raise SystemExit(f"code_shape: {package} is not a folder: name a checkout that holds sparkbatch_dagster/")
-    result = {"benchmark": "code_shape", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+    result = {"benchmark": "code_shape", "machine": machine(cpu_only=True),
               "code": commit_of(copy), "command": " ".join(["benchmarks/tools/code_shape.py", *sys.argv[1:]]),
               **shape(package)}
     emit(result, str(ROOT / "benchmarks" / "results" / f"{args.name}.json") if args.name else None)

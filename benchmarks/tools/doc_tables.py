@@ -74,7 +74,10 @@ def model(d: dict[str, Any]) -> str:
 
 
 def is_gpu(d: dict[str, Any], name: str) -> bool:
-    return "cpu" not in machine(d, name).lower()
+    """A GPU machine: not one of the CPU forms ('x86_64 CPU, 2 cores', '2-core CPU', and
+    lib/machine.py's '2-core AMD EPYC')."""
+    where = machine(d, name)
+    return "cpu" not in where.lower() and not re.fullmatch(r"\d+-core .+", where)
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def main() -> None:
         outcome = {"returncode": run.returncode, "ignore_errors": args.ignore_errors,
                    "summary": run.stdout.strip().splitlines()[-12:]} if args.target == "check" else {}
         result = {
-            "benchmark": "install_time", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+            "benchmark": "install_time", "machine": machine(cpu_only=True),
             "target": args.target, "installer": installer(clone), "cold_caches": args.cold,
             "seconds": seconds[args.target], "steps_s": seconds, "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in os.getloadavg()], "code": rev, **outcome,
