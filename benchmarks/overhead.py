@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def worker(rows: int, shards: int, rounds: int) -> list[dict[str, float]]:
     """Rounds of the pipeline with an instant engine, in this process (the code on sys.path)."""
     from dagster import DagsterInstance, materialize
 
-    from benchmarks.throughput import build_spec
+    from benchmarks.lib.workload import build_spec
     from sparkbatch_dagster import build_batch_assets
     from sparkbatch_dagster.definitions import job as job_module
     from sparkbatch_dagster.engines.fake import FakeEngine
@@ -187,7 +187,7 @@ def main() -> None:
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     result: dict[str, Any] = {"benchmark": "overhead", "rows": args.rows, "shards": args.shards,
                               "rounds": args.rounds, "engine": "FakeEngine (answers at once)",
-                              "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+                              "machine": machine(cpu_only=True),
                               "commit": head.stdout.strip(), "before_commit": args.before}
     for side, runs in got.items():
         result[side] = {k: round(statistics.median(r[k] for r in runs), 3) for k in PARTS}

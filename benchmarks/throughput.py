@@ -26,214 +26,27 @@ order, so ``server_over_offline`` compares rounds run side by side in time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import logging
-import os
-import platform
-import random
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from contextlib import nullcontext
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.arm_samples import gc_pauses, gpu_samples, py_spy, server_samples
+from benchmarks.lib.arm_samples import LabelRoutes, gpu_samples, profiled, server_samples
 from benchmarks.lib.engine_trace import trace
+from benchmarks.lib.machine import machine
+from benchmarks.lib.raw_vllm import raw_generate, raw_generate_tokens
 from benchmarks.lib.results_io import emit
 from benchmarks.lib.server_arms import json_object, run_server_variants, server_variants, start_alongside
-from benchmarks.lib.switches import engine_switches, thawed
-from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets
+from benchmarks.lib.stored_answers import build
+from benchmarks.lib.switches import engine_switches, thaw, thawed_arms, twin
+from benchmarks.lib.workload import ENGINE, arg_parser, set_up, shape_of, vllm_version
+from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.definitions.resource import close_warm_engines
-from sparkbatch_dagster.engines.base import Engine
 from sparkbatch_dagster.run.result_store import ResultStore
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-DEBIAN = ROOT.parent / "shared" / "data" / "debian_packages.parquet"
-_ENGINE: dict[str, Engine] = {}
-
-
-class LabelRoutes(logging.Handler):
-    """The label rows' routes as the engines log them (``label_tokens.Tally.report``): how many
-    one-step answers were asked again with the grammar, and where the rest went."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.said: list[str] = []
-        self.arm = ""  # the arm whose round is running
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("labels in one step"):
-            self.said.append(f"{self.arm}: {record.getMessage()}")
-
-
-def synthetic_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    words = "alpha beta gamma delta river stone cloud metal paper glass tiger maple orbit pixel".split()
-    return [{"id": f"s{i:07d}", "text": " ".join(rng.choice(words) for _ in range(rng.randint(150, 250)))}
-            for i in range(n)]
-
-
-def debian_rows(n: int, path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    import pyarrow.parquet as pq
-
-    if not path.exists():
-        raise SystemExit(f"{path} not found: the debian mode needs the shared data set (--data)")
-    rows = pq.read_table(path, columns=["package", "section", "description"]).to_pylist()
-    rows = rows[:n] if n else rows
-    labels = sorted({r["section"] for r in rows})
-    return rows, labels
-
-
-def build_spec(args: argparse.Namespace, home: Path) -> JobSpec:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    src = home / "input.parquet"
-    if args.mode == "synthetic":
-        pq.write_table(pa.Table.from_pylist(synthetic_rows(args.rows)), src)
-        return JobSpec(
-            name="bench", input=str(src), id_column="id", text_columns=["text"], home=str(home),
-            system_prompt="You are a careful summarizer. " * 25,
-            user_template="Summarize the following notes in one paragraph:\n{{ text }}",
-            sampling=SamplingSpec(max_tokens=args.max_tokens, ignore_eos=True), shard_count=args.shards,
-        )
-    rows, labels = debian_rows(args.rows, Path(args.data))
-    if args.mode == "summary":  # the first line of a Debian description is the package's summary
-        rows = [{**r, "description": (r["description"] or "").split("\n")[0]} for r in rows]
-    pq.write_table(pa.Table.from_pylist(rows), src)
-    # Description only: the set's duplicate descriptions (5.6%) are then exact duplicate prompts.
-    return JobSpec(
-        name="bench", input=str(src), id_column="package", text_columns=["description"],
-        home=str(home), gold_column="section",
-        system_prompt="You sort Debian packages into archive sections. Allowed: " + ", ".join(labels) + ".",
-        user_template="Description: {{ description }}\n\nWhich section is this package in?",
-        output=OutputSpec(kind="label", labels=labels), sampling=SamplingSpec(max_tokens=8),
-        shard_count=args.shards,
-    )
-
-
-def machine() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
-    except Exception:  # noqa: S110 - CPU machine
-        pass
-    return f"{platform.machine()} CPU, {os.cpu_count()} cores"
-
-
-def conversations(spec: JobSpec, rows: list[dict[str, Any]]) -> list[list[dict[str, str]]]:
-    from sparkbatch_dagster.spec.prompts import render
-
-    return [render(spec.system_prompt, spec.user_template, {c: r[c] for c in spec.text_columns}).messages()
-            for r in rows]
-
-
-def raw_generate(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
-    """What a plain vLLM user writes: render every row, one LLM.chat call."""
-    from sparkbatch_dagster.engines.answers.plan import sampling_params
-
-    convs = conversations(spec, rows)
-    params = sampling_params(spec.sampling, spec.output)
-    started = time.perf_counter()
-    outs = engine._llm.chat(convs, params, use_tqdm=False)
-    seconds = time.perf_counter() - started
-    return seconds, sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs)
-
-
-def token_prompts(tokenizer: Any, convs: list[list[dict[str, str]]]) -> list[Any]:
-    """Every conversation through the chat template, then one batch encode (no special tokens
-    added: the template has them, as ``LLM.chat`` renders it), as ``TokensPrompt``s."""
-    from vllm.inputs import TokensPrompt
-
-    texts = tokenizer.apply_chat_template(convs, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-    return [TokensPrompt(prompt_token_ids=list(x)) for x in ids]
-
-
-def raw_generate_tokens(engine: Any, spec: JobSpec, rows: list[dict[str, Any]]) -> tuple[float, int]:
-    """The fastest plain vLLM script: the chat template over every row and one batch encode, then
-    one LLM.generate call over token ids (template and tokenizer timed, as in ``LLM.chat``)."""
-    from sparkbatch_dagster.engines.answers.plan import sampling_params
-
-    convs = conversations(spec, rows)
-    params = sampling_params(spec.sampling, spec.output)
-    tokenizer = engine._llm.get_tokenizer()
-    started = time.perf_counter()
-    outs = engine._llm.generate(token_prompts(tokenizer, convs), params, use_tqdm=False)
-    seconds = time.perf_counter() - started
-    return seconds, sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs)
-
-
-def arg_parser(doc: str | None, mode: str, rows: int) -> argparse.ArgumentParser:
-    """The job and engine options every benchmark here shares."""
-    p = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
-    p.add_argument("--mode", choices=["synthetic", "debian", "summary"], default=mode,
-                   help="summary: the Debian set's one-line summaries (short prompts) -> section")
-    p.add_argument("--rows", type=int, default=rows)
-    p.add_argument("--shards", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--model", default=None, help="HF folder; default: the embedded SmolLM2")
-    p.add_argument("--load-format", default=None, help="'dummy': random weights of the model's shape")
-    p.add_argument("--gpu", action="store_true", help="GPU settings (0.9 memory, 1024 seqs)")
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--home", default=None)
-    p.add_argument("--data", default=str(DEBIAN), help="the Debian parquet (debian mode)")
-    p.add_argument("--engine-kwargs", default=None, metavar="JSON",
-                   help='more VLLMResource.engine_kwargs, e.g. \'{"quantization": "fp8"}\'')
-    p.add_argument("--resource", type=json_object, default=None, metavar="JSON",
-                   help='VLLMResource fields for every arm, e.g. \'{"label_decoding": "grammar"}\'')
-    return p
-
-
-def set_up(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any], Engine, float]:
-    """A fresh job home and Dagster instance, the job's spec, the engine settings, and the
-    engine started once (timed) and kept warm: every ``VLLMResource(**kw)`` of the rounds gets
-    it through the resource's own lifecycle, its start kept out of the rounds."""
-    home = Path(args.home or tempfile.mkdtemp(prefix="sparkbatch-bench-"))
-    os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home"))
-    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-    spec = build_spec(args, home)
-    kw: dict[str, Any] = {"model": args.model, "max_model_len": 2048, "keep_warm": True}
-    kw["max_num_seqs"] = args.max_num_seqs or (1024 if args.gpu else 256)
-    kw["gpu_memory_utilization"] = 0.9 if args.gpu else 0.3
-    kw["data_parallel_size"] = 1  # one engine in this process, on one GPU (data_parallel.py compares N)
-    if args.load_format:
-        kw["engine_kwargs"] = {"load_format": args.load_format}
-    kw.update(getattr(args, "resource", None) or {})
-    if getattr(args, "engine_kwargs", None):
-        kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), **json.loads(args.engine_kwargs)}
-    if getattr(args, "trace", False) or getattr(args, "sample", False):  # vLLM's step metrics and /metrics need stats
-        kw["engine_kwargs"] = {**kw.get("engine_kwargs", {}), "disable_log_stats": False}
-    if getattr(args, "alongside", None):  # two engines on one GPU: equal KV caches, half the memory each at most
-        share = 0.3 if getattr(args, "server_b", None) else 0.45  # --server-b: three engines
-        kw.update(kv_cache_memory_gb=args.alongside, gpu_memory_utilization=share)
-    started = time.perf_counter()
-    engine = _ENGINE["e"] = VLLMResource(**kw).get_engine()
-    return spec, kw, engine, time.perf_counter() - started
-
-
-def shape_of(model_id: str) -> str:
-    """The model's name without its identity hash: ``llama-1b`` (a dummy-weight shape from
-    ``make_dummy_model.py``), ``SmolLM2-135M-Instruct``."""
-    return model_id.split("@")[0]
-
-
-def vllm_version() -> str | None:
-    try:
-        import vllm
-
-        return str(vllm.__version__)
-    except Exception:  # noqa: BLE001 - reported as unknown
-        return None
 
 
 def arguments() -> argparse.Namespace:
@@ -321,16 +134,14 @@ def main() -> None:
         round_spec = spec.model_copy(update={"home": str(home / f"round{tag}-{n}")})
         job = build_batch_assets(spec=round_spec)
         if args.prefill_store:  # untimed: a store as big as a long job leaves it
-            from benchmarks.store.store_lookup import build
-
             context = round_spec.answer_context(res["vllm"].model_identity())
             build(ResultStore(round_spec.result_store_path, context), args.prefill_store, 10_000, [])
         t = time.perf_counter()
         materialize(job.assets, selection=[job.keys["input_shards"]], resources=res, instance=inst)
         totals["sharding_s"] = time.perf_counter() - t
         keys = inst.get_dynamic_partitions(job.partitions_def.name)
-        if getattr(_ENGINE["e"], "_llm", None) is not None:  # the server keeps its cache between rounds
-            _ENGINE["e"]._llm.reset_prefix_cache()  # type: ignore[attr-defined]
+        if getattr(ENGINE["e"], "_llm", None) is not None:  # the server keeps its cache between rounds
+            ENGINE["e"]._llm.reset_prefix_cache()  # type: ignore[attr-defined]
         tags = {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
         t = time.perf_counter()
         # labeled_outputs, then run_metrics in its own run, as a backfill runs them: both timed.
@@ -413,7 +224,7 @@ def main() -> None:
             res["vllm"] = resource
             return pipeline(n, f"-{name}")
 
-        run_server_variants(variants, kw, args.repeat, server_round, times, totals, _ENGINE)
+        run_server_variants(variants, kw, args.repeat, server_round, times, totals, ENGINE)
     res["vllm"].shutdown()
     close_warm_engines()  # --alongside: the server started beside the offline engine
     result = summarize(args, model_id=engine.model_id, max_tokens=spec.sampling.max_tokens, rows=len(rows),
@@ -510,48 +321,6 @@ def summarize(args: argparse.Namespace, *, model_id: str, max_tokens: int, rows:
             "server_over_offline": round(pipe_s / sum(times[f"server:{name}"]), 4),
         } for name, v in totals["server_variants"].items()}
     return out
-
-
-def thawed_arms(spec: str) -> list[str]:
-    """--thawed as arm names; only the pipeline and server arms generate through the runner."""
-    arms = [a.strip() for a in spec.split(",") if a.strip()]
-    wrong = [a for a in arms if a not in ("pipeline", "server")]
-    if wrong:
-        raise SystemExit(f"--thawed {spec!r}: {wrong} are not arms with a heap to freeze; give pipeline and/or server")
-    return arms
-
-
-def thaw(run: Any, inner: str, times: dict[str, list[float]]) -> Any:
-    """A --thawed twin of a pipeline or server round (its own job home): engines/platform/heap.py off while it
-    runs, its runner's own seconds in ``{inner}_thawed``."""
-    return twin(run, inner, times, f"{inner}_thawed", thawed())
-
-
-def twin(run: Any, inner: str, times: dict[str, list[float]], key: str, changed: Any) -> Any:
-    """A twin of a pipeline or server round, run with ``changed`` (a context manager) in effect.
-    Its runner's own seconds (``inner``) go to ``key``, not the default arm's."""
-    def go() -> float:
-        try:
-            with changed:
-                return float(run())
-        finally:
-            times.setdefault(key, []).append(times[inner].pop())
-    return go
-
-
-@contextlib.contextmanager
-def profiled(args: argparse.Namespace, arm: str, n: int, server: Any) -> Iterator[dict[str, Any]]:
-    """--profile: the arm's garbage collections here, and py-spy of its first seconds, of this
-    process and, for the server arm, of the server's (frontend and engine core)."""
-    if not args.profile or arm.removesuffix("_thawed") not in ("pipeline", "server", "server_b"):
-        yield {}
-        return
-    seconds, base = args.profile_seconds, os.path.join(args.profile, f"{arm}-r{n}")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(py_spy(os.getpid(), seconds, base + "-client.txt"))
-        if arm.startswith("server"):
-            stack.enter_context(py_spy(server.pid, seconds, base + "-server.txt", subprocesses=True))
-        yield stack.enter_context(gc_pauses())
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
-from benchmarks.throughput import arg_parser, build_spec, machine, shape_of, vllm_version
+from benchmarks.lib.workload import arg_parser, build_spec, shape_of, vllm_version
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.engines.settings import on_cpu, visible_gpus
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
-from benchmarks.throughput import arg_parser, machine, set_up, shape_of
+from benchmarks.lib.workload import arg_parser, set_up, shape_of
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from sparkbatch_dagster.spec import EstimateSpec
 

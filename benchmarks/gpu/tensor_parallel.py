@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
-from benchmarks.throughput import arg_parser, build_spec, machine, vllm_version
+from benchmarks.lib.workload import arg_parser, build_spec, vllm_version
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFS = """
@@ -52,7 +53,6 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=2, help="tensor_parallel_size")
     p.add_argument("--nnodes", type=int, default=1, help="machines the engine spans (vLLM multi-node)")
     p.add_argument("--gpu-memory-gb", type=float, default=141.0, help="memory per GPU for the estimate's options")
-    p.add_argument("--engine-kwargs", default="{}", metavar="JSON", help="more VLLMResource engine_kwargs")
     p.add_argument("--repeat", type=int, default=1, help="(h200.sh passes it; one run here)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -65,7 +65,7 @@ def main() -> None:
     spec = build_spec(args, home)
     resource: dict[str, Any] = {"model": model, "tensor_parallel_size": args.tp, "max_model_len": 2048,
                                 "engine_kwargs": {"load_format": args.load_format or "dummy",
-                                                  **json.loads(args.engine_kwargs)}}
+                                                  **json.loads(args.engine_kwargs or "{}")}}
     if args.gpu:
         resource.update(max_num_seqs=args.max_num_seqs or 256, gpu_memory_utilization=0.9)
     else:

@@ -19,11 +19,17 @@ Two more for ``throughput.py --profile DIR``, to tell where the first seconds of
   ``gc.callbacks``.
 - :func:`py_spy`: ``py-spy record`` (when on PATH) of a process for the block's first seconds, as
   collapsed stacks per thread, without pausing it; for a server, its engine core too.
+
+:func:`profiled` runs both for an arm as ``--profile`` asks, and :class:`LabelRoutes` keeps what
+the engines logged of each arm's label rows (``label_tokens.Tally.report``).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import gc
+import logging
 import os
 import re
 import shutil
@@ -177,3 +183,32 @@ def py_spy(pid: int, seconds: float, path: str, subprocesses: bool = False) -> I
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+class LabelRoutes(logging.Handler):
+    """The label rows' routes as the engines log them (``label_tokens.Tally.report``): how many
+    one-step answers were asked again with the grammar, and where the rest went."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.said: list[str] = []
+        self.arm = ""  # the arm whose round is running
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("labels in one step"):
+            self.said.append(f"{self.arm}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def profiled(args: argparse.Namespace, arm: str, n: int, server: Any) -> Iterator[dict[str, Any]]:
+    """--profile: the arm's garbage collections here, and py-spy of its first seconds, of this
+    process and, for the server arm, of the server's (frontend and engine core)."""
+    if not args.profile or arm.removesuffix("_thawed") not in ("pipeline", "server", "server_b"):
+        yield {}
+        return
+    seconds, base = args.profile_seconds, os.path.join(args.profile, f"{arm}-r{n}")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(py_spy(os.getpid(), seconds, base + "-client.txt"))
+        if arm.startswith("server"):
+            stack.enter_context(py_spy(server.pid, seconds, base + "-server.txt", subprocesses=True))
+        yield stack.enter_context(gc_pauses())

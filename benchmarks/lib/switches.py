@@ -88,3 +88,30 @@ def engine_switches(engine: Any, switches: Mapping[str, Any]) -> Iterator[None]:
         if attrs:
             stack.enter_context(mock.patch.multiple(engine, **attrs))
         yield
+
+
+def thawed_arms(spec: str) -> list[str]:
+    """--thawed as arm names; only the pipeline and server arms generate through the runner."""
+    arms = [a.strip() for a in spec.split(",") if a.strip()]
+    wrong = [a for a in arms if a not in ("pipeline", "server")]
+    if wrong:
+        raise SystemExit(f"--thawed {spec!r}: {wrong} are not arms with a heap to freeze; give pipeline and/or server")
+    return arms
+
+
+def thaw(run: Any, inner: str, times: dict[str, list[float]]) -> Any:
+    """A --thawed twin of a pipeline or server round (its own job home): engines/platform/heap.py off while it
+    runs, its runner's own seconds in ``{inner}_thawed``."""
+    return twin(run, inner, times, f"{inner}_thawed", thawed())
+
+
+def twin(run: Any, inner: str, times: dict[str, list[float]], key: str, changed: Any) -> Any:
+    """A twin of a pipeline or server round, run with ``changed`` (a context manager) in effect.
+    Its runner's own seconds (``inner``) go to ``key``, not the default arm's."""
+    def go() -> float:
+        try:
+            with changed:
+                return float(run())
+        finally:
+            times.setdefault(key, []).append(times[inner].pop())
+    return go

@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
-from benchmarks.throughput import arg_parser, machine, set_up, shape_of, vllm_version
+from benchmarks.lib.workload import arg_parser, set_up, shape_of, vllm_version
 from sparkbatch_dagster import JobSpec, OutputSpec, SamplingSpec, VLLMResource, build_batch_assets
 from sparkbatch_dagster.definitions.batch_files import batch_file_job, export_batch
 from sparkbatch_dagster.spec.prompts import render

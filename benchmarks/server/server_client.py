@@ -33,8 +33,6 @@ import argparse
 import contextlib
 import gc
 import json
-import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -45,6 +43,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from unittest import mock
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 from sparkbatch_dagster.engines.server.prompt_groups import PROMPTS_PER_REQUEST
 
@@ -159,7 +158,7 @@ def _arm(url: str, arm: str, requests: list[Any], sampling: Any, output: Any, in
 
 
 def main() -> None:
-    from benchmarks.throughput import build_spec, conversations, synthetic_rows
+    from benchmarks.lib.workload import build_spec, conversations, synthetic_rows
     from sparkbatch_dagster.engines.base import EngineRequest
     from sparkbatch_dagster.engines.platform.model import DEFAULT_MODEL_NAME, ensure_embedded
     from sparkbatch_dagster.engines.server.server_process import free_port
@@ -202,7 +201,7 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "server_client", "rows": args.rows, "rounds": args.rounds,
                               "max_in_flight": args.max_in_flight, "answer_delay_s": args.answer_delay,
                               "prompt": "throughput.py synthetic",
-                              "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores"}
+                              "machine": machine(cpu_only=True)}
     for arm, runs in times.items():
         cpu_ms = statistics.median(r["cpu_s"] for r in runs) / args.rows * 1000
         result[arm] = {"wall_s": [round(r["wall_s"], 2) for r in runs], "cpu_s": [round(r["cpu_s"], 2) for r in runs],

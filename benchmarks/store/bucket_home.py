@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 from benchmarks.lib.support import support
-from benchmarks.throughput import arg_parser, machine, set_up, shape_of, vllm_version
+from benchmarks.lib.workload import arg_parser, set_up, shape_of, vllm_version
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from benchmarks import throughput
-from benchmarks.lib import server_arms
+from benchmarks.lib import server_arms, switches
 from benchmarks.tools import doc_tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,6 +224,13 @@ def test_there_are_result_files():
     assert len(FILES) >= 10
 
 
+@pytest.fixture(autouse=True)
+def _no_machine_probe(monkeypatch):
+    """summarize names the machine (lib/machine.py asks nvidia-smi where it is on PATH): not here,
+    where a unit test starts no process."""
+    monkeypatch.setattr(throughput, "machine", lambda cpu_only=False: "NVIDIA H200 x1, 16 cores")
+
+
 def fake_run(generate: bool, server: bool) -> dict[str, Any]:
     """throughput.py's own result object, from made-up round times (no engine)."""
     args = argparse.Namespace(repeat=2, mode="synthetic", load_format="dummy", prefill_store=0)
@@ -269,7 +276,7 @@ def test_thawed_arms_are_summed_against_their_frozen_twins():
     assert d["thawed"] == {"server": {"thawed_s": [12.0, 13.0], "frozen_s": [10.0, 10.0], "frozen_over_thawed": 1.25}}
     assert d["server_over_offline_thawed"] == 0.8 and d["server_over_offline"] == 1.0
     with pytest.raises(SystemExit, match="not arms"):
-        throughput.thawed_arms("raw")
+        switches.thawed_arms("raw")
 
 
 def test_a_server_variant_adds_engine_arguments_to_the_runs_own():
@@ -319,3 +326,26 @@ def test_a_second_server_is_summed_from_its_own_rounds():
     assert d["server_b_over_offline"] == 0.8 and d["server_over_server_b"] == 1.25 and d["server_over_offline"] == 1.0
     assert d["server_b_settings"] == {"engine_kwargs": {"api_server_count": 1}}
     assert "api_server_count=1) / offline 0.80" in doc_tables.throughput_table({"x.json": d})
+
+
+def test_every_script_names_its_machine_in_one_form_the_tables_read(monkeypatch):
+    """lib/machine.py: the GPUs the run sees (CUDA_VISIBLE_DEVICES by index or UUID) and the host's
+    cores, or the CPU's cores and model; doc_tables sorts the second as a CPU."""
+    import os
+    import shutil
+    import subprocess
+
+    from benchmarks.lib import machine as where
+
+    smi = "0, GPU-a, NVIDIA H100 80GB HBM3\n1, GPU-b, NVIDIA H100 80GB HBM3\n"
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: argparse.Namespace(stdout=smi))
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-b")
+    assert where.machine() == "NVIDIA H100 80GB HBM3 x1, 16 cores"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert where.machine() == "NVIDIA H100 80GB HBM3 x2, 16 cores"
+    cpu = where.machine(cpu_only=True)
+    assert cpu.startswith("16-core ") and len(cpu) > len("16-core ")
+    assert not doc_tables.is_gpu({"machine": cpu}, "cpu-x.json")
+    assert doc_tables.is_gpu({"machine": where.machine()}, "h100-x.json")
