@@ -5,7 +5,7 @@
         --resource '{"engine_kwargs": {"load_format": "dummy"}, "kv_cache_memory_gb": 24, \
                      "gpu_memory_utilization": 0.3}'
 
-Debian packages of the sections in ``label_decoding.py`` (gold: the archive's own section), the
+Debian packages of the sections in ``lib/debian_labels.py`` (gold: the archive's own section), the
 embedded SmolLM2 and Gemma 3 270M. First ``job.estimate`` with Gemma as a candidate and this
 machine priced at ``--hourly-usd``: each model's accuracy interval and cost, and every cascade
 (``estimate/cascades.py``). Then three real Dagster runs over all the rows, each in a fresh home:
@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.labels.label_decoding import SECTIONS, machine, rows
+from benchmarks.lib.debian_labels import SECTIONS, rows
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@
 One engine (``VLLMResource``, prefix caching off so every pass prefills in full) answers the same
 Debian package descriptions with the engine's ``confidence`` on (log-probabilities asked per
 token, ``engines/answers/confidence.py``) and off, in A-B / B-A order per round after one warm-up pass of
-each. ``--kind label``: the Debian sections of ``label_decoding.py`` (one-step decoding, the
+each. ``--kind label``: the Debian sections of ``lib/debian_labels.py`` (one-step decoding, the
 default); ``--kind json``: ``{"section": ..., "summary": ...}``. Reports each mode's median
 generation seconds and their ratio, whether the answers are the same, and, for labels, how
 reliable the confidence is on these rows: accuracy against the archive's own section per
@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.labels.label_decoding import SECTIONS, engine_arguments, machine, rows
+from benchmarks.lib.debian_labels import SECTIONS, engine_arguments, rows
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 from benchmarks.lib.switches import no_confidence
 

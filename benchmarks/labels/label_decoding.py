@@ -14,56 +14,15 @@ and each mode's accuracy against the archive's own section.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
+from benchmarks.lib.debian_labels import SECTIONS, engine_arguments, rows
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import emit
 from benchmarks.lib.switches import engine_switches
-
-ROOT = Path(__file__).resolve().parents[2]
-
-#: The Debian set: ../shared here; on a GPU box, the copy benchmarks/runners/make_bench_dir.sh puts in .bench.
-DEBIAN = next((p for p in (ROOT.parent / "shared" / "data" / "debian_packages.parquet",
-                           ROOT / ".bench" / "debian_packages.parquet") if p.exists()),
-              ROOT.parent / "shared" / "data" / "debian_packages.parquet")
-#: The 13 most common sections of the Debian set (libs, libdevel, ... java); those whose first
-#: tokens begin another section (libs / libdevel, java / javascript) are left out.
-SECTIONS = ["python", "doc", "perl", "devel", "utils", "haskell", "net", "rust", "golang", "java"]
-
-
-def rows(n: int) -> list[dict[str, str]]:
-    import duckdb
-
-    listed = ", ".join(f"'{s}'" for s in SECTIONS)
-    got = duckdb.sql(f"SELECT package, left(description, 400), section FROM read_parquet('{DEBIAN}') WHERE section IN "
-                     f"({listed}) AND description IS NOT NULL USING SAMPLE {n} ROWS (reservoir, 11)").fetchall()
-    return [{"package": p, "description": d, "section": s} for p, d, s in got]
-
-
-def machine() -> str:
-    from sparkbatch_dagster.engines.settings import on_cpu
-
-    if on_cpu():
-        return f"{os.cpu_count()}-core CPU"
-    import torch
-
-    return str(torch.cuda.get_device_name(0))
-
-
-def engine_arguments(description: str) -> argparse.ArgumentParser:
-    """The options every one-engine benchmark here takes: rows, rounds, model, engine settings, out."""
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--rows", type=int, default=600)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--model", default=None, help="a model folder (default: the embedded SmolLM2)")
-    ap.add_argument("--engine-kwargs", default="{}", help="JSON, e.g. '{\"load_format\": \"dummy\"}'")
-    ap.add_argument("--out")
-    return ap
 
 
 def main() -> None:

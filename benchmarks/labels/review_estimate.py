@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.labels.label_decoding import machine
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import commit_of, emit
 
 ROOT = Path(__file__).resolve().parents[2]
