@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
     args = ap.parse_args()
     if args.merge:
-        merge(args.merge, Path(args.out))
+        merge(args.merge, Path(args.out), args.note)
         return
     if not (args.model and args.data):
         ap.error("--model and --data are required (unless --merge)")
@@ -198,15 +198,17 @@ def main() -> None:
             for cold in passes:
                 got: dict[str, dict] = {}
                 these = [x for x in sides if not (x == "before" and cold and args.before_warm_only)]
+                # One rotation a round: A-B then B-A (with a third side, each side first in turn). The
+                # rotation and a reversal on odd rounds together undid each other: every round ran A-B.
                 order = these[r % len(these):] + these[:r % len(these)]
-                for side in order if r % 2 == 0 else order[::-1]:
+                for side in order:
                     tag = f"r{r}-{'cold' if cold else 'warm'}"
                     log = out / "logs" / f"{name}-{tag}-{side}.log"
                     got[side] = one_run(side, args, src, Path(tmp), log, tag)
                     print(json.dumps({"round": r, "cold": cold, "side": side,
                                       **{k: v for k, v in got[side].items() if k not in ("phases", "timings_s")}}),
                           file=sys.stderr, flush=True)
-                rounds.append(round_record(r, cold, order if r % 2 == 0 else order[::-1], got))
+                rounds.append(round_record(r, cold, order, got))
                 write(args, rows, rounds, out / f"{name}.json")  # after each pass: a cut-short call keeps them
 
 
@@ -218,7 +220,7 @@ def write(args: argparse.Namespace, rows: int, rounds: list[dict], path: Path) -
           "raw_over_project_median": statistics.median(ratios)}, str(path))
 
 
-def merge(paths: list[str], out: Path) -> None:
+def merge(paths: list[str], out: Path, note: str = "") -> None:
     """One result file from several calls' (a call may run 10 minutes): their rounds in round order,
     each call's command kept; refuses files of another shape, row count or machine."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
@@ -229,7 +231,7 @@ def merge(paths: list[str], out: Path) -> None:
                 raise SystemExit(f"{key} differs: {first[key]!r} vs {part[key]!r}; merge one experiment's files only")
     rounds = sorted((r for part in parts for r in part["rounds"]), key=lambda r: (r["round"], not r["cold"]))
     codes = sorted({part["code"] for part in parts})
-    emit({**first, "note": " ".join(dict.fromkeys(p["note"] for p in parts if p["note"])),
+    emit({**first, "note": note or " ".join(dict.fromkeys(p["note"] for p in parts if p["note"])),
           "code": ",".join(codes), "command": " ; ".join(p["command"] for p in parts), "rounds": rounds,
           "raw_over_project_median": statistics.median(x["raw_over_project"] for x in rounds)}, str(out))
 
