@@ -10,9 +10,10 @@ A stored batch is a :class:`.record.BatchRecord`, rendered as a :class:`Batch` b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from typing_extensions import Self
 
 BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                       "cancelled"]

@@ -17,9 +17,10 @@ object's own models (:mod:`.openai_models`: ``request_counts``, ``errors``, ``us
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict, Unpack, cast
+from typing import Literal, TypedDict, cast
 
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import Unpack
 
 from .openai_models import BatchErrors, BatchStatus, BatchUsage, RequestCounts
 

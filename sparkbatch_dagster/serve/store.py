@@ -30,9 +30,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from typing_extensions import Unpack
 
 from ..errors import ConfigError
 from .openai_models import FileObject, RequestCounts
