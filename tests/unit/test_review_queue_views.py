@@ -5,7 +5,9 @@ labels or dismisses them, and the rows a downstream asset reads carrying the rev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,11 +28,12 @@ KNOWS = {"apple": "fruit", "car": "vehicle", "dog": "animal"}
 WHEN = "2026-12-06T10:00:00+00:00"
 
 
-def _job(tmp_path: Path, gold_every: int = 2, **spec: object):
-    """A finished job of N rows, gold on every ``gold_every``-th row only (None elsewhere)."""
+def _job(tmp_path: Path, gold_every: int = 2, gold: Callable[[int, Any], Any] | None = None, **spec: object):
+    """A finished job of N rows, gold on every ``gold_every``-th row only (None elsewhere), or
+    ``gold(i, label)`` on row i."""
     rows = make_rows(N)
     for i, r in enumerate(rows):
-        r["gold"] = r["gold"] if i % gold_every == 0 else None
+        r["gold"] = gold(i, r["gold"]) if gold else r["gold"] if i % gold_every == 0 else None
     src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
     job = build_batch_assets(spec=make_spec(tmp_path, input=str(src), shards=2, **spec))
     engine = FakeEngine(knows=KNOWS)
@@ -80,19 +83,13 @@ def test_accuracy_counts_only_rows_with_a_truth_and_a_review_does_not_lift_the_m
 def test_a_blank_or_padded_gold_cell_is_read_as_the_estimate_reads_it(tmp_path):
     """A CSV's empty cell or a spreadsheet's blank is no truth (not a wrong answer), and a padded gold
     value is its trimmed text: the views count accuracy as ``run/truth.py`` says, as the estimate does."""
-    rows = make_rows(N)
     blanks = ("", " ", "\t", None)
-    for i, r in enumerate(rows):
-        r["gold"] = blanks[i % 4] if i % 3 == 0 else f" {r['gold']} " if i % 3 == 1 else r["gold"]
-    src = write_parquet(tmp_path / "in" / "rows.parquet", rows)
-    job = build_batch_assets(spec=make_spec(tmp_path, input=str(src), shards=2))
-    engine = FakeEngine(knows=KNOWS)
-    build_shards(job.spec, job.home)
-    res, _ = fake_resource(knows=KNOWS)
-    version = job.output_version(res)
-    for key in ("shard-00000", "shard-00001"):
-        label_shard(job.spec, job.home, version, key, engine)
-    assert job.home.advance_current(version, engine.model_id, (job.home.read_manifest() or {}).get("signature"))
+
+    def gold(i: int, label: str) -> str | None:
+        return blanks[i % 4] if i % 3 == 0 else f" {label} " if i % 3 == 1 else label
+
+    job, version = _job(tmp_path, gold=gold)
+    rows = [{**r, "gold": gold(i, r["gold"])} for i, r in enumerate(make_rows(N))]
     said = dict(_q(job, version, "SELECT row_id, output FROM labeled"))
     known = {r["id"]: t for r in rows if (t := truth(r["gold"]))}
     assert 0 < len(known) < N
