@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.lib.machine import machine
 from benchmarks.lib.results_io import commit_of, emit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,20 +235,6 @@ def merge(paths: list[str], out: Path, note: str = "") -> None:
     emit({**first, "note": note or " ".join(dict.fromkeys(p["note"] for p in parts if p["note"])),
           "code": ",".join(codes), "command": " ; ".join(p["command"] for p in parts), "rounds": rounds,
           "raw_over_project_median": statistics.median(x["raw_over_project"] for x in rounds)}, str(out))
-
-
-def machine(cpu: bool) -> str:
-    """'NVIDIA H100 80GB HBM3 x1', or '2-core x86_64 CPU (model name)'."""
-    if cpu:
-        import platform
-
-        name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name")), platform.machine())
-        return f"{os.cpu_count()}-core {name}"
-    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                          text=True).stdout.split("\n")
-    names = [g.strip() for g in gpus if g.strip()]
-    return f"{names[0]} x{len(names)}, {os.cpu_count()} cores" if names else f"no GPU, {os.cpu_count()} cores"
 
 
 def round_record(r: int, cold: bool, order: list[str], got: dict[str, dict]) -> dict:
