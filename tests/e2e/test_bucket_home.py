@@ -208,7 +208,8 @@ def test_sigkill_mid_generation_then_a_new_box_continues(tmp_path, s3_server):
     assert outcomes == ["killed", "succeeded"]
 
 
-@pytest.mark.parametrize("when", ["bucket:commit", "finalize:committed"])
+# finalize:committed on a folder home is in make test (test_crash_resume); on a bucket home, in make soak.
+@pytest.mark.parametrize("when", ["bucket:commit", pytest.param("finalize:committed", marks=pytest.mark.long)])
 def test_sigkill_during_the_commit_upload_then_a_new_box(tmp_path, s3_server, when):
     job = BucketJob(tmp_path, s3_server)
     proc = job.start("box-a", "t1", T_LEASE="2", SPARKBATCH_FAILPOINT=when)

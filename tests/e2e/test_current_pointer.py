@@ -14,7 +14,7 @@ from e2e.test_bucket_home import SHARDS, BucketJob, _kill, _wait_for
 from testkit import unique_rows, write_parquet
 
 
-@pytest.mark.parametrize("held", ["current.json", "shards/manifest.json"])
+@pytest.mark.parametrize("held", ["current.json", pytest.param("shards/manifest.json", marks=pytest.mark.long)])
 def test_a_slow_put_of_an_old_input_never_moves_readers_back(tmp_path, s3_server, fault_proxy, held):
     """``held``: A's pointer PUT at its first commit, or its manifest PUT when it shards."""
     job = BucketJob(tmp_path, s3_server, endpoint=fault_proxy.url)

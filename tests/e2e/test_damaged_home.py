@@ -61,7 +61,7 @@ def test_the_bug_reports_copy_is_refused_and_status_and_run_stay_whole(tmp_path)
     assert again["rows"] == ROWS and again["partitions_run"] == 0 and again["success"] is True
 
 
-@pytest.mark.parametrize("damage", ["shard", "metrics", "labeled"])
+@pytest.mark.parametrize("damage", ["shard", pytest.param("metrics", marks=pytest.mark.long), "labeled"])
 def test_a_damaged_home_heals_on_the_next_run(tmp_path, damage):
     defs, dist = _finished(tmp_path)
     home = tmp_path / "home"

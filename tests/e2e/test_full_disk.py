@@ -57,13 +57,16 @@ FULL = ("the disk is full", "free space and run again")
 READ_ONLY = ("the disk is read-only", "make it writable (or give the job another home) and run again")
 
 
+LONG = pytest.mark.long  # make soak: the same one-line-and-resume promise at another write
+
+
 @pytest.mark.parametrize(("failpoint", "said"), [
-    ("write:manifest=ENOSPC", FULL),           # sharding: its last step
-    ("write:attempt=ENOSPC", FULL),            # the attempt's first record, before any prompt
+    pytest.param("write:manifest=ENOSPC", FULL, marks=LONG),    # sharding: its last step
+    pytest.param("write:attempt=ENOSPC", FULL, marks=LONG),     # the attempt's first record, before any prompt
     ("write:part@3=ENOSPC", FULL),             # mid-generation: two parts down, the third fails
     ("write:stats@2=EDQUOT", FULL),            # a quota: the second shard's end, the first committed
     ("write:labeled@2=ENOSPC", FULL),          # the second shard's commit point itself
-    ("write:part@3=EROFS", READ_ONLY),
+    pytest.param("write:part@3=EROFS", READ_ONLY, marks=LONG),  # a real read-only home is in make test too
 ], ids=["manifest", "attempt", "part", "stats-quota", "labeled", "part-read-only"])
 def test_an_injected_full_or_read_only_disk_is_one_line_and_resumes(tmp_path, failpoint, said):
     job = Job(tmp_path)

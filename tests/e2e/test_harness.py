@@ -1,7 +1,8 @@
-"""The seeded fault harness (tests/support/harness.py) in ``make test``: two fixed seeds and every
-seed that ever found a break, both homes and every fault kind among them (``make soak``: more
-seeds); and the checker (tests/support/checker.py) shown to catch each break on made-up homes, so
-a passing seed means something.
+"""The seeded fault harness (tests/support/harness.py) in ``make test``: two fixed seeds and the two
+regression seeds that complete their fault kinds, both homes and every fault kind among them
+(``make soak``: every other seed that ever found a break, and the reviewers' seeds); and the checker
+(tests/support/checker.py) shown to catch each break on made-up homes, so a passing seed means
+something.
 
 A failing seed prints its schedule, what happened, the breaks and the one command that replays
 it: ``python tests/support/harness.py --seed N --home s3|folder``."""
@@ -43,15 +44,17 @@ ROOT = Path(__file__).resolve().parents[2]
 # make test runs this module on one xdist worker, in order (``--dist loadfile``): the check after
 # the seeds reads what they injected.
 
-#: `make test`: one seed per home, chosen for the fault kinds they inject between them
+#: One seed per home, chosen for the fault kinds they inject between them
 #: (``python tests/support/harness.py --seed N --plan`` prints a seed's schedule).
 FIXED = {
     2342: "S3; a box stopped at its bucket commit past its lease while another takes its shards over; SIGSTOP "
           "of the taker past its lease; SIGKILL",
     2370: "folder; a failpoint kill; two re-shards, one under a run held at its gate; preview, read_outputs",
 }
-#: Every seed a long harness run (benchmarks/fault_harness.py) has found failing, kept in `make test` for
-#: good once its break was fixed: what it found, and the result file that recorded it.
+#: Every seed a long harness run (benchmarks/fault_harness.py) has found failing, kept for good once its
+#: break was fixed: what it found, and the result file that recorded it. `make test` runs those of
+#: :data:`GATE_REGRESSION`, `make soak` every one (a seed takes 35 s of a quiet 2-core box, two minutes
+#: beside the rest of the suite: all of them were a third of the suite's time).
 REGRESSION = {
     19: "S3; claims left behind at the end (fault-harness-cpu-0-39.json)",
     25: "folder; a late commit on an old input moved current.json back; another version's exactly-once check "
@@ -86,10 +89,12 @@ SOAK = {
     316: "S3; the engine dies right after a shard's last answer (a commit made as the run fails); status",
     337: "S3; a run held at its gate while another box re-shards and `sql` refreshes the run's own cache",
 }
-#: What `make test` runs; SPARKBATCH_SOAK=1 (`make soak`) adds the rest.
-SOAKING = os.environ.get("SPARKBATCH_SOAK") == "1"
-FIXED_SEEDS = list(FIXED) + [s for s in REGRESSION if s not in FIXED]
-SEEDS = FIXED_SEEDS + ([s for s in SOAK if s not in FIXED_SEEDS] if SOAKING else [])
+#: The regression seeds in `make test`: with :data:`FIXED` they inject every fault kind (cascade, an
+#: engine failure, sql and status reads, a slow store are those FIXED lacks).
+GATE_REGRESSION = (22750, 32543)
+#: What `make test` runs; the rest is marked long (`make soak`).
+FIXED_SEEDS = list(FIXED) + list(GATE_REGRESSION)
+SEEDS = FIXED_SEEDS + [pytest.param(s, marks=pytest.mark.long) for s in [*REGRESSION, *SOAK] if s not in FIXED_SEEDS]
 #: What the seeds really injected (a trigger a run never reaches injects nothing).
 INJECTED: dict[int, Counter[str]] = {}
 

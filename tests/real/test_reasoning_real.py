@@ -93,6 +93,7 @@ def test_a_run_keeps_the_reasoning_and_counts_its_tokens(tmp_path: Path, thinker
     assert stats.output_tokens > stats.reasoning_tokens
 
 
+@pytest.mark.long
 def test_a_started_server_and_a_chat_client_bound_the_thinking_too(tmp_path: Path) -> None:
     """`vllm serve --reasoning-parser` started here (token ids to /v1/completions, the thinking split
     here), and the same server as someone else's (chat bodies, the thinking apart in its answer)."""

@@ -15,6 +15,7 @@ from e2e.test_serve_batch_kill import GONE_WITHIN_S
 pytest.importorskip("openai")
 
 
+@pytest.mark.long
 def test_a_killed_server_leaves_no_engine(tmp_path, request):
     if os.environ.get("SPARKBATCH_SKIP_REAL") == "1":
         pytest.skip("SPARKBATCH_SKIP_REAL=1")

@@ -48,6 +48,7 @@ def _titles(word: str, before: set[int]) -> set[str]:
     return found
 
 
+@pytest.mark.long
 @pytest.mark.heavy  # two engine cores and three API frontends
 def test_dagster_run_starts_and_stops_its_own_server_with_the_engines_and_frontends_it_asks_for(tmp_path):
     before = {p.pid for p in _vllm_children() + live_children("VLLM::")}  # the session's warm engine, if any
@@ -232,6 +233,7 @@ def _with_generation_config(folder, config):
     return folder
 
 
+@pytest.mark.long
 def test_offline_and_a_started_server_answer_alike_when_the_model_sets_sampling_defaults(tmp_path):
     """vLLM's server fills repetition_penalty, top_k and min_p from generation_config.json; offline
     SamplingParams would not: both modes apply them, so one identity means one answer."""

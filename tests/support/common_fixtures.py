@@ -35,6 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_LOCKS] = Path(os.environ["SPARKBATCH_GPU_LOCK_DIR"])
     config.addinivalue_line("markers", "heavy: starts more than one engine process; takes the machine's "
                             "heavy-test slot first (tests/support/heavy.py)")
+    config.addinivalue_line("markers", "long: not in make test's gate, in make soak (run_tiers.py --long): another "
+                            "case of a promise the gate already tries, on a costlier process (docs/testing.md)")
 
 
 @pytest.fixture(autouse=True)

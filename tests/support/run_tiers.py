@@ -3,6 +3,12 @@
     python tests/support/run_tiers.py                  # every tier: unit, e2e, real, browser
     python tests/support/run_tiers.py unit             # one tier
     python tests/support/run_tiers.py e2e -- -k bucket # pytest's own options after --
+    python tests/support/run_tiers.py --long           # the tests marked long (make soak), every tier
+
+Which tests: ``make test`` (the default) leaves out the tests marked ``long`` (docs/testing.md, "The
+gate and the long tests"): a second or third case of a promise the gate already tries, on a costlier
+process (more seeds of a seeded hunt, a second engine of the same kind, a model split over two
+nodes); ``--long`` runs those alone, ``--all`` both.
 
 Each tier is one pytest session: the unit and e2e tiers spread over ``SPARKBATCH_TEST_WORKERS``
 processes (pytest-xdist; default 2, the cores of the machines this runs on), the real tier in one
@@ -43,6 +49,10 @@ class Outcome:
     passed: int = 0
     failed: int = 0
     skipped: int = 0
+
+
+#: The marker expression of each selection (pytest ``-m``); a ``-m`` among pytest's own options comes later and wins.
+SELECTIONS = {"gate": ["-m", "not long"], "long": ["-m", "long"], "all": []}
 
 
 def pytest_command(tier: str, extra: list[str], report: Path) -> list[str]:
@@ -169,6 +179,7 @@ def record(outcomes: list[Outcome], wall: int, load: float, argv: list[str]) -> 
         "code": git.stdout.strip() + ("+dirty" if dirty else ""),
         "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
         "command": "tests/support/run_tiers.py " + " ".join(argv),
+        "selection": next((a[2:] for a in argv if a in ("--long", "--all")), "gate"),
         # What else ran: SPARKBATCH_TEST_LOAD names it (say "one core kept busy"); the load average at the start.
         "load": os.environ.get("SPARKBATCH_TEST_LOAD", "none"), "load_average_at_start": round(load, 2),
         "overlap": os.environ.get("SPARKBATCH_TEST_OVERLAP", "1") != "0",
@@ -190,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tiers", nargs="*", help=f"which of {', '.join(ORDER)} (default: all)")
     parser.add_argument("--record", metavar="PATH", help="also write the run's figures as one JSON object (a "
                         "benchmarks/results/ file: docs/testing.md's table is rendered from those)")
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--long", dest="selection", action="store_const", const="long",
+                        help="only the tests marked long (make soak); default: the gate, every test not marked long")
+    chosen.add_argument("--all", dest="selection", action="store_const", const="all",
+                        help="the gate and the long tests")
+    parser.set_defaults(selection="gate")
     args = parser.parse_args(argv)
     unknown = [t for t in args.tiers if t not in ORDER]
     if unknown:
@@ -198,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = REPO / ".pytest_cache" / "tiers"
     reports.mkdir(parents=True, exist_ok=True)
     started, load = time.monotonic(), os.getloadavg()[0]
+    extra = SELECTIONS[args.selection] + extra
     outcomes = [o for phase in phases([t for t in ORDER if t in args.tiers]) for o in run_phase(phase, extra, reports)]
     wall = round(time.monotonic() - started)
     print(table(outcomes, wall), flush=True)

@@ -68,3 +68,22 @@ def test_each_test_gets_its_folders_marker_and_real_tiers_also_real(pytester):
         result = pytester.runpytest_inprocess("tests", "-m", expr, "-q", "--co")
         listed = sorted(line.split("/")[1] for line in result.outlines if line.startswith("tests/"))
         assert listed == sorted(expected), (expr, result.outlines)
+
+
+def test_the_gate_leaves_out_the_long_tests_and_long_runs_only_those(pytester):
+    """make test's gate (run_tiers.py's default) and make soak (``--long``) split the tests marked
+    long between them, and ``--all`` runs both: a long test is never in neither."""
+    from run_tiers import SELECTIONS
+
+    _tree(pytester, {"tests/e2e/test_x.py": "import pytest\n\ndef test_gate(): pass\n\n"
+                                            "@pytest.mark.long\ndef test_soak(): pass\n\n"
+                                            "LONG = pytest.param(2, marks=pytest.mark.long)\n\n"
+                                            "@pytest.mark.parametrize('n', [1, LONG])\ndef test_seed(n): pass\n"})
+    pytester.makeini("[pytest]\nmarkers =\n    long: make soak\n")
+    ran = {}
+    for selection, args in SELECTIONS.items():
+        result = pytester.runpytest_inprocess("tests", "-p", "no:cacheprovider", "-v", *args)
+        ran[selection] = {line.split("::")[1].split(" ")[0] for line in result.outlines if " PASSED" in line}
+    assert ran["gate"] == {"test_gate", "test_seed[1]"}
+    assert ran["long"] == {"test_soak", "test_seed[2]"}
+    assert ran["all"] == ran["gate"] | ran["long"]
