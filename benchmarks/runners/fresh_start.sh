@@ -5,6 +5,7 @@
 #
 #   SNAP=.bench/e61/snap CODE=<sha> bash benchmarks/runners/fresh_start.sh labels "--rounds 3"          # warm
 #   SNAP=.bench/e61/snap CODE=<sha> bash benchmarks/runners/fresh_start.sh labels "--rounds 3 --cold"
+#   MODEL_SHAPE=8b SNAP=... bash benchmarks/runners/fresh_start.sh labels "--rounds 1 --label=-8b"
 #
 # with .gpu/common and .bench/e61 carried (.bench/e61/tok: the SmolLM2 tokenizer; .bench/e61/debian-40000.parquet).
 # Results and every run's log land in $OUT. FIRST=1 also fills the caches with one untimed raw run.
@@ -21,10 +22,12 @@ unset PYTHONDONTWRITEBYTECODE
 [ -e /tmp/pyc-warm ] || { python3 -c "import vllm.entrypoints.llm, dagster, sparkbatch_dagster.cli.commands" >/dev/null 2>&1; touch /tmp/pyc-warm; }
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|a100|l40s|gb10' | tr A-Z a-z || echo gpu)
-[ -d /tmp/llama-1b ] || python3 "$snap/benchmarks/tools/make_dummy_model.py" --shape 1b --tokenizer .bench/e61/tok \
-    --out /tmp/llama-1b >/dev/null
+# MODEL_SHAPE: the dummy model's shape (sparkbatch_dagster.testing.DUMMY_SHAPES: 1b, 8b; give 8b a --label).
+model=/tmp/llama-${MODEL_SHAPE:-1b}
+[ -d "$model" ] || python3 "$snap/benchmarks/tools/make_dummy_model.py" --shape "${MODEL_SHAPE:-1b}" \
+    --tokenizer .bench/e61/tok --out "$model" >/dev/null
 # shellcheck disable=SC2086
-python3 "$snap/benchmarks/fresh_start.py" --model /tmp/llama-1b --data .bench/e61/debian-40000.parquet \
+python3 "$snap/benchmarks/fresh_start.py" --model "$model" --data .bench/e61/debian-40000.parquet \
     --shape "$shape" --card "$card" --code "${CODE:-unknown}" --out-dir "$out" $extra 2>&1 | tail -20
 # One file back per invocation for the logs (a call brings back 8 files at most).
 tar czf "$out/logs-$shape$(date +%H%M%S).tgz" -C "$out" logs && rm -rf "$out/logs"
