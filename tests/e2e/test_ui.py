@@ -74,6 +74,8 @@ def _why(run_id: str) -> str:
     return " | ".join(f"{e.dagster_event_type or ''} {e.message}"[:2000] for e in bad[-5:]) or "no error event"
 
 
+# make soak: the browser tier launches runs from the same `dagster dev` through the UI itself.
+@pytest.mark.long
 def test_materialize_through_the_webserver(tmp_path):
     from dagster_graphql import DagsterGraphQLClient
 
