@@ -280,14 +280,18 @@ def test_tiers_table(results: Results) -> str:
     def mmss(seconds: float) -> str:
         return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
+    # Which tests (run_tiers.py's selection): the gate (make test) or the long ones (make soak); a file from
+    # before the split ran every test.
+    which = {"gate": "make test (the gate)", "long": "make soak's long tests", "all": "every test"}
     rows = []
     for name, d in of_kind(results, "test_tiers"):
         t = d["tiers"]
-        rows.append([d["date"], machine(d, name), d["load"], *(mmss(t[k]["seconds"]) if k in t else "-"
-                     for k in ("unit", "e2e", "real", "browser")), mmss(d["wall_s"]),
-                     f"{d['passed']} passed, {d['failed']} failed, {d['skipped']} skipped", f"`{name}`"])
-    return table(["date", "machine", "else running", "unit", "e2e", "real", "browser", "all tiers (wall clock)",
-                  "tests", "file"], rows)
+        rows.append([d["date"], machine(d, name), which[d.get("selection", "all")], d["load"],
+                     *(mmss(t[k]["seconds"]) if k in t else "-" for k in ("unit", "e2e", "real", "browser")),
+                     mmss(d["wall_s"]), f"{d['passed']} passed, {d['failed']} failed, {d['skipped']} skipped",
+                     f"`{name}`"])
+    return table(["date", "machine", "tests run", "else running", "unit", "e2e", "real", "browser",
+                  "all tiers (wall clock)", "tests", "file"], rows)
 
 
 def batch_migration_table(results: Results) -> str:

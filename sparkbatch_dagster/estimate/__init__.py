@@ -13,6 +13,8 @@ Modules:
 - :mod:`.choice`: accuracy intervals and the best buy;
 - :mod:`.cascades`: cascades judged on the sample: which pair and threshold clears the bar cheapest;
 - :mod:`.calibration`: label confidences calibrated on the gold rows (chosen by cross-validation), ECE and Brier;
+- :mod:`.folds`: seeded k-fold and stratified k-fold splits (scikit-learn's, in numpy);
+- :mod:`.isotonic`: the isotonic calibration map's fit (scikit-learn's, without it);
 - :mod:`.review_budget`: a review budget or error target turned into a threshold, from the gold rows;
 - :mod:`.review_chart`: the reliability diagram and the review-budget curve as a chart;
 - :mod:`.review_figures`: each model's calibration, review budget and review plan in the estimate;

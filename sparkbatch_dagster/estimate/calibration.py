@@ -4,15 +4,18 @@ A label's confidence says how sure the model was of its answer; on a weak model 
 at the top (0.8-0.9 sure, right 0% of the time). Calibration maps it to the chance the answer is
 right, learnt from gold rows ``(confidence, correct)``. The candidates are ``none`` (kept as it
 is), ``temperature`` (``sigmoid(a * logit(c))``), ``platt`` (``sigmoid(a * logit(c) + b)``) and
-``isotonic`` (a monotone step-wise map), all fitted with scikit-learn; the one with the lowest
+``isotonic`` (a monotone step-wise map, :mod:`.isotonic`); the one with the lowest
 Brier score on held-out folds (k-fold, stratified on right/wrong) wins and is then fitted on every
 gold row. Every figure after calibration is on held-out rows, nested: in each outer fold the method
 is chosen (inner folds) and fitted on the other rows only. A map fitted and scored on the same rows,
 isotonic above all, looks better than it is, and so does the best of four scored where it was picked.
 
-The fitted map is a frozen :class:`Calibration` of plain numbers (no pickled scikit-learn object),
-stored as JSON per model identity and label set (:func:`calibration_key`, :func:`save`, :func:`load`);
-those live in ``run/calibration_map.py``, where runs and views apply it without scikit-learn.
+The folds (:mod:`.folds`) and the isotonic fit are scikit-learn's, re-done in numpy to the bit (its
+import alone cost every run about two CPU seconds); scikit-learn is the test suite's oracle only.
+
+The fitted map is a frozen :class:`Calibration` of plain numbers, stored as JSON per model identity
+and label set (:func:`calibration_key`, :func:`save`, :func:`load`); those live in
+``run/calibration_map.py``, where runs and views apply it.
 
 Example::
 
@@ -32,6 +35,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..errors import SparkbatchError
 from ..run.calibration_map import Calibration, Method, calibration_key, labels_digest, load, logit, save
+from .folds import Split, stratified_kfold
+from .isotonic import isotonic_points
 
 __all__ = ["METHODS", "Calibration", "CalibrationReport", "Candidate", "Method", "ReliabilityBin", "Scores",
            "brier", "calibrate", "calibration_key", "choose", "cross_validated", "ece", "fit", "labels_digest", "load",
@@ -134,16 +139,13 @@ def scores(confidence: ArrayLike, correct: ArrayLike, bins: int = BINS) -> Score
 
 def fit(method: Method, confidence: ArrayLike, correct: ArrayLike, model: str, labels: Iterable[str]) -> Calibration:
     """``method`` fitted on these rows (all of them: use :func:`cross_validated` to score it)."""
-    from sklearn.isotonic import IsotonicRegression
-
     c, y = _arrays(confidence, correct)
     base = Calibration(method=method, model=model, labels_digest=labels_digest(labels), rows=int(c.size))
     if method == "none":
         return base
     if method == "isotonic":
-        iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip").fit(c, y)
-        return base.model_copy(update={"x": tuple(map(float, iso.X_thresholds_)),
-                                       "y": tuple(map(float, iso.y_thresholds_))})
+        xs, ys = isotonic_points(c, y)
+        return base.model_copy(update={"x": tuple(map(float, xs)), "y": tuple(map(float, ys))})
     slope, intercept = _logistic(logit(c), y, method == "platt")
     if slope < 0:  # confidence that falls as accuracy rises: a decreasing map would reorder the review queue
         slope = 0.0
@@ -180,11 +182,8 @@ def _logistic(x: NDArray[np.float64], y: NDArray[np.int_], intercept: bool, c: f
     return float(theta[0]), float(theta[1]) if intercept else 0.0
 
 
-def _folds(y: NDArray[np.int_], folds: int, seed: int) -> list[tuple[NDArray[np.int_], NDArray[np.int_]]]:
-    from sklearn.model_selection import StratifiedKFold
-
-    k = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    return [(tr, te) for tr, te in k.split(np.zeros(y.size), y)]
+def _folds(y: NDArray[np.int_], folds: int, seed: int) -> list[Split]:
+    return stratified_kfold(y, folds, seed)
 
 
 def cross_validated(method: Method, confidence: ArrayLike, correct: ArrayLike, folds: int = FOLDS,

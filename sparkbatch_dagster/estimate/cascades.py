@@ -35,7 +35,9 @@ import itertools
 import math
 from pathlib import Path
 
+from .chart import new_figure, save_png
 from .choice import wilson
+from .folds import kfold
 from .records import Cascade, CascadeOption, CascadePoint, ModelForecast, Stage
 from .sample import Timing
 
@@ -108,11 +110,9 @@ def _held_out(a: ModelForecast, b: ModelForecast, ta: Timing, tb: Timing, common
               bar: float, folds: int, seed: int) -> tuple[CascadePoint, list[float]]:
     """The pair's held-out figures at ``threshold`` (picked on every row): each fold scored at the
     threshold :func:`_pick` chooses on the other folds, pooled; and those thresholds, fold by fold."""
-    from sklearn.model_selection import KFold
-
     correct = escalated = 0
     picked = []
-    for train, test in KFold(folds, shuffle=True, random_state=seed).split(common):
+    for train, test in kfold(len(common), folds, seed):
         on = [common[i] for i in train]
         t = _pick([_point(a, b, ta, tb, on, x) for x in THRESHOLDS], bar).threshold
         right, up = _score(ta, tb, [common[i] for i in test], t)
@@ -193,12 +193,8 @@ def write_chart(cascades: list[Cascade], path: Path) -> Path | None:
     when there is no cascade to draw."""
     if not cascades:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on a rented box or in CI
-    import matplotlib.pyplot as plt
-
-    fig, (acc, cost) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = new_figure(11, 4.2)
+    acc, cost = fig.subplots(1, 2)
     for c in cascades:
         name = f"{c.stages[0]} -> {c.stages[1]}"
         xs = [p.threshold for p in c.curve]
@@ -214,7 +210,4 @@ def write_chart(cascades: list[Cascade], path: Path) -> Path | None:
     cost.set(xlabel="threshold", ylabel="whole job, USD (cheapest option)", title="cost")
     acc.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)

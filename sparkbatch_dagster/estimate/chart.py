@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .records import EstimateReport, ModelForecast
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _short(m: ModelForecast) -> str:
@@ -19,14 +22,10 @@ def write_chart(report: EstimateReport, path: Path) -> Path:
     one bar group per model (labeled with its accuracy and 95% interval), one bar per node option;
     a projected option's bar is hatched, at its range's slow end with a whisker to the fast end;
     options a model does not fit, or whose speed is unknown, are left out. Returns ``path`` (a PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on a rented box or in CI
-    import matplotlib.pyplot as plt
-
     models = report.models
     names = [o.name for o in report.primary.options]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = new_figure(11, 4.2)
+    axes = fig.subplots(1, 2)
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         xs, costs, mins, lows = [], [], [], []
@@ -67,13 +66,24 @@ def write_chart(report: EstimateReport, path: Path) -> Path:
     return save_png(fig, path)
 
 
-def save_png(fig: Any, path: Path) -> Path:
-    """``fig`` as a PNG at ``path``, written whole (a reader never sees half an image), then closed."""
-    import matplotlib.pyplot as plt
+def new_figure(width: float, height: float) -> Figure:
+    """An empty figure of ``width`` x ``height`` inches on the Agg canvas (PNG, no display).
 
+    Not through pyplot: its import (and its backend machinery) costs every run that draws a chart
+    most of a CPU second, and its figure registry would keep each figure until closed. A bare
+    figure takes the same rcParams, so the picture is the same."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_png(fig: Figure, path: Path) -> Path:
+    """``fig`` as a PNG at ``path``, written whole (a reader never sees half an image)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
-    plt.close(fig)
     tmp.replace(path)
     return path

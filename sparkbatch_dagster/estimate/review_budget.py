@@ -31,6 +31,7 @@ from numpy.typing import ArrayLike, NDArray
 from ..errors import SparkbatchError
 from ..run.review_queue import Interval
 from .choice import wilson
+from .folds import kfold, stratified_kfold
 
 FOLDS = 5
 #: Fewer gold rows than this: no plan (a fold of one or two rows says nothing of a share).
@@ -149,13 +150,11 @@ def _plan_errors(target: float, c: NDArray[np.float64], y: NDArray[np.bool_], r:
                  seed: int) -> ReviewPlan:
     """The share of rows that catches ``target`` of the errors, its figures scored on each fold at the
     share the other folds chose, pooled."""
-    from sklearn.model_selection import KFold, StratifiedKFold
-
     _enough(c)
     # Stratified on right/wrong where both are common enough, so no fold chooses with no errors in view.
-    split = (StratifiedKFold if min(y.sum(), (~y).sum()) >= folds else KFold)(folds, shuffle=True, random_state=seed)
+    split = stratified_kfold(y, folds, seed) if min(y.sum(), (~y).sum()) >= folds else kfold(c.size, folds, seed)
     reviewed = caught = 0
-    for train, test in split.split(c, y):
+    for train, test in split:
         share = share_for_errors(c[train], y[train], target, r[train])
         sent = order(c[test], r[test])[:cut(share, test.size)]
         reviewed += int(sent.size)

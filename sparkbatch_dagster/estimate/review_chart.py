@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .calibration import CalibrationReport, ReliabilityBin
-from .chart import save_png
+from .chart import new_figure, save_png
 from .review_budget import BudgetCurve
 
 if TYPE_CHECKING:
@@ -31,12 +31,8 @@ def write_review_chart(report: CalibrationReport, curve: BudgetCurve, path: Path
     held-out predictions; dot area = rows) with the diagonal of a calibrated model; and the share of
     errors caught against the share of rows reviewed, least sure first, with chance's diagonal and
     the :data:`MARKS` named. Returns ``path`` (a PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on a rented box or in CI
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig = new_figure(10, 4.2)
+    left, right = fig.subplots(1, 2)
     left.plot([0, 1], [0, 1], color="grey", linestyle=":", label="calibrated")
     _diagram(left, report.reliability_before, f"raw (ECE {report.before.ece:.3f}, Brier {report.before.brier:.3f})",
              "o")

@@ -1,7 +1,7 @@
 """A fitted confidence calibration, as runs and views use it: a frozen map of plain numbers, stored
 as JSON per model identity and label set in the job's ``calibration/`` folder.
 
-Fitting it takes scikit-learn and gold rows (``estimate/calibration.py``, which the estimate and the
+Fitting it takes gold rows (``estimate/calibration.py``, which the estimate and the
 analytics asset call); applying it takes only this module: a run writes each row's calibrated
 ``confidence`` beside its ``raw_confidence`` (:meth:`Calibration.apply`), and the DuckDB views
 compute the same map in SQL (:meth:`Calibration.sql`), so the ``review`` view always ranks by the
