@@ -274,6 +274,9 @@ def test_an_openai_batchs_answers_are_reused_by_an_anthropic_batch(tmp_path, ser
     assert all(r.message.usage.output_tokens == 0 for r in _results(client, done).values())  # none generated
 
 
+# make soak: the same store and worker resume an OpenAI batch after a kill in make test's gate
+# (test_serve_batch.py); here through the Message Batches routes.
+@pytest.mark.long
 def test_a_killed_server_finishes_its_message_batch_when_started_again(tmp_path, servers):
     gate, trace = tmp_path / "gate", tmp_path / "trace.txt"
     engine = f"FakeVLLMResource(gate_path={str(gate)!r}, gate_after=15, trace_path={str(trace)!r})"
