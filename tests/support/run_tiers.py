@@ -171,7 +171,7 @@ def table(outcomes: list[Outcome], wall: int) -> str:
     return "\n".join(lines)
 
 
-def record(outcomes: list[Outcome], wall: int, load: float, argv: list[str]) -> dict[str, object]:
+def record(outcomes: list[Outcome], wall: int, load: float, argv: list[str], selection: str) -> dict[str, object]:
     """The run as a result file: each tier's time and counts, and what else the machine was doing."""
     git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
@@ -181,7 +181,7 @@ def record(outcomes: list[Outcome], wall: int, load: float, argv: list[str]) -> 
         "code": git.stdout.strip() + ("+dirty" if dirty else ""),
         "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
         "command": "tests/support/run_tiers.py " + " ".join(argv),
-        "selection": next((a[2:] for a in argv if a in ("--long", "--all")), "gate"),
+        "selection": selection,
         # What else ran: SPARKBATCH_TEST_LOAD names it (say "one core kept busy"); the load average at the start.
         "load": os.environ.get("SPARKBATCH_TEST_LOAD", "none"), "load_average_at_start": round(load, 2),
         "overlap": os.environ.get("SPARKBATCH_TEST_OVERLAP", "1") != "0",
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = round(time.monotonic() - started)
     print(table(outcomes, wall), flush=True)
     if args.record:
-        Path(args.record).write_text(json.dumps(record(outcomes, wall, load, argv)) + "\n")
+        Path(args.record).write_text(json.dumps(record(outcomes, wall, load, argv, args.selection)) + "\n")
     bad = [o.status for o in outcomes if o.status not in (0, 5)]
     return max(bad) if bad else 0
 
