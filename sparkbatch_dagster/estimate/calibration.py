@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..errors import SparkbatchError
 from ..run.calibration_map import Calibration, Method, calibration_key, labels_digest, load, logit, save
-from .folds import Split, stratified_kfold
+from .folds import stratified_kfold
 from .isotonic import isotonic_points
 
 __all__ = ["METHODS", "Calibration", "CalibrationReport", "Candidate", "Method", "ReliabilityBin", "Scores",
@@ -182,10 +182,6 @@ def _logistic(x: NDArray[np.float64], y: NDArray[np.int_], intercept: bool, c: f
     return float(theta[0]), float(theta[1]) if intercept else 0.0
 
 
-def _folds(y: NDArray[np.int_], folds: int, seed: int) -> list[Split]:
-    return stratified_kfold(y, folds, seed)
-
-
 def cross_validated(method: Method, confidence: ArrayLike, correct: ArrayLike, folds: int = FOLDS,
                     seed: int = 0) -> NDArray[np.float64]:
     """Each row's calibrated confidence from ``method`` fitted on the OTHER folds (never its own)."""
@@ -194,7 +190,7 @@ def cross_validated(method: Method, confidence: ArrayLike, correct: ArrayLike, f
     if why:
         raise SparkbatchError(f"calibration: {why}")
     out = np.empty_like(c)
-    for train, test in _folds(y, folds, seed):
+    for train, test in stratified_kfold(y, folds, seed):
         out[test] = fit(method, c[train], y[train], "", ()).apply(c[test])
     return out
 
@@ -225,7 +221,7 @@ def nested(c: NDArray[np.float64], y: NDArray[np.int_], folds: int = FOLDS, seed
     it: per outer fold, :func:`choose` on the other folds' rows (its own inner folds), fitted there.
     An outer training set too small to compare maps keeps the raw confidence (``none``)."""
     out = np.empty_like(c)
-    for train, test in _folds(y, folds, seed):
+    for train, test in stratified_kfold(y, folds, seed):
         method: Method = "none"
         if not too_few(y[train], folds):
             method = choose(c[train], y[train], folds, seed)[0]
