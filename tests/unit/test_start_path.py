@@ -341,3 +341,44 @@ def test_a_failed_import_starts_no_engine(tmp_path: Path, monkeypatch: pytest.Mo
         res.prestart()
     assert prestart.close_untaken() == 1  # the begun start ended in the import's error, not an engine
     assert starts == []
+
+
+def _fake_vllm(monkeypatch: pytest.MonkeyPatch, fail: bool) -> list[int]:
+    """A ``vllm`` module whose ``LLM(...)`` records what a child forked there would inherit: the
+    parent's frozen object count (vLLM forks its engine core inside the constructor)."""
+    from sparkbatch_dagster.engines.platform import orphans
+
+    seen: list[int] = []
+
+    class LLM:
+        def __init__(self, **kwargs: Any) -> None:
+            import gc
+
+            seen.append(gc.get_freeze_count())
+            if fail:
+                raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM))
+    monkeypatch.setattr(orphans, "watch_descendants", lambda: 0)  # its watchdog is a process
+    return seen
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_engine_core_is_forked_from_a_frozen_heap_and_the_heap_comes_back(monkeypatch: pytest.MonkeyPatch,
+                                                                             fail: bool) -> None:
+    """The engine core's collector skips the objects it inherits (issue 61), and this process's
+    collector gets them back once the start ends, whether it started or failed."""
+    import gc
+
+    from sparkbatch_dagster.engines.offline.llm_start import start_llm
+    from sparkbatch_dagster.errors import EngineError
+
+    seen = _fake_vllm(monkeypatch, fail)
+    before, thresholds, alive = gc.get_freeze_count(), gc.get_threshold(), len(gc.get_objects())
+    if fail:
+        with pytest.raises(EngineError, match="could not start"):
+            start_llm("m", {}, None)
+    else:
+        start_llm("m", {}, None)
+    assert seen and seen[0] >= before + alive // 2, "the fork would inherit an unfrozen heap"
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds

@@ -27,6 +27,7 @@ def start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) -
     import psutil
     from vllm import LLM
 
+    from ..platform.heap import frozen_heap
     from ..platform.orphans import watch_descendants
 
     watch_descendants()  # before `before`: the watchdog is no child of this start's to kill
@@ -55,7 +56,13 @@ def start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) -
         threading.Thread(target=stop_at_deadline, args=(timeout_s,), name="sparkbatch-start-deadline",
                          daemon=True).start()
     try:
-        llm = LLM(model=model, **llm_kwargs)
+        # vLLM forks its engine core, which inherits this process's heap (Dagster, DuckDB, the
+        # run's objects) and collects garbage through its whole start (weights, compile, CUDA
+        # graphs) before it freezes its own: every full pass walked the inherited objects and
+        # copied their pages. Frozen before the fork, they stay out of the child's passes
+        # (Python's gc.freeze advice for fork). docs/performance.md "The engine core's heap".
+        with frozen_heap():
+            llm = LLM(model=model, **llm_kwargs)
     except Exception as exc:  # vLLM raises many types; all mean "could not start"
         kill_started()  # an engine core that died leaves its workers running: the next start needs the memory
         why = _explain_start_timeout(model, llm_kwargs, timeout_s) if expired.is_set() else None
