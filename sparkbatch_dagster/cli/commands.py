@@ -93,15 +93,14 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
     ``deadline``); a stop by the brake raises :class:`BudgetStop` out of the run.
     The summary's ``timings_s`` says where the time went: ``startup`` (Python, imports, loading
     the definitions: process start to this call), ``shard``, ``label`` (engine start included),
-    then ``label``'s parts (:func:`label_parts`), ``metrics``, ``analytics``, and
+    then ``label``'s parts (:func:`label_parts`), ``metrics``, ``analytics`` (and ``review_queue``:
+    :func:`finish`), and
     ``engine_stop_wait``: the end of the engine's stop, which runs behind metrics and analytics
     (``engine_stop_background``: the whole stop, overlapped). When the engine starts ahead of
     sharding: ``engine_import`` (its ``import vllm``, before ``shard``) and ``engine_start_ahead``
     (the whole start, begun before sharding; ``label``'s ``engine_start`` is what the run waited).
     """
     from dagster import materialize
-
-    from ..definitions.review_assets import learns
 
     clock = _Clock()
     early = start_engine_early(job, defs, only)
@@ -135,20 +134,8 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
         clock.laps.update(label_parts(found, began, time.perf_counter(), clock.laps["label"]))
         if early is not None and not early.in_flight:  # the whole start, begun before sharding
             clock.laps["engine_start_ahead"] = round(early.seconds, 2)
-        # Its own run, as a backfill in the UI runs it: labeled_outputs' run has no end-of-run output.
-        materialize(assets, selection=[job.keys["run_metrics"]], resources=resources, instance=inst,
-                    run_config=console.run_config(), tags={RANGE_START: missing[0], RANGE_END: missing[-1]})
-        clock.lap("metrics")
     after = status(job, resource, inst=inst)
-    result = materialize(assets, selection=[job.keys["analytics"]], resources=resources, instance=inst,
-                         run_config=console.run_config())
-    clock.lap("analytics")
-    if not after.missing and result.success and learns(job.spec) and "review_queue" in job.keys:
-        # The queue is published once every partition is labeled: a cut of part of the rows would
-        # queue rows for good (a queued row stays until reviewed) that the whole job would not.
-        materialize(assets, selection=[job.keys["review_queue"]], resources=resources, instance=inst,
-                    run_config=console.run_config())
-        clock.lap("review_queue")
+    result = finish(job, assets, resources, inst, missing, queue=not after.missing, clock=clock)
     # The labeling run's engine stopped behind metrics and analytics; what is left is waited for.
     close_untaken()  # an engine begun ahead that no run took (every answer came from the store)
     stopped_s = wait_for_stops()
@@ -157,6 +144,34 @@ def run(job: BatchJob, defs: Any, only: tuple[str, str] | None = None,
         clock.laps["engine_stop_background"] = round(stopped_s, 2)
     done = summary(job, resource, after, sorted(set(missing) - set(after.missing)), result, run_ids)
     return dataclasses.replace(done, timings_s=clock.laps)
+
+
+def finish(job: BatchJob, assets: list[Any], resources: Any, inst: Any, labeled: list[str], queue: bool,
+           clock: _Clock) -> Any:
+    """What follows the labeling, in one Dagster run: ``run_metrics`` for the ``labeled`` partitions
+    (none: the run labeled nothing), ``analytics``, and ``review_queue`` when ``queue`` (every
+    partition labeled: a cut of part of the rows would queue rows for good, a queued row staying
+    until reviewed, that the whole job would not). One run, not one each: each costs Dagster's
+    own half second, and the later ones depend on the earlier, so a failure skips what follows as
+    separate runs did. ``clock``'s laps split at each step's start (``metrics``, ``analytics``,
+    ``review_queue``). Its own run, as a backfill in the UI runs it: labeled_outputs' run has no
+    end-of-run output."""
+    from dagster import DagsterEventType, materialize
+
+    from ..definitions.review_assets import learns
+
+    steps = [("metrics", job.keys["run_metrics"])] if labeled else []
+    steps.append(("analytics", job.keys["analytics"]))
+    if queue and learns(job.spec) and "review_queue" in job.keys:
+        steps.append(("review_queue", job.keys["review_queue"]))
+    tags = {RANGE_START: labeled[0], RANGE_END: labeled[-1]} if labeled else None
+    result = materialize(assets, selection=[key for _, key in steps], resources=resources, instance=inst,
+                         run_config=console.run_config(), tags=tags)
+    began = {e.step_key: e.timestamp for e in inst.all_logs(result.run_id, of_type=DagsterEventType.STEP_START)}
+    for (name, _), (_, following) in zip(steps, steps[1:], strict=False):
+        clock.lap(name, at=began.get("__".join(following.path)))
+    clock.lap(steps[-1][0])
+    return result
 
 
 def run_batch(job: BatchJob, defs: Any, out: Any, errors: Any = None) -> dict[str, Any]:
@@ -212,8 +227,9 @@ class _Clock:
         self._last = time.time()
         self.laps["startup"] = round(self._last - psutil.Process().create_time(), 2)
 
-    def lap(self, name: str) -> None:
-        now = time.time()
+    def lap(self, name: str, at: float | None = None) -> None:
+        """End lap ``name`` now, or at ``at`` (a ``time.time()`` in the past: a step's start)."""
+        now = time.time() if at is None else max(min(at, time.time()), self._last)
         self.laps[name] = round(now - self._last, 2)
         self._last = now
 
