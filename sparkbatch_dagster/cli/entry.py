@@ -23,6 +23,8 @@ The commands themselves are :mod:`.commands`; this module turns arguments into o
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +36,12 @@ from . import batch, console, review
 from .budget import continue_with, label_config
 from .commands import estimate, run, run_json, sql, status
 from .locate import load
+
+# At exit, Python's last collections walk every object still alive (Dagster, DuckDB, the run's
+# records) before the process frees them all anyway: 0.3 s of each command's end here. Frozen,
+# they are left to the exit (vLLM does the same for its engine core's finalization). Registered
+# at import, so it runs after the handlers registered later (LIFO) and only at the exit.
+atexit.register(gc.freeze)
 
 
 def _parser() -> argparse.ArgumentParser:
