@@ -57,6 +57,9 @@ REQUIRED = {
     "demo_gpu": {"date", "machine", "make_install", "command", "summary"},
     "install_time": {"date", "machine", "target", "installer", "cold_caches", "seconds", "steps_s", "load_before",
                      "code", "command"},
+    "cli_cost": {"date", "machine", "code", "rows", "rounds", "now", "now_median", "command"},
+    "fork_heap": {"date", "machine", "code", "rounds", "parent_objects", "frozen_s", "unfrozen_s",
+                  "unfrozen_over_frozen", "command"},
     "roofline": {"date", "machine", "hardware", "efficiency", "command", "jobs"},
     "server_client": {"date", "machine", "rows", "rounds", "token_ids"},  # chat: only when --arms names it
     "frontend_cpu": {"date", "machine", "rows", "rounds", "prompts_per_request", "grouped", "one_each",
@@ -215,6 +218,14 @@ def test_result_file_is_one_object_with_its_kinds_keys(path):
             need = {"project_wall_s", "raw_wall_s", "project_engine_start_s", "raw_init_s", "cold"}
             assert r.keys() >= need, path.name
             assert close(r["raw_over_project"], r["raw_wall_s"] / r["project_wall_s"], rel=0.01), path.name
+    if kind == "cli_cost" and "before" in d:  # each ratio is the sums of the rounds, before over now
+        for k, ratio in d["before_over_now"].items():
+            assert len(d["before"][k]) == len(d["now"][k]) == d["rounds"], path.name
+            assert close(ratio, sum(d["before"][k]) / sum(d["now"][k]), rel=0.01), (path.name, k)
+    if kind == "fork_heap":  # the ratio is the medians'
+        assert len(d["frozen_s"]) == len(d["unfrozen_s"]) == d["rounds"], path.name
+        assert close(d["unfrozen_over_frozen"], statistics.median(d["unfrozen_s"]) / statistics.median(d["frozen_s"]),
+                     rel=0.01), path.name
     if kind == "lease_scaling":  # the per-minute figures are the counts over the hold, and the old design's formula
         assert close(d["renewal_requests_per_min"], d["renewal_requests"] * 60 / d["hold_s"], rel=0.01), path.name
         assert close(d["old_design_requests_per_min"], d["shards"] * 2 * 3 / d["lease_seconds"] * 60), path.name
