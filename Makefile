@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed-$(SPARKBATCH_EXTRA)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install lock model demo estimate check test soak lint ui status clean browser label-studio
+.PHONY: install lock model demo estimate check unit-tier test soak lint ui status clean browser label-studio
 
 # Locked installs (requirements/, docs/testing.md "Installs"): the venv holds exactly what the build's
 # lock says, installed by uv from the lock, nothing resolved at install time. `make lock` resolves the
@@ -121,11 +121,16 @@ browser:
 	    || { $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
 	  command -v chromium >/dev/null 2>&1 || { echo "make browser: apt-get did not install chromium" >&2; exit 1; }; }
 
-# The loop after every edit: ruff, mypy and the unit tier (in-process tests, two workers). The
-# pytest cache is kept: `make check PYTEST_ARGS="--lf"` reruns what failed, `PYTEST_ARGS="-k bucket"`
-# a few tests, ruff and mypy first either way (docs/testing.md).
+# The loop after every edit: ruff and mypy beside the unit tier (in-process tests, two workers):
+# mypy works on one core for half a minute without its cache (a fresh clone), the tier's first
+# seconds are its workers' imports. A lint error prints at once; make fails when both have ended.
+# The pytest cache is kept: `make check PYTEST_ARGS="--lf"` reruns what failed, `PYTEST_ARGS="-k
+# bucket"` a few tests, ruff and mypy either way (docs/testing.md).
 PYTEST_ARGS ?=
-check: lint
+check: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 lint unit-tier
+
+unit-tier: $(STAMP)
 	$(BIN)/python tests/support/run_tiers.py unit $(if $(strip $(PYTEST_ARGS)),-- $(PYTEST_ARGS))
 
 # The gate, tier by tier (unit, e2e, real, browser: tests/<tier>/): every test not marked long (make
