@@ -38,9 +38,10 @@ from .commands import estimate, run, run_json, sql, status
 from .locate import load
 
 # At exit, Python's last collections walk every object still alive (Dagster, DuckDB, the run's
-# records) before the process frees them all anyway: 0.3 s of each command's end here. Frozen,
-# they are left to the exit (vLLM does the same for its engine core's finalization). Registered
-# at import, so it runs after the handlers registered later (LIFO) and only at the exit.
+# records) before the process frees them all anyway: half a second and more of each command's end
+# (benchmarks/cli_cost.py). Frozen, they are left to the exit, as vLLM's engine core does on ROCm.
+# What must reach the disk never waits for a finalizer: a command survives SIGKILL at any point.
+# Registered at import, so it runs after the handlers registered later (LIFO), and only at the exit.
 atexit.register(gc.freeze)
 
 

@@ -60,7 +60,7 @@ def start_llm(model: str, llm_kwargs: dict[str, Any], timeout_s: float | None) -
         # run's objects) and collects garbage through its whole start (weights, compile, CUDA
         # graphs) before it freezes its own: every full pass walked the inherited objects and
         # copied their pages. Frozen before the fork, they stay out of the child's passes
-        # (Python's gc.freeze advice for fork). docs/performance.md "The engine core's heap".
+        # (Python's gc.freeze advice for fork; docs/performance.md, "The engine core forks from a frozen heap").
         with frozen_heap():
             llm = LLM(model=model, **llm_kwargs)
     except Exception as exc:  # vLLM raises many types; all mean "could not start"

@@ -22,6 +22,9 @@ server on the 2-core CPU (``benchmarks/server/server_client.py --arms token_ids,
     with frozen_heap():
         for result in engine.generate(requests, sampling, output): ...
 
+The engine start holds it too (``engines/offline/llm_start.py``): vLLM forks its engine core inside
+``LLM(...)``, and the core's collections skip what it inherits frozen until its own start is over.
+
 Holders nest and overlap (a cascade's stages, data-parallel threads): the heap is frozen by the
 first and handed back by the last. Whatever was frozen before the first (Python 3.12 starts with a
 few hundred objects frozen; an application may have frozen its own) comes back unfrozen with the
